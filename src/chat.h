@@ -1,0 +1,40 @@
+// chat.h: the Qwen3.6 chat format (ChatML with <think>), rendered in C.  chat.c documents the
+// exact bytes.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct chat_message {
+    const char *role;       // "system" (first message only), "user", "assistant" or "tool"
+    const char *content;    // NULL counts as ""
+    const char *reasoning;  // assistant only: the thinking text (reasoning_content); NULL if none
+};
+
+struct chat_options {
+    int enable_thinking;        // 1 (the default): the generation prompt opens "<think>\n"
+    int preserve_thinking;      // 1: every earlier assistant turn keeps its reasoning
+    int add_generation_prompt;  // 1 (the default): end with the assistant header
+};
+
+// The defaults of Qwen3.6-35B-A3B: thinking on, reasoning of past turns dropped, prompt added.
+#define CHAT_OPTIONS_DEFAULT ((struct chat_options){.enable_thinking = 1, .add_generation_prompt = 1})
+
+// Generation stops on <|im_end|> 248046 and <|endoftext|> 248044 (generation_config).
+#define CHAT_N_STOP 2
+extern const int32_t chat_stop_ids[CHAT_N_STOP];
+int chat_is_stop(int32_t id);
+
+struct tokenizer;
+
+// `calla run --chat TEXT`: one user message rendered with opt (NULL: defaults) and encoded.
+// *ids is malloc'd.
+int chat_encode_user(const struct tokenizer *t, const char *text, const struct chat_options *opt, int32_t **ids,
+                     size_t *n, char *err, size_t errlen);
+
+// Renders msgs into a malloc'd NUL-terminated string.  opt NULL means CHAT_OPTIONS_DEFAULT.
+// *boundary (if not NULL) gets the byte offset where the rendering of the last message starts:
+// out[0 .. *boundary) is the rendered history before it.  Returns 0, or -1 with a message (no
+// messages, an unknown role, a system message after the first, no user query).
+int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out,
+                size_t *out_len, size_t *boundary, char *err, size_t errlen);

@@ -1,0 +1,42 @@
+// checkpoint.h: open an MLX checkpoint directory (config.json, model.safetensors.index.json,
+// shards) and validate it against the exact Qwen3.6-35B-A3B layout, or against a test geometry
+// when the config marks itself as one (text_config.calla_test_geometry).
+#pragma once
+
+#include "model.h"
+#include "safetensors.h"
+
+struct model {
+    char *dir;
+    struct geometry g;           // validated geometry (copy of a named one)
+    struct weights w;            // bound into the mapped shards (or aligned copies)
+    struct st_file *shards;
+    int n_shards;
+    void **owned;                // allocations made at load (fp32 plain tensors, aligned copies)
+    int n_owned, cap_owned;
+    int64_t file_bytes;          // text tensors, as stored
+    int64_t n_text_tensors;      // stored text tensors
+    int64_t n_ignored;           // vision_tower / model.visual / mtp tensors skipped
+    int64_t n_realigned;         // quantized tensors copied because their data was unaligned
+    uint64_t identity;           // FNV-1a hash of config.json and the index, for bench records
+};
+
+// Opens and validates dir. 0, or -1 with a message naming the key or tensor, the expected
+// and the actual value.
+int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen);
+void checkpoint_close(struct model *m);
+
+// Parses config.json text into a geometry and checks the quantization block against specs.
+// Exposed for tests and the fuzzer.
+int checkpoint_parse_config(const char *text, size_t len, struct geometry *g, char *err, size_t errlen);
+
+// bf16 <-> f32
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+static inline uint16_t f32_to_bf16(float f) {   // round to nearest even; NaN stays NaN
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
+}

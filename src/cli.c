@@ -1,0 +1,288 @@
+// cli.c: the model-file subcommands: `calla synth` and `calla info`.
+#include "checkpoint.h"
+#include "chat.h"
+#include "engine.h"
+#include "tokenizer.h"
+#include "commands.h"
+#include "options.h"
+#include "synth.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static bool wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cmd_synth(int argc, char **argv) {
+    const char *geometry = NULL, *out = NULL;
+    long long seed = 0, shard_mib = 5 * 1024, threads = 0;
+    const struct opt opts[] = {
+        {"geometry", OPT_STR, &geometry, 0, 0, "full (qwen3.6-35b-a3b), or a test geometry: tiny, small"},
+        {"seed", OPT_INT, &seed, 0, (long long)1 << 62, "PRNG seed (output is byte-identical per seed)"},
+        {"out", OPT_STR, &out, 0, 0, "output directory"},
+        {"shard-mib", OPT_INT, &shard_mib, 1, 5 * 1024, "largest shard in MiB (default 5120, like mlx-lm)"},
+        {"threads", OPT_INT, &threads, 0, 64, "writer threads (0: all cores)"},
+    };
+    const int n = sizeof opts / sizeof opts[0];
+    const char *summary = "write a random-weight checkpoint in the exact MLX layout";
+    if (wants_help(argc, argv)) {
+        opts_usage(stdout, "synth", summary, opts, n);
+        return 0;
+    }
+    char err[512];
+    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
+        fprintf(stderr, "calla synth: %s\n", err);
+        return 2;
+    }
+    if (!geometry || !out) {
+        fprintf(stderr, "calla synth: --geometry and --out are required\n");
+        opts_usage(stderr, "synth", summary, opts, n);
+        return 2;
+    }
+    const struct geometry *g = geometry_find(geometry);
+    if (!g) {
+        fprintf(stderr, "calla synth: unknown geometry \"%s\" (known: full, tiny, small)\n", geometry);
+        return 2;
+    }
+    struct synth_options so = {
+        .g = g, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads};
+    double t0 = now_s();
+    if (synth_write(&so, err, sizeof err)) {
+        fprintf(stderr, "calla synth: %s\n", err);
+        return 1;
+    }
+    struct model_size ms = model_size_of(g);
+    fprintf(stderr, "calla synth: wrote %s (%s, seed %lld): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
+            (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
+    return 0;
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    const struct opt opts[] = {{"model", OPT_STR, &dir, 0, 0, "checkpoint directory"}};
+    const char *summary = "validate a checkpoint and print its geometry and sizes";
+    if (wants_help(argc, argv)) {
+        opts_usage(stdout, "info", summary, opts, 1);
+        return 0;
+    }
+    char err[1024];
+    if (argc == 2 && strncmp(argv[1], "--", 2)) dir = argv[1];   // `calla info DIR`
+    else if (opts_parse(argc, argv, opts, 1, err, sizeof err)) {
+        fprintf(stderr, "calla info: %s\n", err);
+        return 2;
+    }
+    if (!dir) {
+        fprintf(stderr, "calla info: give the checkpoint directory (calla info DIR)\n");
+        return 2;
+    }
+    struct model m;
+    double t0 = now_s();
+    if (checkpoint_open(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "calla info: %s: %s\n", dir, err);
+        return 1;
+    }
+    double dt = now_s() - t0;
+    const struct geometry *g = &m.g;
+    struct model_size ms = model_size_of(g);
+    printf("checkpoint     %s\n", dir);
+    printf("geometry       %s%s\n", g->name, g->is_test ? " (test geometry)" : "");
+    printf("layers         %d (%d Gated DeltaNet + %d full attention, every %d-th)\n", g->n_layers,
+           g->n_layers - g->n_layers / g->attn_interval, g->n_layers / g->attn_interval, g->attn_interval);
+    printf("hidden         %d, vocab %d\n", g->hidden, g->vocab);
+    printf("attention      %d query heads x %d, %d kv heads (GQA %d), rope on %d dims, theta %g\n", g->n_heads,
+           g->head_dim, g->n_kv_heads, g->n_heads / g->n_kv_heads, g->rope_dim, g->rope_theta);
+    printf("deltanet       %d key heads x %d, %d value heads x %d, conv %d\n", g->lin_k_heads, g->lin_k_dim,
+           g->lin_v_heads, g->lin_v_dim, g->conv_kernel);
+    printf("moe            %d experts, top-%d, intermediate %d, shared expert %d\n", g->n_experts, g->n_experts_used,
+           g->moe_inter, g->shared_inter);
+    printf("tensors        %lld text tensors in %d shard%s (%lld ignored: vision/mtp)\n", (long long)m.n_text_tensors,
+           m.n_shards, m.n_shards == 1 ? "" : "s", (long long)m.n_ignored);
+    printf("parameters     %.3f B\n", (double)ms.params / 1e9);
+    printf("bytes          %lld (%.3f GB)\n", (long long)m.file_bytes, (double)m.file_bytes / 1e9);
+    printf("bits/weight    %.3f\n", 8.0 * (double)m.file_bytes / (double)ms.params);
+    printf("kv cache       %lld bytes/token (bf16), %.3f GB at %d tokens\n", (long long)model_kv_bytes_per_token(g),
+           (double)model_kv_bytes_per_token(g) * g->max_ctx / 1e9, g->max_ctx);
+    printf("deltanet state %.1f MiB (fp32 recurrent + conv window)\n", (double)model_gdn_state_bytes(g) / 1048576.0);
+    printf("validated      in %.2f s%s\n", dt, m.n_realigned ? " (some tensors copied for alignment)" : "");
+    checkpoint_close(&m);
+    return 0;
+}
+
+// Parses "1,2,3" into ids. 0, or -1 with a message.
+static int parse_ids(const char *s, int32_t **ids, int *n, char *err, size_t errlen) {
+    int cap = 16, k = 0;
+    int32_t *v = malloc(sizeof *v * (size_t)cap);
+    const char *p = s;
+    while (v && *p) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > INT32_MAX) {
+            snprintf(err, errlen, "--prompt-tokens: \"%s\" is not a comma-separated list of token ids", s);
+            free(v);
+            return -1;
+        }
+        if (k == cap) {
+            int32_t *nv = realloc(v, sizeof *v * (size_t)(cap *= 2));
+            if (!nv) break;
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) {
+            snprintf(err, errlen, "--prompt-tokens: unexpected \"%c\" in \"%s\"", *p, s);
+            free(v);
+            return -1;
+        }
+    }
+    if (!k) {
+        snprintf(err, errlen, "--prompt-tokens: no token ids given");
+        free(v);
+        return -1;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *dir = NULL, *prompt_tokens = NULL, *backend = NULL, *text = NULL, *chat = NULL;
+    long long max_tokens = 16, threads = 0, context = 0;
+    bool ignore_eos = false, kv_f32 = false, no_think = false;
+    const struct opt opts[] = {
+        {"model", OPT_STR, &dir, 0, 0, "checkpoint directory"},
+        {"prompt-tokens", OPT_STR, &prompt_tokens, 0, 0, "prompt as token ids: 1,2,3 (prints ids)"},
+        {"prompt", OPT_STR, &text, 0, 0, "prompt as raw text (prints text)"},
+        {"chat", OPT_STR, &chat, 0, 0, "one user message in the Qwen3.6 chat format (prints text)"},
+        {"no-think", OPT_FLAG, &no_think, 0, 0, "with --chat: thinking off (enable_thinking=false)"},
+        {"max-tokens", OPT_INT, &max_tokens, 1, QWEN_MAX_CTX, "tokens to generate (default 16)"},
+        {"backend", OPT_STR, &backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
+        {"threads", OPT_INT, &threads, 0, 1024, "CPU threads (0: all cores)"},
+        {"context", OPT_INT, &context, 0, QWEN_MAX_CTX, "sequence capacity (default: prompt + max-tokens + 1)"},
+        {"ignore-eos", OPT_FLAG, &ignore_eos, 0, 0, "do not stop at <|im_end|> / <|endoftext|>"},
+        {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
+    };
+    const int n = sizeof opts / sizeof opts[0];
+    const char *summary = "generate greedily from a prompt; prints the generated token ids";
+    if (wants_help(argc, argv)) {
+        opts_usage(stdout, "run", summary, opts, n);
+        return 0;
+    }
+    char err[1024];
+    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
+        fprintf(stderr, "calla run: %s\n", err);
+        return 2;
+    }
+    if (!dir || (!!prompt_tokens + !!text + !!chat) != 1) {
+        fprintf(stderr, "calla run: --model and one of --prompt-tokens, --prompt, --chat are required\n");
+        return 2;
+    }
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    struct tokenizer *tok_text = NULL;
+    if (prompt_tokens) {
+        if (parse_ids(prompt_tokens, &prompt, &n_prompt, err, sizeof err)) {
+            fprintf(stderr, "calla run: %s\n", err);
+            return 2;
+        }
+    } else {
+        if (tokenizer_load(dir, &tok_text, err, sizeof err)) {
+            fprintf(stderr, "calla run: %s\n", err);
+            return 1;
+        }
+        size_t n_ids = 0;
+        struct chat_options co = CHAT_OPTIONS_DEFAULT;
+        co.enable_thinking = !no_think;
+        int r = text ? tokenizer_encode(tok_text, text, strlen(text), &prompt, &n_ids, err, sizeof err)
+                     : chat_encode_user(tok_text, chat, &co, &prompt, &n_ids, err, sizeof err);
+        if (r || n_ids == 0 || n_ids > QWEN_MAX_CTX) {
+            fprintf(stderr, "calla run: %s\n", r ? err : n_ids ? "prompt longer than the context" : "empty prompt");
+            tokenizer_free(tok_text);
+            free(prompt);
+            return 2;
+        }
+        n_prompt = (int)n_ids;
+    }
+    long long need = n_prompt + max_tokens + 1;
+    if (!context) context = need;
+    if (need > context || context > QWEN_MAX_CTX) {
+        fprintf(stderr, "calla run: prompt (%d) + max-tokens (%lld) + 1 = %lld tokens exceeds the context of %lld\n",
+                n_prompt, max_tokens, need, context > QWEN_MAX_CTX ? (long long)QWEN_MAX_CTX : context);
+        free(prompt);
+        tokenizer_free(tok_text);
+        return 2;
+    }
+    struct engine_options eo = {.backend = backend, .threads = (int)threads, .kv_f32 = kv_f32};
+    struct engine *e;
+    if (engine_open(dir, &eo, &e, err, sizeof err)) {
+        fprintf(stderr, "calla run: %s\n", err);
+        free(prompt);
+        tokenizer_free(tok_text);
+        return 1;
+    }
+    struct seq *s;
+    struct tokenizer_stream ts;
+    if (tok_text) tokenizer_stream_init(&ts, tok_text, 1);
+    int rc = 1;
+    if (seq_new(e, (int)context, &s, err, sizeof err)) {
+        fprintf(stderr, "calla run: %s\n", err);
+        goto out;
+    }
+    double t0 = now_s();
+    int32_t tok;
+    if (engine_forward(e, s, prompt, n_prompt, NULL, &tok, err, sizeof err)) {
+        fprintf(stderr, "calla run: %s\n", err);
+        goto out_seq;
+    }
+    double t1 = now_s();
+    int generated = 0;
+    for (;;) {
+        if (tok_text) {
+            const char *piece;
+            size_t len;
+            if (tokenizer_stream_push(&ts, tok, &piece, &len, err, sizeof err) == 0) fwrite(piece, 1, len, stdout);
+        } else {
+            printf("%s%d", generated ? "," : "", tok);
+        }
+        fflush(stdout);
+        generated++;
+        if (generated == max_tokens || (!ignore_eos && (tok == TOKEN_IM_END || tok == TOKEN_ENDOFTEXT))) break;
+        if (engine_forward(e, s, &tok, 1, NULL, &tok, err, sizeof err)) {
+            fprintf(stderr, "\ncalla run: %s\n", err);
+            goto out_seq;
+        }
+    }
+    if (tok_text) {
+        const char *piece;
+        size_t len;
+        if (tokenizer_stream_flush(&ts, &piece, &len) == 0) fwrite(piece, 1, len, stdout);
+    }
+    printf("\n");
+    double t2 = now_s();
+    fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token\n",
+            engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), generated,
+            generated > 1 ? 1e3 * (t2 - t1) / (generated - 1) : 0.0);
+    rc = 0;
+out_seq:
+    seq_free(s);
+out:
+    if (tok_text) {
+        tokenizer_stream_free(&ts);
+        tokenizer_free(tok_text);
+    }
+    engine_close(e);
+    free(prompt);
+    return rc;
+}

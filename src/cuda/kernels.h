@@ -1,0 +1,89 @@
+// kernels.h: the CUDA kernels' launchers, callable from C (backend_cuda.c and the GPU tests).
+//
+// Every launcher takes device pointers and a cudaStream_t (passed as void * so that C code need
+// not include CUDA headers), launches asynchronously and returns 0, or a CUDA error code when the
+// launch itself failed. No launcher synchronises with the host.
+// Activations are fp32 row-major [T, width]; the KV cache is bf16 [n_kv_heads, cap, head_dim].
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// An MLX affine-quantized matrix (or a stack of n_mat) in device memory; the MLX layout as is.
+struct dqt {
+    const uint32_t *w;       // [n_mat, rows, cols * bits / 32]
+    const uint16_t *scales;  // [n_mat, rows, cols / 64] bf16
+    const uint16_t *biases;  // [n_mat, rows, cols / 64] bf16
+    int n_mat, rows, cols, bits;
+};
+
+// out[t, :] = dequant(E[tokens[t], :])            out [T, cols]
+int k_embed(struct dqt E, const int32_t *tokens, int T, float *out, void *stream);
+
+// y[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w; rows of n (n <= 8192). In place allowed.
+// x row t is x + xrow[t] * n when xrow != NULL (gather), else x + t * n.
+int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, int T, int n, float eps, void *stream);
+
+// Matrix-vector / skinny products: y[j, n] = sum_k W[mat_j][n, k] * x[j / xdiv, k] for slot j < S.
+// mat_j = ids ? ids[j] : 0. x is [*, K] with row stride ldx, y is [S, N] with row stride ldy.
+// One warp per output row; used for decode (T = 1) and the experts of a decode step.
+int k_qmatvec(struct dqt W, const int *ids, const float *x, int ldx, int xdiv, float *y, int ldy, int S,
+              void *stream);
+
+// Tiled matrix product for prefill, optionally grouped by expert.
+// Dense (counts == NULL): rows r < M, mat 0: y[r] = W x[r].
+// Grouped (counts != NULL, offs != NULL): for expert e, rows r in [offs[e], offs[e] + counts[e]):
+//   x row = xmap ? xmap[r] / xdiv : r;  y row = ymap ? ymap[r] : r;  W = W[e].
+// maxrows bounds counts[e] (grid size without reading counts on the host).
+int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy, const int *ymap,
+              int M, const int *counts, const int *offs, int maxrows, void *stream);
+
+// y[t, i] = silu(g[t, i]) * u[t, i]   (n = T * width)
+int k_swiglu(const float *g, const float *u, float *y, long n, void *stream);
+// x[i] += d[i]
+int k_add(float *x, const float *d, long n, void *stream);
+
+// Attention pre-processing: per token t and head: RMSNorm(q_norm / k_norm), RoPE at p0 + t.
+//  q heads from qg [T, n_heads * 2 * D] (query | gate per head) into q [T, n_heads, D];
+//  k heads from k [T, n_kv * D] into the cache kc at rows p0 + t; raw v into vc.
+int k_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
+                float *q, uint16_t *kc, uint16_t *vc, int T, int p0, int cap, int n_heads, int n_kv, int D,
+                int rope_dim, double theta, float eps, void *stream);
+// Causal GQA attention with the output gate: o[t, h] = softmax(q k^T / sqrt(D)) v * sigmoid(gate).
+// Keys 0 .. p0 + t for token t. Split over key blocks of split_len keys (partials in part, which
+// holds T * n_heads * n_split * (D + 2) floats, n_split = ceil((p0 + T) / split_len)).
+int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
+                int T, int p0, int cap, int n_heads, int n_kv, int D, int split_len, void *stream);
+// Floats of partials k_attention needs.
+long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_len);
+
+// DeltaNet causal conv + SiLU. xin [T, C] pre-conv; state [KW - 1, C] (oldest first), updated.
+// y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)).
+int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk, int Dk,
+               void *stream);
+// The gated delta rule, token by token (MODEL.md §2.5), with the gated RMSNorm:
+// y [T, C] normalised conv output, b/a [T, Hv], z [T, Hv*Dv], S [Hv, Dk, Dv] fp32 (updated);
+// o [T, Hv*Dv] = gdn_norm * rmsnorm(S^T q) * silu(z).
+int k_gdn_recurrent(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                    const float *dt_bias, const float *gdn_norm, float *S, float *o, int T, int Hk, int Hv, int Dk,
+                    int Dv, float eps, void *stream);
+
+// MoE routing: softmax over E logits per token, top-k (ties: lower id), renormalised.
+// ids [T, k], w [T, k]. E <= 1024, k <= 32.
+int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *stream);
+// Expert dispatch for the grouped product: counts[E], offs[E], slots[T*k] (slot = t*k + i, grouped
+// by expert, tokens ascending within an expert). work must hold E ints.
+int k_moe_dispatch(const int *ids, int T, int E, int k, int *counts, int *offs, int *slots, void *stream);
+// out[t] = sigmoid(sg[t]) * shared[t] + sum_i w[t, i] * ye[t*k + i]   (rows of H)
+int k_moe_combine(const float *shared, const float *sg, const float *w, const float *ye, float *out, int T, int k,
+                  int H, void *stream);
+
+// Argmax of x[n] (lowest index on ties) into *out.
+int k_argmax(const float *x, int n, int *out, void *stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,129 @@
+// moe.cu: MoE routing on the device (softmax over all experts, top-k, renormalise: MODEL.md §2.6),
+// the dispatch that groups a chunk's (token, expert) pairs by expert for the grouped product,
+// and the weighted combine with the shared expert.
+//
+// Nothing here is read back: the grouped product takes counts/offsets from device memory.
+#include "common.cuh"
+
+enum { RT_MAXE = 1024, DSP_THREADS = 256 };
+
+// One block per token: probabilities into shared memory, then warp 0 picks the top k.
+static __global__ void route_kernel(const float *logits, int E, int k, int *ids, float *w) {
+    __shared__ float p[RT_MAXE];
+    __shared__ float sh[32];
+    __shared__ float redm[32];
+    const int t = blockIdx.x, lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const float *x = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, x[e]);
+    mx = warp_max(mx);
+    if (lane == 0) redm[wid] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int i = 0; i < CEIL_DIV(blockDim.x, WARP_SIZE); i++) mx = fmaxf(mx, redm[i]);
+    float sum = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += p[e] = expf(x[e] - mx);
+    sum = block_sum(sum, sh);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= sum;
+    __syncthreads();
+    if (wid) return;
+    float top = 0;
+    int chosen = -1;   // lane i < k keeps the i-th pick
+    float chosen_w = 0;
+    for (int i = 0; i < k; i++) {
+        float bv = -1.0f;
+        int bi = -1;
+        for (int e = lane; e < E; e += WARP_SIZE)
+            if (p[e] > bv) bv = p[e], bi = e;   // ascending e: keeps the lowest id on ties
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi >= 0 && (bi < 0 || oi < bi))) bv = ov, bi = oi;
+        }
+        if (lane == i) chosen = bi, chosen_w = bv;
+        top += bv;
+        __syncwarp();
+        if (lane == 0) p[bi] = -2.0f;   // taken
+        __syncwarp();
+    }
+    if (lane < k) {
+        ids[(size_t)t * k + lane] = chosen;
+        w[(size_t)t * k + lane] = chosen_w / top;
+    }
+}
+
+extern "C" int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *stream) {
+    if (T <= 0) return 0;
+    if (E > RT_MAXE || k > WARP_SIZE || k > E) return (int)cudaErrorInvalidValue;
+    route_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(logits, E, k, ids, w);
+    return launch_status();
+}
+
+// One block per expert scans all n = T*k assignments in order. FILL = false: counts[e];
+// FILL = true: slots[offs[e] ..] = the assignment indices of expert e, ascending.
+template <bool FILL>
+static __global__ void __launch_bounds__(DSP_THREADS) dispatch_kernel(const int *ids, int n, int *counts, const int *offs,
+                                                                      int *slots) {
+    __shared__ int wc[DSP_THREADS / WARP_SIZE];
+    const int e = blockIdx.x, lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    int cursor = FILL ? offs[e] : 0;
+    for (int base = 0; base < n; base += DSP_THREADS) {
+        const int i = base + threadIdx.x;
+        const bool f = i < n && ids[i] == e;
+        const unsigned ballot = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) wc[wid] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int j = 0; j < DSP_THREADS / WARP_SIZE; j++) {
+            if (j < wid) before += wc[j];
+            total += wc[j];
+        }
+        if (FILL && f) slots[cursor + before + __popc(ballot & ((1u << lane) - 1))] = i;
+        cursor += total;
+        __syncthreads();
+    }
+    if (!FILL && threadIdx.x == 0) counts[e] = cursor;
+}
+
+// Exclusive scan of counts (one block, E <= 1024).
+static __global__ void scan_kernel(const int *counts, int *offs, int E) {
+    __shared__ int s[RT_MAXE];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = counts[e];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int e = 0; e < E; e++) {
+            const int c = s[e];
+            s[e] = acc;
+            acc += c;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) offs[e] = s[e];
+}
+
+extern "C" int k_moe_dispatch(const int *ids, int T, int E, int k, int *counts, int *offs, int *slots, void *stream) {
+    if (T <= 0) return 0;
+    if (E > RT_MAXE) return (int)cudaErrorInvalidValue;
+    cudaStream_t st = (cudaStream_t)stream;
+    dispatch_kernel<false><<<E, DSP_THREADS, 0, st>>>(ids, T * k, counts, nullptr, nullptr);
+    scan_kernel<<<1, 256, 0, st>>>(counts, offs, E);
+    dispatch_kernel<true><<<E, DSP_THREADS, 0, st>>>(ids, T * k, counts, offs, slots);
+    return launch_status();
+}
+
+static __global__ void moe_combine_kernel(const float *shared, const float *sg, const float *w, const float *ye,
+                                          float *out, int k, int H) {
+    const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= H) return;
+    float acc = shared[(size_t)t * H + c] * sigmoid_f(sg[t]);
+    for (int i = 0; i < k; i++) acc += w[(size_t)t * k + i] * ye[((size_t)t * k + i) * H + c];
+    out[(size_t)t * H + c] = acc;
+}
+
+extern "C" int k_moe_combine(const float *shared, const float *sg, const float *w, const float *ye, float *out, int T,
+                             int k, int H, void *stream) {
+    if (T <= 0) return 0;
+    moe_combine_kernel<<<dim3(CEIL_DIV(H, 256), T), 256, 0, (cudaStream_t)stream>>>(shared, sg, w, ye, out, k, H);
+    return launch_status();
+}

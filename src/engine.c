@@ -1,0 +1,158 @@
+// engine.c: backend selection, sequences, and chunked forward over the backend interface.
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct backend_ops *pick_backend(const char *name, char *err, size_t errlen) {
+    if (name && !strcmp(name, "cpu")) return &backend_cpu;
+#ifdef CALLA_CUDA
+    char why[256] = "";
+    int ok = backend_cuda_available(why, sizeof why);
+    if (name && !strcmp(name, "cuda")) {
+        if (!ok) {
+            snprintf(err, errlen, "CUDA backend unavailable: %s (use --backend cpu)", why);
+            return NULL;
+        }
+        return &backend_cuda;
+    }
+    if (!name) return ok ? &backend_cuda : &backend_cpu;
+#else
+    if (name && !strcmp(name, "cuda")) {
+        snprintf(err, errlen, "this build has no CUDA backend (nvcc was not found at build time); use --backend cpu");
+        return NULL;
+    }
+    if (!name) return &backend_cpu;
+#endif
+    snprintf(err, errlen, "unknown backend \"%s\" (cpu or cuda)", name);
+    return NULL;
+}
+
+int engine_open(const char *model_dir, const struct engine_options *o, struct engine **out, char *err, size_t errlen) {
+    struct engine_options def = {0};
+    if (!o) o = &def;
+    const struct backend_ops *ops = pick_backend(o->backend, err, errlen);
+    if (!ops) return -1;
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    e->ops = ops;
+    e->opts = *o;
+    if (checkpoint_open(model_dir, &e->model, err, errlen)) {
+        free(e);
+        return -1;
+    }
+    if (ops->load(e, err, errlen)) {
+        checkpoint_close(&e->model);
+        free(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}
+
+void engine_close(struct engine *e) {
+    if (!e) return;
+    e->ops->unload(e);
+    checkpoint_close(&e->model);
+    free(e);
+}
+
+const struct geometry *engine_geometry(const struct engine *e) { return &e->model.g; }
+const struct model *engine_model(const struct engine *e) { return &e->model; }
+const char *engine_backend(const struct engine *e) { return e->ops->name; }
+int64_t engine_weight_bytes(const struct engine *e) { return e->weight_bytes; }
+
+int seq_new(struct engine *e, int max_ctx, struct seq **out, char *err, size_t errlen) {
+    if (max_ctx < 1 || max_ctx > e->model.g.max_ctx) {
+        snprintf(err, errlen, "context %d is out of range (1 to %d tokens)", max_ctx, e->model.g.max_ctx);
+        return -1;
+    }
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->e = e;
+    s->cap = max_ctx;
+    if (e->ops->seq_alloc(e, s, err, errlen)) {
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void seq_free(struct seq *s) {
+    if (!s) return;
+    s->e->ops->seq_release(s);
+    free(s);
+}
+
+int seq_pos(const struct seq *s) { return s->pos; }
+int seq_capacity(const struct seq *s) { return s->cap; }
+
+void seq_reset(struct seq *s) {
+    s->e->ops->seq_clear(s);
+    s->pos = 0;
+}
+
+int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
+    if (dst->e != src->e || dst->cap < src->pos) {
+        snprintf(err, errlen, "seq_copy: destination cannot hold the source (%d < %d tokens)", dst->cap, src->pos);
+        return -1;
+    }
+    if (dst == src) return 0;
+    if (src->e->ops->seq_copy(dst, src, err, errlen)) return -1;
+    dst->pos = src->pos;
+    return 0;
+}
+
+int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
+                   int32_t *next, char *err, size_t errlen) {
+    static const struct forward_opts none = {0};
+    if (!o) o = &none;
+    if (n < 1) {
+        snprintf(err, errlen, "no tokens to process");
+        return ENGINE_ERROR;
+    }
+    if (n > s->cap - s->pos) {
+        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d",
+                 (long long)s->pos + n, s->cap);
+        return ENGINE_ERROR;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->model.g.vocab) {
+            snprintf(err, errlen, "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
+                     e->model.g.vocab - 1);
+            return ENGINE_ERROR;
+        }
+    for (int i = 1; i < o->n_logit_rows; i++)
+        if (o->logit_rows[i] <= o->logit_rows[i - 1]) {
+            snprintf(err, errlen, "logit rows must be ascending");
+            return ENGINE_ERROR;
+        }
+    if (o->n_logit_rows && (o->logit_rows[0] < 0 || o->logit_rows[o->n_logit_rows - 1] >= n)) {
+        snprintf(err, errlen, "logit rows must lie within the %d tokens", n);
+        return ENGINE_ERROR;
+    }
+    const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
+    int r = 0;   // next wanted row
+    for (int off = 0; off < n; off += chunk) {
+        if (off && o->cancelled && o->cancelled(o->cancel_arg)) return ENGINE_CANCELLED;
+        int m = n - off < chunk ? n - off : chunk;
+        int rows[m], nr = 0;
+        float *lg = o->logits ? o->logits + (size_t)r * e->model.g.vocab : NULL;
+        while (r + nr < o->n_logit_rows && o->logit_rows[r + nr] < off + m) {
+            rows[nr] = o->logit_rows[r + nr] - off;
+            nr++;
+        }
+        if (e->ops->forward_chunk(e, s, tokens + off, m, rows, nr, lg, next, err, errlen)) return ENGINE_ERROR;
+        r += nr;
+        s->pos += m;
+    }
+    return ENGINE_OK;
+}

@@ -1,0 +1,94 @@
+// engine.h: a loaded model on a backend (CPU reference or CUDA), and per-sequence decode state.
+//
+// Everything above the backends (run, serve, bench) talks to this interface only:
+//   engine_open        load + validate the checkpoint, upload to the backend
+//   seq_new            a sequence with room for max_ctx tokens (KV cache + DeltaNet state)
+//   engine_forward     feed tokens (prefill in chunks of 4,096, or one decode step) and get the
+//                      greedy next token; optionally the logits of chosen rows
+//   seq_copy           snapshot a sequence (the session cache)
+#pragma once
+
+#include "checkpoint.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct engine;
+struct seq;
+
+struct engine_options {
+    const char *backend;   // "cpu", "cuda", or NULL for the default (CUDA when a suitable GPU is present)
+    int threads;           // CPU backend threads (0: all cores)
+    bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
+};
+
+struct forward_opts {
+    const int *logit_rows;      // rows (0..n-1 of this call) whose logits are wanted, ascending
+    int n_logit_rows;
+    float *logits;              // [n_logit_rows, vocab]
+    int chunk;                  // prefill chunk (0: QWEN_PREFILL_CHUNK)
+    bool (*cancelled)(void *);  // checked between chunks; forward returns ENGINE_CANCELLED
+    void *cancel_arg;
+};
+
+enum { ENGINE_OK = 0, ENGINE_ERROR = -1, ENGINE_CANCELLED = -2 };
+
+int engine_open(const char *model_dir, const struct engine_options *o, struct engine **out, char *err, size_t errlen);
+void engine_close(struct engine *e);
+const struct geometry *engine_geometry(const struct engine *e);
+const struct model *engine_model(const struct engine *e);
+const char *engine_backend(const struct engine *e);
+// Bytes the backend holds for weights (device memory for CUDA).
+int64_t engine_weight_bytes(const struct engine *e);
+
+int seq_new(struct engine *e, int max_ctx, struct seq **out, char *err, size_t errlen);
+void seq_free(struct seq *s);
+int seq_pos(const struct seq *s);        // tokens consumed so far
+int seq_capacity(const struct seq *s);
+void seq_reset(struct seq *s);           // back to the empty state
+// dst must come from the same engine with capacity >= src's position.
+int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
+
+// Consumes tokens[0..n) at positions seq_pos.., in chunks. *next = argmax of the last row's
+// logits (lowest id on ties). Refuses (ENGINE_ERROR, state unchanged) if the sequence would
+// pass its capacity or a token id is outside the vocabulary.
+int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
+                   int32_t *next, char *err, size_t errlen);
+
+// ---- backend interface -------------------------------------------------------------------------
+
+struct backend_ops {
+    const char *name;
+    int (*load)(struct engine *e, char *err, size_t errlen);
+    void (*unload)(struct engine *e);
+    int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen);   // sets s->impl
+    void (*seq_release)(struct seq *s);
+    void (*seq_clear)(struct seq *s);                                              // zero state
+    int (*seq_copy)(struct seq *dst, const struct seq *src, char *err, size_t errlen);
+    // One chunk: tokens at positions s->pos..; writes logits of the wanted rows (row indices
+    // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
+    int (*forward_chunk)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
+                         float *logits, int32_t *next, char *err, size_t errlen);
+};
+
+struct engine {
+    struct model model;
+    const struct backend_ops *ops;
+    struct engine_options opts;
+    void *impl;                 // backend state
+    int64_t weight_bytes;
+};
+
+struct seq {
+    struct engine *e;
+    int pos, cap;
+    void *impl;
+};
+
+extern const struct backend_ops backend_cpu;
+#ifdef CALLA_CUDA
+extern const struct backend_ops backend_cuda;
+// 1 when a compute capability 9.0 GPU is present; 0 otherwise (why in msg).
+int backend_cuda_available(char *msg, size_t msglen);
+#endif

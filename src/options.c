@@ -1,0 +1,67 @@
+// options.c: table-driven flag parsing (see options.h).
+#include "options.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, size_t errlen) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2)) {
+            snprintf(err, errlen, "unexpected argument \"%s\" (flags start with --)", a);
+            return -1;
+        }
+        a += 2;
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const struct opt *o = NULL;
+        for (int k = 0; k < n && !o; k++)
+            if (strlen(opts[k].name) == len && !strncmp(opts[k].name, a, len)) o = &opts[k];
+        if (!o) {
+            snprintf(err, errlen, "unknown flag --%.*s", (int)len, a);
+            return -1;
+        }
+        if (o->type == OPT_FLAG) {
+            if (eq) {
+                snprintf(err, errlen, "--%s takes no value", o->name);
+                return -1;
+            }
+            *(bool *)o->dst = true;
+            continue;
+        }
+        const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!val) {
+            snprintf(err, errlen, "--%s needs a value", o->name);
+            return -1;
+        }
+        if (o->type == OPT_STR) {
+            *(const char **)o->dst = val;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long long v = strtoll(val, &end, 10);
+        if (errno || end == val || *end) {
+            snprintf(err, errlen, "--%s: \"%s\" is not an integer", o->name, val);
+            return -1;
+        }
+        if (v < o->min || v > o->max) {
+            snprintf(err, errlen, "--%s: %lld is out of range (must be between %lld and %lld inclusive)", o->name, v,
+                     o->min, o->max);
+            return -1;
+        }
+        *(long long *)o->dst = v;
+    }
+    return 0;
+}
+
+void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n) {
+    fprintf(f, "usage: calla %s [flags]\n  %s\n", cmd, summary);
+    for (int k = 0; k < n; k++) {
+        char left[48];
+        snprintf(left, sizeof left, "--%s%s", opts[k].name,
+                 opts[k].type == OPT_FLAG ? "" : opts[k].type == OPT_INT ? " N" : " S");
+        fprintf(f, "  %-22s %s\n", left, opts[k].help);
+    }
+}

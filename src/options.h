@@ -1,0 +1,24 @@
+// options.h: one table per command for command-line flags, with bounds; reject, never clamp.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+enum opt_type {
+    OPT_STR,    // const char *
+    OPT_INT,    // long long, within [min, max]
+    OPT_FLAG,   // bool, takes no value
+};
+
+struct opt {
+    const char *name;     // without the leading "--"
+    enum opt_type type;
+    void *dst;
+    long long min, max;   // OPT_INT bounds, inclusive
+    const char *help;
+};
+
+// Parses argv[1..argc) ("--name value" or "--name=value"). 0, or -1 with a message.
+int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, size_t errlen);
+void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n);

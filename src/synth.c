@@ -1,0 +1,378 @@
+// synth.c: `calla synth` writes a random-weight checkpoint in the exact MLX layout.
+//
+// Layout written (as mlx-lm writes it): config.json with the quantization block (4-bit affine,
+// group 64, 8-bit overrides for every mlp.gate and mlp.shared_expert_gate) duplicated as
+// quantization_config; model-0000k-of-0000N.safetensors shards cut before they pass the shard
+// limit (5 GiB), metadata {"format": "mlx"}; model.safetensors.index.json; generation_config.json;
+// tokenizer.json + tokenizer_config.json (tokenizer_write_for_synth says which vocabulary).
+// Inside a shard U32 tensors come first, then F32, then BF16, so every tensor is naturally aligned.
+//
+// Values: every byte comes from synth_rand(key, i) (synth.h), keyed by the seed and the tensor
+// name, so output is byte-identical for a seed on any machine and with any thread count.
+//   packed codes    uniform random words (every 4/8-bit code equally likely)
+//   scales          base * (0.5 + u), base chosen so the weights have std ~ gain / sqrt(cols)
+//   biases          -scale * (2^bits - 1) / 2 + scale * (u - 0.5): centred, with a small offset
+//   norms           1 + 0.8 (u - 0.5) (the +1 is stored folded in, as in MLX files)
+//   conv1d          1.2 (u - 0.5);  A_log  log(A), A log-uniform in [0.02, 1.5] (F32);
+//   dt_bias         2u - 1.5
+#include "synth.h"
+
+#include "checkpoint.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct stored {
+    char name[160];
+    enum st_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+    int64_t nbytes;
+    const struct tensor_spec *spec;
+    int part;                // 0 weight, 1 scales, 2 biases; -1 plain
+    int shard;
+    uint64_t offset;         // within the shard's data section
+    uint64_t key;
+};
+
+struct shard {
+    char file[64];
+    int fd;
+    uint64_t data_start, data_len;
+};
+
+struct job {
+    struct stored *t;
+    int n_t;
+    struct shard *sh;
+    int next;                // next tensor chunk to take (under lock)
+    int64_t next_off;
+    pthread_mutex_t lock;
+    int failed;
+    char err[256];
+};
+
+enum { CHUNK = 8 << 20 };
+
+static uint64_t name_key(uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    return synth_mix64(synth_mix64(seed) ^ h);
+}
+
+// One quantized matrix's scale for (row, group) index i; biases recompute it.
+static float quant_scale(const struct stored *t, uint64_t i) {
+    const struct tensor_spec *s = t->spec;
+    double levels = (double)((1 << s->bits) - 1);
+    double std_q = sqrt((levels + 1) * (levels + 1) - 1) / sqrt(12.0) * 1.0408;
+    double base = s->gain / (sqrt((double)s->dims[s->ndim - 1]) * std_q);
+    return bf16_to_f32(f32_to_bf16((float)(base * (0.5 + synth_unit(synth_rand(t->key ^ 1, i))))));
+}
+
+static float plain_value(const struct stored *t, uint64_t i) {
+    float u = synth_unit(synth_rand(t->key, i));
+    switch (t->spec->role) {
+    case ROLE_NORM:
+    case ROLE_GATED_NORM: return 1.0f + 0.8f * (u - 0.5f);
+    case ROLE_CONV: return 1.2f * (u - 0.5f);
+    case ROLE_A_LOG: return logf(0.02f) + u * (logf(1.5f) - logf(0.02f));
+    case ROLE_DT_BIAS: return 2.0f * u - 1.5f;
+    case ROLE_QUANT: break;
+    }
+    return 0;
+}
+
+// Fills buf with bytes [off, off+n) of tensor t (off and n are multiples of the element size).
+static void fill(const struct stored *t, int64_t off, int64_t n, uint8_t *buf) {
+    size_t es = st_dtype_size(t->dtype);
+    uint64_t i0 = (uint64_t)off / es, cnt = (uint64_t)n / es;
+    for (uint64_t k = 0; k < cnt; k++) {
+        uint64_t i = i0 + k;
+        if (t->part == 0) {
+            uint32_t w = (uint32_t)(synth_rand(t->key, i) >> 32);
+            memcpy(buf + 4 * k, &w, 4);
+        } else if (t->part > 0) {
+            float s = quant_scale(t, i);
+            float v = s;
+            if (t->part == 2) {
+                float levels = (float)((1 << t->spec->bits) - 1);
+                v = -s * levels * 0.5f + s * (synth_unit(synth_rand(t->key ^ 2, i)) - 0.5f);
+            }
+            uint16_t h = f32_to_bf16(v);
+            memcpy(buf + 2 * k, &h, 2);
+        } else if (t->dtype == ST_F32) {
+            float v = plain_value(t, i);
+            memcpy(buf + 4 * k, &v, 4);
+        } else {
+            uint16_t h = f32_to_bf16(plain_value(t, i));
+            memcpy(buf + 2 * k, &h, 2);
+        }
+    }
+}
+
+static void *worker(void *arg) {
+    struct job *j = arg;
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf) {
+        pthread_mutex_lock(&j->lock);
+        j->failed = 1;
+        snprintf(j->err, sizeof j->err, "out of memory");
+        pthread_mutex_unlock(&j->lock);
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        if (j->failed || j->next >= j->n_t) {
+            pthread_mutex_unlock(&j->lock);
+            break;
+        }
+        struct stored *t = &j->t[j->next];
+        int64_t off = j->next_off, n = t->nbytes - off < CHUNK ? t->nbytes - off : CHUNK;
+        j->next_off += n;
+        if (j->next_off >= t->nbytes) j->next++, j->next_off = 0;
+        pthread_mutex_unlock(&j->lock);
+        if (n <= 0) continue;
+        fill(t, off, n, buf);
+        const struct shard *sh = &j->sh[t->shard];
+        int64_t done = 0;
+        while (done < n) {
+            ssize_t w = pwrite(sh->fd, buf + done, (size_t)(n - done), (off_t)(sh->data_start + t->offset + off + done));
+            if (w <= 0) {
+                pthread_mutex_lock(&j->lock);
+                j->failed = 1;
+                snprintf(j->err, sizeof j->err, "%s: write failed: %s", sh->file, strerror(errno));
+                pthread_mutex_unlock(&j->lock);
+                break;
+            }
+            done += w;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+static int dtype_rank(enum st_dtype d) { return d == ST_U32 ? 0 : d == ST_F32 ? 1 : 2; }
+
+static json_t *make_config(const struct geometry *g, const struct tensor_spec *specs, int n) {
+    json_t *tc = json_object();
+    json_object_set_new(tc, "model_type", json_string("qwen3_5_moe_text"));
+    if (g->is_test) json_object_set_new(tc, "calla_test_geometry", json_string(g->name));
+    struct { const char *k; long long v; } ints[] = {
+        {"vocab_size", g->vocab}, {"hidden_size", g->hidden}, {"num_hidden_layers", g->n_layers},
+        {"num_attention_heads", g->n_heads}, {"num_key_value_heads", g->n_kv_heads}, {"head_dim", g->head_dim},
+        {"linear_num_key_heads", g->lin_k_heads}, {"linear_num_value_heads", g->lin_v_heads},
+        {"linear_key_head_dim", g->lin_k_dim}, {"linear_value_head_dim", g->lin_v_dim},
+        {"linear_conv_kernel_dim", g->conv_kernel}, {"num_experts", g->n_experts},
+        {"num_experts_per_tok", g->n_experts_used}, {"moe_intermediate_size", g->moe_inter},
+        {"shared_expert_intermediate_size", g->shared_inter}, {"max_position_embeddings", g->max_ctx},
+        {"full_attention_interval", g->attn_interval}, {"mtp_num_hidden_layers", 1},
+        {"eos_token_id", TOKEN_ENDOFTEXT}, {"bos_token_id", TOKEN_ENDOFTEXT},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) json_object_set_new(tc, ints[i].k, json_integer(ints[i].v));
+    json_object_set_new(tc, "rms_norm_eps", json_real(g->rms_eps));
+    json_object_set_new(tc, "hidden_act", json_string("silu"));
+    json_object_set_new(tc, "attn_output_gate", json_true());
+    json_object_set_new(tc, "attention_bias", json_false());
+    json_object_set_new(tc, "tie_word_embeddings", json_false());
+    json_object_set_new(tc, "mamba_ssm_dtype", json_string("float32"));
+    json_object_set_new(tc, "dtype", json_string("bfloat16"));
+    json_object_set_new(tc, "router_aux_loss_coef", json_real(0.001));
+    json_object_set_new(tc, "pad_token_id", json_null());
+    json_t *lt = json_array();
+    for (int i = 0; i < g->n_layers; i++)
+        json_array_append_new(lt, json_string(geom_is_attn(g, i) ? "full_attention" : "linear_attention"));
+    json_object_set_new(tc, "layer_types", lt);
+    json_t *rp = json_object();
+    json_object_set_new(rp, "rope_type", json_string("default"));
+    json_object_set_new(rp, "rope_theta", json_real(g->rope_theta));
+    json_object_set_new(rp, "partial_rotary_factor", json_real((double)g->rope_dim / g->head_dim));
+    json_object_set_new(rp, "mrope_interleaved", json_true());
+    json_object_set_new(rp, "mrope_section", json_pack("[iii]", 11, 11, 10));
+    json_object_set_new(tc, "rope_parameters", rp);
+
+    json_t *q = json_pack("{s:i, s:i, s:s}", "group_size", QWEN_GROUP, "bits", 4, "mode", "affine");
+    char module[160];
+    for (int i = 0; i < n; i++)
+        if (specs[i].role == ROLE_QUANT && specs[i].bits != 4) {
+            snprintf(module, sizeof module, CKPT_PREFIX "%s", specs[i].name);
+            json_object_set_new(q, module, json_pack("{s:i, s:i}", "group_size", QWEN_GROUP, "bits", specs[i].bits));
+        }
+    json_t *root = json_object();
+    json_object_set_new(root, "architectures", json_pack("[s]", "Qwen3_5MoeForConditionalGeneration"));
+    json_object_set_new(root, "model_type", json_string("qwen3_5_moe"));
+    json_object_set_new(root, "text_config", tc);
+    json_object_set_new(root, "tie_word_embeddings", json_false());
+    json_object_set_new(root, "image_token_id", json_integer(248056));
+    json_object_set_new(root, "video_token_id", json_integer(248057));
+    json_object_set_new(root, "quantization_config", json_deep_copy(q));
+    json_object_set_new(root, "quantization", q);
+    return root;
+}
+
+static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
+        snprintf(err, errlen, "%s: cannot write", path);
+        return -1;
+    }
+    return 0;
+}
+
+int synth_write(const struct synth_options *o, char *err, size_t errlen) {
+    const struct geometry *g = o->g;
+    int n_spec = model_tensor_spec_count(g);
+    struct tensor_spec *specs = calloc((size_t)n_spec, sizeof *specs);
+    struct stored *t = calloc((size_t)n_spec * 3, sizeof *t);
+    struct shard *sh = NULL;
+    json_t *cfg = NULL, *index = NULL;
+    int n_t = 0, n_sh = 0, rc = -1;
+    if (!specs || !t) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    model_tensor_specs(g, NULL, specs, n_spec);
+    if (mkdir(o->out_dir, 0755) && errno != EEXIST) {
+        snprintf(err, errlen, "%s: cannot create: %s", o->out_dir, strerror(errno));
+        goto out;
+    }
+
+    // Stored tensors in module order.
+    for (int i = 0; i < n_spec; i++) {
+        const struct tensor_spec *s = &specs[i];
+        int parts = s->role == ROLE_QUANT ? 3 : 1;
+        for (int p = 0; p < parts; p++) {
+            struct stored *x = &t[n_t++];
+            x->spec = s;
+            x->ndim = s->ndim;
+            memcpy(x->shape, s->dims, sizeof x->shape);
+            if (s->role == ROLE_QUANT) {
+                static const char *const sfx[3] = {"weight", "scales", "biases"};
+                snprintf(x->name, sizeof x->name, CKPT_PREFIX "%s.%s", s->name, sfx[p]);
+                x->part = p;
+                x->dtype = p == 0 ? ST_U32 : ST_BF16;
+                x->shape[s->ndim - 1] = p == 0 ? s->dims[s->ndim - 1] * s->bits / 32 : s->dims[s->ndim - 1] / QWEN_GROUP;
+            } else {
+                snprintf(x->name, sizeof x->name, CKPT_PREFIX "%s", s->name);
+                x->part = -1;
+                x->dtype = s->role == ROLE_A_LOG ? ST_F32 : ST_BF16;
+            }
+            x->nbytes = (int64_t)st_dtype_size(x->dtype);
+            for (int d = 0; d < x->ndim; d++) x->nbytes *= x->shape[d];
+            x->key = name_key(o->seed, s->name);   // the module name: scales and biases share it
+        }
+    }
+    // Shards: cut before passing the limit.
+    int64_t acc = 0;
+    for (int i = 0; i < n_t; i++) {
+        if (acc > 0 && acc + t[i].nbytes > o->max_shard_bytes) n_sh++, acc = 0;
+        t[i].shard = n_sh;
+        acc += t[i].nbytes;
+    }
+    n_sh++;
+    sh = calloc((size_t)n_sh, sizeof *sh);
+    if (!sh) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int s = 0; s < n_sh; s++) sh[s].fd = -1;
+    index = json_object();
+    json_t *wm = json_object();
+    int64_t total = 0;
+    for (int s = 0; s < n_sh; s++) {
+        snprintf(sh[s].file, sizeof sh[s].file, "model-%05d-of-%05d.safetensors", s + 1, n_sh);
+        json_t *hdr = json_object();
+        json_object_set_new(hdr, "__metadata__", json_pack("{s:s}", "format", "mlx"));
+        uint64_t off = 0;
+        for (int rank = 0; rank < 3; rank++)
+            for (int i = 0; i < n_t; i++) {
+                if (t[i].shard != s || dtype_rank(t[i].dtype) != rank) continue;
+                t[i].offset = off;
+                json_t *shape = json_array();
+                for (int d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
+                json_object_set_new(hdr, t[i].name,
+                                    json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t[i].dtype), "shape", shape,
+                                              "data_offsets", (json_int_t)off, (json_int_t)(off + (uint64_t)t[i].nbytes)));
+                json_object_set_new(wm, t[i].name, json_string(sh[s].file));
+                off += (uint64_t)t[i].nbytes;
+            }
+        char *text = json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
+        json_decref(hdr);
+        size_t hl = strlen(text), padded = (hl + 7) & ~(size_t)7;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", o->out_dir, sh[s].file);
+        sh[s].fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (sh[s].fd < 0) {
+            free(text);
+            snprintf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+            goto out;
+        }
+        uint8_t len8[8];
+        for (int b = 0; b < 8; b++) len8[b] = (uint8_t)((uint64_t)padded >> (8 * b));
+        char *hbuf = malloc(8 + padded);
+        memcpy(hbuf, len8, 8);
+        memcpy(hbuf + 8, text, hl);
+        memset(hbuf + 8 + hl, ' ', padded - hl);
+        free(text);
+        sh[s].data_start = 8 + padded;
+        sh[s].data_len = off;
+        ssize_t w = pwrite(sh[s].fd, hbuf, 8 + padded, 0);
+        free(hbuf);
+        if (w != (ssize_t)(8 + padded) || ftruncate(sh[s].fd, (off_t)(sh[s].data_start + off))) {
+            snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+            goto out;
+        }
+        total += (int64_t)off;
+    }
+    struct model_size ms = model_size_of(g);
+    json_object_set_new(index, "metadata", json_pack("{s:I, s:I}", "total_size", (json_int_t)total,
+                                                     "total_parameters", (json_int_t)ms.params));
+    json_object_set_new(index, "weight_map", wm);
+
+    // Tensor data, in parallel.
+    struct job j = {.t = t, .n_t = n_t, .sh = sh};
+    pthread_mutex_init(&j.lock, NULL);
+    int nth = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (nth < 1) nth = 1;
+    if (nth > 64) nth = 64;
+    pthread_t th[64];
+    for (int i = 0; i < nth; i++) pthread_create(&th[i], NULL, worker, &j);
+    for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.lock);
+    if (j.failed) {
+        snprintf(err, errlen, "%s", j.err);
+        goto out;
+    }
+
+    cfg = make_config(g, specs, n_spec);
+    if (write_json(o->out_dir, "config.json", cfg, err, errlen)) goto out;
+    if (write_json(o->out_dir, "model.safetensors.index.json", index, err, errlen)) goto out;
+    json_t *gen = json_pack("{s:[i,i], s:b}", "eos_token_id", TOKEN_IM_END, TOKEN_ENDOFTEXT, "do_sample", 0);
+    int r = write_json(o->out_dir, "generation_config.json", gen, err, errlen);
+    json_decref(gen);
+    if (r) goto out;
+    if (tokenizer_write_for_synth(o->out_dir, err, errlen)) goto out;
+    rc = 0;
+out:
+    for (int s = 0; sh && s < n_sh; s++)
+        if (sh[s].fd >= 0 && close(sh[s].fd) && rc == 0) {
+            snprintf(err, errlen, "%s: close failed: %s", sh[s].file, strerror(errno));
+            rc = -1;
+        }
+    free(sh);
+    free(t);
+    free(specs);
+    json_decref(cfg);
+    json_decref(index);
+    return rc;
+}

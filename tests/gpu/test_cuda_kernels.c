@@ -1,0 +1,420 @@
+// test_cuda_kernels.c: every CUDA kernel against its CPU twin at the production shapes
+// (issue 5, item 4). Fresh random inputs (seeded), outputs poisoned with NaN bytes before each
+// run so that unwritten elements show, and a normalised error |gpu - cpu|_2 / |cpu|_2 checked
+// against a per-op tolerance. The CPU twins are the formulas of backend_cpu.c.
+//
+//   test_cuda_kernels [seed]        prints one row per check; exit 0 when all pass
+#include "checkpoint.h"
+#include "cuda/kernels.h"
+#include "engine.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }   // [-1, 1)
+static float grand(void) { return (frand() + frand() + frand()) * 0.6f; }
+
+static int fails, checks;
+static void *dup_d(const void *h, size_t bytes) {
+    void *d;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) abort();
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+static void *poisoned(size_t bytes) {
+    void *d;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) abort();
+    cudaMemset(d, 0xff, bytes);   // NaN as fp32, -1 as int
+    return d;
+}
+static float *back(const void *d, size_t n) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+        exit(1);
+    }
+    float *h = malloc(n * sizeof(float));
+    cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return h;
+}
+static float *randv(size_t n, float s) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = grand() * s;
+    return v;
+}
+static void report(const char *name, const char *shape, const float *g, const float *c, size_t n, double tol) {
+    double num = 0, den = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)g[i] - c[i];
+        if (isnan(g[i]) != isnan(c[i])) bad++;
+        num += d * d;
+        den += (double)c[i] * c[i];
+    }
+    double ne = sqrt(num / (den > 0 ? den : 1));
+    int ok = !bad && ne <= tol;
+    checks++;
+    fails += !ok;
+    printf("%-22s %-34s nerr %.3e  tol %.0e  %s\n", name, shape, ne, tol, ok ? "PASS" : "FAIL");
+}
+
+// ---- quantized matrices -------------------------------------------------------------------
+
+struct hq {
+    struct qtensor h;
+    struct dqt d;
+};
+static struct hq make_q(int n_mat, int rows, int cols, int bits) {
+    struct hq q;
+    memset(&q, 0, sizeof q);
+    const size_t nm = n_mat > 0 ? n_mat : 1, R = nm * rows, wpr = (size_t)cols * bits / 32, gpr = cols / 64;
+    uint32_t *w = malloc(R * wpr * 4);
+    uint16_t *s = malloc(R * gpr * 2), *b = malloc(R * gpr * 2);
+    for (size_t i = 0; i < R * wpr; i++) w[i] = rnd() ^ (rnd() << 16);
+    const float amp = 2.0f / sqrtf((float)cols) / (float)((1 << bits) - 1);
+    for (size_t i = 0; i < R * gpr; i++) {
+        float sc = amp * (0.5f + 0.5f * (frand() + 1));
+        s[i] = f32_to_bf16(sc);
+        b[i] = f32_to_bf16(-sc * (float)((1 << bits) - 1) / 2 + 0.1f * sc * frand());
+    }
+    q.h = (struct qtensor){w, s, b, n_mat, rows, cols, bits};
+    q.d = (struct dqt){dup_d(w, R * wpr * 4), dup_d(s, R * gpr * 2), dup_d(b, R * gpr * 2), n_mat, rows, cols, bits};
+    return q;
+}
+static void deq_row(const struct qtensor *W, int mat, int n, float *out) {
+    const size_t row = (size_t)mat * W->rows + n;
+    const uint32_t *w = W->w + row * qt_words_per_row(W);
+    const uint16_t *s = W->scales + row * qt_groups_per_row(W), *b = W->biases + row * qt_groups_per_row(W);
+    const int per = 32 / W->bits;
+    for (int k = 0; k < W->cols; k++) {
+        uint32_t q = (w[k / per] >> ((k % per) * W->bits)) & ((1u << W->bits) - 1);
+        out[k] = bf16_to_f32(s[k / 64]) * (float)q + bf16_to_f32(b[k / 64]);
+    }
+}
+static void cpu_mm(const struct qtensor *W, int mat, const float *x, float *y) {   // one row of x
+    float *row = malloc(sizeof(float) * W->cols);
+    for (int n = 0; n < W->rows; n++) {
+        deq_row(W, mat, n, row);
+        double s = 0;
+        for (int k = 0; k < W->cols; k++) s += (double)row[k] * x[k];
+        y[n] = (float)s;
+    }
+    free(row);
+}
+
+static void test_matvec(int rows, int cols, int bits, const char *name) {
+    struct hq q = make_q(0, rows, cols, bits);
+    float *x = randv(cols, 1), *yc = malloc(sizeof(float) * rows);
+    float *dx = dup_d(x, cols * 4), *dy = poisoned(rows * 4);
+    k_qmatvec(q.d, NULL, dx, cols, 1, dy, rows, 1, NULL);
+    cpu_mm(&q.h, 0, x, yc);
+    char sh[64];
+    snprintf(sh, sizeof sh, "[%d x %d] %d-bit", rows, cols, bits);
+    float *yg = back(dy, rows);
+    report(name, sh, yg, yc, rows, 1e-5);
+}
+
+static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
+    struct hq q = make_q(0, rows, cols, bits);
+    float *x = randv((size_t)T * cols, 1), *yc = malloc(sizeof(float) * T * rows);
+    float *dx = dup_d(x, (size_t)T * cols * 4), *dy = poisoned((size_t)T * rows * 4);
+    k_qmatmul(q.d, dx, cols, NULL, 1, dy, rows, NULL, T, NULL, NULL, 0, NULL);
+    for (int t = 0; t < T; t++) cpu_mm(&q.h, 0, x + (size_t)t * cols, yc + (size_t)t * rows);
+    char sh[64];
+    snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit", T, rows, cols, bits);
+    report(name, sh, back(dy, (size_t)T * rows), yc, (size_t)T * rows, 1e-5);
+}
+
+// Routing + dispatch + grouped expert products (gate) + decode gathered matvec (down).
+static void test_moe(int T) {
+    const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, I = QWEN_MOE_INTER;
+    float *lg = randv((size_t)T * E, 2), *x = randv((size_t)T * H, 1);
+    int *ids = malloc(sizeof(int) * T * K);
+    float *w = malloc(sizeof(float) * T * K);
+    // CPU twin of route(): softmax, top-k lowest id on ties, renormalise
+    for (int t = 0; t < T; t++) {
+        float mx = -INFINITY, p[E], sum = 0, top = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[t * E + e]);
+        for (int e = 0; e < E; e++) sum += p[e] = expf(lg[t * E + e] - mx);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        for (int i = 0; i < K; i++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < i; j++) taken |= ids[t * K + j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ids[t * K + i] = best;
+            w[t * K + i] = p[best];
+            top += p[best];
+        }
+        for (int i = 0; i < K; i++) w[t * K + i] /= top;
+    }
+    float *dl = dup_d(lg, (size_t)T * E * 4), *dw = poisoned((size_t)T * K * 4);
+    int *di = poisoned((size_t)T * K * 4);
+    k_route(dl, T, E, K, di, dw, NULL);
+    int *gi = (int *)back(di, (size_t)T * K);
+    float *gw = back(dw, (size_t)T * K);
+    int same = !memcmp(gi, ids, sizeof(int) * T * K);
+    checks++;
+    fails += !same;
+    printf("%-22s %-34s ids %s\n", "route top-k ids", "T 64.. E 256 k 8", same ? "identical  PASS" : "DIFFER  FAIL");
+    report("route weights", "T, k 8", gw, w, (size_t)T * K, 1e-5);
+    // grouped gate product over the routed experts
+    struct hq g = make_q(E, I, H, 4);
+    float *dx = dup_d(x, (size_t)T * H * 4), *dy = poisoned((size_t)T * K * I * 4);
+    int *counts = poisoned(E * 4), *offs = poisoned(E * 4), *slots = poisoned((size_t)T * K * 4);
+    k_moe_dispatch(di, T, E, K, counts, offs, slots, NULL);
+    k_qmatmul(g.d, dx, H, slots, K, dy, I, NULL, 0, counts, offs, T, NULL);
+    int *hs = (int *)back(slots, (size_t)T * K);
+    float *yg = back(dy, (size_t)T * K * I);
+    // reorder the GPU rows (expert-sorted) back to slot order
+    float *ygs = malloc(sizeof(float) * T * K * I), *yc = malloc(sizeof(float) * T * K * I);
+    for (int r = 0; r < T * K; r++) memcpy(ygs + (size_t)hs[r] * I, yg + (size_t)r * I, sizeof(float) * I);
+    for (int sl = 0; sl < T * K; sl++) cpu_mm(&g.h, ids[sl], x + (size_t)(sl / K) * H, yc + (size_t)sl * I);
+    char sh[64];
+    snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped", T, E, I, H);
+    report("dispatch+grouped mm", sh, ygs, yc, (size_t)T * K * I, 1e-5);
+    // decode: gathered matvec over the 8 experts of token 0 (down projection)
+    struct hq dn = make_q(E, H, I, 4);
+    float *a = randv((size_t)K * I, 1), *da = dup_d(a, (size_t)K * I * 4), *dye = poisoned((size_t)K * H * 4);
+    k_qmatvec(dn.d, di, da, I, 1, dye, H, K, NULL);
+    float *yec = malloc(sizeof(float) * K * H);
+    for (int j = 0; j < K; j++) cpu_mm(&dn.h, ids[j], a + (size_t)j * I, yec + (size_t)j * H);
+    report("expert matvec (ids)", "8 x [2048 x 512] 4-bit", back(dye, (size_t)K * H), yec, (size_t)K * H, 1e-5);
+    // combine
+    float *sh_ = randv((size_t)T * H, 1), *sg = randv(T, 1), *ye = randv((size_t)T * K * H, 1);
+    float *dsh = dup_d(sh_, (size_t)T * H * 4), *dsg = dup_d(sg, T * 4), *dye2 = dup_d(ye, (size_t)T * K * H * 4);
+    float *dout = poisoned((size_t)T * H * 4), *oc = malloc(sizeof(float) * T * H);
+    k_moe_combine(dsh, dsg, dw, dye2, dout, T, K, H, NULL);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++) {
+            float acc = sh_[t * H + c] * (1.0f / (1.0f + expf(-sg[t])));
+            for (int i = 0; i < K; i++) acc += w[t * K + i] * ye[((size_t)t * K + i) * H + c];
+            oc[t * H + c] = acc;
+        }
+    report("moe combine", "T x 2048, k 8", back(dout, (size_t)T * H), oc, (size_t)T * H, 1e-6);
+}
+
+static void test_rmsnorm_embed(void) {
+    const int T = 7, H = QWEN_HIDDEN;
+    float *x = randv((size_t)T * H, 3), *w = randv(H, 1), *yc = malloc(sizeof(float) * T * H);
+    for (int t = 0; t < T; t++) {
+        float ss = 0;
+        for (int i = 0; i < H; i++) ss += x[t * H + i] * x[t * H + i];
+        float r = 1.0f / sqrtf(ss / H + 1e-6f);
+        for (int i = 0; i < H; i++) yc[t * H + i] = x[t * H + i] * r * w[i];
+    }
+    float *dx = dup_d(x, (size_t)T * H * 4), *dw = dup_d(w, H * 4), *dy = poisoned((size_t)T * H * 4);
+    k_rmsnorm(dx, NULL, dw, dy, T, H, 1e-6f, NULL);
+    report("rmsnorm", "T 7 x 2048", back(dy, (size_t)T * H), yc, (size_t)T * H, 1e-6);
+    // embed: 4-bit [V, H]; a few tokens
+    struct hq e = make_q(0, QWEN_VOCAB, H, 4);
+    int32_t tok[5] = {0, 1, 248319, 12345, 248044};
+    float *ec = malloc(sizeof(float) * 5 * H);
+    for (int t = 0; t < 5; t++) deq_row(&e.h, 0, tok[t], ec + (size_t)t * H);
+    int32_t *dt = dup_d(tok, sizeof tok);
+    float *de = poisoned((size_t)5 * H * 4);
+    k_embed(e.d, dt, 5, de, NULL);
+    report("embed", "5 tokens of [248320 x 2048]", back(de, (size_t)5 * H), ec, (size_t)5 * H, 0);
+    // argmax over the vocabulary, with a planted tie at the maximum (lowest id wins)
+    float *lg = randv(QWEN_VOCAB, 1);
+    lg[200000] = 50;
+    lg[170001] = 50;
+    float *dl = dup_d(lg, QWEN_VOCAB * 4);
+    int *da = poisoned(4);
+    k_argmax(dl, QWEN_VOCAB, da, NULL);
+    int *ga = (int *)back(da, 1);
+    checks++;
+    fails += *ga != 170001;
+    printf("%-22s %-34s got %d want 170001  %s\n", "argmax", "248320, planted tie", *ga, *ga == 170001 ? "PASS" : "FAIL");
+}
+
+// attention: prep (norm, RoPE, cache append) + split attention with gate, vs the CPU formula.
+static void rope_c(float *x, int rd, double theta, int p) {
+    for (int m = 0; m < rd / 2; m++) {
+        float inv = (float)(1.0 / pow(theta, (double)(2 * m) / rd)), ang = (float)p * inv;
+        float c = (float)cos((double)ang), s = (float)sin((double)ang), a = x[m], b = x[m + rd / 2];
+        x[m] = a * c - b * s;
+        x[m + rd / 2] = a * s + b * c;
+    }
+}
+static void test_attention(int T, int p0, int cap, int split) {
+    const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, QD = NH * D, KVD = NKV * D;
+    const double theta = 1e7;
+    float *qg = randv((size_t)T * 2 * QD, 1), *k = randv((size_t)T * KVD, 1), *v = randv((size_t)T * KVD, 1);
+    float *qn = randv(D, 1), *kn = randv(D, 1);
+    uint16_t *kc = malloc((size_t)NKV * cap * D * 2), *vc = malloc((size_t)NKV * cap * D * 2);
+    for (size_t i = 0; i < (size_t)NKV * cap * D; i++) kc[i] = f32_to_bf16(grand()), vc[i] = f32_to_bf16(grand());
+    uint16_t *dkc = dup_d(kc, (size_t)NKV * cap * D * 2), *dvc = dup_d(vc, (size_t)NKV * cap * D * 2);
+    float *dqg = dup_d(qg, (size_t)T * 2 * QD * 4), *dk = dup_d(k, (size_t)T * KVD * 4), *dv = dup_d(v, (size_t)T * KVD * 4);
+    float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4), *dout = poisoned((size_t)T * QD * 4);
+    float *part = poisoned((size_t)k_attention_part_floats(T, p0 + T, NH, D, split) * 4);
+    k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
+    k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
+    // CPU twin
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < NKV; j++) {
+            float kh[256];
+            float ss = 0;
+            for (int d = 0; d < D; d++) ss += k[t * KVD + j * D + d] * k[t * KVD + j * D + d];
+            float r = 1.0f / sqrtf(ss / D + 1e-6f);
+            for (int d = 0; d < D; d++) kh[d] = k[t * KVD + j * D + d] * r * kn[d];
+            rope_c(kh, QWEN_ROPE_DIM, theta, p0 + t);
+            for (int d = 0; d < D; d++) {
+                kc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(kh[d]);
+                vc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(v[t * KVD + j * D + d]);
+            }
+        }
+    float *oc = malloc(sizeof(float) * T * QD), *sc = malloc(sizeof(float) * (p0 + T));
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D, *gate = qh + D;
+            float q[256], ss = 0;
+            for (int d = 0; d < D; d++) ss += qh[d] * qh[d];
+            float r = 1.0f / sqrtf(ss / D + 1e-6f);
+            for (int d = 0; d < D; d++) q[d] = qh[d] * r * qn[d];
+            rope_c(q, QWEN_ROPE_DIM, theta, p0 + t);
+            const int kvh = h / (NH / NKV), nk = p0 + t + 1;
+            float mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nk; j++) {
+                float s = 0;
+                for (int d = 0; d < D; d++) s += q[d] * bf16_to_f32(kc[((size_t)kvh * cap + j) * D + d]);
+                sc[j] = s / 16.0f;
+                mx = fmaxf(mx, sc[j]);
+            }
+            for (int j = 0; j < nk; j++) sum += sc[j] = expf(sc[j] - mx);
+            float *o = oc + (size_t)t * QD + (size_t)h * D;
+            for (int d = 0; d < D; d++) o[d] = 0;
+            for (int j = 0; j < nk; j++)
+                for (int d = 0; d < D; d++) o[d] += sc[j] / sum * bf16_to_f32(vc[((size_t)kvh * cap + j) * D + d]);
+            for (int d = 0; d < D; d++) o[d] *= 1.0f / (1.0f + expf(-gate[d]));
+        }
+    char sh[80];
+    snprintf(sh, sizeof sh, "T %d p0 %d cap %d split %d", T, p0, cap, split);
+    uint16_t *gk = malloc((size_t)NKV * cap * D * 2);
+    cudaMemcpy(gk, dkc, (size_t)NKV * cap * D * 2, cudaMemcpyDeviceToHost);
+    float *a = malloc(sizeof(float) * T * KVD), *b = malloc(sizeof(float) * T * KVD);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < NKV; j++)
+            for (int d = 0; d < D; d++) {
+                a[t * KVD + j * D + d] = bf16_to_f32(gk[((size_t)j * cap + p0 + t) * D + d]);
+                b[t * KVD + j * D + d] = bf16_to_f32(kc[((size_t)j * cap + p0 + t) * D + d]);
+            }
+    report("attn prep (k cache)", sh, a, b, (size_t)T * KVD, 1e-2 / 4);
+    report(T == 1 ? "attention decode" : "attention prefill", sh, back(dout, (size_t)T * QD), oc, (size_t)T * QD, 1e-4);
+}
+
+static void test_deltanet(int T) {
+    const int Hk = QWEN_LIN_K_HEADS, Hv = QWEN_LIN_V_HEADS, Dk = QWEN_LIN_K_DIM, Dv = QWEN_LIN_V_DIM, KW = 4;
+    const int KD = Hk * Dk, VD = Hv * Dv, C = 2 * KD + VD;
+    float *xin = randv((size_t)T * C, 1), *st = randv((size_t)(KW - 1) * C, 1), *cw = randv((size_t)C * KW, 0.5f);
+    float *bb = randv((size_t)T * Hv, 1), *aa = randv((size_t)T * Hv, 1), *z = randv((size_t)T * VD, 1);
+    float *Al = randv(Hv, 1), *dtb = randv(Hv, 1), *gn = randv(Dv, 1), *S = randv((size_t)Hv * Dk * Dv, 0.1f);
+    float *dxin = dup_d(xin, (size_t)T * C * 4), *dst = dup_d(st, (size_t)(KW - 1) * C * 4), *dcw = dup_d(cw, (size_t)C * KW * 4);
+    float *dy = poisoned((size_t)T * C * 4), *dbb = dup_d(bb, (size_t)T * Hv * 4), *daa = dup_d(aa, (size_t)T * Hv * 4);
+    float *dz = dup_d(z, (size_t)T * VD * 4), *dAl = dup_d(Al, Hv * 4), *ddtb = dup_d(dtb, Hv * 4), *dgn = dup_d(gn, Dv * 4);
+    float *dS = dup_d(S, (size_t)Hv * Dk * Dv * 4), *dout = poisoned((size_t)T * VD * 4);
+    k_gdn_conv(dxin, dst, dcw, dy, T, C, KW, Hk, Dk, NULL);
+    k_gdn_recurrent(dy, dbb, daa, dz, dAl, ddtb, dgn, dS, dout, T, Hk, Hv, Dk, Dv, 1e-6f, NULL);
+    // CPU twin (backend_cpu.c deltanet)
+    float *xe = malloc(sizeof(float) * (size_t)(T + KW - 1) * C), *y = malloc(sizeof(float) * (size_t)T * C);
+    memcpy(xe, st, sizeof(float) * (KW - 1) * C);
+    memcpy(xe + (size_t)(KW - 1) * C, xin, sizeof(float) * (size_t)T * C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float s = 0;
+            for (int j = 0; j < KW; j++) s += cw[c * KW + j] * xe[(size_t)(t + j) * C + c];
+            y[(size_t)t * C + c] = s / (1.0f + expf(-s));
+        }
+    float *stc = xe + (size_t)T * C;   // new conv state
+    for (int t = 0; t < T; t++)
+        for (int kh = 0; kh < 2 * Hk; kh++) {
+            float *x = y + (size_t)t * C + kh * Dk, ss = 0;
+            for (int d = 0; d < Dk; d++) ss += x[d] * x[d];
+            float r = 1.0f / sqrtf(ss + 1e-6f);
+            if (kh < Hk) r /= sqrtf((float)Dk);
+            for (int d = 0; d < Dk; d++) x[d] *= r;
+        }
+    float *yg = back(dy, (size_t)T * C);
+    char sh[64];
+    snprintf(sh, sizeof sh, "T %d C %d", T, C);
+    report("gdn conv+l2norm", sh, yg, y, (size_t)T * C, 1e-5);
+    report("gdn conv state", sh, back(dst, (size_t)(KW - 1) * C), stc, (size_t)(KW - 1) * C, 0);
+    float *o = malloc(sizeof(float) * (size_t)T * VD);
+    for (int h = 0; h < Hv; h++) {
+        float *Sh = S + (size_t)h * Dk * Dv, m[128];
+        const int kh = h / (Hv / Hk);
+        for (int t = 0; t < T; t++) {
+            const float *q = y + (size_t)t * C + kh * Dk, *k = y + (size_t)t * C + KD + kh * Dk;
+            const float *v = y + (size_t)t * C + 2 * KD + h * Dv;
+            float beta = 1.0f / (1.0f + expf(-bb[t * Hv + h])), xa = aa[t * Hv + h] + dtb[h];
+            float sp = xa > 20 ? xa : log1pf(expf(xa)), alpha = expf(-expf(Al[h]) * sp);
+            for (int i = 0; i < Dk * Dv; i++) Sh[i] *= alpha;
+            for (int dv = 0; dv < Dv; dv++) m[dv] = 0;
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) m[dv] += Sh[dk * Dv + dv] * k[dk];
+            for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) Sh[dk * Dv + dv] += k[dk] * m[dv];
+            float *oh = o + (size_t)t * VD + h * Dv, ss = 0;
+            for (int dv = 0; dv < Dv; dv++) oh[dv] = 0;
+            for (int dk = 0; dk < Dk; dk++)
+                for (int dv = 0; dv < Dv; dv++) oh[dv] += Sh[dk * Dv + dv] * q[dk];
+            for (int dv = 0; dv < Dv; dv++) ss += oh[dv] * oh[dv];
+            float r = 1.0f / sqrtf(ss / Dv + 1e-6f);
+            const float *zh = z + (size_t)t * VD + h * Dv;
+            for (int dv = 0; dv < Dv; dv++) oh[dv] = gn[dv] * (oh[dv] * r) * (zh[dv] / (1.0f + expf(-zh[dv])));
+        }
+    }
+    report("gdn recurrent+norm", sh, back(dout, (size_t)T * VD), o, (size_t)T * VD, 1e-4);
+    report("gdn state", "[32, 128, 128] fp32", back(dS, (size_t)Hv * Dk * Dv), S, (size_t)Hv * Dk * Dv, 1e-5);
+}
+
+static void test_swiglu(void) {
+    const long n = 8L * QWEN_MOE_INTER * 37;
+    float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
+    for (long i = 0; i < n; i++) yc[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    float *dg = dup_d(g, n * 4), *du = dup_d(u, n * 4), *dy = poisoned(n * 4);
+    k_swiglu(dg, du, dy, n, NULL);
+    report("swiglu", "37 x 8 x 512", back(dy, n), yc, n, 1e-6);
+}
+
+int main(int argc, char **argv) {
+    char why[256];
+    if (!backend_cuda_available(why, sizeof why)) {
+        printf("test_cuda_kernels: no suitable GPU (%s); ran nothing\n", why);
+        return 0;
+    }
+    if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
+    printf("# %s\n", why);
+    test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
+    test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
+    test_matvec(QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatvec router");
+    test_matvec(1, QWEN_HIDDEN, 8, "qmatvec shared gate");
+    test_matmul(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4, "qmatmul in_qkv");
+    test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+    test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+    test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+    test_rmsnorm_embed();
+    test_swiglu();
+    test_moe(64);
+    test_attention(1, 3000, 4096, 256);
+    test_attention(1, 0, 16, 256);
+    test_attention(100, 700, 1024, 256);
+    test_attention(37, 0, 64, 32);
+    test_deltanet(1);
+    test_deltanet(37);
+    printf("test_cuda_kernels: %d checks, %d failed  %s\n", checks, fails, fails ? "FAIL" : "PASS");
+    return fails ? 1 : 0;
+}

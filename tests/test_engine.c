@@ -1,0 +1,188 @@
+// test_engine.c: properties of the CPU engine that the golden fixtures do not cover: prefill then
+// decode equals one longer prefill; chunked equals unchunked; snapshots (seq_copy) continue
+// identically; results do not depend on the thread count; bad input is refused without touching
+// the state.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "synth.h"
+
+static char dir[256];
+static struct engine *eng;
+static int V;
+
+enum { N = 37, K = 5 };
+
+static void prompt(int32_t *t, int n, uint32_t salt) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((((uint64_t)(i + salt) * 2654435761u) & 0xffffffffu) % (uint32_t)V);
+}
+
+static struct seq *new_seq(int cap) {
+    struct seq *s;
+    char err[256];
+    if (seq_new(eng, cap, &s, err, sizeof err)) fail_msg("seq_new: %s", err);
+    return s;
+}
+
+static void forward(struct seq *s, const int32_t *t, int n, int chunk, int row, float *logits, int32_t *next) {
+    char err[256];
+    struct forward_opts o = {.chunk = chunk, .logit_rows = &row, .n_logit_rows = logits ? 1 : 0, .logits = logits};
+    if (engine_forward(eng, s, t, n, &o, next, err, sizeof err)) fail_msg("forward: %s", err);
+}
+
+// Prefill N, then K single-token steps feeding the given tokens == prefill of all N+K at once.
+static void test_decode_equals_prefill(void **state) {
+    int32_t t[N + K], a, b;
+    prompt(t, N + K, 3);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    struct seq *s1 = new_seq(N + K), *s2 = new_seq(N + K);
+    forward(s1, t, N, 0, N - 1, la, &a);
+    for (int k = 0; k < K; k++) forward(s1, &t[N + k], 1, 0, 0, la, &a);
+    forward(s2, t, N + K, 0, N + K - 1, lb, &b);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * V);   // same ops per token: bit-identical
+    assert_int_equal(seq_pos(s1), N + K);
+    seq_free(s1);
+    seq_free(s2);
+    free(la);
+    free(lb);
+}
+
+static void test_chunked_equals_unchunked(void **state) {
+    int32_t t[N], a, b;
+    prompt(t, N, 11);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    struct seq *s1 = new_seq(N), *s2 = new_seq(N);
+    forward(s1, t, N, 7, N - 1, la, &a);   // chunks of 7: 7,7,7,7,7,2
+    forward(s2, t, N, 0, N - 1, lb, &b);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * V);
+    seq_free(s1);
+    seq_free(s2);
+    free(la);
+    free(lb);
+}
+
+static void test_snapshot_continues_identically(void **state) {
+    int32_t t[N], a, b;
+    char err[256];
+    prompt(t, N, 5);
+    struct seq *s1 = new_seq(N + K), *snap = new_seq(N + K);
+    forward(s1, t, 20, 0, 0, NULL, &a);
+    assert_int_equal(seq_copy(snap, s1, err, sizeof err), 0);
+    forward(s1, t + 20, N - 20, 0, 0, NULL, &a);
+    forward(snap, t + 20, N - 20, 0, 0, NULL, &b);
+    assert_int_equal(a, b);
+    for (int k = 0; k < K; k++) {   // greedy continuation from both
+        forward(s1, &a, 1, 0, 0, NULL, &a);
+        forward(snap, &b, 1, 0, 0, NULL, &b);
+        assert_int_equal(a, b);
+    }
+    // Reset gives the same first token as a fresh sequence.
+    seq_reset(s1);
+    assert_int_equal(seq_pos(s1), 0);
+    struct seq *fresh = new_seq(N);
+    forward(s1, t, N, 0, 0, NULL, &a);
+    forward(fresh, t, N, 0, 0, NULL, &b);
+    assert_int_equal(a, b);
+    seq_free(s1);
+    seq_free(snap);
+    seq_free(fresh);
+}
+
+static void test_thread_count_does_not_matter(void **state) {
+    int32_t t[N], a, b;
+    prompt(t, N, 17);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    struct seq *s1 = new_seq(N);
+    forward(s1, t, N, 0, N - 1, la, &a);
+    omp_set_num_threads(3);
+    struct seq *s2 = new_seq(N);
+    forward(s2, t, N, 0, N - 1, lb, &b);
+    omp_set_num_threads(saved);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * V);
+    seq_free(s1);
+    seq_free(s2);
+    free(la);
+    free(lb);
+}
+
+static void test_bad_input_refused_state_unchanged(void **state) {
+    int32_t t[N], a, b;
+    char err[256];
+    prompt(t, N, 23);
+    struct seq *s = new_seq(N), *ref = new_seq(N);
+    forward(s, t, 10, 0, 0, NULL, &a);
+    forward(ref, t, 10, 0, 0, NULL, &b);
+    int32_t bad[2] = {t[10], V};   // id past the vocabulary
+    assert_int_equal(engine_forward(eng, s, bad, 2, NULL, &a, err, sizeof err), ENGINE_ERROR);
+    assert_non_null(strstr(err, "outside the vocabulary"));
+    int32_t neg = -1;
+    assert_int_equal(engine_forward(eng, s, &neg, 1, NULL, &a, err, sizeof err), ENGINE_ERROR);
+    assert_int_equal(engine_forward(eng, s, t, N, NULL, &a, err, sizeof err), ENGINE_ERROR);   // 10 + 37 > 37
+    assert_non_null(strstr(err, "capacity"));
+    assert_int_equal(engine_forward(eng, s, t, 0, NULL, &a, err, sizeof err), ENGINE_ERROR);
+    assert_int_equal(seq_pos(s), 10);
+    forward(s, t + 10, N - 10, 0, 0, NULL, &a);   // still continues exactly like the untouched twin
+    forward(ref, t + 10, N - 10, 0, 0, NULL, &b);
+    assert_int_equal(a, b);
+    struct seq *x;
+    assert_int_equal(seq_new(eng, 0, &x, err, sizeof err), -1);
+    assert_int_equal(seq_new(eng, QWEN_MAX_CTX + 1, &x, err, sizeof err), -1);
+    seq_free(s);
+    seq_free(ref);
+}
+
+static void test_unknown_backend(void **state) {
+    struct engine *e;
+    char err[256];
+    struct engine_options o = {.backend = "tpu"};
+    assert_int_equal(engine_open(dir, &o, &e, err, sizeof err), -1);
+    assert_non_null(strstr(err, "unknown backend \"tpu\""));
+}
+
+static int setup(void **state) {
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/calla-engine-%d", t && *t ? t : "/tmp", (int)getpid());
+    char err[512];
+    struct synth_options so = {.g = geometry_find("tiny"), .seed = 5, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
+    if (synth_write(&so, err, sizeof err)) return -1;
+    struct engine_options eo = {.backend = "cpu"};
+    if (engine_open(dir, &eo, &eng, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    V = engine_geometry(eng)->vocab;
+    return 0;
+}
+
+static int teardown(void **state) {
+    engine_close(eng);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_equals_prefill),
+        cmocka_unit_test(test_chunked_equals_unchunked),
+        cmocka_unit_test(test_snapshot_continues_identically),
+        cmocka_unit_test(test_thread_count_does_not_matter),
+        cmocka_unit_test(test_bad_input_refused_state_unchanged),
+        cmocka_unit_test(test_unknown_backend),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

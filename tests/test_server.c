@@ -1,0 +1,271 @@
+// test_server.c: `calla serve`: unit tests of its internals, then the loopback suite.
+//
+//   1. server.c is included here (STYLE §10), so its static pieces are tested directly: the
+//      output channels (stop strings, hold-back, newline trimming) and the greedy-parameter table;
+//      session_cache.c is tested on a tiny synthetic engine (LRU, prefix rule, state == tokens).
+//   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
+//      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
+//      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
+//
+// Environment: CALLA_SERVER_QUICK=1 shortens the loopback suite (sanitizer builds);
+// CALLA_SERVER_SOAK=N sets the soak length (default 500).
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#define cmd_serve cmd_serve_under_test   // the real one is in the linked server.o
+#include "../src/server.c"
+#undef cmd_serve
+
+#include "synth.h"
+
+#include <limits.h>
+#include <sys/stat.h>
+
+static char model_dir[] = "/tmp/calla_server_XXXXXX";
+static char bin_dir[PATH_MAX];
+
+// ---- output channels ---------------------------------------------------------------------------
+
+static struct job *job_with_stops(const char *const *stops, int n, bool stream) {
+    struct job *j = job_new();
+    assert_non_null(j);
+    for (int i = 0; i < n; i++) {
+        j->stops[i] = strdup(stops[i]);
+        j->stop_len[i] = strlen(stops[i]);
+    }
+    j->n_stops = n;
+    j->stream = stream;
+    j->chat = true;
+    snprintf(j->id, sizeof j->id, "chatcmpl-test");
+    j->model_name = "test";
+    return j;
+}
+
+static void test_channel_stop_across_pieces(void **state) {
+    const char *stops[] = {"END", "xyz"};
+    struct job *j = job_with_stops(stops, 2, false);
+    struct channel ch = {.total = &j->content, .field = "content"};
+    assert_false(channel_push(j, &ch, "hello E", 7, false));
+    assert_string_equal(j->content.p, "hello ");   // "E" is held: it may start "END"
+    assert_false(channel_push(j, &ch, "Nx", 2, false));
+    assert_string_equal(j->content.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
+    assert_true(channel_push(j, &ch, "yz tail", 7, false));
+    assert_string_equal(j->content.p, "hello EN");   // cut before the stop string
+    sbuf_free(&ch.pend);
+    job_unref(j);
+}
+
+static void test_channel_earliest_stop_wins(void **state) {
+    const char *stops[] = {"bb", "a"};
+    struct job *j = job_with_stops(stops, 2, false);
+    struct channel ch = {.total = &j->content, .field = "content"};
+    assert_true(channel_push(j, &ch, "xxbbya", 6, false));
+    assert_string_equal(j->content.p, "xx");
+    sbuf_free(&ch.pend);
+    job_unref(j);
+}
+
+static void test_channel_flush_and_newlines(void **state) {
+    struct job *j = job_with_stops(NULL, 0, false);
+    struct channel r = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
+                        .trim_trail_nl = true};
+    channel_push(j, &r, "\n\nthink", 7, false);
+    channel_push(j, &r, "ing\n", 4, false);
+    assert_string_equal(j->reasoning_text.p, "thinking");   // the newline is held...
+    channel_push(j, &r, "\nmore\n", 6, true);
+    assert_string_equal(j->reasoning_text.p, "thinking\n\nmore");   // ...and dropped at the end
+    sbuf_free(&r.pend);
+    job_unref(j);
+}
+
+static void test_channel_stream_equals_total(void **state) {
+    const char *stops[] = {"<<stop>>"};
+    struct job *j = job_with_stops(stops, 1, true);
+    struct channel ch = {.total = &j->content, .field = "content"};
+    const char *pieces[] = {"a<", "<s", "b<<st", "o", "p>", "> never"};
+    bool stopped = false;
+    for (size_t i = 0; i < 6 && !stopped; i++) stopped = channel_push(j, &ch, pieces[i], strlen(pieces[i]), false);
+    assert_true(stopped);
+    assert_string_equal(j->content.p, "a<<sb");
+    // Concatenated SSE deltas == the total.
+    struct sbuf cat = {0};
+    const char *p = j->sse.p;
+    while (p && (p = strstr(p, "data: "))) {
+        json_t *o = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        assert_non_null(o);
+        const char *s = json_string_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(o, "choices"), 0), "delta"), "content"));
+        if (s) sbuf_add(&cat, s, strlen(s));
+        json_decref(o);
+        p += 6;
+    }
+    assert_string_equal(cat.p, "a<<sb");
+    sbuf_free(&cat);
+    sbuf_free(&ch.pend);
+    job_unref(j);
+}
+
+static void test_channel_utf8_holdback(void **state) {
+    const char *stops[] = {"\xc3\xa9t\xc3\xa9"};   // "été"
+    struct job *j = job_with_stops(stops, 1, true);
+    struct channel ch = {.total = &j->content, .field = "content"};
+    assert_false(channel_push(j, &ch, "caf\xc3\xa9", 5, false));   // "café": "é" may start the stop
+    assert_string_equal(j->content.p, "caf");
+    assert_false(channel_push(j, &ch, "!", 1, true));
+    assert_string_equal(j->content.p, "caf\xc3\xa9!");
+    sbuf_free(&ch.pend);
+    job_unref(j);
+}
+
+// ---- greedy parameters ---------------------------------------------------------------------------
+
+static int greedy(const char *json, const char **param) {
+    json_t *o = json_loads(json, 0, NULL);
+    assert_non_null(o);
+    struct req_error re = {0};
+    int rc = check_greedy(o, &re);
+    *param = re.param;
+    json_decref(o);
+    return rc;
+}
+
+static void test_greedy_table(void **state) {
+    const char *p;
+    assert_int_equal(greedy("{\"temperature\": 0, \"top_p\": 1, \"n\": 1, \"top_k\": -1, \"seed\": null, "
+                            "\"logit_bias\": {}, \"logprobs\": false, \"presence_penalty\": 0.0}", &p), 0);
+    static const char *const bad[][2] = {
+        {"{\"temperature\": 0.1}", "temperature"}, {"{\"top_p\": 0.5}", "top_p"},   {"{\"top_k\": 2}", "top_k"},
+        {"{\"n\": 3}", "n"},                       {"{\"seed\": 0}", "seed"},         {"{\"min_p\": 0.1}", "min_p"},
+        {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"}, {"{\"logprobs\": true}", "logprobs"},
+        {"{\"frequency_penalty\": -1}", "frequency_penalty"}, {"{\"temperature\": \"0\"}", "temperature"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(greedy(bad[i][0], &p), -1);
+        assert_string_equal(p, bad[i][1]);
+    }
+}
+
+// ---- the session cache on a tiny engine ----------------------------------------------------------
+
+static struct engine *eng;
+
+static void test_session_cache(void **state) {
+    enum { CTX = 64 };
+    char err[256];
+    struct session_cache c;
+    assert_int_equal(scache_init(&c, eng, CTX, 2, err, sizeof err), 0);
+    struct seq *w, *ref;
+    assert_int_equal(seq_new(eng, CTX, &w, err, sizeof err), 0);
+    assert_int_equal(seq_new(eng, CTX, &ref, err, sizeof err), 0);
+    const int32_t a[] = {1, 2, 3, 4, 5, 6}, b[] = {9, 8, 7};
+    int32_t next, next_ref;
+    // Entry A: state after a[0..4).
+    assert_int_equal(engine_forward(eng, w, a, 4, NULL, &next, err, sizeof err), ENGINE_OK);
+    assert_int_equal(scache_store_copy(&c, w, a, 4, next, err, sizeof err), 0);
+    // Lookup: the longest prefix; none for an unrelated prompt.
+    assert_null(scache_lookup(&c, b, 3));
+    assert_null(scache_lookup(&c, a, 3));
+    struct cache_entry *e = scache_lookup(&c, a, 6);
+    assert_non_null(e);
+    assert_int_equal(e->n, 4);
+    assert_int_equal(e->next, next);
+    // Continuing from the entry == computing from scratch.
+    seq_reset(w);
+    assert_int_equal(seq_copy(w, e->s, err, sizeof err), 0);
+    assert_int_equal(engine_forward(eng, w, a + 4, 2, NULL, &next, err, sizeof err), ENGINE_OK);
+    assert_int_equal(engine_forward(eng, ref, a, 6, NULL, &next_ref, err, sizeof err), ENGINE_OK);
+    assert_int_equal(next, next_ref);
+    // Swap in the end state (a[0..6)); LRU: a third entry evicts the least recently used.
+    assert_int_equal(scache_store_swap(&c, &w, a, 6, next, err, sizeof err), 0);
+    assert_int_equal(seq_pos(w), 0);
+    assert_int_equal(seq_capacity(w), CTX);
+    assert_int_equal(scache_lookup(&c, a, 6)->n, 6);
+    assert_int_equal(engine_forward(eng, w, b, 3, NULL, &next, err, sizeof err), ENGINE_OK);
+    assert_int_equal(scache_lookup(&c, a, 4)->n, 4);   // touch A4: A6 is now the oldest
+    assert_int_equal(scache_store_copy(&c, w, b, 3, next, err, sizeof err), 0);
+    assert_int_equal(scache_lookup(&c, a, 6)->n, 4);   // A6 was evicted
+    assert_non_null(scache_lookup(&c, b, 3));
+    // A duplicate refreshes, it does not take a slot.
+    assert_int_equal(scache_store_copy(&c, w, b, 3, next, err, sizeof err), 0);
+    assert_non_null(scache_find(&c, a, 4));
+    seq_free(w);
+    seq_free(ref);
+    scache_free(&c);
+}
+
+static void test_cache_off(void **state) {
+    char err[64];
+    struct session_cache c;
+    assert_int_equal(scache_init(&c, eng, 16, 0, err, sizeof err), 0);
+    const int32_t a[] = {1, 2};
+    assert_int_equal(scache_store_copy(&c, NULL, a, 2, 0, err, sizeof err), 0);
+    assert_null(scache_lookup(&c, a, 2));
+    scache_free(&c);
+}
+
+// ---- the loopback suite ------------------------------------------------------------------------
+
+static void test_loopback(void **state) {
+    char cmd[2 * PATH_MAX + 256];
+    const char *quick = getenv("CALLA_SERVER_QUICK"), *soak = getenv("CALLA_SERVER_SOAK");
+    snprintf(cmd, sizeof cmd, "python3 tests/test_server.py --bin %s/calla --model %s%s --soak %s", bin_dir,
+             model_dir, quick && *quick && strcmp(quick, "0") ? " --quick" : "", soak && *soak ? soak : "500");
+    fprintf(stderr, "%s\n", cmd);
+    int rc = system(cmd);
+    assert_int_equal(rc, 0);
+}
+
+static int setup(void **state) {
+    char err[512];
+    if (!mkdtemp(model_dir)) return -1;
+    struct synth_options so = {.g = geometry_find("tiny"), .seed = 1, .out_dir = model_dir, .max_shard_bytes = 1 << 30};
+    if (synth_write(&so, err, sizeof err)) {
+        fprintf(stderr, "synth: %s\n", err);
+        return -1;
+    }
+    struct stat st;
+    char tj[PATH_MAX];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", model_dir);
+    if (stat(tj, &st) && tokenizer_write_synthetic(model_dir, err, sizeof err)) {
+        fprintf(stderr, "tokenizer: %s\n", err);
+        return -1;
+    }
+    struct engine_options eo = {.backend = "cpu", .threads = 2};
+    if (engine_open(model_dir, &eo, &eng, err, sizeof err)) {
+        fprintf(stderr, "engine: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    engine_close(eng);
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", model_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    // BUILD/tests/test_server -> BUILD
+    snprintf(bin_dir, sizeof bin_dir, "%s", argv[0]);
+    for (int k = 0; k < 2; k++) {
+        char *slash = strrchr(bin_dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(bin_dir, sizeof bin_dir, "%s", k ? "." : "..");
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_channel_stop_across_pieces),
+        cmocka_unit_test(test_channel_earliest_stop_wins),
+        cmocka_unit_test(test_channel_flush_and_newlines),
+        cmocka_unit_test(test_channel_stream_equals_total),
+        cmocka_unit_test(test_channel_utf8_holdback),
+        cmocka_unit_test(test_greedy_table),
+        cmocka_unit_test(test_session_cache),
+        cmocka_unit_test(test_cache_off),
+        cmocka_unit_test(test_loopback),
+    };
+    return cmocka_run_group_tests_name("server", tests, setup, teardown);
+}

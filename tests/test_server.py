@@ -1,0 +1,643 @@
+#!/usr/bin/env python3
+"""test_server.py: `calla serve` end to end on loopback, against a test-geometry checkpoint.
+
+Python 3 standard library only.  Run by build/tests/test_server (tests/test_server.c), which
+makes the checkpoint; by hand:
+    python3 tests/test_server.py --bin build/calla --model DIR [--quick] [--soak N]
+
+The model has random weights, so the text is gibberish: the checks are about the protocol, the
+limits, determinism (same request -> same tokens; session cache on == off) and robustness.
+Every request has a timeout and every loop is bounded; only 127.0.0.1 is contacted.
+Exit status 0 only if every check passed.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HOST = "127.0.0.1"
+TIMEOUT = 120           # seconds, per request
+RESULTS = {"ok": 0, "fail": 0}
+FAILURES = []
+
+
+def check(name, cond, detail=""):
+    if cond:
+        RESULTS["ok"] += 1
+        print(f"ok   {name}", flush=True)
+    else:
+        RESULTS["fail"] += 1
+        FAILURES.append(name)
+        print(f"FAIL {name} {detail}"[:2000], flush=True)
+    return cond
+
+
+# ---- the server process ----------------------------------------------------------------------
+
+class Server:
+    def __init__(self, binary, model, *extra, env=None):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="calla_serve_", suffix=".log", delete=False)
+        args = [binary, "serve", "--model", model, "--host", HOST, "--port", "0", *map(str, extra)]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
+        self.port = None
+        deadline = time.time() + 60
+        while time.time() < deadline and self.proc.poll() is None:
+            m = re.search(r"listening on http://[^:]+:(\d+)", self.text())
+            if m:
+                self.port = int(m.group(1))
+                break
+            time.sleep(0.05)
+        if not self.port:
+            raise RuntimeError("server did not start:\n" + self.text())
+
+    def text(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def rss_kb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return None
+
+    def close(self):
+        self.stop()
+        os.unlink(self.log.name)
+
+
+def request(port, method, path, body=None, headers=None, timeout=TIMEOUT):
+    """-> (status, headers dict, bytes)."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def post(port, path, body, **kw):
+    st, h, b = request(port, "POST", path, body, **kw)
+    try:
+        j = json.loads(b)
+    except ValueError:
+        j = None
+    return st, h, j
+
+
+def raw(port, data, timeout=30):
+    """Sends raw bytes, returns the raw reply (until the server closes or a timeout)."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    try:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            try:
+                d = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not d:
+                break
+            out += d
+        return out
+    finally:
+        s.close()
+
+
+def raw_status(reply):
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", reply)
+    return int(m.group(1)) if m else None
+
+
+def stream(port, path, body, timeout=TIMEOUT):
+    """POST with stream: true -> (status, list of parsed events, saw [DONE])."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(dict(body, stream=True)).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return r.status, [json.loads(r.read())], False
+        events, done = [], False
+        for line in r.read().decode().split("\n"):
+            if not line.startswith("data: "):
+                continue
+            d = line[6:]
+            if d == "[DONE]":
+                done = True
+            else:
+                events.append(json.loads(d))
+        return r.status, events, done
+    finally:
+        c.close()
+
+
+def metrics(port):
+    st, _, b = request(port, "GET", "/metrics")
+    out = {}
+    for line in b.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def chat_body(messages, max_tokens=4, **kw):
+    return dict(messages=messages, max_tokens=max_tokens, return_token_ids=True, **kw)
+
+
+# ---- tests -----------------------------------------------------------------------------------
+
+def test_endpoints(port):
+    st, _, b = request(port, "GET", "/health")
+    check("GET /health 200", st == 200 and json.loads(b)["status"] == "ok", b)
+    st, _, b = request(port, "GET", "/v1/models")
+    j = json.loads(b)
+    check("GET /v1/models lists one model", st == 200 and j["object"] == "list" and len(j["data"]) == 1, b)
+    st, h, b = request(port, "GET", "/metrics")
+    check("GET /metrics is Prometheus text", st == 200 and b"# TYPE calla_requests_total counter" in b
+          and h.get("content-type", "").startswith("text/plain"), b[:300])
+
+    st, _, j = post(port, "/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 4, "return_token_ids": True})
+    ok = st == 200 and j["object"] == "text_completion" and j["usage"]["prompt_tokens"] == 4
+    ok = ok and 1 <= j["usage"]["completion_tokens"] <= 4 and j["choices"][0]["finish_reason"] in ("stop", "length")
+    ok = ok and len(j["choices"][0]["token_ids"]) == j["usage"]["completion_tokens"]
+    ok = ok and "prefill_ms" in j["timings"] and "decode_ms" in j["timings"]
+    check("POST /v1/completions (token ids)", ok, j)
+    ids = j["choices"][0]["token_ids"] if ok else None
+    st, _, j2 = post(port, "/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 4, "return_token_ids": True})
+    check("same request, same tokens", st == 200 and j2["choices"][0]["token_ids"] == ids, j2)
+
+    st, _, j = post(port, "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 3})
+    check("POST /v1/completions (text)", st == 200 and j["usage"]["prompt_tokens"] >= 1
+          and isinstance(j["choices"][0]["text"], str), j)
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs))
+    ok = st == 200 and j["object"] == "chat.completion" and j["choices"][0]["message"]["role"] == "assistant"
+    ok = ok and "reasoning_content" in j["choices"][0]["message"] and "cached_tokens" in j["usage"]["prompt_tokens_details"]
+    check("POST /v1/chat/completions", ok, j)
+    full = j
+
+    st, ev, done = stream(port, "/v1/chat/completions", chat_body(msgs))
+    ok = st == 200 and done and ev and all(e["object"] == "chat.completion.chunk" for e in ev)
+    ok = ok and ev[0]["choices"][0]["delta"].get("role") == "assistant"
+    content = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e.get("choices"))
+    reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content", "") for e in ev if e.get("choices"))
+    last = [e for e in ev if e.get("choices") and e["choices"][0]["finish_reason"]]
+    ok = ok and len(last) == 1 and "usage" in last[0] and "timings" in last[0]
+    check("streamed chat: chunks, finish, usage, [DONE]", ok, ev)
+    if ok and full:
+        m = full["choices"][0]
+        check("streamed chat == non-streamed chat",
+              content == m["message"]["content"] and reasoning == m["message"]["reasoning_content"]
+              and last[0]["choices"][0]["token_ids"] == m["token_ids"]
+              and last[0]["choices"][0]["finish_reason"] == m["finish_reason"], (content, reasoning, m))
+
+    st, ev, done = stream(port, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3,
+                                                    "stream_options": {"include_usage": True}})
+    ok = st == 200 and done and all(e["object"] == "text_completion" for e in ev)
+    ok = ok and ev[-1].get("usage", {}).get("prompt_tokens") == 3 and ev[-1]["choices"] == []
+    check("streamed completion with include_usage", ok, ev)
+
+    st, _, j = post(port, "/v1/chat/completions",
+                    chat_body([{"role": "user", "content": "Hi"}], chat_template_kwargs={"enable_thinking": False}))
+    check("enable_thinking false: no reasoning_content", st == 200 and "reasoning_content" not in j["choices"][0]["message"], j)
+
+    # Values that mean greedy are accepted.
+    st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}], max_tokens=1,
+                    temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
+                    logit_bias={}, logprobs=False, max_completion_tokens=1))
+    check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+
+
+def test_stop_strings(port):
+    body = {"prompt": "Once upon a time", "max_tokens": 8}
+    st, _, j = post(port, "/v1/completions", body)
+    text = j["choices"][0]["text"] if st == 200 else ""
+    cut = None
+    for k in range(1, len(text) - 2):           # a stop string that starts after some text
+        s = text[k:k + 2]
+        if text.find(s) == k and s.strip():
+            cut = k
+            break
+    if cut is None:
+        print(f"skip stop strings: the output {text!r} is too short (synthetic vocabulary)", flush=True)
+        return
+    stop = text[cut:cut + 2]
+    st, _, j2 = post(port, "/v1/completions", dict(body, stop=[stop, "\x01never"]))
+    check("stop string cuts the text", st == 200 and j2["choices"][0]["text"] == text[:cut]
+          and j2["choices"][0]["finish_reason"] == "stop", (text, stop, j2))
+    st, ev, done = stream(port, "/v1/completions", dict(body, stop=stop))
+    streamed = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
+    check("streamed stop string == non-streamed", done and streamed == text[:cut], (streamed, text[:cut]))
+
+
+BAD = [
+    # (name, path, body (bytes | dict), expected status, expected param or None, message regex)
+    ("malformed JSON", "chat", b'{"messages": [', 400, None, "malformed JSON"),
+    ("body is not an object", "chat", b'[1, 2]', 400, None, "JSON object"),
+    ("empty body", "chat", b'', 400, None, "malformed JSON"),
+    ("trailing garbage", "chat", b'{"messages": []} xyz', 400, None, "malformed"),
+    ("messages missing", "chat", {"max_tokens": 2}, 400, "messages", "required"),
+    ("messages empty", "chat", {"messages": []}, 400, "messages", "empty"),
+    ("messages not an array", "chat", {"messages": "hi"}, 400, "messages", "array"),
+    ("message not an object", "chat", {"messages": ["hi"]}, 400, "messages", "object"),
+    ("unknown role", "chat", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages", "unknown"),
+    ("role not a string", "chat", {"messages": [{"role": 7, "content": "x"}]}, 400, "messages", "role"),
+    ("content a number", "chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages", "content"),
+    ("content part image", "chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "messages", "not supported"),
+    ("user content null", "chat", {"messages": [{"role": "user", "content": None}]}, 400, "messages", "required"),
+    ("system after user", "chat", {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]},
+     400, "messages", "."),
+    ("invalid UTF-8", "chat", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None, "UTF-8|malformed"),
+    ("lone surrogate", "chat", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "."),
+    ("NUL in a string", "chat", b'{"messages": [{"role": "user", "content": "a\\u0000b"}]}', 400, None, "."),
+    ("temperature 0.7", "chat", {"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, 400,
+     "temperature", "greedy"),
+    ("temperature a string", "chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400,
+     "temperature", "number"),
+    ("temperature negative", "completions", {"prompt": [1], "temperature": -1}, 400, "temperature", "between"),
+    ("top_p 0.9", "chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 0.9}, 400, "top_p", "greedy"),
+    ("top_k 40", "completions", {"prompt": [1], "top_k": 40}, 400, "top_k", "greedy"),
+    ("n 2", "chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "n must be 1"),
+    ("seed", "completions", {"prompt": [1], "seed": 42}, 400, "seed", "seed"),
+    ("presence_penalty", "chat", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400,
+     "presence_penalty", "greedy"),
+    ("frequency_penalty", "completions", {"prompt": [1], "frequency_penalty": 1}, 400, "frequency_penalty", "greedy"),
+    ("logit_bias", "chat", {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 5}}, 400,
+     "logit_bias", "logit_bias"),
+    ("logprobs true", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
+     "logprobs", "logprobs"),
+    ("logprobs 3 (completions)", "completions", {"prompt": [1], "logprobs": 3}, 400, "logprobs", "logprobs"),
+    ("top_logprobs", "chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 5}, 400,
+     "top_logprobs", "top_logprobs"),
+    ("best_of 3", "completions", {"prompt": [1], "best_of": 3}, 400, "best_of", "best_of"),
+    ("max_tokens 0", "completions", {"prompt": [1], "max_tokens": 0}, 400, "max_tokens", "between 1"),
+    ("max_tokens negative", "completions", {"prompt": [1], "max_tokens": -5}, 400, "max_tokens", "between 1"),
+    ("max_tokens a string", "completions", {"prompt": [1], "max_tokens": "8"}, 400, "max_tokens", "integer"),
+    ("max_tokens 2.5", "completions", {"prompt": [1], "max_tokens": 2.5}, 400, "max_tokens", "integer"),
+    ("max_completion_tokens huge", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                            "max_completion_tokens": 10 ** 9}, 400, "max_completion_tokens", "between"),
+    ("prompt + max_tokens + 1 > context", "completions", {"prompt": [1, 2, 3], "max_tokens": 1000}, 400, "max_tokens",
+     r"prompt \(3 tokens\) \+ max_tokens \(1000\) \+ 1 = 1004 exceeds the context of \d+"),
+    ("prompt alone over the context", "completions", {"prompt": list(range(1, 1200))}, 400, "prompt", "exceeds"),
+    ("prompt id out of vocabulary", "completions", {"prompt": [1, 999999]}, 400, "prompt", "vocabulary"),
+    ("prompt id negative", "completions", {"prompt": [-1]}, 400, "prompt", "vocabulary"),
+    ("prompt id a float", "completions", {"prompt": [1.5]}, 400, "prompt", "integer"),
+    ("prompt empty string", "completions", {"prompt": ""}, 400, "prompt", "empty"),
+    ("prompt empty array", "completions", {"prompt": []}, 400, "prompt", "empty"),
+    ("prompt missing", "completions", {"max_tokens": 1}, 400, "prompt", "required"),
+    ("batched prompts", "completions", {"prompt": [[1, 2], [3]]}, 400, "prompt", "batch"),
+    ("prompt an object", "completions", {"prompt": {"a": 1}}, 400, "prompt", "string or an array"),
+    ("stop: 5 strings", "completions", {"prompt": [1], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ("stop a number", "completions", {"prompt": [1], "stop": 5}, 400, "stop", "string"),
+    ("stop empty string", "completions", {"prompt": [1], "stop": [""]}, 400, "stop", "empty"),
+    ("stream a string", "chat", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream",
+     "boolean"),
+    ("enable_thinking a string", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                          "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "enable_thinking",
+     "boolean"),
+    ("chat_template_kwargs a list", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                             "chat_template_kwargs": []}, 400, "chat_template_kwargs", "object"),
+    ("tools", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools",
+     "not supported"),
+    ("echo", "completions", {"prompt": [1], "echo": True}, 400, "echo", "not supported"),
+    ("model a number", "chat", {"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model", "string"),
+    ("deep nesting", "chat", b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, None, "."),
+    ("number overflow", "completions", b'{"prompt": [1], "max_tokens": 1e400}', 400, None, "."),
+]
+
+
+def test_bad_input(port, max_body):
+    n = 0
+    for name, ep, body, status, param, pattern in BAD:
+        path = "/v1/chat/completions" if ep == "chat" else "/v1/completions"
+        st, _, b = request(port, "POST", path, body)
+        try:
+            e = json.loads(b)["error"]
+        except (ValueError, KeyError, TypeError):
+            e = None
+        ok = st == status and e is not None and re.search(pattern, e["message"]) is not None
+        ok = ok and (param is None or e.get("param") == param)
+        check(f"bad input: {name} -> {status}", ok, (st, b[:300]))
+        n += 1
+    # Transport-level cases.
+    big = b'{"prompt": "' + b"a" * (max_body + 10) + b'"}'
+    st, _, b = request(port, "POST", "/v1/completions", big)
+    check("body over --max-body -> 413", st == 413 and b"exceeds the limit" in b, (st, b[:200]))
+    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x\r\n" % (max_body + 1) + b"a" * (max_body + 1) + b"\r\n0\r\n\r\n")
+    check("chunked body over --max-body -> 413", raw_status(reply) == 413, reply[:200])
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"h" * 100000 + b"\r\n\r\n")
+    check("oversized headers -> 413/431", raw_status(reply) in (413, 431), reply[:200])
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n")
+    check("malformed header line -> 400", raw_status(reply) == 400, reply[:200])
+    reply = raw(port, b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n")
+    check("unknown HTTP version -> 505", raw_status(reply) == 505, reply[:200])
+    reply = raw(port, b"BLAH\r\n\r\n" + bytes(range(256)))
+    check("garbage request -> closed without a reply", reply == b"" or raw_status(reply) == 400, reply[:200])
+    st, _, b = request(port, "GET", "/v1/nothing")
+    check("unknown path -> 404", st == 404 and b"error" in b, (st, b))
+    st, _, b = request(port, "GET", "/v1/chat/completions")
+    check("GET on a POST endpoint -> 405", st == 405, (st, b))
+    st, _, b = request(port, "POST", "/health", b"{}")
+    check("POST on a GET endpoint -> 405", st == 405, (st, b))
+    n += 9
+    st, _, b = request(port, "GET", "/health")
+    check(f"server alive after {n} bad-input cases", st == 200, (st, b))
+    return n
+
+
+def conversation(port, turns, max_tokens=4, thinking=True):
+    """A growing chat; each turn appends the reply and a new user message. -> list of responses."""
+    msgs = [{"role": "system", "content": "You are a test."}]
+    out = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Turn {t}: tell me about the number {t * 7 + 3}."})
+        st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=max_tokens,
+                        chat_template_kwargs={"enable_thinking": thinking}))
+        if st != 200:
+            out.append(None)
+            break
+        out.append(j)
+        m = j["choices"][0]["message"]
+        msgs.append({"role": "assistant", "content": m["content"], "reasoning_content": m.get("reasoning_content")})
+    return out
+
+
+def test_cache(port, port_nocache):
+    on = conversation(port, 3)
+    off = conversation(port_nocache, 3)
+    ok = len(on) == 3 and len(off) == 3 and None not in on and None not in off
+    check("3-turn conversation, cache on and off", ok)
+    if not ok:
+        return
+    same = all(a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"] for a, b in zip(on, off))
+    check("session cache: output equals output without it, token for token", same,
+          [(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"]) for a, b in zip(on, off)])
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in on]
+    check("session cache: later turns hit (cached_tokens > 0)", cached[1] > 0 and cached[2] > 0, cached)
+    check("no cache: cached_tokens == 0",
+          all(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for r in off))
+    # The plain prefix rule: a prompt that extends prompt + output reuses the end state.
+    p = [11, 12, 13, 14, 15]
+    st, _, j = post(port, "/v1/completions", {"prompt": p, "max_tokens": 4, "return_token_ids": True})
+    ids = j["choices"][0]["token_ids"]
+    p2 = p + ids + [16, 17]
+    r = [post(q, "/v1/completions", {"prompt": p2, "max_tokens": 3, "return_token_ids": True})[2] for q in (port, port_nocache)]
+    check("prefix rule: prompt + output + more hits the end state",
+          r[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p) + len(ids) - 1, r[0]["usage"])
+    check("prefix rule: same tokens as without the cache", r[0]["choices"][0]["token_ids"] == r[1]["choices"][0]["token_ids"])
+    # Exactly the cached tokens: the stored next token is used.
+    r = [post(q, "/v1/completions", {"prompt": p + ids[:-1], "max_tokens": 2, "return_token_ids": True})[2]
+         for q in (port, port_nocache)]
+    check("exact-length hit: same tokens as without the cache",
+          r[0]["choices"][0]["token_ids"] == r[1]["choices"][0]["token_ids"]
+          and r[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p) + len(ids) - 1, r)
+
+
+def test_concurrent(port, n=16):
+    prompts = [[21 + k, 22, 23, 24 + k] for k in range(4)]
+    expected = []
+    for p in prompts:
+        st, _, j = post(port, "/v1/completions", {"prompt": p, "max_tokens": 2, "return_token_ids": True})
+        expected.append(j["choices"][0]["token_ids"] if st == 200 else None)
+    results = [None] * n
+    done_at = [None] * n
+
+    def client(i):
+        try:
+            st, _, j = post(port, "/v1/completions", {"prompt": prompts[i % 4], "max_tokens": 2,
+                                                      "return_token_ids": True})
+            results[i] = (st, j)
+        except Exception as e:  # noqa: BLE001 (report any client failure as a failed check)
+            results[i] = (None, str(e))
+        done_at[i] = time.monotonic()
+
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=client, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.03)   # arrival order = i
+    for t in threads:
+        t.join(TIMEOUT)
+    ok = all(r and r[0] == 200 for r in results)
+    check(f"{n} concurrent clients all answered 200", ok, results)
+    if not ok:
+        return
+    check(f"{n} concurrent clients: every answer correct",
+          all(results[i][1]["choices"][0]["token_ids"] == expected[i % 4] for i in range(n)))
+    order = sorted(range(n), key=lambda i: done_at[i])
+    check(f"{n} concurrent clients: answered in arrival order", order == list(range(n)), order)
+    ids = [int(results[i][1]["id"].split("-")[1]) for i in range(n)]
+    check(f"{n} concurrent clients: queued in arrival order", ids == sorted(ids), ids)
+
+
+def test_disconnect(port):
+    m0 = metrics(port)
+    # Streaming: read the first event, then hang up.
+    s = socket.create_connection((HOST, port), timeout=TIMEOUT)
+    body = json.dumps({"prompt": [31, 32, 33], "max_tokens": 400, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    deadline = time.time() + 60
+    while b"data: " not in got and time.time() < deadline:
+        got += s.recv(4096)
+    s.close()
+    t0 = time.time()
+    m1 = m0
+    while time.time() - t0 < 30:
+        m1 = metrics(port)
+        if m1["calla_cancelled_total"] > m0["calla_cancelled_total"]:
+            break
+        time.sleep(0.1)
+    gen = m1["calla_generated_tokens_total"] - m0["calla_generated_tokens_total"]
+    check("stream disconnect stops the generation", m1["calla_cancelled_total"] == m0["calla_cancelled_total"] + 1
+          and gen < 400, (gen, time.time() - t0))
+    # Non-streaming: hang up while it runs.
+    s = socket.create_connection((HOST, port), timeout=TIMEOUT)
+    body = json.dumps({"prompt": [41, 42, 43], "max_tokens": 400}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+              + b"\r\n\r\n" + body)
+    while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 60:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    s.close()
+    t1 = time.time()
+    m2 = m1
+    while time.time() - t1 < 30:
+        m2 = metrics(port)
+        if m2["calla_cancelled_total"] > m1["calla_cancelled_total"] and m2["calla_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    gen = m2["calla_generated_tokens_total"] - m1["calla_generated_tokens_total"]
+    check("non-stream disconnect stops the generation", m2["calla_cancelled_total"] == m1["calla_cancelled_total"] + 1
+          and gen < 400, (gen, time.time() - t1))
+    st, _, j = post(port, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+    check("server serves again after disconnects", st == 200, j)
+
+
+def test_queue_and_drain(binary, model):
+    srv = Server(binary, model, "--context", 512, "--queue", 1, "--threads", 2, "--drain-seconds", 60, "--quiet")
+    try:
+        port = srv.port
+        res = {}
+
+        def go(k, max_tokens):
+            res[k] = post(port, "/v1/completions", {"prompt": [k + 1, 2, 3], "max_tokens": max_tokens})
+
+        a = threading.Thread(target=go, args=(0, 12))
+        a.start()
+        t0 = time.time()
+        while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 30:
+            time.sleep(0.02)
+        b = threading.Thread(target=go, args=(1, 2))
+        b.start()
+        while metrics(port)["calla_queue_depth"] < 1 and time.time() - t0 < 30:
+            time.sleep(0.02)
+        st, h, j = post(port, "/v1/completions", {"prompt": [9], "max_tokens": 1})
+        check("queue full -> 503 with Retry-After", st == 503 and "retry-after" in h and "busy" in j["error"]["message"],
+              (st, h, j))
+        srv.proc.send_signal(signal.SIGTERM)     # drain: both finish
+        time.sleep(0.2)
+        st, _, j = post(port, "/v1/completions", {"prompt": [9], "max_tokens": 1})
+        check("while draining: new requests -> 503", st == 503, (st, j))
+        a.join(TIMEOUT)
+        b.join(TIMEOUT)
+        rc = srv.proc.wait(60)
+        check("SIGTERM drains: running and queued requests finish",
+              res.get(0, (0,))[0] == 200 and res.get(1, (0,))[0] == 200, res)
+        check("SIGTERM: exit 0", rc == 0 and "stopped" in srv.text(), (rc, srv.text()[-500:]))
+    finally:
+        srv.close()
+
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--drain-seconds", 0, "--quiet")
+    try:
+        port = srv.port
+        out = {}
+        a = threading.Thread(target=lambda: out.update(r=stream(port, "/v1/completions",
+                                                                  {"prompt": [5, 5, 5], "max_tokens": 400})))
+        a.start()
+        t0 = time.time()
+        while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 30:
+            time.sleep(0.02)
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(60)
+        a.join(TIMEOUT)
+        st, ev, done = out.get("r", (None, [], False))
+        check("SIGTERM with --drain-seconds 0 aborts: error event then [DONE]",
+              st == 200 and done and ev and "error" in ev[-1], ev[-2:])
+        check("SIGTERM abort: exit 0 within seconds", rc == 0 and time.time() - t0 < 30, rc)
+    finally:
+        srv.close()
+
+
+def test_soak(srv, n):
+    port = srv.port
+    cheap = [
+        lambda: request(port, "GET", "/health"),
+        lambda: request(port, "GET", "/v1/models"),
+        lambda: request(port, "GET", "/metrics"),
+        lambda: request(port, "POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "con'),
+        lambda: request(port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                               "temperature": 1}),
+        lambda: request(port, "POST", "/v1/completions", {"prompt": [1, 999999]}),
+        lambda: request(port, "GET", "/nope"),
+        lambda: request(port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 3000}],
+                                                               "max_tokens": 100000}),
+    ]
+    gens = [
+        lambda i: request(port, "POST", "/v1/completions", {"prompt": [1, 2, 3, i % 50 + 1], "max_tokens": 1}),
+        lambda i: request(port, "POST", "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": f"soak {i % 7}"}], "max_tokens": 1, "stream": True}),
+    ]
+    warm = min(50, n // 5)
+    bad = 0
+    rss0 = None
+    t0 = time.time()
+    for i in range(n):
+        if i == warm:
+            rss0 = srv.rss_kb()
+        if i % 10 == 0:
+            st, _, _ = gens[(i // 10) % 2](i)
+            bad += st != 200
+        else:
+            st, _, _ = cheap[i % len(cheap)]()
+            bad += st >= 500
+    rss1 = srv.rss_kb()
+    growth = (rss1 - rss0) / 1024
+    check(f"soak: {n} requests, no 5xx where none is due", bad == 0, bad)
+    check(f"soak: RSS growth {growth:.1f} MiB after warm-up (bound 16 MiB)", growth < 16, (rss0, rss1))
+    print(f"soak: {n} requests in {time.time() - t0:.1f} s, RSS {rss0} -> {rss1} kB", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter tests (sanitizer builds)")
+    ap.add_argument("--soak", type=int, default=500)
+    a = ap.parse_args()
+    max_body = 65536
+    t0 = time.time()
+    common = ["--context", 512, "--threads", 2, "--max-body", max_body, "--max-header", 8192]
+    main_srv = Server(a.bin, a.model, *common, "--queue", 16)
+    nocache = Server(a.bin, a.model, *common, "--cache-entries", 0, "--cache-boundaries", 0, "--quiet")
+    try:
+        test_endpoints(main_srv.port)
+        n_bad = test_bad_input(main_srv.port, max_body)
+        print(f"bad-input cases: {n_bad}", flush=True)
+        test_stop_strings(main_srv.port)
+        test_cache(main_srv.port, nocache.port)
+        nocache.close()
+        test_concurrent(main_srv.port, 16)
+        test_disconnect(main_srv.port)
+        test_queue_and_drain(a.bin, a.model)
+        test_soak(main_srv, 120 if a.quick else a.soak)
+        rc = main_srv.stop()
+        log = main_srv.text()
+        check("main server: SIGTERM exit 0, no sanitizer report", rc == 0 and "Sanitizer" not in log, log[-3000:])
+    finally:
+        for srv in (nocache, main_srv):
+            if srv.proc.poll() is None:
+                srv.stop(signal.SIGKILL)
+        if RESULTS["fail"]:
+            print("---- server log (tail) ----\n" + main_srv.text()[-4000:], flush=True)
+        for srv in (nocache, main_srv):
+            if os.path.exists(srv.log.name):
+                os.unlink(srv.log.name)
+    print(f"test_server.py: {RESULTS['ok']} checks ok, {RESULTS['fail']} failed in {time.time() - t0:.0f} s"
+          + (" (" + ", ".join(FAILURES) + ")" if FAILURES else ""), flush=True)
+    return 1 if RESULTS["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

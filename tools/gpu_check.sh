@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gpu_check.sh BUILD: every GPU check on an sm_90 machine (issue 5), then a summary table.
+#
+#   make gpu-check                      builds build/calla and build/gpu/*, runs everything
+#   tools/gpu_check.sh build            runs with binaries already built (a carried build)
+# Environment:
+#   GPU_CHECK_STAGES   which stages (default "kernels small sanitizer full timing bench")
+#   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
+#   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
+set -u
+B=${1:-build}
+STAGES=${GPU_CHECK_STAGES:-kernels small sanitizer full timing bench}
+OUTDIR=${GPU_CHECK_OUT:-bench/results}
+TMP=${GPU_CHECK_TMP:-/tmp}
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+date=$(date -u +%Y-%m-%d)
+mkdir -p "$OUTDIR"
+LOG="$OUTDIR/gpu-check-$date-$commit.txt"
+: >"$LOG"
+declare -a ROWS=()
+say() { echo "$@" | tee -a "$LOG"; }
+row() { ROWS+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
+run_step() {   # name, command...: runs, logs, records PASS/FAIL and the wall time
+    local name=$1; shift
+    say "## $name: $*"
+    local t0=$(date +%s%N)
+    "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    local ms=$((($(date +%s%N) - t0) / 1000000))
+    row "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((ms / 1000)).$(((ms % 1000) / 100)) s"
+    return $rc
+}
+
+say "# calla gpu-check  commit $commit  date $date"
+say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+for st in $STAGES; do
+    case $st in
+    kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" 1 ;;
+    small)
+        "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
+        "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
+        run_step "e2e tiny geometry 64+32" "$B/gpu/test_cuda_e2e" "$TMP/calla-tiny" 64 32
+        run_step "e2e small geometry 64+32" "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 64 32
+        run_step "e2e small geometry 300+8" "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 300 8 ;;
+    sanitizer)
+        [ -d "$TMP/calla-small" ] || "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
+        run_step "memcheck e2e small 24+4" compute-sanitizer --tool memcheck --error-exitcode 3 \
+            "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 24 4 ;;
+    synth)
+        [ -f "$TMP/calla-full/config.json" ] ||
+            run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full" ;;
+    full)
+        [ -f "$TMP/calla-full/config.json" ] ||
+            run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full"
+        run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32 ;;
+    timing)
+        run_step "timing full ctx 4096 (warm)" "$B/gpu/test_cuda_timing" "$TMP/calla-full" 4096 32 1
+        run_step "timing full ctx 65536 (cold)" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} \
+            "$B/gpu/test_cuda_timing" "$TMP/calla-full" 65536 16 0 ;;
+    bench)
+        for ctx in ${GPU_CHECK_BENCH_CTX:-4096 65536}; do
+            run_step "bench full ctx $ctx" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} "$B/calla" bench \
+                --model "$TMP/calla-full" --context $ctx --decode 32 --backend cuda \
+                --json "$OUTDIR/gpu-bench-$date-$commit-ctx$ctx.json"
+        done ;;
+    esac
+done
+say ""
+say "$(printf '%-34s %-6s %s' check result time)"
+for r in "${ROWS[@]}"; do say "$r"; done
+! printf '%s\n' "${ROWS[@]}" | grep -q ' FAIL '
