@@ -29,8 +29,14 @@
 // fp32 on an H200, 2026-11-29), so 5e-4 there.
 #define TOL_F32 1e-4
 #define TOL_F32_FULL 5e-4
-// bf16 KV: K and V rounded to 8 mantissa bits in a quarter of the layers; measured ~1e-3.
+// bf16 KV: K and V rounded to 8 mantissa bits in a quarter of the layers; measured 6e-5 .. 1.3e-3
+// at the test geometries. At the full shape (random weights) the 8-of-256 routing over 40 layers
+// amplifies those roundings: the CPU with a bf16 KV cache differs from itself with an fp32 one
+// by a normalised error of 6.2e-2 on average and 1.9e-1 at worst over 96 rows (measured on the
+// H200 machine, tests/gpu/test_cuda_e2e.c, 2026-11-29), so 2.5e-1 there; the tight full-shape
+// check is the fp32-KV one above.
 #define TOL_BF16_KV 1e-2
+#define TOL_BF16_KV_FULL 2.5e-1
 // A reference decision is "clear" when top1 - top2 exceeds this fraction of the row rms.
 #define MARGIN_RMS 1e-2
 #define MIN_GEN 16
@@ -78,7 +84,8 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
     struct engine *e;
     char err[1024];
     if (engine_open(dir, &eo, &e, err, sizeof err)) fail_msg("engine_open: %s", err);
-    const int V = engine_geometry(e)->vocab;
+    const struct geometry *g = engine_geometry(e);
+    const int V = g->vocab;
     struct seq *s;
     assert_int_equal(seq_new(e, (int)(gd->n_prompt + gd->n_gen + 1), &s, err, sizeof err), 0);
     int rows[64];
@@ -118,7 +125,8 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
         if (k + 1 < gd->n_gen && engine_forward(e, s, &tok, 1, NULL, &tok, err, sizeof err)) fail_msg("decode: %s", err);
     }
     printf("  %-6s greedy continuation: %u of %u tokens identical\n", gd->geometry, checked, gd->n_gen);
-    if (checked < MIN_GEN && checked < gd->n_gen) fail_msg("only %u continuation tokens were checkable", checked);
+    const uint32_t min_gen = g->is_test ? MIN_GEN : 4;   // the full-shape fixture holds 8 tokens
+    if (checked < min_gen && checked < gd->n_gen) fail_msg("only %u continuation tokens were checkable", checked);
     free(lg);
     seq_free(s);
     engine_close(e);
@@ -136,8 +144,10 @@ static void test_fixture(void **state) {
     bool fp32_ref = strstr(gd.ref, "float32") != NULL;
     const struct geometry *g = geometry_find(gd.geometry);
     assert_non_null(g);
-    if (fp32_ref) check_one(&gd, dir, true, g->is_test ? TOL_F32 : TOL_F32_FULL);
-    check_one(&gd, dir, false, fp32_ref ? TOL_BF16_KV : TOL_BF16_KV * 3);
+    // The fp32 KV cache exists on the CPU only (the reference mode); CUDA always runs bf16 KV.
+    const char *backend = getenv("CALLA_BACKEND");
+    if (fp32_ref && !(backend && !strcmp(backend, "cuda"))) check_one(&gd, dir, true, g->is_test ? TOL_F32 : TOL_F32_FULL);
+    check_one(&gd, dir, false, g->is_test ? TOL_BF16_KV : TOL_BF16_KV_FULL);
     remove_dir(dir);
 }
 
