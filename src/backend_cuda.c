@@ -22,6 +22,8 @@
 enum {
     LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
     DECODE_SPLIT = 256,    // keys per attention split in decode
+    PREFILL_SPLIT = 1024,  // keys per attention split in prefill (fixed: see cuda_forward_chunk)
+    PART_MAX_FLOATS = 64 << 20,   // attention partials buffer bound (256 MiB)
 };
 
 struct cuda_layer {
@@ -430,13 +432,15 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const int S = g->shared_inter, D = g->head_dim;
     const float eps = (float)g->rms_eps;
     const int n_keys = p0 + T;
-    int split = DECODE_SPLIT;
-    if (T > 1) {   // prefill: at most ~4 splits per token group (partials stay small)
-        split = (n_keys + 3) / 4;
-        split = (split + 31) / 32 * 32;
-        if (split < DECODE_SPLIT) split = DECODE_SPLIT;
-    }
-    if (ensure_part(ce, k_attention_part_floats(T, n_keys, g->n_heads, D, split), err, errlen)) return -1;
+    // Prefill splits the keys at fixed multiples of PREFILL_SPLIT from position 0, so a query's
+    // result does not depend on how the prompt was cut into chunks (the session cache continues
+    // a snapshot with the rest of a prompt and must match a single prefill). Queries go in groups
+    // small enough to keep the partials within PART_MAX_FLOATS.
+    const int split = T > 1 ? PREFILL_SPLIT : DECODE_SPLIT;
+    const long part_per_q = k_attention_part_floats(1, n_keys, g->n_heads, D, split);
+    int tq = (int)(PART_MAX_FLOATS / part_per_q);
+    tq = tq < 1 ? 1 : tq > T ? T : tq;
+    if (ensure_part(ce, part_per_q * tq, err, errlen)) return -1;
 
     memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
     CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
@@ -450,8 +454,11 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             KL(mm(&L->v_proj, b->u, T, b->vb, st));
             KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                            g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, T, p0, s->cap, g->n_heads, g->n_kv_heads,
-                           D, split, st));
+            for (int t0 = 0; t0 < T; t0 += tq) {
+                const size_t qd = (size_t)g->n_heads * D;
+                KL(k_attention(b->q + t0 * qd, b->qg + 2 * t0 * qd, cs->k[i], cs->v[i], b->o + t0 * qd, ce->part,
+                               T - t0 < tq ? T - t0 : tq, p0 + t0, s->cap, g->n_heads, g->n_kv_heads, D, split, st));
+            }
             KL(mm(&L->o_proj, b->o, T, b->d, st));
         } else {
             KL(mm(&L->in_qkv, b->u, T, b->xin, st));

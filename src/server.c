@@ -20,14 +20,7 @@
 #include "engine.h"
 #include "options.h"
 #include "session_cache.h"
-// tokenizer.h repeats three token enumerators of model.h; rename its copies here.
-#define TOKEN_ENDOFTEXT TOKENIZER_TOKEN_ENDOFTEXT
-#define TOKEN_IM_START TOKENIZER_TOKEN_IM_START
-#define TOKEN_IM_END TOKENIZER_TOKEN_IM_END
 #include "tokenizer.h"
-#undef TOKEN_ENDOFTEXT
-#undef TOKEN_IM_START
-#undef TOKEN_IM_END
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -217,6 +210,7 @@ struct server {
     struct job *head, *tail;
     int depth;                      // queued, not running
     struct job *running;
+    int open_jobs;                  // queued jobs whose request MHD has not completed (answer in flight)
     bool draining;                  // SIGTERM: refuse new work
     bool stop_worker;
     atomic_bool abort;              // cancel everything now
@@ -268,8 +262,13 @@ static json_t *error_body(int status, const char *param, const char *msg) {
     const char *type = status == 400 || status == 404 || status == 405 || status == 413 ? "invalid_request_error"
                        : status == 503                                                ? "server_busy"
                                                                                       : "server_error";
-    return json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", msg, "type", type, "param", param, "code",
-                     status);
+    char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
+    size_t len;
+    if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
+    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", clean ? clean : "invalid request", "type",
+                          type, "param", param, "code", status);
+    free(clean);
+    return o;
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
@@ -290,6 +289,16 @@ struct req_error {
     const char *param;   // static string or NULL
     char msg[512];
 };
+
+// Bytes of s to quote in a message: at most max, never ending inside a UTF-8 sequence (the
+// message goes into JSON, which must be valid UTF-8).
+static int clip_utf8(const char *s, int max) {
+    int n = (int)strnlen(s, (size_t)max + 1);
+    if (n <= max) return n;
+    n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
+    return n;
+}
 
 static int bad(struct req_error *re, int status, const char *param, const char *fmt, ...) {
     va_list ap;
@@ -485,8 +494,8 @@ static int message_text(const json_t *content, size_t idx, struct sbuf *out, str
         if (!json_is_object(part) || !json_is_string(type))
             return bad(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
         if (strcmp(json_string_value(type), "text"))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu]: type \"%s\" is not supported (text only)", idx,
-                       i, json_string_value(type));
+            return bad(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
+                       idx, i, clip_utf8(json_string_value(type), 64), json_string_value(type));
         if (!json_is_string(text))
             return bad(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
         if (sbuf_add(out, json_string_value(text), json_string_length(text))) return bad(re, 500, NULL, "out of memory");
@@ -543,8 +552,9 @@ static int parse_chat(struct server *sv, const json_t *body, struct job *j, stru
         for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
             if (!strcmp(json_string_value(role), roles[k])) r = roles[k];
         if (!r) {
-            bad(re, 400, "messages", "messages[%zu].role \"%.64s\" is unknown (system, user, assistant or tool)", i,
-                json_string_value(role));
+            const char *rs = json_string_value(role);
+            bad(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
+                clip_utf8(rs, 64), rs);
             goto done;
         }
         if (!strcmp(r, "developer")) r = "system";
@@ -582,14 +592,32 @@ static int parse_chat(struct server *sv, const json_t *body, struct job *j, stru
     if (!chat_render(cm, n, &ho, &hist, &hist_len, NULL, err, sizeof err) && hist_len < len &&
         !memcmp(hist, out, hist_len))
         boundary = hist_len;
-    if (encode(sv, out, len, &j->prompt, &j->n_prompt, re)) goto done;
-    // The boundary in tokens, if the prefix tokenizes to a token prefix of the whole (it does when
-    // the boundary sits next to a special token, as ChatML's do).
+    // The boundary in tokens.  When the text after it opens with an added token (ChatML's
+    // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
+    // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
+    // keep the boundary only if the prefix's tokens are a prefix of the whole's.
     j->boundary = 0;
-    if (boundary > 0 && boundary < len) {
-        int32_t *pre = NULL;
-        int npre = 0;
-        if (!encode(sv, out, boundary, &pre, &npre, re)) {
+    static const char im_start[] = "<|im_start|>";
+    int32_t *pre = NULL, *post = NULL;
+    int npre = 0, npost = 0;
+    if (boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1)) {
+        if (encode(sv, out, boundary, &pre, &npre, re) || encode(sv, out + boundary, len - boundary, &post, &npost, re)) {
+            free(pre);
+            goto done;
+        }
+        if (!(j->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
+            free(pre), free(post);
+            bad(re, 500, NULL, "out of memory");
+            goto done;
+        }
+        memcpy(j->prompt, pre, sizeof *pre * (size_t)npre);
+        memcpy(j->prompt + npre, post, sizeof *post * (size_t)npost);
+        j->n_prompt = npre + npost;
+        j->boundary = npre;
+        free(pre), free(post);
+    } else {
+        if (encode(sv, out, len, &j->prompt, &j->n_prompt, re)) goto done;
+        if (boundary > 0 && boundary < len && !encode(sv, out, boundary, &pre, &npre, re)) {
             if (npre > 0 && npre < j->n_prompt && !memcmp(pre, j->prompt, sizeof *pre * (size_t)npre)) j->boundary = npre;
             free(pre);
         }
@@ -962,14 +990,19 @@ static void run_job(struct server *sv, struct job *j) {
     j->n_gen = ng;
 
     // Keep the end state: it has consumed the prompt and every generated token but the last.
+    // A state under half the context is copied into a slot of its own size (memory follows use);
+    // a larger one moves into the cache and the slot's old sequence becomes the working one.
     if (rc == ENGINE_OK && ng >= 1) {
         int m = n + ng - 1;
         int32_t *all = malloc(sizeof *all * (size_t)m);
         if (all) {
             memcpy(all, P, sizeof *P * (size_t)n);
             memcpy(all + n, gen, sizeof *gen * (size_t)(ng - 1));
-            if (seq_pos(sv->w) == m && scache_store_swap(&sv->full, &sv->w, all, m, gen[ng - 1], err, sizeof err))
-                fprintf(stderr, "calla serve: session cache: %s\n", err);
+            int r = 0;
+            if (seq_pos(sv->w) == m)
+                r = 2LL * m < sv->cfg.context ? scache_store_copy(&sv->full, sv->w, all, m, gen[ng - 1], err, sizeof err)
+                                              : scache_store_swap(&sv->full, &sv->w, all, m, gen[ng - 1], err, sizeof err);
+            if (r) fprintf(stderr, "calla serve: session cache: %s\n", err);
             free(all);
         }
     }
@@ -1099,6 +1132,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         memcpy(buf, j->sse.p + j->sse_off, k);
         j->sse_off += k;
         n = (ssize_t)k;
+        if (j->sse_off == j->sse.len) j->sse_off = j->sse.len = 0;   // all sent: reuse the buffer
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -1171,6 +1205,9 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg, re.status == 503 ? RETRY_AFTER_S : 0);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
+    pthread_mutex_lock(&sv->mu);
+    sv->open_jobs++;
+    pthread_mutex_unlock(&sv->mu);
     if (j->stream) {
         job_ref(j);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, sse_read, j, sse_free);
@@ -1252,9 +1289,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    struct server *sv = cls;
     struct request *rq = *con_cls;
     if (!rq) return;
     if (rq->job) {
+        pthread_mutex_lock(&sv->mu);
+        sv->open_jobs--;
+        pthread_mutex_unlock(&sv->mu);
         pthread_mutex_lock(&rq->job->mu);
         rq->job->fd = -1;   // MHD closes or reuses the socket after this
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && rq->job->state != JOB_DONE) rq->job->cancel = true;
@@ -1338,9 +1379,17 @@ int cmd_serve(int argc, char **argv) {
         snprintf(name, sizeof name, "%.*s", (int)(l - b), cfg.model_dir + b);
         cfg.model_name = name;
     }
+    char *model_name = NULL;   // it goes into every JSON answer, which must be valid UTF-8
+    size_t mlen;
+    if (utf8_sanitize(cfg.model_name, strlen(cfg.model_name), &model_name, &mlen)) {
+        fprintf(stderr, "calla serve: out of memory\n");
+        return 1;
+    }
+    cfg.model_name = model_name;
     struct sockaddr_storage addr;
     if (resolve(cfg.host, (int)cfg.port, &addr, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
+        free(model_name);
         return 2;
     }
 
@@ -1351,11 +1400,12 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_init(&sv->mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
     atomic_init(&sv->abort, false);
+    json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
     struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
-        return 1;
+        goto out_engine;
     }
     sv->vocab = engine_geometry(sv->e)->vocab;
     if (tokenizer_load(cfg.model_dir, &sv->tok, err, sizeof err)) {
@@ -1432,6 +1482,15 @@ out_worker:
     pthread_mutex_unlock(&sv->mu);
     atomic_store(&sv->abort, true);
     pthread_join(sv->worker, NULL);
+    // Every job is done now; let their answers (error events of aborted streams too) reach the
+    // clients before MHD closes the sockets, for at most a few seconds.
+    for (int k = 0; sv->d && k < 100; k++) {
+        pthread_mutex_lock(&sv->mu);
+        int open = sv->open_jobs;
+        pthread_mutex_unlock(&sv->mu);
+        if (!open) break;
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
     if (sv->d) MHD_stop_daemon(sv->d);   // joins the connection threads; their jobs are all done
     if (!rc) fprintf(stderr, "calla serve: stopped\n");
 out_cache:
@@ -1444,5 +1503,6 @@ out_engine:
     engine_close(sv->e);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv);
+    free(model_name);
     return rc;
 }

@@ -79,8 +79,13 @@ class Server:
             self.proc.wait(10)
             return None
 
-    def close(self):
-        self.stop()
+    def close(self, name=None):
+        """Stops the server (SIGTERM); with a name, checks a clean exit and no sanitizer report."""
+        rc = self.stop()
+        if name:
+            log = self.text()
+            check(f"{name}: exit 0, no sanitizer report", rc == 0 and "Sanitizer" not in log
+                  and "runtime error" not in log, (rc, log[-3000:]))
         os.unlink(self.log.name)
 
 
@@ -268,6 +273,8 @@ BAD = [
     ("messages not an array", "chat", {"messages": "hi"}, 400, "messages", "array"),
     ("message not an object", "chat", {"messages": ["hi"]}, 400, "messages", "object"),
     ("unknown role", "chat", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages", "unknown"),
+    ("unknown role, long UTF-8 name", "chat", {"messages": [{"role": "a" + "\u00e9" * 40, "content": "x"}]}, 400,
+     "messages", "unknown"),
     ("role not a string", "chat", {"messages": [{"role": 7, "content": "x"}]}, 400, "messages", "role"),
     ("content a number", "chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages", "content"),
     ("content part image", "chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -372,6 +379,33 @@ def test_bad_input(port, max_body):
     st, _, b = request(port, "GET", "/health")
     check(f"server alive after {n} bad-input cases", st == 200, (st, b))
     return n
+
+
+def test_mutations(port, n):
+    """Seeded random byte mutations of valid bodies: never a 5xx, never a crash or a hang."""
+    import random
+    rng = random.Random(1234)
+    seeds = [json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi \u00e9"}],
+                         "max_tokens": 1, "stop": ["x"], "chat_template_kwargs": {"enable_thinking": False}}).encode(),
+             json.dumps({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0}).encode()]
+    worst = 0
+    for i in range(n):
+        b = bytearray(seeds[i % 2])
+        for _ in range(rng.randint(1, 4)):
+            op = rng.randrange(3)
+            k = rng.randrange(len(b))
+            if op == 0:
+                b[k] = rng.randrange(256)
+            elif op == 1:
+                del b[k]
+            else:
+                b.insert(k, rng.choice(b'{}[]",:0123456789-e.\\ntu\xff\xc3'))
+        body = bytes(b).replace(b'"max_tokens": ', b'"max_tokens": 1, "x": ')   # keep generations short
+        st, _, _ = request(port, "POST", "/v1/chat/completions" if i % 2 == 0 else "/v1/completions", body)
+        worst = max(worst, st)
+    check(f"{n} mutated bodies: no 5xx (worst status {worst})", worst < 500, worst)
+    st, _, _ = request(port, "GET", "/health")
+    check("server alive after the mutated bodies", st == 200, st)
 
 
 def conversation(port, turns, max_tokens=4, thinking=True):
@@ -481,7 +515,7 @@ def test_disconnect(port):
         time.sleep(0.1)
     gen = m1["calla_generated_tokens_total"] - m0["calla_generated_tokens_total"]
     check("stream disconnect stops the generation", m1["calla_cancelled_total"] == m0["calla_cancelled_total"] + 1
-          and gen < 400, (gen, time.time() - t0))
+          and gen < 400 and time.time() - t0 < 20, (gen, time.time() - t0))
     # Non-streaming: hang up while it runs.
     s = socket.create_connection((HOST, port), timeout=TIMEOUT)
     body = json.dumps({"prompt": [41, 42, 43], "max_tokens": 400}).encode()
@@ -537,7 +571,7 @@ def test_queue_and_drain(binary, model):
               res.get(0, (0,))[0] == 200 and res.get(1, (0,))[0] == 200, res)
         check("SIGTERM: exit 0", rc == 0 and "stopped" in srv.text(), (rc, srv.text()[-500:]))
     finally:
-        srv.close()
+        srv.close("queue-limit server")
 
     srv = Server(binary, model, "--context", 512, "--threads", 2, "--drain-seconds", 0, "--quiet")
     try:
@@ -557,10 +591,12 @@ def test_queue_and_drain(binary, model):
               st == 200 and done and ev and "error" in ev[-1], ev[-2:])
         check("SIGTERM abort: exit 0 within seconds", rc == 0 and time.time() - t0 < 30, rc)
     finally:
-        srv.close()
+        srv.close("abort server")
 
 
-def test_soak(srv, n):
+def test_soak(srv, n, rss_bound):
+    if n <= 0:
+        return
     port = srv.port
     cheap = [
         lambda: request(port, "GET", "/health"),
@@ -595,7 +631,8 @@ def test_soak(srv, n):
     rss1 = srv.rss_kb()
     growth = (rss1 - rss0) / 1024
     check(f"soak: {n} requests, no 5xx where none is due", bad == 0, bad)
-    check(f"soak: RSS growth {growth:.1f} MiB after warm-up (bound 16 MiB)", growth < 16, (rss0, rss1))
+    if rss_bound:   # not under AddressSanitizer, whose quarantine keeps freed memory
+        check(f"soak: RSS growth {growth:.1f} MiB after warm-up (bound {rss_bound} MiB)", growth < rss_bound, (rss0, rss1))
     print(f"soak: {n} requests in {time.time() - t0:.1f} s, RSS {rss0} -> {rss1} kB", flush=True)
 
 
@@ -609,22 +646,24 @@ def main():
     max_body = 65536
     t0 = time.time()
     common = ["--context", 512, "--threads", 2, "--max-body", max_body, "--max-header", 8192]
-    main_srv = Server(a.bin, a.model, *common, "--queue", 16)
+    main_srv = Server(a.bin, a.model, *common, "--queue", 16, "--default-max-tokens", 8)
     nocache = Server(a.bin, a.model, *common, "--cache-entries", 0, "--cache-boundaries", 0, "--quiet")
     try:
         test_endpoints(main_srv.port)
         n_bad = test_bad_input(main_srv.port, max_body)
         print(f"bad-input cases: {n_bad}", flush=True)
+        test_mutations(main_srv.port, 100 if a.quick else 300)
         test_stop_strings(main_srv.port)
         test_cache(main_srv.port, nocache.port)
-        nocache.close()
+        nocache.close("server without cache")
         test_concurrent(main_srv.port, 16)
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)
-        test_soak(main_srv, 120 if a.quick else a.soak)
+        test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)
         rc = main_srv.stop()
         log = main_srv.text()
-        check("main server: SIGTERM exit 0, no sanitizer report", rc == 0 and "Sanitizer" not in log, log[-3000:])
+        check("main server: SIGTERM exit 0, no sanitizer report",
+              rc == 0 and "Sanitizer" not in log and "runtime error" not in log, log[-3000:])
     finally:
         for srv in (nocache, main_srv):
             if srv.proc.poll() is None:
