@@ -47,6 +47,9 @@ struct scratch {
 };
 
 struct cuda_engine {
+    long part_max;             // attention partials bound in floats (PART_MAX_FLOATS, or the
+                               // developer knob CALLA_ATTN_PART_MAX_FLOATS that tests use to force
+                               // many query groups at small sizes)
     cudaStream_t stream;
     struct dqt embed, lm_head;
     float *final_norm;
@@ -279,6 +282,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     }
     e->impl = ce;
     e->weight_bytes = 0;
+    const char *knob = getenv("CALLA_ATTN_PART_MAX_FLOATS");
+    ce->part_max = knob && atol(knob) > 0 ? atol(knob) : PART_MAX_FLOATS;
     CK(cudaSetDevice(0));
     CK(cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking));
     const size_t H = g->hidden, D = g->head_dim, C = geom_conv_dim(g), KW = g->conv_kernel, Hv = g->lin_v_heads;
@@ -435,10 +440,10 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     // Prefill splits the keys at fixed multiples of PREFILL_SPLIT from position 0, so a query's
     // result does not depend on how the prompt was cut into chunks (the session cache continues
     // a snapshot with the rest of a prompt and must match a single prefill). Queries go in groups
-    // small enough to keep the partials within PART_MAX_FLOATS.
+    // small enough to keep the partials within ce->part_max.
     const int split = T > 1 ? PREFILL_SPLIT : DECODE_SPLIT;
     const long part_per_q = k_attention_part_floats(1, n_keys, g->n_heads, D, split);
-    int tq = (int)(PART_MAX_FLOATS / part_per_q);
+    int tq = (int)(ce->part_max / part_per_q);
     tq = tq < 1 ? 1 : tq > T ? T : tq;
     if (ensure_part(ce, part_per_q * tq, err, errlen)) return -1;
 

@@ -41,7 +41,8 @@ for st in $STAGES; do
         "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
         run_step "e2e tiny geometry 64+32" "$B/gpu/test_cuda_e2e" "$TMP/calla-tiny" 64 32
         run_step "e2e small geometry 64+32" "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 64 32
-        run_step "e2e small geometry 300+8" "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 300 8 ;;
+        run_step "e2e small geometry 300+8" "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 300 8
+        run_step "prefill chunking, small 2600" "$B/gpu/test_cuda_chunking" "$TMP/calla-small" 2600 ;;
     sanitizer)
         [ -d "$TMP/calla-small" ] || "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         run_step "memcheck e2e small 24+4" compute-sanitizer --tool memcheck --error-exitcode 3 \
