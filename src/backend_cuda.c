@@ -150,6 +150,7 @@ static int upload(struct cuda_engine *ce, const void *src, size_t bytes, void **
         return -1;
     }
     e->weight_bytes += (int64_t)bytes;
+    checkpoint_release(&e->model, src, bytes);   // the copy is done (synchronous from pageable memory)
     return 0;
 }
 

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
@@ -608,4 +610,16 @@ void checkpoint_close(struct model *m) {
     free(m->owned);
     free(m->dir);
     memset(m, 0, sizeof *m);
+}
+
+void checkpoint_release(const struct model *m, const void *p, size_t bytes) {
+    const uint8_t *a = p;
+    for (int i = 0; i < m->n_shards; i++) {
+        const uint8_t *lo = m->shards[i].map, *hi = lo + m->shards[i].size;
+        if (!lo || a < lo || a + bytes > hi) continue;
+        const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t b = ((uintptr_t)a + page - 1) & ~(page - 1), e = ((uintptr_t)a + bytes) & ~(page - 1);
+        if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);   // advisory: a failure changes nothing
+        return;
+    }
 }

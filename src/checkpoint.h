@@ -26,6 +26,12 @@ struct model {
 int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen);
 void checkpoint_close(struct model *m);
 
+// Drops this process's pages of [p, p + bytes) where that range lies in a mapped shard (a backend
+// that has copied the weights elsewhere calls it so host RSS does not hold the checkpoint twice).
+// Later reads fault the pages back in from the file; ranges outside the shards (aligned copies,
+// fp32 vectors) are left alone.
+void checkpoint_release(const struct model *m, const void *p, size_t bytes);
+
 // Parses config.json text into a geometry and checks the quantization block against specs.
 // Exposed for tests and the fuzzer.
 int checkpoint_parse_config(const char *text, size_t len, struct geometry *g, char *err, size_t errlen);

@@ -513,6 +513,35 @@ static void test_missing_shard(void **state) {
     expect_refused(dir, name, "cannot open");
 }
 
+// Released shard pages read back the same bytes; aligned copies (heap memory, which
+// MADV_DONTNEED would zero) are never released.
+static void release_and_compare(const char *dir, bool expect_copies) {
+    struct model m;
+    expect_accepted(dir, &m);
+    assert_int_equal(m.n_realigned > 0, expect_copies);
+    const struct qtensor *t = &m.w.lm_head;
+    size_t bytes = (size_t)t->rows * qt_words_per_row(t) * 4;
+    uint8_t *before = malloc(bytes);
+    memcpy(before, t->w, bytes);
+    checkpoint_release(&m, t->w, bytes);
+    assert_memory_equal(before, t->w, bytes);
+    free(before);
+    checkpoint_close(&m);
+}
+
+static void test_release_pages(void **state) {
+    char dir[512];
+    fresh(dir, sizeof dir, "release");
+    release_and_compare(dir, false);   // lm_head lies in the mapped shard
+    uint8_t *data;
+    size_t len;
+    json_t *h = read_shard(dir, &data, &len);
+    write_shard(dir, h, data, len, 1);  // unaligned: lm_head becomes a 16 MB heap copy
+    json_decref(h);
+    free(data);
+    release_and_compare(dir, true);
+}
+
 static int setup(void **state) {
     const char *t = getenv("TMPDIR");
     snprintf(base, sizeof base, "%s/calla-ckpt-%d", t && *t ? t : "/tmp", (int)getpid());
@@ -533,6 +562,7 @@ int main(void) {
         cmocka_unit_test(test_synth_deterministic),
         cmocka_unit_test(test_ignores_vision_and_mtp),
         cmocka_unit_test(test_unaligned_data),
+        cmocka_unit_test(test_release_pages),
         cmocka_unit_test(test_missing_config),
         cmocka_unit_test(test_config_not_json),
         cmocka_unit_test(test_unknown_model_type),
