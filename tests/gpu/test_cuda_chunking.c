@@ -14,7 +14,6 @@
 #include <string.h>
 
 static int prefill(struct engine *e, const int32_t *p, int n, const int *cuts, int n_cuts, float *last, int32_t *next) {
-    const int V = engine_geometry(e)->vocab;
     char err[512];
     struct seq *s;
     if (seq_new(e, n + 1, &s, err, sizeof err)) {
@@ -34,7 +33,6 @@ static int prefill(struct engine *e, const int32_t *p, int n, const int *cuts, i
         at = end;
     }
     seq_free(s);
-    (void)V;
     return 0;
 }
 
