@@ -78,7 +78,7 @@ fuzz: $(BUILD)/calla
 	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-30}
 
 # GPU test programs (tests/gpu/, never part of `make test`): built only here, run by gpu-check.
-GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
+GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
 GPU_TESTS     := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
 
 $(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)

@@ -21,9 +21,7 @@
 
 enum {
     LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
-    DECODE_SPLIT = 256,    // keys per attention split in decode
-    PREFILL_SPLIT = 1024,  // keys per attention split in prefill (fixed: see cuda_forward_chunk)
-    PART_MAX_FLOATS = 64 << 20,   // attention partials buffer bound (256 MiB)
+    DECODE_SPLIT = 256,    // keys per attention split in decode (prefill: k_flash_attention)
 };
 
 struct cuda_layer {
@@ -47,9 +45,6 @@ struct scratch {
 };
 
 struct cuda_engine {
-    long part_max;             // attention partials bound in floats (PART_MAX_FLOATS, or the
-                               // developer knob CALLA_ATTN_PART_MAX_FLOATS that tests use to force
-                               // many query groups at small sizes)
     cudaStream_t stream;
     struct dqt embed, lm_head;
     float *final_norm;
@@ -60,7 +55,7 @@ struct cuda_engine {
     int *counts, *offs;                      // [E]
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
-    float *part;                             // attention partials
+    float *part;                             // decode attention partials
     long part_floats;
 };
 
@@ -283,8 +278,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     }
     e->impl = ce;
     e->weight_bytes = 0;
-    const char *knob = getenv("CALLA_ATTN_PART_MAX_FLOATS");
-    ce->part_max = knob && atol(knob) > 0 ? atol(knob) : PART_MAX_FLOATS;
     CK(cudaSetDevice(0));
     CK(cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking));
     const size_t H = g->hidden, D = g->head_dim, C = geom_conv_dim(g), KW = g->conv_kernel, Hv = g->lin_v_heads;
@@ -437,16 +430,13 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const int H = g->hidden, p0 = s->pos, E = g->n_experts, K = g->n_experts_used, I = g->moe_inter;
     const int S = g->shared_inter, D = g->head_dim;
     const float eps = (float)g->rms_eps;
-    const int n_keys = p0 + T;
-    // Prefill splits the keys at fixed multiples of PREFILL_SPLIT from position 0, so a query's
-    // result does not depend on how the prompt was cut into chunks (the session cache continues
-    // a snapshot with the rest of a prompt and must match a single prefill). Queries go in groups
-    // small enough to keep the partials within ce->part_max.
-    const int split = T > 1 ? PREFILL_SPLIT : DECODE_SPLIT;
-    const long part_per_q = k_attention_part_floats(1, n_keys, g->n_heads, D, split);
-    int tq = (int)(ce->part_max / part_per_q);
-    tq = tq < 1 ? 1 : tq > T ? T : tq;
-    if (ensure_part(ce, part_per_q * tq, err, errlen)) return -1;
+    // Decode splits the keys into blocks of DECODE_SPLIT with partials; prefill (T > 1) runs
+    // FlashAttention with keys in fixed tiles from position 0, so a query's result does not depend
+    // on how the prompt was cut into chunks (the session cache continues a snapshot with the rest
+    // of a prompt and must match a single prefill).
+    if (T == 1 &&
+        ensure_part(ce, k_attention_part_floats(1, p0 + 1, g->n_heads, D, DECODE_SPLIT), err, errlen))
+        return -1;
 
     memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
     CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
@@ -460,11 +450,12 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             KL(mm(&L->v_proj, b->u, T, b->vb, st));
             KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                            g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            for (int t0 = 0; t0 < T; t0 += tq) {
-                const size_t qd = (size_t)g->n_heads * D;
-                KL(k_attention(b->q + t0 * qd, b->qg + 2 * t0 * qd, cs->k[i], cs->v[i], b->o + t0 * qd, ce->part,
-                               T - t0 < tq ? T - t0 : tq, p0 + t0, s->cap, g->n_heads, g->n_kv_heads, D, split, st));
-            }
+            if (T == 1)
+                KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
+                               g->n_kv_heads, D, DECODE_SPLIT, st));
+            else
+                KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
+                                     g->n_kv_heads, D, st));
             KL(mm(&L->o_proj, b->o, T, b->d, st));
         } else {
             KL(mm(&L->in_qkv, b->u, T, b->xin, st));

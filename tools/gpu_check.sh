@@ -4,12 +4,13 @@
 #   make gpu-check                      builds build/calla and build/gpu/*, runs everything
 #   tools/gpu_check.sh build            runs with binaries already built (a carried build)
 # Environment:
-#   GPU_CHECK_STAGES   which stages (default "kernels small sanitizer full timing bench")
+#   GPU_CHECK_STAGES   which stages (default "kernels kspeed small sanitizer full timing bench";
+#                      also "racecheck")
 #   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
 B=${1:-build}
-STAGES=${GPU_CHECK_STAGES:-kernels small sanitizer full timing bench}
+STAGES=${GPU_CHECK_STAGES:-kernels kspeed small sanitizer full timing bench}
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 TMP=${GPU_CHECK_TMP:-/tmp}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -35,7 +36,8 @@ say "# calla gpu-check  commit $commit  date $date"
 say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 for st in $STAGES; do
     case $st in
-    kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" 1 ;;
+    kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" $RANDOM ;;
+    kspeed) run_step "prefill kernel speed (no asserts)" "$B/gpu/bench_cuda_kernels" 4096 ;;
     small)
         "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
@@ -46,6 +48,10 @@ for st in $STAGES; do
     sanitizer)
         [ -d "$TMP/calla-small" ] || "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         run_step "memcheck e2e small 24+4" compute-sanitizer --tool memcheck --error-exitcode 3 \
+            "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 24 4 ;;
+    racecheck)   # shared-memory races (the cp.async pipelines); about 3 minutes, so not a default stage
+        [ -d "$TMP/calla-small" ] || "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
+        run_step "racecheck e2e small 24+4" compute-sanitizer --tool racecheck --error-exitcode 3 \
             "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 24 4 ;;
     synth)
         [ -f "$TMP/calla-full/config.json" ] ||

@@ -69,11 +69,13 @@ class Checkpoint:
             a = (a.astype(np.uint32) << 16).view(np.float32)
         return torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
 
-    def dequant(self, torch, module, device):
-        """w = scale * q + bias, in float32, as [.., N, K]."""
+    def dequant(self, torch, module, device, first=None):
+        """w = scale * q + bias, in float32, as [.., N, K]; first = (a, b) takes matrices a..b-1 of a stack."""
         _, w = self.raw(module + ".weight")
         _, s = self.raw(module + ".scales")
         _, bias = self.raw(module + ".biases")
+        if first is not None:
+            w, s, bias = w[first[0]:first[1]], s[first[0]:first[1]], bias[first[0]:first[1]]
         K = s.shape[-1] * 64
         bits = w.shape[-1] * 32 // K
         per = 32 // bits
@@ -150,11 +152,16 @@ def build_hf(ck, cfg, device, dtype):
         put(L + "mlp.shared_expert_gate.weight", ck.dequant(torch, P + L + "mlp.shared_expert_gate", device))
         for n in ("gate_proj", "up_proj", "down_proj"):
             put(L + f"mlp.shared_expert.{n}.weight", ck.dequant(torch, P + L + f"mlp.shared_expert.{n}", device))
-        gate = ck.dequant(torch, P + L + "mlp.switch_mlp.gate_proj", device)
-        up = ck.dequant(torch, P + L + "mlp.switch_mlp.up_proj", device)
-        put(L + "mlp.experts.gate_up_proj", torch.cat([gate, up], dim=1))               # rows: gate then up
-        del gate, up
-        put(L + "mlp.experts.down_proj", ck.dequant(torch, P + L + "mlp.switch_mlp.down_proj", device))
+        # experts a slice at a time: the full-shape fp32 model leaves little GPU memory for temporaries
+        gu, dn = params[L + "mlp.experts.gate_up_proj"], params[L + "mlp.experts.down_proj"]
+        E = gu.shape[0]
+        with torch.no_grad():
+            for a in range(0, E, 32):
+                b = min(E, a + 32)
+                gu[a:b, :I].copy_(ck.dequant(torch, P + L + "mlp.switch_mlp.gate_proj", device, (a, b)))  # gate rows
+                gu[a:b, I:].copy_(ck.dequant(torch, P + L + "mlp.switch_mlp.up_proj", device, (a, b)))    # then up
+                dn[a:b].copy_(ck.dequant(torch, P + L + "mlp.switch_mlp.down_proj", device, (a, b)))
+        loaded.update([L + "mlp.experts.gate_up_proj", L + "mlp.experts.down_proj"])
     missing = set(params) - loaded
     assert not missing, f"parameters not loaded: {sorted(missing)[:10]}"
     return model, transformers.__version__

@@ -1,25 +1,33 @@
-// qmatmul.cu: 4/8-bit dequantizing matrix-matrix products for prefill, dense or grouped by expert.
+// qmatmul.cu: 4/8-bit dequantizing matrix-matrix products for prefill on the tensor cores, dense
+// or grouped by expert.
 //
-// Tile: 64 input rows (tokens) x 64 output features, K stepped one quantization group (64) at a
-// time; the group's codes are dequantized into shared memory as fp32, and each of the 256
-// threads accumulates a 4 x 4 block in fp32. The grouped form takes the per-expert row counts
-// and offsets from device memory (blockIdx.z = expert); blocks past an expert's count exit, so
-// the grid is sized on the host from a bound alone and nothing is read back.
-#include "common.cuh"
+// Exact to fp32 rounding, not bf16: an MLX weight is s_g * q + b_g with an integer code q (exact
+// in bf16) and a bf16 scale and bias per group of 64, so one group's contribution to y[r, n] is
+//     s_g[n] * sum_k q[n, k] x[r, k]  +  b_g[n] * sum_k x[r, k].
+// The tensor cores form sum_k q x with x split into two bf16 terms (hi + lo, ~16 mantissa bits),
+// accumulating in fp32; the scale, the bias and sum_k x are applied in fp32 once per group. So
+// the result matches the fp32 CPU reference to ~1e-6, and the MoE routing downstream does not
+// flip on rounding that the reference does not have.
+//
+// Tile: 128 input rows (tokens) x 64 output features, K stepped one quantization group at a
+// time; 8 warps of 32 x 32; mma.m16n8k16. The next group's x and codes are fetched into
+// registers while the tensor cores work on the current one. The grouped form takes the
+// per-expert row counts and offsets from device memory (blockIdx.z = expert); blocks past an
+// expert's count exit, so the grid is sized on the host from a bound alone and nothing is read back.
+#include "mma.cuh"
 
-enum { MM_BM = 64, MM_BN = 64, MM_BK = 64, MM_THREADS = 256, MM_PAD = 4 };
+enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
 static_assert(MM_BK == QGROUP, "one quantization group per K step");
 
 template <int BITS>
 static __global__ void __launch_bounds__(MM_THREADS)
     qmatmul_kernel(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs) {
-    constexpr int PER = 32 / BITS, WPT = 16 / PER;   // words per thread per K step (16 codes)
+    constexpr int PER = 32 / BITS, WPT = 16 / PER;   // codes per word; words per thread per step
     constexpr uint32_t MASK = (1u << BITS) - 1;
-    __shared__ __align__(16) float Xs[MM_BK][MM_BM + MM_PAD];
-    __shared__ __align__(16) float Ws[MM_BK][MM_BN + MM_PAD];
-    __shared__ int xrow[MM_BM];
-    __shared__ int yrow[MM_BM];
+    __shared__ __align__(16) uint16_t Xh[MM_BM * MM_BK], Xl[MM_BM * MM_BK], Wq[MM_BN * MM_BK];
+    __shared__ float Ssc[MM_BN], Sbi[MM_BN], Xsum[MM_BM];
+    __shared__ int xrow[MM_BM], yrow[MM_BM];
 
     const int e = blockIdx.z;
     int base = 0, cnt = M;
@@ -30,7 +38,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
     const int r0 = blockIdx.y * MM_BM;
     if (r0 >= cnt) return;
     const int n0 = blockIdx.x * MM_BN;
-    const int tid = threadIdx.x, N = W.rows, K = W.cols;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
     if (tid < MM_BM) {
         int r = r0 + tid;
         if (r < cnt) {
@@ -44,70 +52,142 @@ static __global__ void __launch_bounds__(MM_THREADS)
     }
     const size_t mat = counts ? (size_t)e : 0;
     const int wpr = K / PER, gpr = K / QGROUP;
-    // Loader roles: row lr (0..63) of the tile, codes [lk, lk + 16) of the K step.
-    const int lr = tid / 4, lk = (tid % 4) * 16;
-    const int wn = n0 + lr;
-    const uint32_t *wrow = wn < N ? W.w + (mat * N + wn) * wpr : nullptr;
-    const uint16_t *srow = wn < N ? W.scales + (mat * N + wn) * gpr : nullptr;
-    const uint16_t *brow = wn < N ? W.biases + (mat * N + wn) * gpr : nullptr;
-    const int ty = tid / 16, tx = tid % 16;
-    float acc[4][4] = {};
+    // Loader roles: x row xl, columns [xc, xc + 32); weight row wl, codes [wc, wc + 16); thread
+    // tid < MM_BN also fetches the scale and bias of feature n0 + tid.
+    const int xl = tid / 2, xc = (tid % 2) * 32, wl = tid / 4, wc = (tid % 4) * 16;
+    const uint32_t *wrow = n0 + wl < N ? W.w + (mat * N + n0 + wl) * wpr : nullptr;
+    const size_t sgrow = (mat * N + n0 + tid) * gpr;
+    const bool has_sc = tid < MM_BN && n0 + tid < N;
     __syncthreads();
-    const int xr = xrow[lr];
+    const int xg = xrow[xl];
+    const float *xsrc = xg >= 0 ? x + (size_t)xg * ldx + xc : nullptr;
+
+    float4 xv[8];
+    uint32_t wv[WPT];
+    float scv = 0, biv = 0;
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int q = 0; q < 8; q++) xv[q] = xsrc ? ((const float4 *)(xsrc + k0))[q] : make_float4(0, 0, 0, 0);
+        const uint32_t *wp = wrow + (k0 + wc) / PER;
+        if constexpr (WPT == 2) {
+            const uint2 v = wrow ? *(const uint2 *)wp : make_uint2(0, 0);
+            wv[0] = v.x;
+            wv[1] = v.y;
+        } else {
+            static_assert(WPT == 4, "4 or 8 bits");
+            const uint4 v = wrow ? *(const uint4 *)wp : make_uint4(0, 0, 0, 0);
+            wv[0] = v.x;
+            wv[1] = v.y;
+            wv[2] = v.z;
+            wv[3] = v.w;
+        }
+        if (has_sc) {
+            scv = bf16f(W.scales[sgrow + k0 / QGROUP]);
+            biv = bf16f(W.biases[sgrow + k0 / QGROUP]);
+        }
+    };
+    auto stash = [&]() {
+        float sum = 0;
+        const float *xf = (const float *)xv;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {   // 16-byte chunks of 8 values
+            uint16_t h[8], l[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                split_bf16(xf[q * 8 + i], &h[i], &l[i]);
+                sum += xf[q * 8 + i];
+            }
+            const int at = xl * MM_BK + swz(xl, xc / 8 + q) * 8;
+            *(uint4 *)&Xh[at] = make_uint4(pack2(h[0], h[1]), pack2(h[2], h[3]), pack2(h[4], h[5]), pack2(h[6], h[7]));
+            *(uint4 *)&Xl[at] = make_uint4(pack2(l[0], l[1]), pack2(l[2], l[3]), pack2(l[4], l[5]), pack2(l[6], l[7]));
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);   // the other half of the row
+        if (!(tid & 1)) Xsum[xl] = sum;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            uint16_t b[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int code = q * 8 + i;
+                b[i] = (uint16_t)(__float_as_uint((float)((wv[code / PER] >> ((code % PER) * BITS)) & MASK)) >> 16);
+            }
+            *(uint4 *)&Wq[wl * MM_BK + swz(wl, wc / 8 + q) * 8] =
+                make_uint4(pack2(b[0], b[1]), pack2(b[2], b[3]), pack2(b[4], b[5]), pack2(b[6], b[7]));
+        }
+        if (tid < MM_BN) {
+            Ssc[tid] = scv;
+            Sbi[tid] = biv;
+        }
+    };
+
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32, g = lane / 4, c4 = lane % 4;
+    float acc[2][4][4] = {};
+    fetch(0);
+    stash();
+    __syncthreads();
     for (int k0 = 0; k0 < K; k0 += MM_BK) {
-        // x tile, transposed into Xs[k][row]
-        if (xr >= 0) {
-            const float4 *src = (const float4 *)(x + (size_t)xr * ldx + k0 + lk);
+        const bool more = k0 + MM_BK < K;
+        if (more) fetch(k0 + MM_BK);
+        float tmp[2][4][4] = {};
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float4 v = src[q];
-                Xs[lk + 4 * q + 0][lr] = v.x;
-                Xs[lk + 4 * q + 1][lr] = v.y;
-                Xs[lk + 4 * q + 2][lr] = v.z;
-                Xs[lk + 4 * q + 3][lr] = v.w;
+        for (int kk = 0; kk < MM_BK / 16; kk++) {
+            uint32_t ah[2][4], al[2][4], bq[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                const int r = wm + mi * 16 + lane % 16, c = kk * 2 + lane / 16;
+                ldsm_x4(ah[mi], &Xh[r * MM_BK + swz(r, c) * 8]);
+                ldsm_x4(al[mi], &Xl[r * MM_BK + swz(r, c) * 8]);
             }
-        } else {
 #pragma unroll
-            for (int q = 0; q < 16; q++) Xs[lk + q][lr] = 0.0f;
-        }
-        // weight tile, dequantized into Ws[k][feature]
-        if (wrow) {
-            const int g = k0 / QGROUP;
-            const float sc = bf16f(srow[g]), bi = bf16f(brow[g]);
-            const uint32_t *wp = wrow + (k0 + lk) / PER;
-#pragma unroll
-            for (int q = 0; q < WPT; q++) {
-                const uint32_t word = wp[q];
-#pragma unroll
-                for (int c = 0; c < PER; c++) Ws[lk + q * PER + c][lr] = sc * (float)((word >> (c * BITS)) & MASK) + bi;
+            for (int p = 0; p < 2; p++) {
+                const int n = wn + p * 16 + lane % 8 + 8 * (lane / 16), c = kk * 2 + (lane / 8) % 2;
+                uint32_t r4[4];
+                ldsm_x4(r4, &Wq[n * MM_BK + swz(n, c) * 8]);
+                bq[2 * p][0] = r4[0];
+                bq[2 * p][1] = r4[1];
+                bq[2 * p + 1][0] = r4[2];
+                bq[2 * p + 1][1] = r4[3];
             }
-        } else {
 #pragma unroll
-            for (int q = 0; q < 16; q++) Ws[lk + q][lr] = 0.0f;
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    mma_bf16(tmp[mi][ni], ah[mi], bq[ni][0], bq[ni][1]);
+                    mma_bf16(tmp[mi][ni], al[mi], bq[ni][0], bq[ni][1]);
+                }
         }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int r = wm + mi * 16 + g, c = wn + ni * 8 + 2 * c4;
+                const float s0 = Ssc[c], s1 = Ssc[c + 1], b0 = Sbi[c], b1 = Sbi[c + 1];
+                const float xa = Xsum[r], xb = Xsum[r + 8];
+                acc[mi][ni][0] += s0 * tmp[mi][ni][0] + b0 * xa;
+                acc[mi][ni][1] += s1 * tmp[mi][ni][1] + b1 * xa;
+                acc[mi][ni][2] += s0 * tmp[mi][ni][2] + b0 * xb;
+                acc[mi][ni][3] += s1 * tmp[mi][ni][3] + b1 * xb;
+            }
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < MM_BK; k++) {
-            const float4 a = *(const float4 *)&Xs[k][ty * 4];
-            const float4 b = *(const float4 *)&Ws[k][tx * 4];
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] += av[i] * bv[j];
+        if (more) {
+            stash();
+            __syncthreads();
         }
-        __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int yr = yrow[ty * 4 + i];
-        if (yr < 0) continue;
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + tx * 4 + j;
-            if (n < N) y[(size_t)yr * ldy + n] = acc[i][j];
+        for (int h = 0; h < 2; h++) {
+            const int yr = yrow[wm + mi * 16 + g + 8 * h];
+            if (yr < 0) continue;
+            float *yp = y + (size_t)yr * ldy;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = n0 + wn + ni * 8 + 2 * c4;
+                if (n < N) yp[n] = acc[mi][ni][2 * h];
+                if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
+            }
         }
-    }
 }
 
 extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,

@@ -1,7 +1,7 @@
 // test_cuda_chunking.c: the CUDA prefill gives bit-identical results however a prompt is cut
 // into chunks of two or more tokens (the session cache continues a snapshot with the rest of a
-// prompt and must match one prefill). Exercises contexts past the 1,024-key attention split and,
-// through CALLA_ATTN_PART_MAX_FLOATS, many query groups per chunk.
+// prompt and must match one prefill). Cuts land on and beside the 64-key tiles of the prefill
+// attention and past the first 1,024 keys, so queries fall in different blocks and rows.
 //
 //   test_cuda_chunking MODEL_DIR [N_PROMPT=2600]
 //
@@ -47,7 +47,6 @@ int main(int argc, char **argv) {
         return 0;
     }
     const int n = argc > 2 ? atoi(argv[2]) : 2600;
-    setenv("CALLA_ATTN_PART_MAX_FLOATS", "300000", 1);   // force several query groups per chunk
     struct engine *e;
     struct engine_options o = {.backend = "cuda"};
     if (engine_open(argv[1], &o, &e, err, sizeof err)) {
@@ -60,7 +59,7 @@ int main(int argc, char **argv) {
     float *ref = malloc(sizeof(float) * (size_t)V), *got = malloc(sizeof(float) * (size_t)V);
     int32_t t_ref, t_got;
     if (prefill(e, p, n, NULL, 0, ref, &t_ref)) return 1;
-    const int cut_sets[][3] = {{2, 0, 0}, {1023, 0, 0}, {1024, 0, 0}, {1025, 0, 0}, {700, 1500, 2100}, {n - 2, 0, 0}};
+    const int cut_sets[][3] = {{2, 0, 0}, {63, 0, 0}, {64, 0, 0}, {1025, 0, 0}, {700, 1500, 2100}, {n - 2, 0, 0}};
     const int n_set[] = {1, 1, 1, 1, 3, 1};
     int fails = 0;
     for (int k = 0; k < 6; k++) {

@@ -240,7 +240,8 @@ static void test_rmsnorm_embed(void) {
     printf("%-22s %-34s got %d want 170001  %s\n", "argmax", "248320, planted tie", *ga, *ga == 170001 ? "PASS" : "FAIL");
 }
 
-// attention: prep (norm, RoPE, cache append) + split attention with gate, vs the CPU formula.
+// attention: prep (norm, RoPE, cache append) + split attention with gate (decode) and, for T > 1,
+// the tensor-core FlashAttention (prefill), vs the CPU formula.
 static void rope_c(float *x, int rd, double theta, int p) {
     for (int m = 0; m < rd / 2; m++) {
         float inv = (float)(1.0 / pow(theta, (double)(2 * m) / rd)), ang = (float)p * inv;
@@ -262,6 +263,8 @@ static void test_attention(int T, int p0, int cap, int split) {
     float *part = poisoned((size_t)k_attention_part_floats(T, p0 + T, NH, D, split) * 4);
     k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
     k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
+    float *dflash = poisoned((size_t)T * QD * 4);
+    if (T > 1) k_flash_attention(dq, dqg, dkc, dvc, dflash, T, p0, cap, NH, NKV, D, NULL);
     // CPU twin
     for (int t = 0; t < T; t++)
         for (int j = 0; j < NKV; j++) {
@@ -312,7 +315,8 @@ static void test_attention(int T, int p0, int cap, int split) {
                 b[t * KVD + j * D + d] = bf16_to_f32(kc[((size_t)j * cap + p0 + t) * D + d]);
             }
     report("attn prep (k cache)", sh, a, b, (size_t)T * KVD, 1e-2 / 4);
-    report(T == 1 ? "attention decode" : "attention prefill", sh, back(dout, (size_t)T * QD), oc, (size_t)T * QD, 1e-4);
+    report(T == 1 ? "attention decode" : "attention split", sh, back(dout, (size_t)T * QD), oc, (size_t)T * QD, 1e-4);
+    if (T > 1) report("flash attention", sh, back(dflash, (size_t)T * QD), oc, (size_t)T * QD, 1e-4);
 }
 
 static void test_deltanet(int T) {
@@ -413,6 +417,8 @@ int main(int argc, char **argv) {
     test_attention(1, 0, 16, 256);
     test_attention(100, 700, 1024, 256);
     test_attention(37, 0, 64, 32);
+    test_attention(129, 0, 200, 256);
+    test_attention(300, 1990, 2400, 1024);
     test_deltanet(1);
     test_deltanet(37);
     printf("test_cuda_kernels: %d checks, %d failed  %s\n", checks, fails, fails ? "FAIL" : "PASS");

@@ -1,0 +1,171 @@
+// bench_cuda_kernels.c: times the prefill kernels at the full shape on random inputs (CUDA events,
+// best of 3 after a warmup) and prints achieved TFLOP/s or GB/s. A benchmark, not a test: it
+// asserts nothing; correctness is test_cuda_kernels' job.
+//
+//   bench_cuda_kernels [T=4096]
+#include "cuda/kernels.h"
+#include "engine.h"
+#include "model.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static void *dev_random(size_t bytes, int kind) {   // kind 0: bf16 in [-1, 1), 1: fp32 in [-1, 1), 2: raw bits
+    void *h = malloc(bytes), *d;
+    for (size_t i = 0; i < bytes / 4; i++) {
+        uint32_t r = rnd();
+        float f = (float)((r & 0xffffff) / 16777216.0 * 2.0 - 1.0);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint32_t *)h)[i] = kind == 2 ? r ^ (rnd() << 16) : kind == 1 ? u : (u >> 16) | (u & 0xffff0000u);
+    }
+    if (cudaMalloc(&d, bytes) != cudaSuccess) abort();
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    free(h);
+    return d;
+}
+static struct dqt qmat(int n_mat, int rows, int cols, int bits) {
+    const size_t R = (size_t)(n_mat > 0 ? n_mat : 1) * rows;
+    struct dqt q = {dev_random(R * cols * bits / 8, 2), dev_random(R * cols / 64 * 2, 0), dev_random(R * cols / 64 * 2, 0),
+                    n_mat, rows, cols, bits};
+    // scales and biases: random bf16 of either sign, magnitude < 1 (values are irrelevant to speed)
+    return q;
+}
+
+typedef int (*launch_fn)(void *ctx);
+static double time_ms(launch_fn f, void *ctx) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    if (f(ctx)) {
+        fprintf(stderr, "launch failed\n");
+        exit(1);
+    }
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        cudaEventRecord(a, 0);
+        f(ctx);
+        cudaEventRecord(b, 0);
+        cudaEventSynchronize(b);
+        float ms;
+        cudaEventElapsedTime(&ms, a, b);
+        if (ms < best) best = ms;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+        exit(1);
+    }
+    return best;
+}
+
+struct actx {
+    float *q, *qg, *o;
+    uint16_t *kc, *vc;
+    int T, p0, cap;
+};
+static int run_flash(void *c) {
+    struct actx *a = c;
+    return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
+                             QWEN_HEAD_DIM, NULL);
+}
+struct mctx {
+    struct dqt W;
+    float *x, *y;
+    int T;
+    const int *xmap, *ymap, *counts, *offs;
+    int xdiv, maxrows;
+};
+static int run_mm(void *c) {
+    struct mctx *m = c;
+    return k_qmatmul(m->W, m->x, m->W.cols, m->xmap, m->xdiv, m->y, m->W.rows, m->ymap, m->T, m->counts, m->offs,
+                     m->maxrows, NULL);
+}
+struct gctx {
+    float *y, *b, *a, *z, *Al, *dtb, *gn, *S, *o;
+    int T;
+};
+static int run_gdn(void *c) {
+    struct gctx *g = c;
+    return k_gdn_recurrent(g->y, g->b, g->a, g->z, g->Al, g->dtb, g->gn, g->S, g->o, g->T, QWEN_LIN_K_HEADS,
+                           QWEN_LIN_V_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_DIM, 1e-6f, NULL);
+}
+
+int main(int argc, char **argv) {
+    char why[256];
+    if (!backend_cuda_available(why, sizeof why)) {
+        printf("bench_cuda_kernels: no suitable GPU (%s); ran nothing\n", why);
+        return 0;
+    }
+    const int T = argc > 1 ? atoi(argv[1]) : 4096;
+    printf("# %s; T %d\n", why, T);
+    // attention: one chunk of T queries ending at 4K .. 256K keys
+    const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, cap = 262144;
+    struct actx a = {dev_random((size_t)T * NH * D * 4, 1), dev_random((size_t)T * NH * 2 * D * 4, 1), NULL,
+                     dev_random((size_t)NKV * cap * D * 2, 0), dev_random((size_t)NKV * cap * D * 2, 0), T, 0, cap};
+    cudaMalloc((void **)&a.o, (size_t)T * NH * D * 4);
+    const int ends[] = {4096, 65536, 131072, 262144};
+    for (int i = 0; i < 4; i++) {
+        a.p0 = ends[i] - T;
+        double ms = time_ms(run_flash, &a);
+        double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
+        printf("flash attention  T %d keys to %6d: %8.3f ms  %6.1f TFLOP/s (useful; hi/lo operands do 2x on the "
+               "tensor cores)\n", T, ends[i], ms, flop / ms / 1e9);
+    }
+    // quantized products: dense DeltaNet projections and the grouped experts (uniform routing)
+    const int H = QWEN_HIDDEN, E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, I = QWEN_MOE_INTER;
+    const int C = 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM;
+    float *x = dev_random((size_t)T * K * I * 4 > (size_t)T * 4096 * 4 ? (size_t)T * K * I * 4 : (size_t)T * 4096 * 4, 1);
+    float *y;
+    cudaMalloc((void **)&y, (size_t)T * K * H * 4);
+    struct {
+        const char *name;
+        int rows, cols, bits;
+    } dense[] = {{"in_qkv", C, H, 4}, {"out_proj", H, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4}, {"router", E, H, 8}};
+    for (int i = 0; i < 3; i++) {
+        struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0};
+        double ms = time_ms(run_mm, &m);
+        double flop = 2.0 * T * dense[i].rows * dense[i].cols;
+        printf("qmatmul %-8s [%5d x %4d] %d-bit: %8.3f ms  %6.1f TFLOP/s\n", dense[i].name, dense[i].rows,
+               dense[i].cols, dense[i].bits, ms, flop / ms / 1e9);
+    }
+    int *counts = malloc(sizeof(int) * E), *offs = malloc(sizeof(int) * E), *slots = malloc(sizeof(int) * T * K);
+    for (int e = 0; e < E; e++) counts[e] = 0;
+    for (int i = 0; i < T * K; i++) counts[(i * 7919 + i / K) % E]++;
+    for (int e = 0, acc = 0; e < E; e++) offs[e] = acc, acc += counts[e];
+    for (int i = 0; i < T * K; i++) slots[i] = i;   // expert-sorted rows of any token: speed only
+    int *dc, *doff, *ds;
+    cudaMalloc((void **)&dc, E * 4);
+    cudaMalloc((void **)&doff, E * 4);
+    cudaMalloc((void **)&ds, (size_t)T * K * 4);
+    cudaMemcpy(dc, counts, E * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
+    struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T};
+    double ms = time_ms(run_mm, &g);
+    printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: %8.3f ms  %6.1f TFLOP/s\n", I, H, T * K, ms,
+           2.0 * T * K * I * H / ms / 1e9);
+    struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T};
+    ms = time_ms(run_mm, &dn);
+    printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: %8.3f ms  %6.1f TFLOP/s\n", H, I, T * K, ms,
+           2.0 * T * K * I * H / ms / 1e9);
+    // the DeltaNet recurrence over one chunk
+    const int Hv = QWEN_LIN_V_HEADS, VD = Hv * QWEN_LIN_V_DIM;
+    struct gctx gd = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)T * Hv * 4, 1), dev_random((size_t)T * Hv * 4, 1),
+                      dev_random((size_t)T * VD * 4, 1), dev_random(Hv * 4, 1), dev_random(Hv * 4, 1),
+                      dev_random(QWEN_LIN_V_DIM * 4, 1), dev_random((size_t)Hv * QWEN_LIN_K_DIM * QWEN_LIN_V_DIM * 4, 1),
+                      NULL, T};
+    cudaMalloc((void **)&gd.o, (size_t)T * VD * 4);
+    ms = time_ms(run_gdn, &gd);
+    printf("gdn recurrent+norm T %d: %8.3f ms (x30 layers per chunk: %.1f ms)\n", T, ms, 30 * ms);
+    return 0;
+}
