@@ -25,8 +25,12 @@
 
 // fp32 vs fp32: only summation order differs (HF also runs the chunked delta rule, we run the
 // recurrence). Measured at the test geometries: 2e-6 .. 1.3e-5, so 1e-4. At the full shape the
-// 8-of-256 routing over 40 layers amplifies reassociation (measured 6.5e-5 .. 1.0e-4 against HF
-// fp32 on an H200, 2026-11-29), so 5e-4 there.
+// 8-of-256 routing over 40 layers amplifies reassociation (measured 6.5e-5 .. 1.0e-4 on the
+// 16-token fixture against HF fp32 on an H200, 2026-11-29), so 5e-4 there. Open: on the 64-token
+// fixture the CPU engine gives 6.6e-5 and 8.4e-5 at positions 0 and 21 but 1.6e-3 at 42 and
+// 1.6e-2 at 63 (top-1 the same at all four), against HF's chunked and its recurrent delta rule
+// alike; a flipped near-tie among the prompt's 2,560 routing decisions would do this, but that
+// is not proven (bench/NOTES.md), so the tolerance stays and that fixture fails it on the CPU.
 #define TOL_F32 1e-4
 #define TOL_F32_FULL 5e-4
 // bf16 KV: K and V rounded to 8 mantissa bits in a quarter of the layers; measured 6e-5 .. 1.3e-3
@@ -37,9 +41,15 @@
 // check is the fp32-KV one above.
 #define TOL_BF16_KV 1e-2
 #define TOL_BF16_KV_FULL 2.5e-1
-// A reference decision is "clear" when top1 - top2 exceeds this fraction of the row rms.
+// A reference decision is "clear" when top1 - top2 exceeds a fraction of the row rms: MARGIN_RMS,
+// or the mode's normalised-error tolerance when that is larger (an engine allowed to differ from
+// the reference by 25% of the rms, as with a bf16 KV cache at the full shape, may rank two tokens
+// 5% apart either way). Greedy decisions are checked teacher-forced: every step gets the
+// reference's own prefix, and each clear step must pick the reference's token; at least MIN_GEN
+// clear steps (4 at the full shape, where few margins are clear) must have been checked.
 #define MARGIN_RMS 1e-2
 #define MIN_GEN 16
+#define MIN_GEN_FULL 4
 
 static const char *tmpdir(void) {
     const char *t = getenv("TMPDIR");
@@ -78,7 +88,8 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-// Prefill + compare logits rows; then greedy continuation. Returns the worst normalised error.
+// Prefill + compare logits rows; then the greedy steps, teacher-forced. Returns the worst
+// normalised error.
 static double check_one(const struct golden *gd, const char *dir, bool kv_f32, double tol) {
     struct engine_options eo = {.backend = getenv("CALLA_BACKEND"), .kv_f32 = kv_f32};
     struct engine *e;
@@ -86,6 +97,7 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
     if (engine_open(dir, &eo, &e, err, sizeof err)) fail_msg("engine_open: %s", err);
     const struct geometry *g = engine_geometry(e);
     const int V = g->vocab;
+    const double clear = tol > MARGIN_RMS ? tol : MARGIN_RMS;   // margin / rms above which a decision is clear
     struct seq *s;
     assert_int_equal(seq_new(e, (int)(gd->n_prompt + gd->n_gen + 1), &s, err, sizeof err), 0);
     int rows[64];
@@ -111,22 +123,28 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
                gd->ref, kv_f32 ? "f32 " : "bf16", r->pos, nerr, tol, maxd, top, r->top1, r->margin);
         if (nerr > worst) worst = nerr;
         if (!(nerr <= tol)) fail_msg("%s pos %u: normalised error %.3e > %.0e", gd->geometry, r->pos, nerr, tol);
-        if (r->margin > MARGIN_RMS * r->rms && top != r->top1)
+        if (r->margin > clear * r->rms && top != r->top1)
             fail_msg("%s pos %u: top-1 %d, reference %d (margin %.4f)", gd->geometry, r->pos, top, r->top1, r->margin);
     }
-    // Greedy continuation.
+    // Greedy steps, teacher-forced: step k sees the prompt and the reference's tokens 0 .. k-1.
     const double rms_last = gd->rows[gd->n_rows - 1].rms;
-    uint32_t checked = 0;
+    uint32_t checked = 0, same = 0;
     int32_t tok = next;
     for (uint32_t k = 0; k < gd->n_gen; k++) {
-        if (tok != gd->gen[k]) fail_msg("%s: generated token %u is %d, reference %d", gd->geometry, k, tok, gd->gen[k]);
-        checked++;
-        if (gd->gen_margin[k] <= MARGIN_RMS * rms_last) break;   // reference unsure: stop comparing here
-        if (k + 1 < gd->n_gen && engine_forward(e, s, &tok, 1, NULL, &tok, err, sizeof err)) fail_msg("decode: %s", err);
+        same += tok == gd->gen[k];
+        if (gd->gen_margin[k] > clear * rms_last) {
+            checked++;
+            if (tok != gd->gen[k])
+                fail_msg("%s: step %u picks %d, reference %d (margin %.4f)", gd->geometry, k, tok, gd->gen[k],
+                         gd->gen_margin[k]);
+        }
+        int32_t fed = gd->gen[k];
+        if (k + 1 < gd->n_gen && engine_forward(e, s, &fed, 1, NULL, &tok, err, sizeof err)) fail_msg("decode: %s", err);
     }
-    printf("  %-6s greedy continuation: %u of %u tokens identical\n", gd->geometry, checked, gd->n_gen);
-    const uint32_t min_gen = g->is_test ? MIN_GEN : 4;   // the full-shape fixture holds 8 tokens
-    if (checked < min_gen && checked < gd->n_gen) fail_msg("only %u continuation tokens were checkable", checked);
+    printf("  %-6s greedy steps (teacher-forced): %u of %u pick the reference's token; all %u clear ones do\n",
+           gd->geometry, same, gd->n_gen, checked);
+    const uint32_t min_gen = g->is_test ? MIN_GEN : MIN_GEN_FULL;
+    if (checked < min_gen && checked < gd->n_gen) fail_msg("only %u greedy steps had a clear margin", checked);
     free(lg);
     seq_free(s);
     engine_close(e);

@@ -4,7 +4,8 @@
 # prompt, 32 greedy steps; the fixture is built there, 35 s, and returned under $OUT) and, given
 # contexts, a matrix sweep into bench/results/$SWEEP (tarred into $OUT).
 # usage: tools/device_validate.sh BUILD [CONTEXTS [SWEEP_NAME]]
-#   SKIP_VALIDATE=1 skips the checks, GOLDEN=0 the HF fixture; GPU_CHECK_STAGES as gpu_check.sh.
+#   SKIP_VALIDATE=1 skips the checks, GOLDEN=0 the HF fixture; GPU_CHECK_STAGES as gpu_check.sh;
+#   ROUNDS, FIRST_ROUND and COMPARE (a results folder for ratio tables) go to calla matrix.
 set -u
 b=${1:-build}
 ctx=${2:-}
@@ -31,6 +32,6 @@ if [ -n "$ctx" ]; then
     sleep 5   # preflight refuses a GPU that is still busy
     "$b/calla" matrix --model $m --engines cuda --contexts "$ctx" --decode 64 --rounds ${ROUNDS:-2} \
         --first-round ${FIRST_ROUND:-1} --cooldown-min-s 5 --cooldown-max-s 30 --run-timeout-s 500 \
-        --out "bench/results/$sweep" --title "Calla on one H200 (synthetic full-shape checkpoint)" 2>&1 | tail -12
+        --out "bench/results/$sweep" ${COMPARE:+--compare "$COMPARE"} --title "Calla on one H200 (synthetic full-shape checkpoint)" 2>&1 | tail -12
     tar czf "$out/sweep.tgz" -C bench/results "$sweep"
 fi

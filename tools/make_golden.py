@@ -207,6 +207,8 @@ def main():
     ap.add_argument("--model-dir", default=None, help="reuse/put the synthetic checkpoint here")
     ap.add_argument("--gen", type=int, default=20, help="greedy tokens to generate")
     ap.add_argument("--prompts", default=None, help="prompt lengths, e.g. 40,320 (default: 40,320; full: 16)")
+    ap.add_argument("--gdn", default="chunked", choices=["chunked", "recurrent"],
+                    help="HF's DeltaNet prefill: its chunked form (default) or its token-by-token recurrence")
     a = ap.parse_args()
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -221,6 +223,22 @@ def main():
         ck = Checkpoint(d)
         model, ver = build_hf(ck, cfg, a.device, dtype)
         ref = f"hf-{ver}-{a.dtype}"
+        mod = sys.modules[type(model).__module__]
+        rec = getattr(mod, "torch_recurrent_gated_delta_rule", None)
+        gdn = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+        names = [k for k, v in vars(gdn[0]).items() if callable(v) and "delta" in k.lower()] if gdn else []
+        print(f"HF DeltaNet: {len(gdn)} layers, delta-rule attributes {names}, recurrent form "
+              f"{'present' if rec else 'absent'}", flush=True)
+        if a.gdn == "recurrent":   # the same formula token by token (HF uses it for cached decode)
+            n = 0
+            for m in gdn:
+                for k, v in list(vars(m).items()):
+                    if callable(v) and "chunk" in k and "delta" in k:
+                        setattr(m, k, rec)
+                        n += 1
+            mod.torch_chunk_gated_delta_rule = rec   # for a forward that looks it up at call time
+            print(f"HF DeltaNet prefill patched to the recurrence ({n} attributes)", flush=True)
+            ref += "-rec"
         V = cfg["text_config"]["vocab_size"]
         lengths = [int(x) for x in (a.prompts or ("16" if geom == "full" else "40,320")).split(",")]
         for n in lengths:
