@@ -246,8 +246,9 @@ static void deltanet(const struct geometry *g, const struct layer_weights *L, st
 
 // ---- MoE (§2.6) -------------------------------------------------------------------------------
 
-// Softmax over all experts, top-k (ties: lower id), renormalised over the k.
-static void route(const float *logits, int E, int k, int *ids, float *w) {
+// Softmax over all experts, top-k (ties: lower id), renormalised over the k. *gap: the k-th
+// probability minus the largest one not chosen.
+static void route(const float *logits, int E, int k, int *ids, float *w, float *gap) {
     float mx = -INFINITY, p[E];
     for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     float sum = 0;
@@ -265,7 +266,38 @@ static void route(const float *logits, int E, int k, int *ids, float *w) {
         w[i] = p[best];
         top += p[best];
     }
+    float next = 0;
+    for (int e = 0; e < E; e++) {
+        bool taken = false;
+        for (int j = 0; j < k; j++) taken |= ids[j] == e;
+        if (!taken && p[e] > next) next = p[e];
+    }
+    *gap = p[ids[k - 1]] - next;
     for (int i = 0; i < k; i++) w[i] /= top;
+}
+
+// Developer diagnostic: with CALLA_ROUTER_TRACE=FILE, every routing decision is appended to FILE as
+// "layer position gap id,id,..." (ids ascending): tools/router_diff.py compares two such traces
+// (tools/make_golden.py --router-trace writes HF's) and finds the first decision that differs.
+static void trace_route(int layer, int pos, float gap, const int *ids, int k) {
+    static FILE *f;
+    static bool tried;
+    if (!tried) {
+        tried = true;
+        const char *path = getenv("CALLA_ROUTER_TRACE");
+        if (path && *path && !(f = fopen(path, "a"))) fprintf(stderr, "calla: cannot open %s\n", path);
+    }
+    if (!f) return;
+    int s[64];
+    for (int i = 0; i < k; i++) {   // insertion sort of k <= 64 ids
+        int j = i;
+        for (; j > 0 && s[j - 1] > ids[i]; j--) s[j] = s[j - 1];
+        s[j] = ids[i];
+    }
+    fprintf(f, "%d %d %.9g ", layer, pos, (double)gap);
+    for (int i = 0; i < k; i++) fprintf(f, i ? ",%d" : "%d", s[i]);
+    fputc('\n', f);
+    fflush(f);
 }
 
 // out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x) over the rows of x (one expert's tokens).
@@ -281,14 +313,19 @@ static void mlp(const struct qtensor *gate, const struct qtensor *up, const stru
     free(b);
 }
 
-static void moe(const struct geometry *g, const struct layer_weights *L, const float *u, int T, float *out) {
+static void moe(const struct geometry *g, const struct layer_weights *L, int layer, int p0, const float *u, int T,
+                float *out) {
     const int H = g->hidden, E = g->n_experts, K = g->n_experts_used;
     float *rl = xmalloc(sizeof(float) * (size_t)T * E), *sg = xmalloc(sizeof(float) * (size_t)T);
     int *ids = xmalloc(sizeof(int) * (size_t)T * K);
     float *w = xmalloc(sizeof(float) * (size_t)T * K);
     qmatmul(&L->router, 0, u, T, rl);
     qmatmul(&L->shared_gate, 0, u, T, sg);
-    for (int t = 0; t < T; t++) route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K);
+    for (int t = 0; t < T; t++) {
+        float gap;
+        route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, &gap);
+        trace_route(layer, p0 + t, gap, ids + (size_t)t * K, K);
+    }
     // Shared expert, scaled by sigmoid of its gate.
     mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out);
     for (int t = 0; t < T; t++)
@@ -432,7 +469,7 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
         else deltanet(g, L, cs, i, u, T, d);
         for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
         for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
-        moe(g, L, u, T, d);
+        moe(g, L, i, p0, u, T, d);
         for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
     }
     // Final norm and lm_head for the wanted rows and the last row.

@@ -167,6 +167,29 @@ def build_hf(ck, cfg, device, dtype):
     return model, transformers.__version__
 
 
+def add_router_hooks(model, k, trace):
+    """Record every routing decision as 'layer position gap ids' (the format of CALLA_ROUTER_TRACE):
+    gap = k-th probability minus the (k+1)-th, ids the chosen k ascending."""
+    import torch
+    for name, m in model.named_modules():
+        if not type(m).__name__.endswith("TopKRouter"):
+            continue
+        layer = int(name.split("layers.")[1].split(".")[0])
+
+        def hook(mod, inp, out, layer=layer):
+            if not trace["on"]:
+                return
+            p = (out[0] if isinstance(out, tuple) else out).float()
+            if not torch.allclose(p.sum(-1), torch.ones_like(p[:, 0]), atol=1e-3):
+                p = p.softmax(-1)   # a router that returns raw logits
+            top = torch.topk(p, k + 1, dim=-1)
+            gap = (top.values[:, k - 1] - top.values[:, k]).tolist()
+            ids = top.indices[:, :k].sort(dim=-1).values.tolist()
+            for pos, (g, row) in enumerate(zip(gap, ids)):
+                trace["lines"].append(f"{layer} {pos} {g:.9g} {','.join(str(i) for i in row)}\n")
+        m.register_forward_hook(hook)
+
+
 def logits_of(model, ids, device):
     import torch
     with torch.no_grad():
@@ -207,6 +230,8 @@ def main():
     ap.add_argument("--model-dir", default=None, help="reuse/put the synthetic checkpoint here")
     ap.add_argument("--gen", type=int, default=20, help="greedy tokens to generate")
     ap.add_argument("--prompts", default=None, help="prompt lengths, e.g. 40,320 (default: 40,320; full: 16)")
+    ap.add_argument("--router-trace", default=None,
+                    help="write HF's routing decisions on each prompt to PATH.pN (compare: tools/router_diff.py)")
     ap.add_argument("--gdn", default="chunked", choices=["chunked", "recurrent"],
                     help="HF's DeltaNet prefill: its chunked form (default) or its token-by-token recurrence")
     a = ap.parse_args()
@@ -240,10 +265,18 @@ def main():
             print(f"HF DeltaNet prefill patched to the recurrence ({n} attributes)", flush=True)
             ref += "-rec"
         V = cfg["text_config"]["vocab_size"]
+        trace = {"on": False, "lines": []}
+        if a.router_trace:
+            add_router_hooks(model, cfg["text_config"]["num_experts_per_tok"], trace)
         lengths = [int(x) for x in (a.prompts or ("16" if geom == "full" else "40,320")).split(",")]
         for n in lengths:
             prompt = hash_prompt(n, 7919 if n > 64 else 0, V)
+            trace["on"], trace["lines"] = bool(a.router_trace), []
             lg = logits_of(model, prompt, a.device)
+            trace["on"] = False
+            if a.router_trace:
+                with open(f"{a.router_trace}.p{n}", "w") as f:
+                    f.writelines(trace["lines"])
             positions = sorted(set([0, n // 3, (2 * n) // 3, n - 1]))
             rows = [row_record(p, lg[p]) for p in positions]
             # Greedy continuation, recomputing the whole sequence each step (no cache involved).
