@@ -246,8 +246,8 @@ static void deltanet(const struct geometry *g, const struct layer_weights *L, st
 
 // ---- MoE (§2.6) -------------------------------------------------------------------------------
 
-// Softmax over all experts, top-k (ties: lower id), renormalised over the k. *gap: the k-th
-// probability minus the largest one not chosen.
+// Softmax over all experts, top-k (ties: lower id), renormalised over the k. With gap, one more
+// round of the selection gives *gap: the k-th probability minus the largest one not chosen.
 static void route(const float *logits, int E, int k, int *ids, float *w, float *gap) {
     float mx = -INFINITY, p[E];
     for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
@@ -255,31 +255,29 @@ static void route(const float *logits, int E, int k, int *ids, float *w, float *
     for (int e = 0; e < E; e++) sum += p[e] = expf(logits[e] - mx);
     for (int e = 0; e < E; e++) p[e] /= sum;
     float top = 0;
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; i < k + (gap != NULL); i++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
             bool taken = false;
             for (int j = 0; j < i; j++) taken |= ids[j] == e;
             if (!taken && (best < 0 || p[e] > p[best])) best = e;
         }
+        if (i == k) {
+            *gap = p[ids[k - 1]] - p[best];
+            break;
+        }
         ids[i] = best;
         w[i] = p[best];
         top += p[best];
     }
-    float next = 0;
-    for (int e = 0; e < E; e++) {
-        bool taken = false;
-        for (int j = 0; j < k; j++) taken |= ids[j] == e;
-        if (!taken && p[e] > next) next = p[e];
-    }
-    *gap = p[ids[k - 1]] - next;
     for (int i = 0; i < k; i++) w[i] /= top;
 }
 
 // Developer diagnostic: with CALLA_ROUTER_TRACE=FILE, every routing decision is appended to FILE as
 // "layer position gap id,id,..." (ids ascending): tools/router_diff.py compares two such traces
 // (tools/make_golden.py --router-trace writes HF's) and finds the first decision that differs.
-static void trace_route(int layer, int pos, float gap, const int *ids, int k) {
+// router_trace() is the open file, or NULL when not asked for.
+static FILE *router_trace(void) {
     static FILE *f;
     static bool tried;
     if (!tried) {
@@ -287,7 +285,10 @@ static void trace_route(int layer, int pos, float gap, const int *ids, int k) {
         const char *path = getenv("CALLA_ROUTER_TRACE");
         if (path && *path && !(f = fopen(path, "a"))) fprintf(stderr, "calla: cannot open %s\n", path);
     }
-    if (!f) return;
+    return f;
+}
+
+static void trace_route(FILE *f, int layer, int pos, float gap, const int *ids, int k) {
     int s[64];
     for (int i = 0; i < k; i++) {   // insertion sort of k <= 64 ids
         int j = i;
@@ -321,10 +322,11 @@ static void moe(const struct geometry *g, const struct layer_weights *L, int lay
     float *w = xmalloc(sizeof(float) * (size_t)T * K);
     qmatmul(&L->router, 0, u, T, rl);
     qmatmul(&L->shared_gate, 0, u, T, sg);
+    FILE *trace = router_trace();
     for (int t = 0; t < T; t++) {
         float gap;
-        route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, &gap);
-        trace_route(layer, p0 + t, gap, ids + (size_t)t * K, K);
+        route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, trace ? &gap : NULL);
+        if (trace) trace_route(trace, layer, p0 + t, gap, ids + (size_t)t * K, K);
     }
     // Shared expert, scaled by sigmoid of its gate.
     mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out);
