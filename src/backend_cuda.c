@@ -8,6 +8,12 @@
 // MoE routing, top-k and expert dispatch happen on the device: decode runs the 8 chosen experts
 // in one launch per projection (expert ids read on the device); prefill groups the chunk's
 // (token, expert) pairs by expert with device-side counts and offsets.
+//
+// Decode (one token) has its own path: fused kernels (src/cuda/decode.cu) reading the position from
+// device memory, so the whole step is captured once per sequence as a CUDA graph and replayed:
+// one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
+// of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
+// first version's kernels, kept for A/B measurement); CALLA_PDL=0 turns dependent launch off.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -21,7 +27,8 @@
 
 enum {
     LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
-    DECODE_SPLIT = 256,    // keys per attention split in decode (prefill: k_flash_attention)
+    DECODE_SPLIT = 256,    // keys per attention split in legacy decode (prefill: k_flash_attention)
+    DEC_MAX_SPLITS = 256,  // most key splits of the decode attention (sized by sequence capacity)
 };
 
 struct cuda_layer {
@@ -44,6 +51,19 @@ struct scratch {
     int *h_rows;                             // pinned [T + 1]
 };
 
+// Decode scratch at fixed addresses (the captured graphs point at them).
+struct dec_bufs {
+    int *io, *h_io;                          // [2] token, position (device, pinned host)
+    unsigned long long *best, *h_best;       // argmax key (device, pinned host)
+    float *x, *u;                            // [H] residual, normalised input of the MoE
+    float *y, *z, *bb, *aa, *og;             // DeltaNet: [C], [VD], [Hv] x2, [VD]
+    float *qg, *kb, *vb, *q, *o, *part;      // attention: [2QD], [KVD] x2, [QD] x2, partials
+    float *rl, *sg, *w, *act;                // MoE: [E], [1], [k + 1], [k + 1, I]
+    int *ids;                                // [k + 1]
+};
+
+enum { DEC_GRAPH, DEC_EAGER, DEC_LEGACY };
+
 struct cuda_engine {
     cudaStream_t stream;
     struct dqt embed, lm_head;
@@ -55,14 +75,18 @@ struct cuda_engine {
     int *counts, *offs;                      // [E]
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
-    float *part;                             // decode attention partials
+    float *part;                             // legacy decode attention partials
     long part_floats;
+    struct dec_bufs dec;
+    int decode_mode;                         // DEC_*
 };
 
 struct cuda_seq {
     uint16_t *k[QWEN_LAYERS], *v[QWEN_LAYERS];   // [n_kv, cap, D] bf16
     float *conv[QWEN_LAYERS];                    // [KW - 1, C]
     float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
+    cudaGraphExec_t graph;                       // the decode step, captured on first use
+    int graph_pdl;                               // k_pdl() at capture
 };
 
 #define CK(call)                                                                                       \
@@ -254,6 +278,36 @@ static int ensure_part(struct cuda_engine *ce, long floats, char *err, size_t er
 
 // ---- load / unload ------------------------------------------------------------------------
 
+static int dec_alloc(struct engine *e, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct dec_bufs *d = &ce->dec;
+    const size_t H = g->hidden, C = geom_conv_dim(g), VD = geom_lin_value_dim(g), Hv = g->lin_v_heads,
+                 QD = geom_q_dim(g), KVD = geom_kv_dim(g), E = g->n_experts, K1 = g->n_experts_used + 1,
+                 I = g->moe_inter, D = g->head_dim;
+    struct {
+        void **p;
+        size_t bytes;
+    } a[] = {
+        {(void **)&d->io, 8},          {(void **)&d->best, 8},           {(void **)&d->x, H * 4},
+        {(void **)&d->u, H * 4},       {(void **)&d->y, C * 4},          {(void **)&d->z, VD * 4},
+        {(void **)&d->bb, Hv * 4},     {(void **)&d->aa, Hv * 4},        {(void **)&d->og, VD * 4},
+        {(void **)&d->qg, 2 * QD * 4}, {(void **)&d->kb, KVD * 4},       {(void **)&d->vb, KVD * 4},
+        {(void **)&d->q, QD * 4},      {(void **)&d->o, QD * 4},         {(void **)&d->rl, E * 4},
+        {(void **)&d->sg, 4},          {(void **)&d->w, K1 * 4},         {(void **)&d->act, K1 * I * 4},
+        {(void **)&d->ids, K1 * 4},
+        {(void **)&d->part, (size_t)g->n_heads * DEC_MAX_SPLITS * (D + 2) * 4},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+        if (!(*a[i].p = dalloc(ce, a[i].bytes, err, errlen))) return -1;
+    if (cudaMallocHost((void **)&d->h_io, 8) != cudaSuccess || cudaMallocHost((void **)&d->h_best, 8) != cudaSuccess) {
+        snprintf(err, errlen, "cudaMallocHost failed");
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 static void cuda_unload(struct engine *e) {
     struct cuda_engine *ce = e->impl;
     if (!ce) return;
@@ -263,6 +317,8 @@ static void cuda_unload(struct engine *e) {
     free_scratch(&ce->sc);
     cudaFree(ce->part);
     cudaFreeHost(ce->h_next);
+    cudaFreeHost(ce->dec.h_io);
+    cudaFreeHost(ce->dec.h_best);
     if (ce->stream) cudaStreamDestroy(ce->stream);
     free(ce);
     e->impl = NULL;
@@ -314,6 +370,10 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         !(ce->d_next = dalloc(ce, 4, err, errlen)))
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
+    if (dec_alloc(e, err, errlen)) goto fail_msg;
+    const char *dm = getenv("CALLA_DECODE"), *pdl = getenv("CALLA_PDL");
+    ce->decode_mode = dm && !strcmp(dm, "legacy") ? DEC_LEGACY : dm && !strcmp(dm, "eager") ? DEC_EAGER : DEC_GRAPH;
+    k_set_pdl(!(pdl && !strcmp(pdl, "0")));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;
@@ -328,6 +388,7 @@ fail_msg:
 static void cuda_seq_release(struct seq *s) {
     struct cuda_seq *cs = s->impl;
     if (!cs) return;
+    if (cs->graph) cudaGraphExecDestroy(cs->graph);
     for (int i = 0; i < QWEN_LAYERS; i++) {
         cudaFree(cs->k[i]);
         cudaFree(cs->v[i]);
@@ -419,11 +480,153 @@ static int mm(const struct dqt *W, const float *x, int T, float *y, void *st) {
     return k_qmatmul(*W, x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 
+// ---- decode -----------------------------------------------------------------------------------
+
+static int dec_splits(int cap) {
+    const int n = (cap + 63) / 64;
+    return n < 1 ? 1 : n > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : n;
+}
+
+// Enqueues one decode step of sequence s on the engine's stream: reads (token, position) from
+// dec.h_io, leaves the argmax key in dec.h_best and the logits in ce->logits row 0.
+static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct dec_bufs *d = &ce->dec;
+    void *st = ce->stream;
+    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
+    const float eps = (float)g->rms_eps;
+    const int pf = k_pdl();
+    CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
+    KL(k_dv_embed(ce->embed, d->io, d->x, d->best, st));
+    for (int i = 0; i < g->n_layers; i++) {
+        const struct cuda_layer *L = &ce->L[i];
+        struct dv_desc in = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps, .prefetch = pf};
+        if (geom_is_attn(g, i)) {
+            in.seg[0] = (struct dv_seg){L->q_proj, d->qg, DV_OUT_STORE};
+            in.seg[1] = (struct dv_seg){L->k_proj, d->kb, DV_OUT_STORE};
+            in.seg[2] = (struct dv_seg){L->v_proj, d->vb, DV_OUT_STORE};
+            in.n_seg = 3;
+            KL(k_dv(&in, st));
+            KL(k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
+                               g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+            KL(k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(s->cap), s->cap,
+                               g->n_heads, g->n_kv_heads, D, st));
+            struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
+            out.seg[0] = (struct dv_seg){L->o_proj, d->x, DV_OUT_ADD};
+            KL(k_dv(&out, st));
+        } else {
+            in.seg[0] = (struct dv_seg){L->in_qkv, d->y, DV_OUT_CONV};
+            in.seg[1] = (struct dv_seg){L->in_z, d->z, DV_OUT_STORE};
+            in.seg[2] = (struct dv_seg){L->in_b, d->bb, DV_OUT_STORE};
+            in.seg[3] = (struct dv_seg){L->in_a, d->aa, DV_OUT_STORE};
+            in.n_seg = 4;
+            in.conv_w = L->conv_w;
+            in.conv_state = cs->conv[i];
+            in.C = geom_conv_dim(g);
+            in.KW = g->conv_kernel;
+            KL(k_dv(&in, st));
+            KL(k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->og, g->lin_k_heads, g->lin_v_heads,
+                        g->lin_k_dim, g->lin_v_dim, st));
+            struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_GATED,
+                                  .norm_w = L->gdn_norm, .eps = eps, .z = d->z, .Hv = g->lin_v_heads,
+                                  .Dv = g->lin_v_dim, .prefetch = pf, .n_seg = 1};
+            out.seg[0] = (struct dv_seg){L->out_proj, d->x, DV_OUT_ADD};
+            KL(k_dv(&out, st));
+        }
+        struct dv_desc r = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
+                            .x_out = d->u, .prefetch = pf, .n_seg = 2};
+        r.seg[0] = (struct dv_seg){L->router, d->rl, DV_OUT_STORE};
+        r.seg[1] = (struct dv_seg){L->shared_gate, d->sg, DV_OUT_STORE};
+        KL(k_dv(&r, st));
+        const struct dv_moe m = {.logits = d->rl, .shared_logit = d->sg, .u = d->u, .gate = L->ex_gate,
+                                 .up = L->ex_up, .down = L->ex_down, .sgate = L->se_gate, .sup = L->se_up,
+                                 .sdown = L->se_down, .E = g->n_experts, .k = K, .H = H, .I = g->moe_inter,
+                                 .act = d->act, .ids = d->ids, .w = d->w, .x = d->x};
+        KL(k_dv_moe_gateup(&m, st));
+        KL(k_dv_moe_down(&m, st));
+    }
+    struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->final_norm, .eps = eps,
+                         .best = d->best, .prefetch = pf, .n_seg = 1};
+    lm.seg[0] = (struct dv_seg){ce->lm_head, ce->logits, DV_OUT_ARGMAX};
+    KL(k_dv(&lm, st));
+    CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
+    return 0;
+fail:
+    return -1;
+}
+
+// Captures the decode step of s as a graph (once per sequence and launch mode).
+static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    if (cs->graph && cs->graph_pdl == k_pdl()) return 0;
+    if (cs->graph) cudaGraphExecDestroy(cs->graph);
+    cs->graph = NULL;
+    cudaGraph_t graph = NULL;
+    CK(cudaStreamBeginCapture(ce->stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = dec_enqueue(e, s, err, errlen);
+    const cudaError_t ec = cudaStreamEndCapture(ce->stream, &graph);
+    if (rc) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        return -1;
+    }
+    CK(ec);
+    const cudaError_t ei = cudaGraphInstantiate(&cs->graph, graph, 0);
+    cudaGraphDestroy(graph);
+    CK(ei);
+    cs->graph_pdl = k_pdl();
+    return 0;
+fail:
+    cudaGetLastError();
+    cs->graph = NULL;
+    return -1;
+}
+
+static int cuda_decode(struct engine *e, struct seq *s, int32_t token, int want_logits, float *logits, int32_t *next,
+                       char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct dec_bufs *d = &ce->dec;
+    void *st = ce->stream;
+    d->h_io[0] = token;
+    d->h_io[1] = s->pos;
+    if (ce->decode_mode == DEC_GRAPH) {
+        if (dec_capture(e, s, err, errlen)) return -1;
+        CK(cudaGraphLaunch(cs->graph, st));
+    } else if (dec_enqueue(e, s, err, errlen)) {
+        goto fail;
+    }
+    if (want_logits)
+        CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    if (!*d->h_best) {
+        snprintf(err, errlen, "decode produced no argmax (non-finite logits?)");
+        return -1;
+    }
+    *next = (int32_t)(0xffffffffu - (uint32_t)(*d->h_best & 0xffffffffu));
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
+    struct cuda_engine *ce = e->impl;
+    ce->decode_mode = !strcmp(mode, "legacy") ? DEC_LEGACY : !strcmp(mode, "eager") ? DEC_EAGER : DEC_GRAPH;
+    k_set_pdl(pdl);
+}
+
 static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
                               int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
+    if (T == 1 && ce->decode_mode != DEC_LEGACY && (n_rows == 0 || (n_rows == 1 && rows[0] == 0)))
+        return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     if (ensure_scratch(e, T, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     void *st = ce->stream;

@@ -91,4 +91,6 @@ extern const struct backend_ops backend_cpu;
 extern const struct backend_ops backend_cuda;
 // 1 when a compute capability 9.0 GPU is present; 0 otherwise (why in msg).
 int backend_cuda_available(char *msg, size_t msglen);
+// Decode path for tests and A/B measurement: "graph" (default), "eager" or "legacy"; pdl 0/1.
+void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
 #endif

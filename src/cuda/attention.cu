@@ -9,16 +9,18 @@
 // - prefill: FlashAttention on the tensor cores (k_flash_attention below).
 #include "mma.cuh"
 
-enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16 };
+enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16, AT_MIN_SPLIT = 64, AT_MAX_SPLITS = 1024 };
 
 // ---- prep: norm + RoPE; k/v into the cache --------------------------------------------------
 
 static __global__ void attn_prep_kernel(const float *qg, const float *k, const float *v, const float *q_norm,
-                                        const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, int p0, int cap,
-                                        int n_heads, int n_kv, int D, int rope_dim, double theta, float eps) {
+                                        const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, int p0,
+                                        const int *d_pos, int cap, int n_heads, int n_kv, int D, int rope_dim,
+                                        double theta, float eps) {
     __shared__ float buf[AT_MAXD];
     __shared__ float sh[32];
-    const int t = blockIdx.x, h = blockIdx.y, p = p0 + t;
+    pdl_wait();
+    const int t = blockIdx.x, h = blockIdx.y, p = (d_pos ? *d_pos : p0) + t;
     const bool is_q = h < n_heads;
     const int j = h - n_heads;
     const float *src = is_q ? qg + ((size_t)t * n_heads + h) * 2 * D : k + ((size_t)t * n_kv + j) * D;
@@ -55,9 +57,17 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
     if (T <= 0) return 0;
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
     dim3 grid(T, n_heads + n_kv);
-    attn_prep_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(qg, k, v, q_norm, k_norm, q, kc, vc, p0, cap, n_heads,
-                                                             n_kv, D, rope_dim, theta, eps);
+    attn_prep_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(qg, k, v, q_norm, k_norm, q, kc, vc, p0, nullptr, cap,
+                                                             n_heads, n_kv, D, rope_dim, theta, eps);
     return launch_status();
+}
+
+extern "C" int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm,
+                               const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap,
+                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps, void *stream) {
+    if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
+    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(128), 0, stream, qg, k, v, q_norm, k_norm, q, kc,
+                    vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
 }
 
 // ---- split attention -------------------------------------------------------------------------
@@ -67,16 +77,31 @@ static __host__ __device__ int tokens_per_block(int G) {
     return tq > 0 ? tq : 1;
 }
 
-// part[((t * n_heads + h) * n_split + split) * (D + 2)]: running max m, sum l, then o[D] (unnormalised).
+// Decode with the position on the device (one CUDA graph serves every step): the grid has ns_max
+// splits; the first n of them take split_len keys each, n and split_len from the key count.
+static __device__ __forceinline__ void dec_split(int n_keys, int ns_max, int *n, int *split_len) {
+    *n = min(ns_max, CEIL_DIV(n_keys, AT_MIN_SPLIT));
+    *split_len = CEIL_DIV(CEIL_DIV(n_keys, *n), AT_TILE) * AT_TILE;
+}
+
+// part[((t * n_heads + h) * gridDim.x + split) * (D + 2)]: running max m, sum l, then o[D]
+// (unnormalised). d_pos: the position is read on the device (T = 1, decode), see dec_split.
 template <int D>
 static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
-    attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, int T, int p0, int cap,
-                     int n_heads, int n_kv, int split_len, int n_split) {
+    attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, int T, int p0,
+                     const int *d_pos, int cap, int n_heads, int n_kv, int split_len) {
     constexpr int KW = D / 2;   // K tile row stride in words; lanes read it swizzled (no bank conflicts)
     constexpr int DL = D / WARP_SIZE;
-    __shared__ uint32_t Ks[AT_TILE * KW];
+    __shared__ __align__(16) uint32_t Ks[AT_TILE * KW];
     __shared__ __align__(16) uint16_t Vs[AT_TILE * D];
     __shared__ __align__(16) float qs[AT_MAXWARPS][D];
+    pdl_wait();
+    if (d_pos) {
+        int n;
+        p0 = *d_pos;
+        dec_split(p0 + T, gridDim.x, &n, &split_len);
+        if ((int)blockIdx.x >= n) return;
+    }
     const int split = blockIdx.x, kvh = blockIdx.y, G = n_heads / n_kv, TQ = tokens_per_block(G);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int tl = warp / G, h = kvh * G + warp % G;   // this warp's token (in the group) and head
@@ -97,15 +122,26 @@ static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
     for (int k0 = kb; k0 < ke_block; k0 += AT_TILE) {
         __syncthreads();
         const int nk = min(AT_TILE, ke_block - k0);
-        for (int i = threadIdx.x; i < AT_TILE * (D / 2); i += blockDim.x) {
-            const int r = i / (D / 2), c = i % (D / 2);
-            uint32_t kv = 0, vv = 0;
-            if (r < nk) {
-                kv = kbase[(size_t)(k0 + r) * (D / 2) + c];
-                vv = vbase[(size_t)(k0 + r) * (D / 2) + c];
+        {   // the tile: every thread's loads first, then its stores (blockDim is 512)
+            constexpr int NV = AT_TILE * D / 8, PT = CEIL_DIV(NV, 512);   // uint4 per tile, per thread
+            uint4 kr[PT], vr[PT];
+#pragma unroll
+            for (int j = 0; j < PT; j++) {
+                const int i = threadIdx.x + j * blockDim.x, r = i / (D / 8), c = i % (D / 8);
+                kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+                if (i < NV && r < nk) {
+                    kr[j] = __ldg((const uint4 *)(kbase + (size_t)(k0 + r) * (D / 2)) + c);
+                    vr[j] = __ldg((const uint4 *)(vbase + (size_t)(k0 + r) * (D / 2)) + c);
+                }
             }
-            Ks[r * KW + c] = kv;
-            ((uint32_t *)Vs)[i] = vv;
+#pragma unroll
+            for (int j = 0; j < PT; j++) {
+                const int i = threadIdx.x + j * blockDim.x, r = i / (D / 8), c = i % (D / 8);
+                if (i < NV) {
+                    *(uint4 *)(Ks + r * KW + 4 * c) = kr[j];
+                    *(uint4 *)((uint32_t *)Vs + r * (D / 2) + 4 * c) = vr[j];
+                }
+            }
         }
         __syncthreads();
         if (!active || k0 >= ke) continue;
@@ -140,7 +176,7 @@ static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
         m = m_new;
     }
     if (!active) return;
-    float *pp = part + (((size_t)t * n_heads + h) * n_split + split) * (D + 2);
+    float *pp = part + (((size_t)t * n_heads + h) * gridDim.x + split) * (D + 2);
     if (lane == 0) {
         pp[0] = m;
         pp[1] = l;
@@ -150,10 +186,16 @@ static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
 }
 
 // o[t, h*D + d] = sum_s o_s e^{m_s - M} / sum_s l_s e^{m_s - M} * sigmoid(gate)
+// stride: splits per (t, h) in part; d_pos: n_split from the position (decode).
 static __global__ void attention_combine_kernel(const float *part, const float *qg, float *o, int n_heads, int D,
-                                                int n_split) {
+                                                int n_split, int stride, const int *d_pos) {
+    pdl_wait();
+    if (d_pos) {
+        int len;
+        dec_split(*d_pos + 1, stride, &n_split, &len);
+    }
     const int t = blockIdx.x, h = blockIdx.y;
-    const float *pp = part + ((size_t)t * n_heads + h) * n_split * (D + 2);
+    const float *pp = part + ((size_t)t * n_heads + h) * stride * (D + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (D + 2)]);
     float L = 0;
@@ -185,16 +227,80 @@ extern "C" int k_attention(const float *q, const float *qg, const uint16_t *kc, 
     cudaStream_t st = (cudaStream_t)stream;
     dim3 grid(n_split, n_kv, CEIL_DIV(T, TQ));
     const int threads = G * TQ * WARP_SIZE;
+    if (threads != 512) return (int)cudaErrorInvalidValue;   // the tile loads assume 512 threads
     switch (D) {
-    case 256: attention_kernel<256><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, cap, n_heads, n_kv, split_len, n_split); break;
-    case 128: attention_kernel<128><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, cap, n_heads, n_kv, split_len, n_split); break;
-    case 64: attention_kernel<64><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, cap, n_heads, n_kv, split_len, n_split); break;
+    case 256: attention_kernel<256><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
+    case 128: attention_kernel<128><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
+    case 64: attention_kernel<64><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
     default: return (int)cudaErrorInvalidValue;
     }
     int rc = launch_status();
     if (rc) return rc;
-    attention_combine_kernel<<<dim3(T, n_heads), 128, 0, st>>>(part, qg, o, n_heads, D, n_split);
+    attention_combine_kernel<<<dim3(T, n_heads), 128, 0, st>>>(part, qg, o, n_heads, D, n_split, n_split, nullptr);
     return launch_status();
+}
+
+// Decode combine: one block per head; the split weights e^{m_s - M} once in shared memory, then
+// DC_GROUPS groups of threads sum their share of the splits per column d (independent loads), and
+// the groups' sums are added in a fixed order.
+enum { DC_GROUPS = 4, DC_THREADS = DC_GROUPS * AT_MAXD };
+static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const float *part, const float *qg, float *o,
+                                                                        int n_heads, int D, int stride, const int *d_pos) {
+    __shared__ float ws[AT_MAX_SPLITS];
+    __shared__ float sh[32], redm[32];
+    __shared__ float acc_g[DC_GROUPS][AT_MAXD];
+    pdl_wait();
+    int n_split, len;
+    dec_split(*d_pos + 1, stride, &n_split, &len);
+    const int h = blockIdx.x;
+    const float *pp = part + (size_t)h * stride * (D + 2);
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x) m = fmaxf(m, pp[(size_t)s * (D + 2)]);
+    m = warp_max(m);
+    if (threadIdx.x % WARP_SIZE == 0) redm[threadIdx.x / WARP_SIZE] = m;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int i = 0; i < (int)blockDim.x / WARP_SIZE; i++) M = fmaxf(M, redm[i]);
+    float l = 0;
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
+        const float ms = pp[(size_t)s * (D + 2)];
+        const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+        ws[s] = w;
+        l += pp[(size_t)s * (D + 2) + 1] * w;
+    }
+    const float L = block_sum(l, sh);   // (its barriers also publish ws)
+    const int g = threadIdx.x / AT_MAXD, d = threadIdx.x % AT_MAXD;
+    if (d < D) {
+        float acc = 0;
+#pragma unroll 8
+        for (int s = g; s < n_split; s += DC_GROUPS) acc += pp[(size_t)s * (D + 2) + 2 + d] * ws[s];
+        acc_g[g][d] = acc;
+    }
+    __syncthreads();
+    if (g == 0 && d < D) {
+        float acc = 0;
+        for (int i = 0; i < DC_GROUPS; i++) acc += acc_g[i][d];
+        o[(size_t)h * D + d] = acc / L * sigmoid_f(qg[(size_t)h * 2 * D + D + d]);
+    }
+}
+
+extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
+                               float *part, const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D,
+                               void *stream) {
+    const int G = n_heads / n_kv;
+    if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS)
+        return (int)cudaErrorInvalidValue;
+    const dim3 grid(ns_max, n_kv, 1), threads(G * tokens_per_block(G) * WARP_SIZE);
+    int rc;
+    switch (D) {
+    case 256: rc = launch_k(attention_kernel<256>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
+    case 128: rc = launch_k(attention_kernel<128>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
+    case 64: rc = launch_k(attention_kernel<64>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    if (rc) return rc;
+    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, stream, (const float *)part, qg, o, n_heads, D,
+                    ns_max, d_pos);
 }
 
 // ---- prefill: FlashAttention on the tensor cores -----------------------------------------------

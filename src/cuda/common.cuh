@@ -44,3 +44,70 @@ static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + exp
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static inline int launch_status(void) { return (int)cudaGetLastError(); }
+
+enum { RT_MAXE = 1024 };   // most experts route_block handles
+
+// MoE routing of one token by one block (MODEL.md §2.6): softmax over the E logits into p (shared,
+// >= E floats), then the top k (ties: lower id) by rank: expert e is chosen when fewer than k
+// experts beat it (a larger probability, or an equal one and a lower id), all experts at once;
+// the chosen weights are renormalised by their sum taken in rank order (the CPU's order).
+// Writes ids[k] and w[k] (shared or global). Every thread of the block must call it.
+static __device__ void route_block(const float *x, int E, int k, float *p, int *ids, float *w) {
+    __shared__ float sh[32];
+    __shared__ float redm[32];
+    __shared__ float pw[WARP_SIZE];
+    __shared__ int pid[WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, x[e]);
+    mx = warp_max(mx);
+    if (lane == 0) redm[wid] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int i = 0; i < CEIL_DIV(blockDim.x, WARP_SIZE); i++) mx = fmaxf(mx, redm[i]);
+    float sum = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += p[e] = expf(x[e] - mx);
+    sum = block_sum(sum, sh);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= sum;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float pe = p[e];
+        int rank = 0;
+        for (int j = 0; j < E && rank < k; j++) {
+            const float pj = p[j];
+            rank += pj > pe || (pj == pe && j < e);
+        }
+        if (rank < k) pid[rank] = e, pw[rank] = pe;
+    }
+    __syncthreads();
+    if (threadIdx.x < k) {
+        float top = 0;
+        for (int i = 0; i < k; i++) top += pw[i];
+        ids[threadIdx.x] = pid[threadIdx.x];
+        w[threadIdx.x] = pw[threadIdx.x] / top;
+    }
+    __syncthreads();
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while its
+// predecessor finishes; it must wait before reading what the predecessor wrote. Both are no-ops
+// for a kernel launched without the attribute.
+static __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+static __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// Launch with programmatic dependent launch when k_pdl() is on (the decode kernels). Returns 0 or
+// the CUDA error of the launch.
+template <typename... P, typename... A>
+static int launch_k(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, void *stream, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = (cudaStream_t)stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = k_pdl() ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, kern, ((P)args)...);
+}

@@ -89,6 +89,75 @@ int k_moe_combine(const float *shared, const float *sg, const float *w, const fl
 // Argmax of x[n] (lowest index on ties) into *out.
 int k_argmax(const float *x, int n, int *out, void *stream);
 
+// ---- decode (src/cuda/decode.cu): one token, position on the device, fused kernels ------------
+// Launched with programmatic dependent launch while k_pdl() (default on): a kernel may start
+// before its predecessor ends and waits on the device before reading its input.
+void k_set_pdl(int on);
+int k_pdl(void);
+
+enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
+enum { DV_IN_PLAIN, DV_IN_RMS, DV_IN_GATED };                    // input transform
+enum { DV_OUT_STORE, DV_OUT_ADD, DV_OUT_CONV, DV_OUT_ARGMAX };   // per-matrix epilogue
+struct dv_seg {
+    struct dqt W;            // [rows, K], one matrix (n_mat ignored: matrix 0)
+    float *y;                // [rows]
+    int mode;                // DV_OUT_*
+};
+// y_s = epilogue_s(W_s xs) for each segment s, xs = transform(x):
+//   DV_IN_PLAIN xs = x; DV_IN_RMS xs = rmsnorm(x) * norm_w; DV_IN_GATED x is [Hv, Dv] and each head
+//   becomes norm_w * rmsnorm(x_h) * silu(z_h) (the DeltaNet gated norm).
+//   DV_OUT_STORE y = v; DV_OUT_ADD y += v; DV_OUT_CONV (channel n) y = silu(conv over the KW-1 rows
+//   of conv_state [KW-1, C] and v), conv_state shifted by one row; DV_OUT_ARGMAX y = v and *best =
+//   max(*best, key(v, n)) where the key orders by value, then by the lower row (the host decodes
+//   row = 0xffffffff - (uint32_t)key).
+struct dv_desc {
+    struct dv_seg seg[DV_MAXSEG];
+    int n_seg;
+    const float *x;          // [K]
+    int K;                   // multiple of 64, <= DV_MAXK
+    int in_mode;
+    const float *norm_w;     // [K], or [Dv] for DV_IN_GATED
+    float eps;
+    const float *z;          // DV_IN_GATED: [Hv, Dv]
+    int Hv, Dv;
+    float *x_out;            // when set: the transformed input is stored here ([K])
+    const float *conv_w;     // DV_OUT_CONV: [C, KW]
+    float *conv_state;       // DV_OUT_CONV: [KW - 1, C], oldest row first
+    int C, KW;
+    unsigned long long *best;   // DV_OUT_ARGMAX
+    int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
+};
+int k_dv(const struct dv_desc *d, void *stream);
+// x [H] = dequant(E[io[0]]); *best = 0 (best may be NULL).
+int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, void *stream);
+// The MoE of one token (MODEL.md §2.6): k_dv_moe_gateup routes (every block, from logits [E]) and
+// writes act [k + 1, I] (slot k: the shared expert), ids [k + 1] and w [k + 1] (w[k] =
+// sigmoid(shared_logit)); k_dv_moe_down adds sum_e w_e down_e act_e into x [H].
+struct dv_moe {
+    const float *logits, *shared_logit, *u;   // [E], [1], the normalised input [H]
+    struct dqt gate, up, down;                // routed [E][I, H], [E][I, H], [E][H, I]
+    struct dqt sgate, sup, sdown;             // shared [I, H], [I, H], [H, I]
+    int E, k, H, I;
+    float *act;                               // [k + 1, I]
+    int *ids;                                 // [k + 1]
+    float *w;                                 // [k + 1]
+    float *x;                                 // [H] the residual stream
+};
+int k_dv_moe_gateup(const struct dv_moe *m, void *stream);
+int k_dv_moe_down(const struct dv_moe *m, void *stream);
+// One gated delta rule step for every value head: y [C] the conv output (after SiLU), b/a [Hv],
+// S [Hv, Dk, Dv] updated, o [Hv * Dv] = S^T q (before the gated norm).
+int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
+             float *o, int Hk, int Hv, int Dk, int Dv, void *stream);
+// Attention of one token at position *d_pos: prep (norms, RoPE, K/V into the cache at *d_pos) and
+// the split attention over ns_max key splits (the first ones used, by the key count) + combine.
+// part holds n_heads * ns_max * (D + 2) floats.
+int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
+                    float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
+                    int rope_dim, double theta, float eps, void *stream);
+int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
+                    const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,51 +5,13 @@
 // Nothing here is read back: the grouped product takes counts/offsets from device memory.
 #include "common.cuh"
 
-enum { RT_MAXE = 1024, DSP_THREADS = 256 };
+enum { DSP_THREADS = 256 };
 
-// One block per token: probabilities into shared memory, then warp 0 picks the top k.
+// One block per token (route_block in common.cuh).
 static __global__ void route_kernel(const float *logits, int E, int k, int *ids, float *w) {
     __shared__ float p[RT_MAXE];
-    __shared__ float sh[32];
-    __shared__ float redm[32];
-    const int t = blockIdx.x, lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
-    const float *x = logits + (size_t)t * E;
-    float mx = -INFINITY;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, x[e]);
-    mx = warp_max(mx);
-    if (lane == 0) redm[wid] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int i = 0; i < CEIL_DIV(blockDim.x, WARP_SIZE); i++) mx = fmaxf(mx, redm[i]);
-    float sum = 0;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += p[e] = expf(x[e] - mx);
-    sum = block_sum(sum, sh);
-    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= sum;
-    __syncthreads();
-    if (wid) return;
-    float top = 0;
-    int chosen = -1;   // lane i < k keeps the i-th pick
-    float chosen_w = 0;
-    for (int i = 0; i < k; i++) {
-        float bv = -1.0f;
-        int bi = -1;
-        for (int e = lane; e < E; e += WARP_SIZE)
-            if (p[e] > bv) bv = p[e], bi = e;   // ascending e: keeps the lowest id on ties
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi >= 0 && (bi < 0 || oi < bi))) bv = ov, bi = oi;
-        }
-        if (lane == i) chosen = bi, chosen_w = bv;
-        top += bv;
-        __syncwarp();
-        if (lane == 0) p[bi] = -2.0f;   // taken
-        __syncwarp();
-    }
-    if (lane < k) {
-        ids[(size_t)t * k + lane] = chosen;
-        w[(size_t)t * k + lane] = chosen_w / top;
-    }
+    const int t = blockIdx.x;
+    route_block(logits + (size_t)t * E, E, k, p, ids + (size_t)t * k, w + (size_t)t * k);
 }
 
 extern "C" int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *stream) {
