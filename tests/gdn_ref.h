@@ -45,7 +45,7 @@ static inline double gdnref_bf(double x) {
 static inline void gdnref_recurrent(const float *y, const float *beta, const float *g, double *S, double *o, int T,
                                     int Hk, int Hv, int Dk, int Dv) {
     const int C = 2 * Hk * Dk + Hv * Dv, KD = Hk * Dk;
-    double *m = malloc(sizeof(double) * Dv);
+    double *m = (double *)malloc(sizeof(double) * Dv);
     for (int h = 0; h < Hv; h++) {
         double *Sh = S + (size_t)h * Dk * Dv;
         const int kh = h / (Hv / Hk);
@@ -78,10 +78,10 @@ static inline void gdnref_recurrent(const float *y, const float *beta, const flo
 static inline void gdnref_chunked(const float *y, const float *beta, const float *g, double *S, double *o, int T,
                                   int Hk, int Hv, int Dk, int Dv, int bf) {
     const int C = 2 * Hk * Dk + Hv * Dv, KD = Hk * Dk, BT = GDNREF_BT;
-    double *gam = malloc(sizeof(double) * BT), *Lm = malloc(sizeof(double) * BT * BT),
-           *P = malloc(sizeof(double) * BT * BT);
-    double *U = malloc(sizeof(double) * BT * Dv), *W = malloc(sizeof(double) * BT * Dk);
-    double *Vp = malloc(sizeof(double) * BT * Dv), *Sn = malloc(sizeof(double) * Dk * Dv);
+    double *gam = (double *)malloc(sizeof(double) * BT), *Lm = (double *)malloc(sizeof(double) * BT * BT);
+    double *P = (double *)malloc(sizeof(double) * BT * BT), *U = (double *)malloc(sizeof(double) * BT * Dv);
+    double *W = (double *)malloc(sizeof(double) * BT * Dk), *Vp = (double *)malloc(sizeof(double) * BT * Dv);
+    double *Sn = (double *)malloc(sizeof(double) * Dk * Dv);
 #define RB(x) (bf ? gdnref_bf(x) : (double)(x))
     for (int h = 0; h < Hv; h++) {
         double *Sh = S + (size_t)h * Dk * Dv;
