@@ -52,12 +52,20 @@ constexpr int STATE_SMEM_FLOATS = 2 * BT * LDR + BT * LDK + BT * LDP + DK * LDS 
 
 __device__ __forceinline__ float softplus_c(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// x0, x1 rounded to bf16 (nearest even), packed as an mma operand register: x0 in the low half.
+__device__ __forceinline__ uint32_t bf2(float x0, float x1) {
+#ifdef GDN_HOST_EMU
+    return pack2(f2bf16(x0), f2bf16(x1));
+#else
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(d) : "f"(x0), "f"(x1));   // first source -> high half
+    return d;
+#endif
+}
+// hi = bf16(x), lo = bf16(x - hi), packed pairwise: hi + lo carries ~16 mantissa bits.
 __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
-    uint16_t h0, l0, h1, l1;
-    split_bf16(x0, &h0, &l0);
-    split_bf16(x1, &h1, &l1);
-    hi = pack2(h0, h1);
-    lo = pack2(l0, l1);
+    hi = bf2(x0, x1);
+    lo = bf2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
 }
 
 // One warp: acc[nt] (rows 0..15, cols 8 nt .. 8 nt + 7) += sum_{k < K} A(i, k) B(k, j), K % 16 == 0.
@@ -86,7 +94,7 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float *As, i
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             if constexpr (EXACT) split2(a[2 * q], a[2 * q + 1], ah[q], al[q]);
-            else ah[q] = pack2(f2bf16(a[2 * q]), f2bf16(a[2 * q + 1]));
+            else ah[q] = bf2(a[2 * q], a[2 * q + 1]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -110,7 +118,7 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float *As, i
                 mma_bf16(acc[nt], ah, bl0, bl1);
                 mma_bf16(acc[nt], ah, bh0, bh1);
             } else {
-                mma_bf16(acc[nt], ah, pack2(f2bf16(bv[0]), f2bf16(bv[1])), pack2(f2bf16(bv[2]), f2bf16(bv[3])));
+                mma_bf16(acc[nt], ah, bf2(bv[0], bv[1]), bf2(bv[2], bv[3]));
             }
         }
     }
@@ -295,12 +303,14 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
         }
         cp_async_commit();
     };
+    // cp.async groups in flight: W/q/gam of chunk ch (issued during chunk ch - 1), then K/P of
+    // chunk ch (issued at the top of chunk ch, landing while step b runs).
     load_wq(0);
     for (int ch = 0; ch < NC; ch++) {
         const int t0 = ch * BT;
         load_kp(ch);
-        cp_async_wait<0>();
-        __syncthreads();   // also: the state slice is in place (first chunk)
+        cp_async_wait<1>();   // W, q, gam of this chunk landed (K, P may still fly)
+        __syncthreads();      // ... for every thread; also: the state slice is in place (first chunk)
         const float gl = gs[BT - 1];
 
         // b. V' = U - W S and Q S (rows m0 .. m0 + 15 of this warp), U read from o
@@ -336,7 +346,8 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
                 aq[nt][2 * hf + 1] *= eg;
             }
         }
-        __syncthreads();   // V' complete; W, q and gam free; nobody reads S until the next chunk
+        cp_async_wait<0>();   // K, P of this chunk landed
+        __syncthreads();      // ... for every thread; V' complete; W, q, gam free; S unread until the next chunk
         if (ch + 1 < NC) load_wq(ch + 1);
 
         // c. O = diag(e^gam) Q S + P V' (P is lower triangular: k up to m0 + 16)

@@ -86,6 +86,11 @@ static inline float emu_bf(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static inline uint16_t f2bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
