@@ -68,15 +68,18 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_
     lo = bf2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
 }
 
-// One warp: acc[nt] (rows 0..15, cols 8 nt .. 8 nt + 7) += sum_{k < K} A(i, k) B(k, j), K % 16 == 0.
+// One warp: acc[nt] (rows 0..15, cols 8 nt .. 8 nt + 7) += sum_{k < K} A(i, k) B(k, j), K % 16 == 0,
+// K <= KMAX; the k loop is unrolled UNROLL times.
 //   A(i, k) = A_KMAJ ? As[k * lda + i] : As[i * lda + k]
 //   B(k, j) = B_NMAJ ? Bs[j * ldb + k] : Bs[k * ldb + j]
 // Operands are fp32 in shared memory, rounded to bf16 (or split hi + lo when EXACT) as loaded.
-template <bool EXACT, bool A_KMAJ, bool B_NMAJ, int NT>
+template <bool EXACT, bool A_KMAJ, bool B_NMAJ, int NT, int KMAX, int UNROLL = KMAX / 16>
 __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float *As, int lda, const float *Bs, int ldb,
                                          int K) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane >> 2, c = lane & 3;
-    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll(UNROLL)
+    for (int k0 = 0; k0 < KMAX; k0 += 16) {
+        if (k0 >= K) break;
         float a[8];   // fragment order: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8), each k and k + 1
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -188,8 +191,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) kk[nt][i] = qk[nt][i] = 0;
-        warp_mma<EXACT, false, true, 4>(kk, Ks + m0 * LDR, LDR, Ks + n0 * LDR, LDR, DK);
-        warp_mma<EXACT, false, true, 4>(qk, Qs + m0 * LDR, LDR, Ks + n0 * LDR, LDR, DK);
+        warp_mma<EXACT, false, true, 4, DK, 1>(kk, Ks + m0 * LDR, LDR, Ks + n0 * LDR, LDR, DK);
+        warp_mma<EXACT, false, true, 4, DK, 1>(qk, Qs + m0 * LDR, LDR, Ks + n0 * LDR, LDR, DK);
         float *Pc = Pg + ((size_t)h * NC + ch) * BT * BT;
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
@@ -330,8 +333,8 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) aw[nt][i] = aq[nt][i] = 0;
-        warp_mma<EXACT, false, false, 4>(aw, Ws + m0 * LDR, LDR, Ss, LDS, DK);
-        warp_mma<EXACT, false, false, 4>(aq, Qs + m0 * LDR, LDR, Ss, LDS, DK);
+        warp_mma<EXACT, false, false, 4, DK>(aw, Ws + m0 * LDR, LDR, Ss, LDS, DK);
+        warp_mma<EXACT, false, false, 4, DK>(aq, Qs + m0 * LDR, LDR, Ss, LDS, DK);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int r = m0 + g + 8 * hf;
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
         if (ch + 1 < NC) load_wq(ch + 1);
 
         // c. O = diag(e^gam) Q S + P V' (P is lower triangular: k up to m0 + 16)
-        warp_mma<EXACT, false, false, 4>(aq, Ps + m0 * LDP, LDP, Vp, LDS, m0 + 16);
+        warp_mma<EXACT, false, false, 4, BT>(aq, Ps + m0 * LDP, LDP, Vp, LDS, m0 + 16);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -375,7 +378,7 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
                     as[nt][2 * hf] = eL * v.x;
                     as[nt][2 * hf + 1] = eL * v.y;
                 }
-            warp_mma<EXACT, true, false, 4>(as, Ks + k0, LDK, Vs, LDS, BT);
+            warp_mma<EXACT, true, false, 4, BT>(as, Ks + k0, LDK, Vs, LDS, BT);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
