@@ -192,8 +192,8 @@ static inline double gdnref_nerr_f(const float *x, const double *ref, size_t n) 
 }
 
 // Random inputs with the model's ranges: q, k L2-normalised (q also / sqrt(Dk)), v ~ [-1, 1),
-// beta = sigmoid(b) over ~(0.05, 0.95), alpha = exp(g) in ~(0.5, 1) when strong == 0 (A_log = 0,
-// dt_bias = 0, a in [-6, -0.5)), down to ~0.05 when strong != 0 (A_log = 1).
+// beta = sigmoid(b) over ~(0.05, 0.95), alpha = exp(g) in ~(0.62, 0.998) when strong == 0 (A_log = 0,
+// dt_bias = 0, a in [-6, -0.5)), in ~(0.003, 0.993) when strong != 0 (A_log = 1, a in [-6, 2)).
 struct gdnref_rng {
     uint64_t s;
 };

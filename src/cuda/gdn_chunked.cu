@@ -411,7 +411,7 @@ __global__ void gdn_gated_norm_warp_kernel(float *o, const float *z, const float
 #ifndef GDN_HOST_EMU
 template <bool EXACT>
 int launch_chunked(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
-                   float *o, float *ws, int T, int Hk, int Hv, cudaStream_t st) {
+                   float *o, float *ws, int T, int Hk, int Hv, int stages, cudaStream_t st) {
     const int NC = CEIL_DIV(T, BT);
     const size_t NCT = (size_t)NC * BT;
     float *Wg = ws, *Pg = Wg + (size_t)Hv * NCT * DK, *Gg = Pg + (size_t)Hv * NCT * BT;
@@ -421,13 +421,19 @@ int launch_chunked(const float *y, const float *b, const float *a, const float *
     if (e != cudaSuccess) return (int)e;
     e = cudaFuncSetAttribute(gdn_chunk_state_kernel<EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, state_smem);
     if (e != cudaSuccess) return (int)e;
-    gdn_chunk_prep_kernel<EXACT><<<dim3(NC, Hv), PREP_THREADS, prep_smem, st>>>(y, b, a, A_log, dt_bias, o, Wg, Pg,
-                                                                               Gg, T, Hk, Hv);
-    int rc = launch_status();
-    if (rc) return rc;
-    gdn_chunk_state_kernel<EXACT><<<dim3(Hv, DV / NS), STATE_THREADS, state_smem, st>>>(y, Wg, Pg, Gg, S, o, T, NC,
-                                                                                       Hk, Hv);
-    return launch_status();
+    if (stages & 1) {
+        gdn_chunk_prep_kernel<EXACT><<<dim3(NC, Hv), PREP_THREADS, prep_smem, st>>>(y, b, a, A_log, dt_bias, o, Wg,
+                                                                                   Pg, Gg, T, Hk, Hv);
+        const int rc = launch_status();
+        if (rc) return rc;
+    }
+    if (stages & 2) {
+        gdn_chunk_state_kernel<EXACT><<<dim3(Hv, DV / NS), STATE_THREADS, state_smem, st>>>(y, Wg, Pg, Gg, S, o, T,
+                                                                                           NC, Hk, Hv);
+        const int rc = launch_status();
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 #endif
@@ -440,19 +446,30 @@ extern "C" long k_gdn_chunked_ws_floats(int T, int Hv, int Dk) {
 }
 
 #ifndef GDN_HOST_EMU
-extern "C" int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
-                             const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
-                             int Hv, int Dk, int Dv, float eps, int exact, void *stream) {
+extern "C" int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                                    const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T,
+                                    int Hk, int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream) {
     if (T <= 0) return 0;
     if (Dk != DK || Dv != DV || Hk <= 0 || Hv % Hk) return (int)cudaErrorInvalidValue;
     const int C = 2 * Hk * Dk + Hv * Dv;
     if (C % 4 || ((uintptr_t)y | (uintptr_t)S | (uintptr_t)o | (uintptr_t)ws) % 16) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-    int rc = exact ? launch_chunked<true>(y, b, a, A_log, dt_bias, S, o, ws, T, Hk, Hv, st)
-                   : launch_chunked<false>(y, b, a, A_log, dt_bias, S, o, ws, T, Hk, Hv, st);
+    int rc = exact ? launch_chunked<true>(y, b, a, A_log, dt_bias, S, o, ws, T, Hk, Hv, stages, st)
+                   : launch_chunked<false>(y, b, a, A_log, dt_bias, S, o, ws, T, Hk, Hv, stages, st);
     if (rc) return rc;
-    const long rows = (long)T * Hv;
-    gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, z, gdn_norm, rows, Dv, eps);
-    return launch_status();
+    if (stages & 4) {
+        const long rows = (long)T * Hv;
+        gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, z, gdn_norm, rows, Dv,
+                                                                                          eps);
+        return launch_status();
+    }
+    return 0;
+}
+
+extern "C" int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                             const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
+                             int Hv, int Dk, int Dv, float eps, int exact, void *stream) {
+    return k_gdn_chunked_stages(y, b, a, z, A_log, dt_bias, gdn_norm, S, o, ws, T, Hk, Hv, Dk, Dv, eps, exact, 7,
+                                stream);
 }
 #endif

@@ -85,6 +85,11 @@ long k_gdn_chunked_ws_floats(int T, int Hv, int Dk);
 int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
                   const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk, int Hv,
                   int Dk, int Dv, float eps, int exact, void *stream);
+// The same, running only some of its kernels (a benchmark's breakdown; stages 7 = k_gdn_chunked):
+// 1 the per-chunk preparation (U, W, P), 2 the state walk over the chunks, 4 the gated norm.
+int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                         const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
+                         int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream);
 
 // MoE routing: softmax over E logits per token, top-k (ties: lower id), renormalised.
 // ids [T, k], w [T, k]. E <= 1024, k <= 32.

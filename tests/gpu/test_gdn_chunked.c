@@ -129,17 +129,24 @@ static void free_inputs(struct inputs *in) {
     CK(cudaFree(in->dgn));
 }
 
-// Runs one kernel (mode -1: recurrent; 0: chunked bf16; 1: chunked exact) over rows [t0, t0 + n)
-// of the inputs, from the state in dS (updated), into the poisoned dO rows.
-static void run_mode(const struct inputs *in, int mode, int t0, int n, float *dS, float *dO, float *dws) {
+// Runs one kernel (mode -1: recurrent; 0: chunked bf16; 1: chunked exact; stages as
+// k_gdn_chunked_stages, 7 = all) over rows [t0, t0 + n) of the inputs, from the state in dS
+// (updated), into the poisoned dO rows.
+static void run_stages(const struct inputs *in, int mode, int stages, int t0, int n, float *dS, float *dO, float *dws) {
     const float *y = in->dy + (size_t)t0 * C, *b = in->db + (size_t)t0 * HV, *a = in->da + (size_t)t0 * HV;
     const float *z = in->dz + (size_t)t0 * VD;
     float *o = dO + (size_t)t0 * VD;
     if (mode < 0)
         CKL(k_gdn_recurrent(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, n, HK, HV, DK, DV, EPS, NULL));
-    else
+    else if (stages == 7)
         CKL(k_gdn_chunked(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, dws, n, HK, HV, DK, DV, EPS, mode, NULL));
+    else
+        CKL(k_gdn_chunked_stages(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, dws, n, HK, HV, DK, DV, EPS, mode,
+                                 stages, NULL));
     CK(cudaGetLastError());
+}
+static void run_mode(const struct inputs *in, int mode, int t0, int n, float *dS, float *dO, float *dws) {
+    run_stages(in, mode, 7, t0, n, dS, dO, dws);
 }
 
 // One case: every mode on the same inputs and starting state; split > 0 runs each mode as two
@@ -203,16 +210,16 @@ static int cmp_float(const void *x, const void *y) {
     return a < b ? -1 : a > b;
 }
 
-// Median of 20 timed calls after 3 warm-up calls, in ms.
-static double time_mode(const struct inputs *in, int mode, float *dS, float *dO, float *dws) {
+// Median of 20 timed calls after 3 warm-up calls, in ms (stages: see k_gdn_chunked_stages).
+static double time_mode(const struct inputs *in, int mode, int stages, float *dS, float *dO, float *dws) {
     enum { WARM = 3, REPS = 20 };
     cudaEvent_t ev[REPS + 1];
     for (int i = 0; i <= REPS; i++) CK(cudaEventCreate(&ev[i]));
-    for (int i = 0; i < WARM; i++) run_mode(in, mode, 0, in->T, dS, dO, dws);
+    for (int i = 0; i < WARM; i++) run_stages(in, mode, stages, 0, in->T, dS, dO, dws);
     CK(cudaDeviceSynchronize());
     CK(cudaEventRecord(ev[0], 0));
     for (int i = 0; i < REPS; i++) {
-        run_mode(in, mode, 0, in->T, dS, dO, dws);
+        run_stages(in, mode, stages, 0, in->T, dS, dO, dws);
         CK(cudaEventRecord(ev[i + 1], 0));
     }
     CK(cudaEventSynchronize(ev[REPS]));
@@ -254,14 +261,20 @@ int main(int argc, char **argv) {
         const long wsf = k_gdn_chunked_ws_floats(T, HV, DK);
         float *dws = dmalloc(sizeof(float) * (size_t)wsf), *dS = dup_d(in.S0, sizeof(float) * ns),
               *dO = dmalloc(sizeof(float) * no);
-        const double tr = time_mode(&in, -1, dS, dO, dws), tb = time_mode(&in, 0, dS, dO, dws),
-                     tx = time_mode(&in, 1, dS, dO, dws);
+        const double tr = time_mode(&in, -1, 7, dS, dO, dws), tb = time_mode(&in, 0, 7, dS, dO, dws),
+                     tx = time_mode(&in, 1, 7, dS, dO, dws);
+        double st[2][3];   // [bf16, exact][prep, state, norm]
+        for (int m = 0; m < 2; m++)
+            for (int k = 0; k < 3; k++) st[m][k] = time_mode(&in, m, 1 << k, dS, dO, dws);
         printf("\n  T = 4096, one layer (gated norm included), median of 20   workspace %.1f MB\n",
                wsf * 4.0 / 1048576.0);
-        printf("  %-16s %9s %12s %9s\n", "kernel", "ms/layer", "x30 layers", "speedup");
+        printf("  %-16s %9s %12s %9s   %s\n", "kernel", "ms/layer", "x30 layers", "speedup",
+               "stages alone: prep / state / norm (ms)");
         printf("  %-16s %9.3f %12.1f %9s\n", "recurrent", tr, 30 * tr, "1.0x");
-        printf("  %-16s %9.3f %12.1f %8.1fx\n", "chunked bf16", tb, 30 * tb, tr / tb);
-        printf("  %-16s %9.3f %12.1f %8.1fx\n", "chunked exact", tx, 30 * tx, tr / tx);
+        printf("  %-16s %9.3f %12.1f %8.1fx   %.3f / %.3f / %.3f\n", "chunked bf16", tb, 30 * tb, tr / tb, st[0][0],
+               st[0][1], st[0][2]);
+        printf("  %-16s %9.3f %12.1f %8.1fx   %.3f / %.3f / %.3f\n", "chunked exact", tx, 30 * tx, tr / tx, st[1][0],
+               st[1][1], st[1][2]);
         CK(cudaFree(dws));
         CK(cudaFree(dS));
         CK(cudaFree(dO));
