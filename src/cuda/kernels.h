@@ -76,6 +76,21 @@ int k_gdn_recurrent(const float *y, const float *b, const float *a, const float 
                     const float *dt_bias, const float *gdn_norm, float *S, float *o, int T, int Hk, int Hv, int Dk,
                     int Dv, float eps, void *stream);
 
+// The same rule, chunked (MODEL.md §4, chunks of 64) on the tensor cores, with the gated RMSNorm:
+// the same inputs and outputs as k_gdn_recurrent (S updated, o [T, Hv*Dv] normed). Dk = Dv = 128
+// only; y, S, o and ws 16-byte aligned. ws: k_gdn_chunked_ws_floats(T, Hv, Dk) floats of scratch.
+// exact 0: bf16 operands, fp32 accumulate (normalised error vs the fp32 recurrence ~3e-3);
+// exact 1: operands split into bf16 hi + lo (three products), ~1e-5. The state stays fp32.
+long k_gdn_chunked_ws_floats(int T, int Hv, int Dk);
+int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                  const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk, int Hv,
+                  int Dk, int Dv, float eps, int exact, void *stream);
+// The same, running only some of its kernels (a benchmark's breakdown; stages 7 = k_gdn_chunked):
+// 1 the per-chunk preparation (U, W, P), 2 the state walk over the chunks, 4 the gated norm.
+int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const float *z, const float *A_log,
+                         const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
+                         int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream);
+
 // MoE routing: softmax over E logits per token, top-k (ties: lower id), renormalised.
 // ids [T, k], w [T, k]. E <= 1024, k <= 32.
 int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *stream);
