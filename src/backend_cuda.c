@@ -47,6 +47,7 @@ struct scratch {
     int *ids, *slots;                        // [T, k]
     int32_t *tokens;                         // [T]
     int *rows;                               // [T + 1] wanted rows
+    float *gdn_ws;                           // the chunked delta rule's workspace (NULL: recurrent)
     int32_t *h_tokens;                       // pinned [T]
     int *h_rows;                             // pinned [T + 1]
 };
@@ -79,6 +80,7 @@ struct cuda_engine {
     long part_floats;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
+    int prefill_exact;                       // chunked delta rule: 1 operands split hi + lo, 0 bf16
 };
 
 struct cuda_seq {
@@ -206,12 +208,16 @@ static void free_scratch(struct scratch *s) {
     }
     cudaFree(s->ids);
     cudaFree(s->slots);
+    cudaFree(s->gdn_ws);
     cudaFree(s->tokens);
     cudaFree(s->rows);
     cudaFreeHost(s->h_tokens);
     cudaFreeHost(s->h_rows);
     memset(s, 0, sizeof *s);
 }
+
+// The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128).
+static int gdn_chunked_fits(const struct geometry *g) { return g->lin_k_dim == 128 && g->lin_v_dim == 128; }
 
 // Scratch for chunks of up to T tokens (grows; never shrinks).
 static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
@@ -244,6 +250,15 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         if (r != cudaSuccess) {
             snprintf(err, errlen, "cudaMalloc of %zu bytes of scratch for %d tokens failed: %s", a[i].bytes, T,
                      cudaGetErrorString(r));
+            cudaGetLastError();
+            free_scratch(s);
+            return -1;
+        }
+    }
+    if (gdn_chunked_fits(g) && T > 1) {
+        const size_t bytes = (size_t)k_gdn_chunked_ws_floats(T, g->lin_v_heads, g->lin_k_dim) * sizeof(float);
+        if (cudaMalloc((void **)&s->gdn_ws, bytes) != cudaSuccess) {
+            snprintf(err, errlen, "cudaMalloc of %zu bytes of DeltaNet workspace for %d tokens failed", bytes, T);
             cudaGetLastError();
             free_scratch(s);
             return -1;
@@ -374,6 +389,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const char *dm = getenv("CALLA_DECODE"), *pdl = getenv("CALLA_PDL");
     ce->decode_mode = dm && !strcmp(dm, "legacy") ? DEC_LEGACY : dm && !strcmp(dm, "eager") ? DEC_EAGER : DEC_GRAPH;
     k_set_pdl(!(pdl && !strcmp(pdl, "0")));
+    const char *fast = getenv("CALLA_PREFILL_FAST");
+    ce->prefill_exact = !(fast && !strcmp(fast, "1"));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;
@@ -667,8 +684,13 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             KL(mm(&L->in_a, b->u, T, b->aa, st));
             KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                           g->lin_k_dim, st));
-            KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
-                               g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
+            if (b->gdn_ws && T > 1)   // chunks of 64 tokens on the tensor cores (this model's heads)
+                KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, b->gdn_ws,
+                                 T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, ce->prefill_exact,
+                                 st));
+            else
+                KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
+                                   g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
             KL(mm(&L->out_proj, b->og, T, b->d, st));
         }
         KL(k_add(b->x, b->d, (long)T * H, st));

@@ -43,6 +43,16 @@ print(f"one decode step at 4K, eager: {sum(n for n, t in tot.values())} kernels,
 for k, (n, t) in sorted(tot.items(), key=lambda x: -x[1][1]): print(f"{k:42s} {n:4d} {t:9.1f} us {t/n:7.2f} us/launch")
 PY
 fi
+if has ncugate; then   # every section for one launch of each MoE kernel in a real decode step
+    full
+    for k in dv_gateup_kernel dv_down_kernel; do
+        ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis -k regex:$k --launch-count 1 \
+            "$b/gpu/test_cuda_decode" profile /tmp/calla-full 4096 >"$out/ncu-$k.txt" 2>&1
+        grep -E "Duration|DRAM Throughput|L1/TEX Cache|Achieved Occupancy|Warp Cycles Per Issued|Est. Local|stalled|Grid Size" \
+            "$out/ncu-$k.txt" | head -14
+    done
+fi
 if has small; then
     for g in tiny small; do "$b/calla" synth --geometry $g --seed 1 --out /tmp/calla-$g >/dev/null; done
     "$b/gpu/test_cuda_decode" e2e /tmp/calla-tiny 64 32 2>&1 | tee "$out/e2e-tiny.txt" | tail -9
@@ -52,5 +62,11 @@ if has full; then
     full
     for c in $ctxs; do
         "$b/gpu/test_cuda_decode" e2e /tmp/calla-full $c 48 2>&1 | tee "$out/e2e-full-$c.txt" | tail -8
+    done
+fi
+if has bench; then
+    full
+    for c in $ctxs; do
+        "$b/calla" bench --model /tmp/calla-full --context $c --decode 64 --backend cuda --json "$out/bench-$c.json" 2>&1 | tail -1
     done
 fi

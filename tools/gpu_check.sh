@@ -4,13 +4,13 @@
 #   make gpu-check                      builds build/calla and build/gpu/*, runs everything
 #   tools/gpu_check.sh build            runs with binaries already built (a carried build)
 # Environment:
-#   GPU_CHECK_STAGES   which stages (default "kernels kspeed small sanitizer full timing bench";
-#                      also "racecheck")
+#   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full timing
+#                      bench"; also "racecheck")
 #   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
 B=${1:-build}
-STAGES=${GPU_CHECK_STAGES:-kernels kspeed small sanitizer full timing bench}
+STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full timing bench}
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 TMP=${GPU_CHECK_TMP:-/tmp}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -38,6 +38,14 @@ for st in $STAGES; do
     case $st in
     kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" $RANDOM ;;
     kspeed) run_step "prefill kernel speed (no asserts)" "$B/gpu/bench_cuda_kernels" 4096 ;;
+    decode)   # the fused decode kernels against a double reference (and their GB/s), then the
+              # decode paths (graph, eager, legacy) against each other and the CPU oracle
+        "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
+        "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
+        run_step "decode kernel lab" "$B/gpu/test_cuda_decode" lab
+        run_step "decode paths tiny 64+32" "$B/gpu/test_cuda_decode" e2e "$TMP/calla-tiny" 64 32
+        run_step "decode paths small 300+16" "$B/gpu/test_cuda_decode" e2e "$TMP/calla-small" 300 16 ;;
+    gdn) run_step "chunked delta rule vs recurrence" "$B/gpu/test_gdn_chunked" ;;
     small)
         "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
@@ -59,7 +67,8 @@ for st in $STAGES; do
     full)
         [ -f "$TMP/calla-full/config.json" ] ||
             run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full"
-        run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32 ;;
+        run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32
+        run_step "decode paths FULL 4096+48" timeout 300 "$B/gpu/test_cuda_decode" e2e "$TMP/calla-full" 4096 48 ;;
     timing)
         run_step "timing full ctx 4096 (warm)" "$B/gpu/test_cuda_timing" "$TMP/calla-full" 4096 32 1
         run_step "timing full ctx 65536 (cold)" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} \

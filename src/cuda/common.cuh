@@ -72,8 +72,9 @@ static __device__ void route_block(const float *x, int E, int k, float *p, int *
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         const float pe = p[e];
-        int rank = 0;
-        for (int j = 0; j < E && rank < k; j++) {
+        int rank = 0;   // no early exit: the comparisons are independent and pipeline
+#pragma unroll 16
+        for (int j = 0; j < E; j++) {
             const float pj = p[j];
             rank += pj > pe || (pj == pe && j < e);
         }

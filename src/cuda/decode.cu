@@ -41,15 +41,19 @@ static int sm_count(void) {
 // Code byte `sel` of v (bits 0..7 of that byte) as a float: 2^23 + code under the exponent, minus 2^23.
 #define CODE_F(v, sel) (__int_as_float((int)__byte_perm((v), 0x4B000000u, 0x7440u | (sel))) - 8388608.0f)
 
-// d[i] += sum_j code_ij * x[j] over one 16-byte chunk of codes of each of RW rows (32 4-bit or 16
-// 8-bit codes, first in the low bits); x in shared memory (16-byte aligned), read once for all rows.
+// The staged input lives in shared memory as float4 units, unit u at swz(u): the lanes of a warp
+// read the same unit of consecutive chunks (8 units apart for 4-bit codes, 4 for 8-bit), which
+// would all fall in the same four banks; the swizzle spreads them over all 32.
+static __device__ __forceinline__ int swz(int u) { return u ^ ((u >> 3) & 7); }
+
+// d[i] += sum_j code_ij * x[j] over chunk c (16 bytes of codes: 32 4-bit or 16 8-bit, first in the
+// low bits) of each of RW rows; x4: the swizzled input, read once for all rows.
 template <int BITS, int RW>
-static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const float *x, float (&d)[RW]) {
-    const float4 *x4 = (const float4 *)x;
+static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const float4 *x4, int c, float (&d)[RW]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         if (BITS == 4) {
-            const float4 a = x4[2 * i], b = x4[2 * i + 1];
+            const float4 a = x4[swz(8 * c + 2 * i)], b = x4[swz(8 * c + 2 * i + 1)];
 #pragma unroll
             for (int r = 0; r < RW; r++) {
                 const uint32_t w = i == 0 ? q[r].x : i == 1 ? q[r].y : i == 2 ? q[r].z : q[r].w;
@@ -65,7 +69,7 @@ static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const flo
                 d[r] += d0 + d1;
             }
         } else {
-            const float4 a = x4[i];
+            const float4 a = x4[swz(4 * c + i)];
 #pragma unroll
             for (int r = 0; r < RW; r++) {
                 const uint32_t w = i == 0 ? q[r].x : i == 1 ? q[r].y : i == 2 ? q[r].z : q[r].w;
@@ -123,12 +127,12 @@ static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes
             s1[i] = bf16f(r[i].s[c1 / CPG]), b1[i] = bf16f(r[i].b[c1 / CPG]);
         }
         float d0[RW] = {}, d1[RW] = {};
-        chunk_dot<BITS, RW>(q0, xs + c0 * CODES, d0);
+        chunk_dot<BITS, RW>(q0, (const float4 *)xs, c0, d0);
         const float xsum0 = BITS == 4 ? xs16[2 * c0] + xs16[2 * c0 + 1] : xs16[c0];
 #pragma unroll
         for (int i = 0; i < RW; i++) acc[i] = fmaf(s0[i], d0[i], fmaf(b0[i], xsum0, acc[i]));
         if (two) {
-            chunk_dot<BITS, RW>(q1, xs + c1 * CODES, d1);
+            chunk_dot<BITS, RW>(q1, (const float4 *)xs, c1, d1);
             const float xsum1 = BITS == 4 ? xs16[2 * c1] + xs16[2 * c1 + 1] : xs16[c1];
 #pragma unroll
             for (int i = 0; i < RW; i++) acc[i] = fmaf(s1[i], d1[i], fmaf(b1[i], xsum1, acc[i]));
@@ -152,6 +156,7 @@ static __device__ __forceinline__ void prefetch_range(const void *p, size_t n, i
 // Copy n floats (n % 4 == 0, 16-byte aligned) from global to shared memory with 8 float4 loads in
 // flight per thread. (A plain `dst[i] = src[i]` loop serialises: the compiler cannot move the next
 // load above a store through a generic pointer, so each iteration would wait a full round trip.)
+template <bool SWZ>
 static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n) {
     const float4 *s4 = (const float4 *)src;
     float4 *d4 = (float4 *)dst;
@@ -166,12 +171,12 @@ static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, con
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
-            if (i < n4) d4[i] = v[j];
+            if (i < n4) d4[SWZ ? swz(i) : i] = v[j];
         }
     }
 }
 
-// xs[i] *= r * w[i] over n floats (n % 4 == 0), the same batching.
+// xs[i] *= r * w[i] over n floats (n % 4 == 0; xs swizzled), the same batching.
 static __device__ __forceinline__ void smem_scale(float *__restrict__ xs, const float *__restrict__ w, float r, int n) {
     const float4 *w4 = (const float4 *)w;
     float4 *x4 = (float4 *)xs;
@@ -187,18 +192,18 @@ static __device__ __forceinline__ void smem_scale(float *__restrict__ xs, const 
         for (int j = 0; j < 8; j++) {
             const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
             if (i < n4) {
-                const float4 x = x4[i];
-                x4[i] = make_float4(x.x * r * v[j].x, x.y * r * v[j].y, x.z * r * v[j].z, x.w * r * v[j].w);
+                const float4 x = x4[swz(i)];
+                x4[swz(i)] = make_float4(x.x * r * v[j].x, x.y * r * v[j].y, x.z * r * v[j].z, x.w * r * v[j].w);
             }
         }
     }
 }
 
-// The sums of 16 consecutive inputs (the bias term of a group is bias * sum(x)).
+// The sums of 16 consecutive inputs (the bias term of a group is bias * sum(x)); xs swizzled.
 static __device__ __forceinline__ void sums16(const float *xs, float *xs16, int n) {
+    const float4 *x4 = (const float4 *)xs;
     for (int c = threadIdx.x; c < n / 16; c += blockDim.x) {
-        const float4 *x4 = (const float4 *)(xs + c * 16);
-        const float4 a = x4[0], b = x4[1], e = x4[2], f = x4[3];
+        const float4 a = x4[swz(4 * c)], b = x4[swz(4 * c + 1)], e = x4[swz(4 * c + 2)], f = x4[swz(4 * c + 3)];
         xs16[c] = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w + e.x + e.y + e.z + e.w + f.x + f.y + f.z + f.w;
     }
 }
@@ -208,30 +213,38 @@ static __device__ __forceinline__ void sums16(const float *xs, float *xs16, int 
 static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs16, float *zs) {
     __shared__ float sh[32];
     const int K = d.K;
-    copy_to_smem(xs, d.x, K);
-    if (d.in_mode == DV_IN_GATED) copy_to_smem(zs, d.z, K);
+    copy_to_smem<true>(xs, d.x, K);
+    if (d.in_mode == DV_IN_GATED) copy_to_smem<false>(zs, d.z, K);
     __syncthreads();
     if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, MODEL.md §2.2)
         float ss = 0;
-        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];
+        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
         ss = block_sum(ss, sh);
         smem_scale(xs, d.norm_w, 1.0f / sqrtf(ss / (float)K + d.eps), K);
     } else if (d.in_mode == DV_IN_GATED) {   // per head: w * (o * rsqrt(mean(o^2) + eps)) * silu(z)
         const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, nw = blockDim.x / WARP_SIZE;
+        float4 *x4 = (float4 *)xs;
+        const float4 *z4 = (const float4 *)zs, *w4 = (const float4 *)d.norm_w;
+        const int U = d.Dv / 4;   // units per head
         for (int h = warp; h < d.Hv; h += nw) {
-            float *o = xs + (size_t)h * d.Dv;
-            const float *z = zs + (size_t)h * d.Dv;
             float ss = 0;
-            for (int i = lane; i < d.Dv; i += WARP_SIZE) ss += o[i] * o[i];
+            for (int i = lane; i < U; i += WARP_SIZE) {
+                const float4 o = x4[swz(h * U + i)];
+                ss += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
+            }
             ss = warp_sum(ss);
             const float r = 1.0f / sqrtf(ss / (float)d.Dv + d.eps);
-            for (int i = lane; i < d.Dv; i += WARP_SIZE) o[i] = __ldg(d.norm_w + i) * (o[i] * r) * silu_f(z[i]);
+            for (int i = lane; i < U; i += WARP_SIZE) {
+                const float4 o = x4[swz(h * U + i)], z = z4[h * U + i], w = __ldg(w4 + i);
+                x4[swz(h * U + i)] = make_float4(w.x * (o.x * r) * silu_f(z.x), w.y * (o.y * r) * silu_f(z.y),
+                                                 w.z * (o.z * r) * silu_f(z.z), w.w * (o.w * r) * silu_f(z.w));
+            }
         }
     }
     __syncthreads();
     sums16(xs, xs16, K);
     if (d.x_out && blockIdx.x == 0)
-        for (int i = threadIdx.x; i < K; i += blockDim.x) d.x_out[i] = xs[i];
+        for (int u = threadIdx.x; u < K / 4; u += blockDim.x) ((float4 *)d.x_out)[u] = ((const float4 *)xs)[swz(u)];
     __syncthreads();
 }
 
@@ -410,7 +423,7 @@ extern "C" int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long l
 
 // Stage v [n] into shared memory with the sums of 16 (n a multiple of 16).
 static __device__ void stage_plain(const float *v, int n, float *xs, float *xs16) {
-    copy_to_smem(xs, v, n);
+    copy_to_smem<true>(xs, v, n);
     __syncthreads();
     sums16(xs, xs16, n);
     __syncthreads();
@@ -446,10 +459,10 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
     }
 }
 
-// x[n] += sum_{e <= k} w_e * down_e[n] act_e: a warp per 2 output rows, its lanes over the
-// (expert, chunk) pairs of a row (up to DN_ITEMS each), every load issued before the first use.
+// x[n] += sum_{e <= k} w_e * down_e[n] act_e: a warp per output row, its lanes over the (expert,
+// chunk) pairs of the row (up to DN_ITEMS each), every load issued before the first use.
 enum { DN_ITEMS = 6 };
-static __global__ void __launch_bounds__(DV_THREADS) dv_down_kernel(const struct dv_moe m) {
+static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) float md_smem[];
     const int nx = (m.k + 1) * m.I;
     float *xs = md_smem, *xs16 = xs + nx;
@@ -461,38 +474,29 @@ static __global__ void __launch_bounds__(DV_THREADS) dv_down_kernel(const struct
     if (threadIdx.x <= m.k) ids[threadIdx.x] = m.ids[threadIdx.x], wts[threadIdx.x] = m.w[threadIdx.x];
     stage_plain(m.act, nx, xs, xs16);
     const int cpr = m.I / 32, items = (m.k + 1) * cpr;
-    for (int t = blockIdx.x * DV_WARPS + warp; t < CEIL_DIV(m.H, 2); t += gridDim.x * DV_WARPS) {
-        uint4 q[DN_ITEMS][2];
-        float sc[DN_ITEMS][2], bi[DN_ITEMS][2];
+    for (int n = blockIdx.x * DV_WARPS + warp; n < m.H; n += gridDim.x * DV_WARPS) {
+        uint4 q[DN_ITEMS][1];
+        float sc[DN_ITEMS], bi[DN_ITEMS];
 #pragma unroll
         for (int j = 0; j < DN_ITEMS; j++) {
             const int it = min(lane + j * WARP_SIZE, items - 1), e = it / cpr, c = it % cpr;
             const bool shared = e == m.k;
-            const size_t base = shared ? 0 : (size_t)ids[e] * m.H;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const qrow r = qrow_of(shared ? m.sdown : m.down, base + (size_t)min(2 * t + i, m.H - 1));
-                q[j][i] = __ldg(r.w + c);
-                sc[j][i] = bf16f(r.s[c / 2]), bi[j][i] = bf16f(r.b[c / 2]);
-            }
+            const qrow r = qrow_of(shared ? m.sdown : m.down, (shared ? 0 : (size_t)ids[e] * m.H) + n);
+            q[j][0] = __ldg(r.w + c);
+            sc[j] = bf16f(r.s[c / 2]), bi[j] = bf16f(r.b[c / 2]);
         }
-        float acc[2] = {0, 0};
+        float acc = 0;
 #pragma unroll
         for (int j = 0; j < DN_ITEMS; j++) {
             const int it = lane + j * WARP_SIZE, e = it / cpr, c = it % cpr;
             if (it >= items) break;
             const float xsum = xs16[(e * m.I + c * 32) / 16] + xs16[(e * m.I + c * 32) / 16 + 1];
-            float d[2] = {0, 0};
-            chunk_dot<4, 2>(q[j], xs + (size_t)e * m.I + c * 32, d);
-#pragma unroll
-            for (int i = 0; i < 2; i++) acc[i] = fmaf(wts[e], fmaf(sc[j][i], d[i], bi[j][i] * xsum), acc[i]);
+            float d[1] = {0};
+            chunk_dot<4, 1>(q[j], (const float4 *)xs, e * m.I / 32 + c, d);
+            acc = fmaf(wts[e], fmaf(sc[j], d[0], bi[j] * xsum), acc);
         }
-        acc[0] = warp_sum(acc[0]);
-        acc[1] = warp_sum(acc[1]);
-        if (lane == 0) {
-            m.x[2 * t] += acc[0];
-            if (2 * t + 1 < m.H) m.x[2 * t + 1] += acc[1];
-        }
+        acc = warp_sum(acc);
+        if (lane == 0) m.x[n] += acc;
     }
 }
 
@@ -513,7 +517,7 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
         return (int)cudaErrorInvalidValue;
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
-    return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(CEIL_DIV(m->H, 2), DV_THREADS, smem)),
+    return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)),
                     dim3(DV_THREADS), smem, stream, *m);
 }
 
