@@ -14,6 +14,9 @@
 // one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
 // first version's kernels, kept for A/B measurement); CALLA_PDL=0 turns dependent launch off.
+// Prefill runs the DeltaNet layers as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with
+// operands split hi + lo (CALLA_PREFILL_FAST=1: bf16 operands; CALLA_PREFILL_GDN=recurrent: the
+// token-by-token kernel).
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -217,7 +220,12 @@ static void free_scratch(struct scratch *s) {
 }
 
 // The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128).
-static int gdn_chunked_fits(const struct geometry *g) { return g->lin_k_dim == 128 && g->lin_v_dim == 128; }
+// CALLA_PREFILL_GDN=recurrent keeps the token-by-token recurrence (8x slower on a 4K chunk), whose
+// results do not depend on where a prompt is cut (the chunked rule's differ by rounding).
+static int gdn_chunked_fits(const struct geometry *g) {
+    const char *m = getenv("CALLA_PREFILL_GDN");
+    return g->lin_k_dim == 128 && g->lin_v_dim == 128 && !(m && !strcmp(m, "recurrent"));
+}
 
 // Scratch for chunks of up to T tokens (grows; never shrinks).
 static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {

@@ -13,6 +13,7 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,9 +227,23 @@ int main(int argc, char **argv) {
             double ne = nerr(lk + (size_t)r * V, lg + (size_t)r * V, V);
             w = ne > w ? ne : w;
         }
-        int ok = w <= 1e-3 && tk[0] == tg[0];
+        // The bound. With the token-by-token recurrence (test geometries, or CALLA_PREFILL_GDN=
+        // recurrent) a cut changes nothing but the attention tiles' order: 1e-3. With the chunked
+        // delta rule (this model's heads, the default) each call groups its tokens in chunks of 64
+        // from its own start, so cutting at 16 computes the same recurrence in another grouping:
+        // rounding only (the kernel agrees with the recurrence to ~7e-6 across calls,
+        // test_gdn_chunked T 130+170), which the random full-shape network amplifies as it does
+        // the decode-vs-prefill summation order measured above. Measured on the H200
+        // (2026-11-30): chunks of 16 vs one chunk 3.1e-2 max against a self-sensitivity of 5.6e-2
+        // max. So there the bound is twice that measured sensitivity; the next token must agree.
+        const char *gdn = getenv("CALLA_PREFILL_GDN");
+        const struct geometry *geo = engine_geometry(eg);
+        const bool chunked_gdn = geo->lin_k_dim == 128 && geo->lin_v_dim == 128 && !(gdn && !strcmp(gdn, "recurrent"));
+        const double tol = chunked_gdn && 2 * self_max > 1e-3 ? 2 * self_max : 1e-3;
+        int ok = w <= tol && tk[0] == tg[0];
         fails += !ok;
-        printf("CHECK chunks of 16 vs one chunk: nerr max %.3e  %s\n", w, ok ? "PASS" : "FAIL");
+        printf("CHECK chunks of 16 vs one chunk: nerr max %.3e (tol %.1e, %s delta rule), next %d vs %d  %s\n", w, tol,
+               chunked_gdn ? "chunked" : "recurrent", tk[0], tg[0], ok ? "PASS" : "FAIL");
         free(lk);
     }
     // 4. determinism: a second identical run, bitwise
