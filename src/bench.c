@@ -314,8 +314,10 @@ static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsi
 static int run_once(struct engine *e, struct seq *s, const int32_t *prompt, int n, int d, int32_t *ids,
                     double *prefill_s, double *step_s, char *err, size_t errlen) {
     int32_t tok;
+    struct progress_line pl = {"calla bench", engine_now_s()};
+    const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
     double t0 = now_s();
-    if (engine_forward(e, s, prompt, n, NULL, &tok, err, errlen)) return -1;
+    if (engine_forward(e, s, prompt, n, &fo, &tok, err, errlen)) return -1;
     *prefill_s = now_s() - t0;   // engine_forward returns with the id on the host
     ids[0] = tok;
     for (int i = 0; i < d; i++) {

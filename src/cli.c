@@ -242,7 +242,9 @@ int cmd_run(int argc, char **argv) {
     }
     double t0 = now_s();
     int32_t tok;
-    if (engine_forward(e, s, prompt, n_prompt, NULL, &tok, err, sizeof err)) {
+    struct progress_line pl = {"calla run", engine_now_s()};
+    const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
+    if (engine_forward(e, s, prompt, n_prompt, &fo, &tok, err, sizeof err)) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out_seq;
     }

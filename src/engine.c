@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static const struct backend_ops *pick_backend(const char *name, char *err, size_t errlen) {
     if (name && !strcmp(name, "cpu")) return &backend_cpu;
@@ -111,6 +113,20 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
     return 0;
 }
 
+double engine_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void progress_line(void *arg, int done, int total) {
+    const struct progress_line *p = arg;
+    if (total <= QWEN_PREFILL_CHUNK || !isatty(STDERR_FILENO)) return;
+    fprintf(stderr, "\r%s: prefill %d / %d tokens (%d%%), %.1f s%s", p->who, done, total,
+            (int)(100.0 * done / total), engine_now_s() - p->t0, done == total ? "\n" : "");
+    fflush(stderr);
+}
+
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen) {
     static const struct forward_opts none = {0};
@@ -153,6 +169,7 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         if (e->ops->forward_chunk(e, s, tokens + off, m, rows, nr, lg, next, err, errlen)) return ENGINE_ERROR;
         r += nr;
         s->pos += m;
+        if (o->progress) o->progress(o->progress_arg, off + m, n);
     }
     return ENGINE_OK;
 }

@@ -30,6 +30,10 @@ struct forward_opts {
     int chunk;                  // prefill chunk (0: QWEN_PREFILL_CHUNK)
     bool (*cancelled)(void *);  // checked between chunks; forward returns ENGINE_CANCELLED
     void *cancel_arg;
+    // Called after each chunk with the tokens of this call done so far and its total (a prefill's
+    // progress: the CLI's progress line, the server's /metrics). NULL: not called.
+    void (*progress)(void *arg, int done, int total);
+    void *progress_arg;
 };
 
 enum { ENGINE_OK = 0, ENGINE_ERROR = -1, ENGINE_CANCELLED = -2 };
@@ -55,6 +59,16 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 // pass its capacity or a token id is outside the vocabulary.
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
+
+// A forward_opts.progress for terminals: "calla run: prefill 8,192 / 65,536 tokens (12%), 1.6 s"
+// on stderr, rewritten in place after each chunk and ended by a newline. Prints only when stderr
+// is a terminal and the call spans more than one chunk. arg: a struct progress_line.
+struct progress_line {
+    const char *who;   // "calla run", "calla bench"
+    double t0;         // CLOCK_MONOTONIC seconds at the start
+};
+void progress_line(void *arg, int done, int total);
+double engine_now_s(void);   // CLOCK_MONOTONIC seconds
 
 // ---- backend interface -------------------------------------------------------------------------
 

@@ -72,6 +72,32 @@ static void test_chunked_equals_unchunked(void **state) {
     free(lb);
 }
 
+// The progress callback: once per chunk, tokens done ascending by the chunk size, ending at the total.
+struct progress_log {
+    int calls, done[16], total;
+};
+static void log_progress(void *arg, int done, int total) {
+    struct progress_log *l = arg;
+    if (l->calls < 16) l->done[l->calls] = done;
+    l->calls++;
+    l->total = total;
+}
+static void test_progress_per_chunk(void **state) {
+    int32_t t[N], a;
+    prompt(t, N, 5);
+    struct seq *s = new_seq(N);
+    struct progress_log l = {0};
+    struct forward_opts o = {.chunk = 10, .progress = log_progress, .progress_arg = &l};
+    char err[256];
+    if (engine_forward(eng, s, t, N, &o, &a, err, sizeof err)) fail_msg("forward: %s", err);
+    assert_int_equal(l.calls, 4);   // 10, 20, 30, 37
+    assert_int_equal(l.done[0], 10);
+    assert_int_equal(l.done[2], 30);
+    assert_int_equal(l.done[3], N);
+    assert_int_equal(l.total, N);
+    seq_free(s);
+}
+
 static void test_snapshot_continues_identically(void **state) {
     int32_t t[N], a, b;
     char err[256];
@@ -179,6 +205,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_equals_prefill),
         cmocka_unit_test(test_chunked_equals_unchunked),
+        cmocka_unit_test(test_progress_per_chunk),
         cmocka_unit_test(test_snapshot_continues_identically),
         cmocka_unit_test(test_thread_count_does_not_matter),
         cmocka_unit_test(test_bad_input_refused_state_unchanged),
