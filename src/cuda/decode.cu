@@ -153,14 +153,12 @@ static __device__ __forceinline__ void prefetch_range(const void *p, size_t n, i
     for (size_t off = (size_t)lane * 128; off < n; off += WARP_SIZE * 128) prefetch_l2((const char *)p + off);
 }
 
-// Copy n floats (n % 4 == 0, 16-byte aligned) from global to shared memory with 8 float4 loads in
-// flight per thread. (A plain `dst[i] = src[i]` loop serialises: the compiler cannot move the next
-// load above a store through a generic pointer, so each iteration would wait a full round trip.)
-template <bool SWZ>
-static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n) {
+// For each float4 i < n4 of src (global, 16-byte aligned): f(i, src[i]), with 8 loads in flight per
+// thread before the first f. (A plain `dst[i] = src[i]` loop serialises: the compiler cannot move
+// the next load above a store through a generic pointer, so each iteration would wait a round trip.)
+template <typename F>
+static __device__ __forceinline__ void for_float4(const float *__restrict__ src, int n4, F f) {
     const float4 *s4 = (const float4 *)src;
-    float4 *d4 = (float4 *)dst;
-    const int n4 = n / 4;
     for (int base = 0; base < n4; base += 8 * (int)blockDim.x) {
         float4 v[8];
 #pragma unroll
@@ -171,32 +169,25 @@ static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, con
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
-            if (i < n4) d4[SWZ ? swz(i) : i] = v[j];
+            if (i < n4) f(i, v[j]);
         }
     }
 }
 
-// xs[i] *= r * w[i] over n floats (n % 4 == 0; xs swizzled), the same batching.
+// Copy n floats (n % 4 == 0) from global to shared memory, swizzled (SWZ) or not.
+template <bool SWZ>
+static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n) {
+    float4 *d4 = (float4 *)dst;
+    for_float4(src, n / 4, [&](int i, float4 v) { d4[SWZ ? swz(i) : i] = v; });
+}
+
+// xs[i] *= r * w[i] over n floats (n % 4 == 0; xs swizzled).
 static __device__ __forceinline__ void smem_scale(float *__restrict__ xs, const float *__restrict__ w, float r, int n) {
-    const float4 *w4 = (const float4 *)w;
     float4 *x4 = (float4 *)xs;
-    const int n4 = n / 4;
-    for (int base = 0; base < n4; base += 8 * (int)blockDim.x) {
-        float4 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
-            if (i < n4) v[j] = __ldg(w4 + i);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
-            if (i < n4) {
-                const float4 x = x4[swz(i)];
-                x4[swz(i)] = make_float4(x.x * r * v[j].x, x.y * r * v[j].y, x.z * r * v[j].z, x.w * r * v[j].w);
-            }
-        }
-    }
+    for_float4(w, n / 4, [&](int i, float4 wv) {
+        const float4 x = x4[swz(i)];
+        x4[swz(i)] = make_float4(x.x * r * wv.x, x.y * r * wv.y, x.z * r * wv.z, x.w * r * wv.w);
+    });
 }
 
 // The sums of 16 consecutive inputs (the bias term of a group is bias * sum(x)); xs swizzled.
