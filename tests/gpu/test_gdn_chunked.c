@@ -13,7 +13,8 @@
 //                      recurrence kernel itself is ~1e-6 off fp64
 //   recurrent   1e-4   vs fp64 (test_cuda_kernels holds it to 1e-4 on o, 1e-5 on S)
 //
-//   test_gdn_chunked [seed]     exit 0: all pass; 1: a check failed; 2: no usable GPU / CUDA error
+//   test_gdn_chunked [seed]     exit 0: all pass; 1: a check failed; 2: a CUDA error; 77: no usable
+//                               GPU (ran nothing: gpu-check records a FAIL)
 #include "cuda/kernels.h"
 #include "gdn_ref.h"
 
@@ -234,15 +235,15 @@ int main(int argc, char **argv) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
-        printf("test_gdn_chunked: no GPU (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 2;
+        printf("test_gdn_chunked: no GPU (%s): ran nothing\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 77;
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("# %s, sm_%d%d, %d SMs\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
     if (prop.major < 9) {
-        printf("test_gdn_chunked: needs sm_90 (built for sm_90a)\n");
-        return 2;
+        printf("test_gdn_chunked: needs sm_90 (built for sm_90a): ran nothing\n");
+        return 77;
     }
     uint64_t seed = 20261130;
     if (argc > 1) seed ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
