@@ -491,8 +491,11 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
     return 0;
 }
 
+static int cpu_available(int device, char *msg, size_t msglen) { return 1; }
+
 const struct backend_ops backend_cpu = {
     .name = "cpu",
+    .available = cpu_available,
     .load = cpu_load,
     .unload = cpu_unload,
     .seq_alloc = cpu_seq_alloc,

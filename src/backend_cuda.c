@@ -112,7 +112,7 @@ struct cuda_seq {
         }                                                                                              \
     } while (0)
 
-int backend_cuda_available(char *msg, size_t msglen) {
+static int cuda_available(int device, char *msg, size_t msglen) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -124,21 +124,27 @@ int backend_cuda_available(char *msg, size_t msglen) {
         snprintf(msg, msglen, "no CUDA device found");
         return 0;
     }
+    if (device < 0 || device >= n) {
+        snprintf(msg, msglen, "GPU %d does not exist (%d CUDA device%s: 0..%d)", device, n, n == 1 ? "" : "s", n - 1);
+        return 0;
+    }
     struct cudaDeviceProp p;
-    e = cudaGetDeviceProperties(&p, 0);
+    e = cudaGetDeviceProperties(&p, device);
     if (e != cudaSuccess) {
-        snprintf(msg, msglen, "cannot query CUDA device 0 (%s)", cudaGetErrorString(e));
+        snprintf(msg, msglen, "cannot query CUDA device %d (%s)", device, cudaGetErrorString(e));
         return 0;
     }
     if (p.major != 9 || p.minor != 0) {
-        snprintf(msg, msglen, "GPU 0 (%s) has compute capability %d.%d; the CUDA backend needs 9.0 (H100/H200)",
-                 p.name, p.major, p.minor);
+        snprintf(msg, msglen, "GPU %d (%s) has compute capability %d.%d; the CUDA backend needs 9.0 (H100/H200)",
+                 device, p.name, p.major, p.minor);
         return 0;
     }
     snprintf(msg, msglen, "%s, compute capability 9.0, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
              (double)p.totalGlobalMem / (1 << 30));
     return 1;
 }
+
+int backend_cuda_available(char *msg, size_t msglen) { return cuda_available(0, msg, msglen); }
 
 // ---- allocation ---------------------------------------------------------------------------
 
@@ -357,7 +363,7 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     }
     e->impl = ce;
     e->weight_bytes = 0;
-    CK(cudaSetDevice(0));
+    CK(cudaSetDevice(e->opts.device));
     CK(cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking));
     const size_t H = g->hidden, D = g->head_dim, C = geom_conv_dim(g), KW = g->conv_kernel, Hv = g->lin_v_heads;
     if (up_q(ce, &W->embed, &ce->embed, e, err, errlen) || up_q(ce, &W->lm_head, &ce->lm_head, e, err, errlen) ||
@@ -755,6 +761,7 @@ fail:
 
 const struct backend_ops backend_cuda = {
     .name = "cuda",
+    .available = cuda_available,
     .load = cuda_load,
     .unload = cuda_unload,
     .seq_alloc = cuda_seq_alloc,

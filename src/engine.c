@@ -7,34 +7,39 @@
 #include <time.h>
 #include <unistd.h>
 
-static const struct backend_ops *pick_backend(const char *name, char *err, size_t errlen) {
-    if (name && !strcmp(name, "cpu")) return &backend_cpu;
+// The backends in order of preference when none is named (a GPU backend first, when built).
+static const struct backend_ops *const backends[] = {
 #ifdef CALLA_CUDA
+    &backend_cuda,
+#endif
+    &backend_cpu,
+};
+enum { N_BACKENDS = sizeof backends / sizeof backends[0] };
+
+static const struct backend_ops *pick_backend(const char *name, int device, char *err, size_t errlen) {
     char why[256] = "";
-    int ok = backend_cuda_available(why, sizeof why);
-    if (name && !strcmp(name, "cuda")) {
-        if (!ok) {
-            snprintf(err, errlen, "CUDA backend unavailable: %s (use --backend cpu)", why);
+    for (int i = 0; i < N_BACKENDS; i++) {
+        const struct backend_ops *b = backends[i];
+        if (name && strcmp(name, b->name)) continue;
+        if (b->available(device, why, sizeof why)) return b;
+        if (name) {
+            snprintf(err, errlen, "%s backend unavailable: %s (use --backend cpu)", b->name, why);
             return NULL;
         }
-        return &backend_cuda;
     }
-    if (!name) return ok ? &backend_cuda : &backend_cpu;
-#else
-    if (name && !strcmp(name, "cuda")) {
+    if (name && !strcmp(name, "cuda"))
         snprintf(err, errlen, "this build has no CUDA backend (nvcc was not found at build time); use --backend cpu");
-        return NULL;
-    }
-    if (!name) return &backend_cpu;
-#endif
-    snprintf(err, errlen, "unknown backend \"%s\" (cpu or cuda)", name);
+    else if (name)
+        snprintf(err, errlen, "unknown backend \"%s\" (cpu or cuda)", name);
+    else
+        snprintf(err, errlen, "no backend can run here: %s", why);
     return NULL;
 }
 
 int engine_open(const char *model_dir, const struct engine_options *o, struct engine **out, char *err, size_t errlen) {
     struct engine_options def = {0};
     if (!o) o = &def;
-    const struct backend_ops *ops = pick_backend(o->backend, err, errlen);
+    const struct backend_ops *ops = pick_backend(o->backend, o->device, err, errlen);
     if (!ops) return -1;
     struct engine *e = calloc(1, sizeof *e);
     if (!e) {

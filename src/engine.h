@@ -21,6 +21,7 @@ struct engine_options {
     const char *backend;   // "cpu", "cuda", or NULL for the default (CUDA when a suitable GPU is present)
     int threads;           // CPU backend threads (0: all cores)
     bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
+    int device;            // GPU index for a GPU backend (0: the first); the CPU backend ignores it
 };
 
 struct forward_opts {
@@ -74,6 +75,8 @@ double engine_now_s(void);   // CLOCK_MONOTONIC seconds
 
 struct backend_ops {
     const char *name;
+    // 1 when this backend can run here on the given device; 0 with the reason in msg.
+    int (*available)(int device, char *msg, size_t msglen);
     int (*load)(struct engine *e, char *err, size_t errlen);
     void (*unload)(struct engine *e);
     int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen);   // sets s->impl
@@ -103,7 +106,7 @@ struct seq {
 extern const struct backend_ops backend_cpu;
 #ifdef CALLA_CUDA
 extern const struct backend_ops backend_cuda;
-// 1 when a compute capability 9.0 GPU is present; 0 otherwise (why in msg).
+// backend_cuda.available on device 0 (the GPU test programs' probe).
 int backend_cuda_available(char *msg, size_t msglen);
 // Decode path for tests and A/B measurement: "graph" (default), "eager" or "legacy"; pdl 0/1.
 void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
