@@ -56,6 +56,12 @@ int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, 
     return 0;
 }
 
+bool opts_wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
 void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n) {
     fprintf(f, "usage: calla %s [flags]\n  %s\n", cmd, summary);
     for (int k = 0; k < n; k++) {

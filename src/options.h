@@ -21,4 +21,6 @@ struct opt {
 
 // Parses argv[1..argc) ("--name value" or "--name=value"). 0, or -1 with a message.
 int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, size_t errlen);
+// True when argv[1..argc) holds --help or -h.
+bool opts_wants_help(int argc, char **argv);
 void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n);

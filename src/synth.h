@@ -3,8 +3,24 @@
 
 #include "model.h"
 
+// Value distributions. TRAINED (the default) spreads the router logits like a trained MoE
+// (standard deviation ~3.6 across experts, so the top-k weights are peaked and a near-tie between
+// the k-th and (k+1)-th expert moves little); UNIFORM is the first distribution (router logits with
+// standard deviation ~2, nearly flat top-k weights), which the golden fixtures were made from.
+// Only the router tensors (mlp.gate scales and biases) differ between the two.
+enum synth_profile { SYNTH_PROFILE_TRAINED = 0, SYNTH_PROFILE_UNIFORM = 1 };
+
+// Router gain of the trained profile (weights std ~ gain / sqrt(hidden), so router logits have a
+// std ~ 1.03 gain, the 1.03 being the rms of the normed input); UNIFORM keeps the table's 2.0.
+#define SYNTH_ROUTER_GAIN_TRAINED 3.5f
+
+const char *synth_profile_name(enum synth_profile p);
+// 0 and *p set, or -1 for an unknown name.
+int synth_profile_parse(const char *name, enum synth_profile *p);
+
 struct synth_options {
     const struct geometry *g;
+    enum synth_profile profile;   // 0: trained
     uint64_t seed;
     const char *out_dir;
     int64_t max_shard_bytes;   // 5 GiB like mlx-lm; smaller to test sharding

@@ -65,7 +65,9 @@ static int checkpoint_for(const struct golden *gd, char *dir, size_t n) {
     snprintf(dir, n, "%s/calla-test-%s-%llu-%d", tmpdir(), gd->geometry, (unsigned long long)gd->seed, (int)getpid());
     const struct geometry *g = geometry_find(gd->geometry);
     if (!g) return -1;
-    struct synth_options so = {.g = g, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
+    // The fixtures were made from checkpoints of the uniform profile (tools/make_golden.py --profile).
+    struct synth_options so = {
+        .g = g, .profile = SYNTH_PROFILE_UNIFORM, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
     char err[512];
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "synth: %s\n", err);

@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--geometries", default="tiny,small")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", default="uniform", choices=["uniform", "trained"],
+                    help="calla synth --profile for a new checkpoint (tests/golden* were made from uniform)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bf16"])
     ap.add_argument("--model-dir", default=None, help="reuse/put the synthetic checkpoint here")
@@ -243,7 +245,8 @@ def main():
     for geom in a.geometries.split(","):
         d = a.model_dir or f"/tmp/calla-golden-{geom}-{a.seed}"
         if not os.path.exists(os.path.join(d, "config.json")):
-            subprocess.run([a.calla, "synth", "--geometry", geom, "--seed", str(a.seed), "--out", d], check=True)
+            subprocess.run([a.calla, "synth", "--geometry", geom, "--seed", str(a.seed), "--profile", a.profile,
+                            "--out", d], check=True)
         cfg = json.load(open(os.path.join(d, "config.json")))
         ck = Checkpoint(d)
         model, ver = build_hf(ck, cfg, a.device, dtype)
