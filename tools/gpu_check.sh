@@ -21,14 +21,23 @@ LOG="$OUTDIR/gpu-check-$date-$commit.txt"
 declare -a ROWS=()
 say() { echo "$@" | tee -a "$LOG"; }
 row() { ROWS+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
-run_step() {   # name, command...: runs, logs, records PASS/FAIL and the wall time
+# run_step NAME COMMAND...: runs, logs, records PASS/FAIL and the wall time. PASS needs exit status
+# 0 and no "ran nothing" in the output: a program that found no GPU or skipped its work (the
+# tests/gpu programs exit 77 then; older ones print "ran nothing" and exit 0) is a FAIL, never a PASS.
+run_step() {
     local name=$1; shift
     say "## $name: $*"
-    local t0=$(date +%s%N)
-    "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
+    local t0=$(date +%s%N) out
+    out=$(mktemp)
+    "$@" 2>&1 | tee -a "$LOG" "$out"
+    local rc=${PIPESTATUS[0]} note=""
     local ms=$((($(date +%s%N) - t0) / 1000000))
-    row "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((ms / 1000)).$(((ms % 1000) / 100)) s"
+    if grep -q "ran nothing" "$out" || [ "$rc" = 77 ]; then
+        note=" (ran nothing)"
+        [ "$rc" = 0 ] && rc=77
+    fi
+    rm -f "$out"
+    row "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((ms / 1000)).$(((ms % 1000) / 100)) s$note"
     return $rc
 }
 
