@@ -168,8 +168,9 @@ def build_hf(ck, cfg, device, dtype):
 
 
 def add_router_hooks(model, k, trace):
-    """Record every routing decision as 'layer position gap ids' (the format of CALLA_ROUTER_TRACE):
-    gap = k-th probability minus the (k+1)-th, ids the chosen k ascending."""
+    """Record every routing decision as 'layer position gap ids lgap w1 wk lstd' (the format of
+    CALLA_ROUTER_TRACE): gap = k-th probability minus the (k+1)-th, ids the chosen k ascending, lgap the
+    same gap in logits, w1 and wk the largest and k-th renormalised weights, lstd the logits' std."""
     import torch
     for name, m in model.named_modules():
         if not type(m).__name__.endswith("TopKRouter"):
@@ -183,10 +184,16 @@ def add_router_hooks(model, k, trace):
             if not torch.allclose(p.sum(-1), torch.ones_like(p[:, 0]), atol=1e-3):
                 p = p.softmax(-1)   # a router that returns raw logits
             top = torch.topk(p, k + 1, dim=-1)
-            gap = (top.values[:, k - 1] - top.values[:, k]).tolist()
+            v = top.values.double()
+            gap = (v[:, k - 1] - v[:, k]).tolist()
+            lgap = (v[:, k - 1].log() - v[:, k].log()).tolist()           # logits differ from log p by a constant
+            w1 = (v[:, 0] / v[:, :k].sum(-1)).tolist()
+            wk = (v[:, k - 1] / v[:, :k].sum(-1)).tolist()
+            lstd = p.double().clamp_min(1e-300).log().std(-1, unbiased=False).tolist()
             ids = top.indices[:, :k].sort(dim=-1).values.tolist()
-            for pos, (g, row) in enumerate(zip(gap, ids)):
-                trace["lines"].append(f"{layer} {pos} {g:.9g} {','.join(str(i) for i in row)}\n")
+            for pos, row in enumerate(ids):
+                trace["lines"].append(f"{layer} {pos} {gap[pos]:.9g} {','.join(str(i) for i in row)} "
+                                      f"{lgap[pos]:.6g} {w1[pos]:.6g} {wk[pos]:.6g} {lstd[pos]:.6g}\n")
         m.register_forward_hook(hook)
 
 
