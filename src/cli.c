@@ -33,15 +33,9 @@ int cmd_synth(int argc, char **argv) {
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "write a random-weight checkpoint in the exact MLX layout";
-    if (opts_wants_help(argc, argv)) {
-        opts_usage(stdout, "synth", summary, opts, n);
-        return 0;
-    }
+    int b = opts_begin(argc, argv, "synth", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[512];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla synth: %s\n", err);
-        return 2;
-    }
     if (!geometry || !out) {
         fprintf(stderr, "calla synth: --geometry and --out are required\n");
         opts_usage(stderr, "synth", summary, opts, n);
@@ -177,15 +171,9 @@ int cmd_run(int argc, char **argv) {
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "generate greedily from a prompt; prints the generated token ids";
-    if (opts_wants_help(argc, argv)) {
-        opts_usage(stdout, "run", summary, opts, n);
-        return 0;
-    }
+    int b = opts_begin(argc, argv, "run", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla run: %s\n", err);
-        return 2;
-    }
     if (!dir || (!!prompt_tokens + !!text + !!chat) != 1) {
         fprintf(stderr, "calla run: --model and one of --prompt-tokens, --prompt, --chat are required\n");
         return 2;

@@ -62,6 +62,19 @@ bool opts_wants_help(int argc, char **argv) {
     return false;
 }
 
+int opts_begin(int argc, char **argv, const char *cmd, const char *summary, const struct opt *opts, int n) {
+    if (opts_wants_help(argc, argv)) {
+        opts_usage(stdout, cmd, summary, opts, n);
+        return 1;
+    }
+    char err[512];
+    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
+        fprintf(stderr, "calla %s: %s\n", cmd, err);
+        return -1;
+    }
+    return 0;
+}
+
 void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n) {
     fprintf(f, "usage: calla %s [flags]\n  %s\n", cmd, summary);
     for (int k = 0; k < n; k++) {

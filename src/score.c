@@ -558,15 +558,9 @@ int cmd_score(int argc, char **argv) {
     };
     const int nopt = sizeof opts / sizeof opts[0];
     const char *summary = "teacher-forced scoring: log-probability of each next token, NLL, perplexity, KL vs a reference";
-    if (opts_wants_help(argc, argv)) {
-        opts_usage(stdout, "score", summary, opts, nopt);
-        return 0;
-    }
+    int b = opts_begin(argc, argv, "score", summary, opts, nopt);
+    if (b) return b > 0 ? 0 : 2;
     char err[1536];
-    if (opts_parse(argc, argv, opts, nopt, err, sizeof err)) {
-        fprintf(stderr, "calla score: %s\n", err);
-        return 2;
-    }
     if (!dir || !!tokens_path + !!text_path != 1) {
         fprintf(stderr, "calla score: --model and one of --tokens, --text are required\n");
         return 2;

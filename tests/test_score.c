@@ -15,7 +15,7 @@
 
 #include "commands.h"
 #include "score.h"
-#include "synth.h"
+#include "tiny_engine.h"
 
 static char dir[256], tok_path[300], ref_path[300], tmp_path[300];
 static struct engine *eng;
@@ -114,16 +114,21 @@ static void test_chunk_does_not_matter(void **state) {
     score_run_free(&b);
 }
 
+// Scores t[0..n) into a, and a's JSON read back into ref.
+static void scored_reference(const int32_t *t, int n, bool full, struct score_run *a, struct score_run *ref) {
+    char err[512];
+    score(t, n, 16, 0, full, NULL, a, NULL);
+    if (score_write_json(ref_path, a, NULL, NULL, dir, err, sizeof err) || score_read_json(ref_path, ref, err, sizeof err))
+        fail_msg("%s", err);
+}
+
 // Written, read back as the reference, scored again: KL exactly 0, agreement 1, no logit error.
 static void self_comparison(int n, bool full) {
     int32_t t[N];
     prompt(t, n);
     struct score_run a, ref, b;
     struct score_cmp c;
-    char err[512];
-    score(t, n, 16, 0, full, NULL, &a, NULL);
-    assert_int_equal(score_write_json(ref_path, &a, NULL, NULL, dir, err, sizeof err), 0);
-    if (score_read_json(ref_path, &ref, err, sizeof err)) fail_msg("%s", err);
+    scored_reference(t, n, full, &a, &ref);
     assert_int_equal(ref.n_tokens, n);
     assert_int_equal(!!ref.full, full);
     assert_memory_equal(ref.top_logits, a.top_logits, sizeof(float) * 16 * (size_t)(n - 1));   // %.9g round-trips
@@ -149,10 +154,7 @@ static void test_perturbed_reference_detected(void **state) {
     prompt(t, N);
     struct score_run a, ref, b;
     struct score_cmp c;
-    char err[512];
-    score(t, N, 16, 0, false, NULL, &a, NULL);
-    assert_int_equal(score_write_json(ref_path, &a, NULL, NULL, dir, err, sizeof err), 0);
-    assert_int_equal(score_read_json(ref_path, &ref, err, sizeof err), 0);
+    scored_reference(t, N, false, &a, &ref);
     int swapped = 0;
     for (int p = 0; p < N - 1; p += 3, swapped++) {
         int32_t *id = ref.top_ids + (size_t)p * 16;
@@ -238,28 +240,19 @@ static void test_command_and_bad_input(void **state) {
 }
 
 static int setup(void **state) {
-    const char *t = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/calla-score-%d", t && *t ? t : "/tmp", (int)getpid());
+    if (tiny_engine_open("score", 3, dir, sizeof dir, &eng)) return -1;
     snprintf(tok_path, sizeof tok_path, "%s.tokens", dir);
     snprintf(ref_path, sizeof ref_path, "%s.ref.json", dir);
     snprintf(tmp_path, sizeof tmp_path, "%s.tmp", dir);
-    char err[512];
-    struct synth_options so = {.g = geometry_find("tiny"), .seed = 3, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
-    if (synth_write(&so, err, sizeof err)) return -1;
-    struct engine_options eo = {.backend = "cpu"};
-    if (engine_open(dir, &eo, &eng, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return -1;
-    }
     V = engine_geometry(eng)->vocab;
     return 0;
 }
 
 static int teardown(void **state) {
-    engine_close(eng);
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s'", dir, tok_path, ref_path, tmp_path);
-    return system(cmd);
+    unlink(tok_path);
+    unlink(ref_path);
+    unlink(tmp_path);
+    return tiny_engine_close(dir, eng);
 }
 
 int main(void) {
