@@ -25,8 +25,8 @@ int cmd_synth(int argc, char **argv) {
     const struct opt opts[] = {
         {"geometry", OPT_STR, &geometry, 0, 0, "full (qwen3.6-35b-a3b), or a test geometry: tiny, small"},
         {"seed", OPT_INT, &seed, 0, (long long)1 << 62, "PRNG seed (output is byte-identical per seed and profile)"},
-        {"profile", OPT_STR, &profile, 0, 0, "trained (default: peaked routing, router logits std ~3.6) or uniform "
-                                             "(the first distribution, flat routing; the golden fixtures')"},
+        {"profile", OPT_STR, &profile, 0, 0, "trained (default: peaked routing, router logits std ~3.6, residual "
+                                             "stream near rms 1) or uniform (the first distribution; the golden fixtures')"},
         {"out", OPT_STR, &out, 0, 0, "output directory"},
         {"shard-mib", OPT_INT, &shard_mib, 1, 5 * 1024, "largest shard in MiB (default 5120, like mlx-lm)"},
         {"threads", OPT_INT, &threads, 0, 64, "writer threads (0: all cores)"},

@@ -17,7 +17,8 @@
 //   norms           1 + 0.8 (u - 0.5) (the +1 is stored folded in, as in MLX files)
 //   conv1d          1.2 (u - 0.5);  A_log  log(A), A log-uniform in [0.02, 1.5] (F32);
 //   dt_bias         2u - 1.5
-// Profiles (synth.h) change only the router's gain: trained (default) 3.5, uniform 2.0.
+// Profiles (synth.h) change only gains of quantized matrices: the router's, the embedding's and
+// those of the projections that write into the residual stream.
 #include "synth.h"
 
 #include "checkpoint.h"
@@ -92,11 +93,20 @@ int synth_profile_parse(const char *name, enum synth_profile *p) {
     return 0;
 }
 
-// The weight scale of a quantized module under a profile: only the router (mlp.gate) differs.
-static float synth_gain(enum synth_profile p, const struct tensor_spec *s) {
-    size_t n = strlen(s->name), k = strlen(".mlp.gate");
-    bool router = n >= k && !strcmp(s->name + n - k, ".mlp.gate");
-    return router && p == SYNTH_PROFILE_TRAINED ? SYNTH_ROUTER_GAIN_TRAINED : s->gain;
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+// The weight scale of a quantized module under a profile (synth.h says why).
+static float synth_gain(enum synth_profile p, const struct geometry *g, const struct tensor_spec *s) {
+    if (p == SYNTH_PROFILE_UNIFORM) return s->gain;
+    if (ends_with(s->name, ".mlp.gate")) return SYNTH_ROUTER_GAIN_TRAINED;
+    if (!strcmp(s->name, "model.embed_tokens")) return s->gain * sqrtf((float)g->hidden);   // rows of rms ~1
+    if (ends_with(s->name, ".self_attn.o_proj") || ends_with(s->name, ".linear_attn.out_proj") ||
+        ends_with(s->name, ".mlp.switch_mlp.down_proj") || ends_with(s->name, ".mlp.shared_expert.down_proj"))
+        return s->gain / sqrtf(2.0f * (float)g->n_layers);   // 2 residual writes per layer
+    return s->gain;
 }
 
 static float plain_value(const struct stored *t, uint64_t i) {
@@ -290,7 +300,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
             x->nbytes = (int64_t)st_dtype_size(x->dtype);
             for (int d = 0; d < x->ndim; d++) x->nbytes *= x->shape[d];
             x->key = name_key(o->seed, s->name);   // the module name: scales and biases share it
-            x->gain = synth_gain(o->profile, s);
+            x->gain = synth_gain(o->profile, g, s);
         }
     }
     // Shards: cut before passing the limit.

@@ -189,8 +189,8 @@ static void test_synth_deterministic(void **state) {
     assert_false(files_equal(fa, fc));
 }
 
-// Each profile is byte-identical per seed; the two differ in the router's scales and biases only
-// (mlp.gate), and both load.
+// Each profile is byte-identical per seed; the two differ only in the scales and biases of the
+// router, the embedding and the projections into the residual stream (synth.h), and both load.
 static void test_synth_profiles(void **state) {
     char u1[512], u2[512], tr[512], fa[600], fb[600];
     snprintf(u1, sizeof u1, "%s/prof-u1", base);
@@ -224,12 +224,17 @@ static void test_synth_profiles(void **state) {
         if (!strcmp(name, "__metadata__")) continue;
         size_t b = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 0));
         size_t e = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 1));
-        bool router = strstr(name, ".mlp.gate.scales") || strstr(name, ".mlp.gate.biases");
+        static const char *const scaled[] = {".mlp.gate.", "embed_tokens.", ".self_attn.o_proj.",
+                                             ".linear_attn.out_proj.", ".switch_mlp.down_proj.", ".shared_expert.down_proj."};
+        bool expected = false;
+        for (int k = 0; k < 6; k++) expected |= strstr(name, scaled[k]) != NULL;
+        expected &= !strstr(name, ".weight");   // the codes are the same
         bool differs = memcmp(du + b, dt + b, e - b) != 0;
-        if (differs != router) fail_msg("%s: %s between the profiles", name, differs ? "differs" : "is the same");
+        if (differs != expected) fail_msg("%s: %s between the profiles", name, differs ? "differs" : "is the same");
         n_diff += differs;
     }
-    assert_int_equal(n_diff, 2 * 4);   // scales and biases of the 4 tiny layers' routers
+    // scales and biases: 4 routers, the embedding, 1 o_proj, 3 out_proj, 4 + 4 down_proj (tiny)
+    assert_int_equal(n_diff, 2 * (4 + 1 + 1 + 3 + 4 + 4));
     json_t *who = load_json(tr, "calla_synth.json");
     assert_string_equal(json_string_value(json_object_get(who, "profile")), "trained");
     json_decref(who);
