@@ -98,6 +98,20 @@ static bool ends_with(const char *s, const char *tail) {
     return n >= k && !strcmp(s + n - k, tail);
 }
 
+int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/calla_synth.json", dir);
+    *p = SYNTH_PROFILE_UNIFORM;
+    if (access(path, F_OK)) return 0;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    json_t *name = json_object_get(j, "profile");
+    int rc = json_is_string(name) ? synth_profile_parse(json_string_value(name), p) : -1;
+    if (rc) snprintf(err, errlen, "%s: no known \"profile\"", path);
+    json_decref(j);
+    return rc;
+}
+
 // The weight scale of a quantized module under a profile (synth.h says why).
 static float synth_gain(enum synth_profile p, const struct geometry *g, const struct tensor_spec *s) {
     if (p == SYNTH_PROFILE_UNIFORM) return s->gain;

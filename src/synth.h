@@ -25,6 +25,9 @@ enum synth_profile { SYNTH_PROFILE_TRAINED = 0, SYNTH_PROFILE_UNIFORM = 1 };
 const char *synth_profile_name(enum synth_profile p);
 // 0 and *p set, or -1 for an unknown name.
 int synth_profile_parse(const char *name, enum synth_profile *p);
+// The profile a checkpoint directory was written with (its calla_synth.json; a directory without
+// one is taken as UNIFORM, the only distribution before profiles). 0, or -1 with a message.
+int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t errlen);
 
 struct synth_options {
     const struct geometry *g;

@@ -90,6 +90,15 @@ class Checkpoint:
         return sc * q + bi
 
 
+def synth_profile(d):
+    """The calla synth profile of checkpoint d ("uniform" when it has no calla_synth.json)."""
+    try:
+        with open(os.path.join(d, "calla_synth.json")) as f:
+            return json.load(f).get("profile", "uniform")
+    except OSError:
+        return "uniform"
+
+
 def build_hf(ck, cfg, device, dtype):
     import torch
     import transformers
@@ -258,6 +267,7 @@ def main():
         ck = Checkpoint(d)
         model, ver = build_hf(ck, cfg, a.device, dtype)
         ref = f"hf-{ver}-{a.dtype}"
+        profile = synth_profile(d)
         mod = sys.modules[type(model).__module__]
         rec = getattr(mod, "torch_recurrent_gated_delta_rule", None)
         gdn = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
@@ -274,6 +284,8 @@ def main():
             mod.torch_chunk_gated_delta_rule = rec   # for a forward that looks it up at call time
             print(f"HF DeltaNet prefill patched to the recurrence ({n} attributes)", flush=True)
             ref += "-rec"
+        if profile == "trained":   # tests/test_golden.c synthesises (or expects) the fixture's profile
+            ref += "-trained"
         V = cfg["text_config"]["vocab_size"]
         trace = {"on": False, "lines": []}
         if a.router_trace:
@@ -299,7 +311,7 @@ def main():
                 seq.append(int(o[0]))
                 if len(gen) < a.gen:
                     last = logits_of(model, seq, a.device)[-1]
-            path = os.path.join(a.out, f"{geom}-p{n}.golden")
+            path = os.path.join(a.out, f"{geom}-p{n}{'-trained' if profile == 'trained' else ''}.golden")
             write_fixture(path, geom, a.seed, ref, prompt, rows, gen, margins)
             print(f"{path}: {ref}, prompt {n}, rows {positions}, top1 {[struct.unpack('<Iiff', r[:16])[1] for r in rows]}, "
                   f"gen {gen}, min margin {min(margins):.4f}", flush=True)

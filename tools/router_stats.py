@@ -27,6 +27,8 @@ import sys
 import tempfile
 
 GOLDEN = 2654435761
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import synth_profile  # noqa: E402
 
 
 def bench_tokens(n, vocab):
@@ -38,14 +40,6 @@ def synth(calla, geometry, seed, profile, out):
         subprocess.run([calla, "synth", "--geometry", geometry, "--seed", str(seed), "--profile", profile,
                         "--out", out], check=True)
     return out
-
-
-def profile_of(model):
-    try:
-        with open(os.path.join(model, "calla_synth.json")) as f:
-            return json.load(f).get("profile", "?")
-    except (OSError, ValueError):
-        return os.path.basename(model.rstrip("/"))
 
 
 def trace(calla, model, n, backend, threads, path):
@@ -208,7 +202,7 @@ def main():
     else:
         models = a.models or [synth(a.calla, a.geometry, a.seed, p, os.path.join(work, f"{a.geometry}-{p}"))
                               for p in ("uniform", "trained")]
-        labels = a.labels or [profile_of(m) for m in models]
+        labels = a.labels or [synth_profile(m) for m in models]
         paths = [trace(a.calla, m, a.prompt_len, a.backend, a.threads, os.path.join(work, f"{lab}.trace"))
                  for m, lab in zip(models, labels)]
         with open(os.path.join(models[0], "config.json")) as f:
