@@ -22,7 +22,6 @@
 #define CALLA_GIT_COMMIT "unknown"
 #endif
 
-
 // ---- input ----------------------------------------------------------------------------------------
 
 static int check_length(int n, const char *what, char *err, size_t errlen) {
@@ -69,7 +68,10 @@ int score_read_tokens(const char *path, int vocab, int32_t **ids, int *n, char *
         }
         if (k == cap) {
             int32_t *nv = realloc(v, sizeof *v * (size_t)(cap *= 2));
-            if (!nv) break;
+            if (!nv) {
+                snprintf(err, errlen, "out of memory");
+                break;
+            }
             v = nv;
         }
         v[k++] = (int32_t)x;
@@ -110,6 +112,7 @@ static float row_top_lse(const float *row, int V, int K, int32_t *ids, float *va
 
 struct row_cmp {
     double kl, nle_num, nle_den;
+    double tail;   // the reference's mass outside its stored ids
     bool same, clear;
 };
 
@@ -143,6 +146,7 @@ static struct row_cmp compare_row(const float *row, float lse, const struct scor
     }
     double tr = 1 - pr_sum, tt = 1 - pt_sum;   // the tail buckets
     if (tr > 1e-12) c.kl += tr * (log(tr) - log(tt > 1e-30 ? tt : 1e-30));
+    c.tail = tr;
     return c;
 }
 
@@ -164,6 +168,26 @@ static void kl_summary(struct score_cmp *c) {
     c->kl_p999 = s[(rank > 0 ? rank : 1) - 1];
     c->kl_max = s[P - 1];
     free(s);
+}
+
+// The totals of a comparison from its rows (c->kl allocated, c->positions set).
+static void cmp_finish(struct score_cmp *c, const struct row_cmp *rc) {
+    const int P = c->positions;
+    double num = 0, den = 0;
+    for (int p = 0; p < P; p++) {
+        double nle = rc[p].nle_den > 0 ? sqrt(rc[p].nle_num / rc[p].nle_den) : 0;
+        c->kl[p] = rc[p].kl;
+        c->top1_same += rc[p].same;
+        c->n_clear += rc[p].clear;
+        c->top1_same_clear += rc[p].clear && rc[p].same;
+        c->nle_mean += nle / P;
+        c->nle_max = nle > c->nle_max ? nle : c->nle_max;
+        c->tail_max = rc[p].tail > c->tail_max ? rc[p].tail : c->tail_max;
+        num += rc[p].nle_num;
+        den += rc[p].nle_den;
+    }
+    c->nle_all = den > 0 ? sqrt(num / den) : 0;
+    kl_summary(c);
 }
 
 // ---- the scoring loop ----------------------------------------------------------------------------
@@ -259,28 +283,7 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
             if (o->ref) rc[p] = compare_row(row, out->lse[p], o->ref, p, out->top_ids[(size_t)p * K]);
         }
     }
-    if (o->ref) {
-        double num = 0, den = 0;
-        for (int p = 0; p < P; p++) {
-            double nle = rc[p].nle_den > 0 ? sqrt(rc[p].nle_num / rc[p].nle_den) : 0;
-            cmp->kl[p] = rc[p].kl;
-            cmp->top1_same += rc[p].same;
-            cmp->n_clear += rc[p].clear;
-            cmp->top1_same_clear += rc[p].clear && rc[p].same;
-            cmp->nle_mean += nle / P;
-            cmp->nle_max = nle > cmp->nle_max ? nle : cmp->nle_max;
-            num += rc[p].nle_num;
-            den += rc[p].nle_den;
-            if (!o->ref->full) {
-                double tail = 1;
-                for (int k = 0; k < o->ref->top_k; k++)
-                    tail -= exp((double)o->ref->top_logits[(size_t)p * o->ref->top_k + k] - o->ref->lse[p]);
-                cmp->tail_max = tail > cmp->tail_max ? tail : cmp->tail_max;
-            }
-        }
-        cmp->nle_all = den > 0 ? sqrt(num / den) : 0;
-        kl_summary(cmp);
-    }
+    if (o->ref) cmp_finish(cmp, rc);
     status = 0;
 out:
     seq_free(s);

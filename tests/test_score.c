@@ -138,6 +138,7 @@ static void self_comparison(int n, bool full) {
     assert_int_equal(c.top1_same, n - 1);
     assert_int_equal(c.top1_same_clear, c.n_clear);
     assert_true(c.nle_max == 0 && c.nle_all == 0);
+    assert_true(full ? c.tail_max == 0 : c.tail_max > 0 && c.tail_max < 1);   // a random model's rows are flat
     score_run_free(&a);
     score_run_free(&b);
     score_run_free(&ref);
