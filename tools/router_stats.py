@@ -150,7 +150,8 @@ def plot(runs, meta, path):
             a.plot([], [], color=colours[i % 4], lw=6, alpha=0.5, label=label)
         if logy:
             a.set_yscale("log")
-        a.set_xticks(sorted(runs[0][1]))
+        ls = sorted(runs[0][1])
+        a.set_xticks(ls if len(ls) <= 16 else ls[::4])
         a.set_xlabel("layer")
         a.set_ylabel(ylab)
         a.set_title(f"{field} per layer (box 25-75%, whiskers 5-95%)")
