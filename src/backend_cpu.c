@@ -246,16 +246,24 @@ static void deltanet(const struct geometry *g, const struct layer_weights *L, st
 
 // ---- MoE (§2.6) -------------------------------------------------------------------------------
 
-// Softmax over all experts, top-k (ties: lower id), renormalised over the k. With gap, one more
-// round of the selection gives *gap: the k-th probability minus the largest one not chosen.
-static void route(const float *logits, int E, int k, int *ids, float *w, float *gap) {
+// What the router trace records of one decision (tools/router_stats.py plots it).
+struct route_stats {
+    float gap;    // k-th probability minus the largest one not chosen
+    float lgap;   // the same in logits: k-th logit minus the (k+1)-th
+    float w1, wk; // the largest and the k-th renormalised weight
+    float lstd;   // standard deviation of the logits over the experts
+};
+
+// Softmax over all experts, top-k (ties: lower id), renormalised over the k. With st, one more
+// round of the selection gives the (k+1)-th expert for the gaps.
+static void route(const float *logits, int E, int k, int *ids, float *w, struct route_stats *st) {
     float mx = -INFINITY, p[E];
     for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     float sum = 0;
     for (int e = 0; e < E; e++) sum += p[e] = expf(logits[e] - mx);
     for (int e = 0; e < E; e++) p[e] /= sum;
     float top = 0;
-    for (int i = 0; i < k + (gap != NULL); i++) {
+    for (int i = 0; i < k + (st != NULL); i++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
             bool taken = false;
@@ -263,7 +271,8 @@ static void route(const float *logits, int E, int k, int *ids, float *w, float *
             if (!taken && (best < 0 || p[e] > p[best])) best = e;
         }
         if (i == k) {
-            *gap = p[ids[k - 1]] - p[best];
+            st->gap = p[ids[k - 1]] - p[best];
+            st->lgap = logits[ids[k - 1]] - logits[best];
             break;
         }
         ids[i] = best;
@@ -271,11 +280,17 @@ static void route(const float *logits, int E, int k, int *ids, float *w, float *
         top += p[best];
     }
     for (int i = 0; i < k; i++) w[i] /= top;
+    if (!st) return;
+    double m = 0, v = 0;
+    for (int e = 0; e < E; e++) m += logits[e] / (double)E;
+    for (int e = 0; e < E; e++) v += (logits[e] - m) * (logits[e] - m) / E;
+    st->w1 = w[0], st->wk = w[k - 1], st->lstd = (float)sqrt(v);
 }
 
 // Developer diagnostic: with CALLA_ROUTER_TRACE=FILE, every routing decision is appended to FILE as
-// "layer position gap id,id,..." (ids ascending): tools/router_diff.py compares two such traces
-// (tools/make_golden.py --router-trace writes HF's) and finds the first decision that differs.
+// "layer position gap id,id,... lgap w1 wk lstd" (ids ascending; struct route_stats says what the
+// numbers are): tools/router_diff.py compares two such traces (tools/make_golden.py --router-trace
+// writes HF's) and finds the first decision that differs; tools/router_stats.py plots them.
 // router_trace() is the open file, or NULL when not asked for.
 static FILE *router_trace(void) {
     static FILE *f;
@@ -288,16 +303,16 @@ static FILE *router_trace(void) {
     return f;
 }
 
-static void trace_route(FILE *f, int layer, int pos, float gap, const int *ids, int k) {
+static void trace_route(FILE *f, int layer, int pos, const struct route_stats *st, const int *ids, int k) {
     int s[64];
     for (int i = 0; i < k; i++) {   // insertion sort of k <= 64 ids
         int j = i;
         for (; j > 0 && s[j - 1] > ids[i]; j--) s[j] = s[j - 1];
         s[j] = ids[i];
     }
-    fprintf(f, "%d %d %.9g ", layer, pos, (double)gap);
+    fprintf(f, "%d %d %.9g ", layer, pos, (double)st->gap);
     for (int i = 0; i < k; i++) fprintf(f, i ? ",%d" : "%d", s[i]);
-    fputc('\n', f);
+    fprintf(f, " %.6g %.6g %.6g %.6g\n", (double)st->lgap, (double)st->w1, (double)st->wk, (double)st->lstd);
     fflush(f);
 }
 
@@ -324,9 +339,9 @@ static void moe(const struct geometry *g, const struct layer_weights *L, int lay
     qmatmul(&L->shared_gate, 0, u, T, sg);
     FILE *trace = router_trace();
     for (int t = 0; t < T; t++) {
-        float gap;
-        route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, trace ? &gap : NULL);
-        if (trace) trace_route(trace, layer, p0 + t, gap, ids + (size_t)t * K, K);
+        struct route_stats st;
+        route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, trace ? &st : NULL);
+        if (trace) trace_route(trace, layer, p0 + t, &st, ids + (size_t)t * K, K);
     }
     // Shared expert, scaled by sigmoid of its gate.
     mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out);

@@ -15,7 +15,7 @@
         goto fail;                                                                                 \
     } while (0)
 
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
+char *read_small_file(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -440,7 +440,7 @@ static int open_shards(struct model *m, json_t **index_out, char *err, size_t er
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", m->dir);
     size_t len;
     char ierr[512];
-    char *text = read_file(path, &len, ierr, sizeof ierr);
+    char *text = read_small_file(path, &len, ierr, sizeof ierr);
     if (!text) {
         snprintf(path, sizeof path, "%s/model.safetensors", m->dir);
         m->shards = calloc(1, sizeof *m->shards);
@@ -515,7 +515,7 @@ int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen) 
 
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
-    char *cfg = read_file(path, &len, err, errlen);
+    char *cfg = read_small_file(path, &len, err, errlen);
     if (!cfg) goto fail;
     m->identity = fnv1a(m->identity, cfg, len);
     int rc = checkpoint_parse_config(cfg, len, &m->g, err, errlen);

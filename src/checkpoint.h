@@ -35,6 +35,8 @@ void checkpoint_release(const struct model *m, const void *p, size_t bytes);
 // Parses config.json text into a geometry and checks the quantization block against specs.
 // Exposed for tests and the fuzzer.
 int checkpoint_parse_config(const char *text, size_t len, struct geometry *g, char *err, size_t errlen);
+// A whole file (at most 64 MiB), NUL-terminated, *len its length; NULL with a message.
+char *read_small_file(const char *path, size_t *len, char *err, size_t errlen);
 
 // bf16 <-> f32
 static inline float bf16_to_f32(uint16_t h) {

@@ -13,12 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-static bool wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
-    return false;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -26,26 +20,22 @@ static double now_s(void) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *geometry = NULL, *out = NULL;
+    const char *geometry = NULL, *out = NULL, *profile = "trained";
     long long seed = 0, shard_mib = 5 * 1024, threads = 0;
     const struct opt opts[] = {
         {"geometry", OPT_STR, &geometry, 0, 0, "full (qwen3.6-35b-a3b), or a test geometry: tiny, small"},
-        {"seed", OPT_INT, &seed, 0, (long long)1 << 62, "PRNG seed (output is byte-identical per seed)"},
+        {"seed", OPT_INT, &seed, 0, (long long)1 << 62, "PRNG seed (output is byte-identical per seed and profile)"},
+        {"profile", OPT_STR, &profile, 0, 0, "trained (default: peaked routing, router logits std ~3.6, residual "
+                                             "stream near rms 1) or uniform (the first distribution; the golden fixtures')"},
         {"out", OPT_STR, &out, 0, 0, "output directory"},
         {"shard-mib", OPT_INT, &shard_mib, 1, 5 * 1024, "largest shard in MiB (default 5120, like mlx-lm)"},
         {"threads", OPT_INT, &threads, 0, 64, "writer threads (0: all cores)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "write a random-weight checkpoint in the exact MLX layout";
-    if (wants_help(argc, argv)) {
-        opts_usage(stdout, "synth", summary, opts, n);
-        return 0;
-    }
+    int b = opts_begin(argc, argv, "synth", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[512];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla synth: %s\n", err);
-        return 2;
-    }
     if (!geometry || !out) {
         fprintf(stderr, "calla synth: --geometry and --out are required\n");
         opts_usage(stderr, "synth", summary, opts, n);
@@ -56,16 +46,21 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "calla synth: unknown geometry \"%s\" (known: full, tiny, small)\n", geometry);
         return 2;
     }
+    enum synth_profile sp;
+    if (synth_profile_parse(profile, &sp)) {
+        fprintf(stderr, "calla synth: unknown profile \"%s\" (known: trained, uniform)\n", profile);
+        return 2;
+    }
     struct synth_options so = {
-        .g = g, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads};
+        .g = g, .profile = sp, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads};
     double t0 = now_s();
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "calla synth: %s\n", err);
         return 1;
     }
     struct model_size ms = model_size_of(g);
-    fprintf(stderr, "calla synth: wrote %s (%s, seed %lld): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
-            (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
+    fprintf(stderr, "calla synth: wrote %s (%s, seed %lld, profile %s): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
+            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
     return 0;
 }
 
@@ -73,7 +68,7 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     const struct opt opts[] = {{"model", OPT_STR, &dir, 0, 0, "checkpoint directory"}};
     const char *summary = "validate a checkpoint and print its geometry and sizes";
-    if (wants_help(argc, argv)) {
+    if (opts_wants_help(argc, argv)) {
         opts_usage(stdout, "info", summary, opts, 1);
         return 0;
     }
@@ -176,15 +171,9 @@ int cmd_run(int argc, char **argv) {
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "generate greedily from a prompt; prints the generated token ids";
-    if (wants_help(argc, argv)) {
-        opts_usage(stdout, "run", summary, opts, n);
-        return 0;
-    }
+    int b = opts_begin(argc, argv, "run", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla run: %s\n", err);
-        return 2;
-    }
     if (!dir || (!!prompt_tokens + !!text + !!chat) != 1) {
         fprintf(stderr, "calla run: --model and one of --prompt-tokens, --prompt, --chat are required\n");
         return 2;

@@ -16,6 +16,7 @@ static const struct {
     {"matrix", cmd_matrix, "engines x contexts x rounds: results folder with report.md and plots"},
     {"report", cmd_report, "rewrite report.md and plots of a results folder"},
     {"adapt-llama-bench", cmd_adapt_llama_bench, "map llama-bench -o json output onto bench records"},
+    {"score", cmd_score, "teacher-forced scoring: next-token log-probabilities, perplexity, KL vs a reference"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or decode ids) with a checkpoint's tokenizer"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (batch 1, greedy, session cache)"},
 };

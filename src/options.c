@@ -56,6 +56,25 @@ int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, 
     return 0;
 }
 
+bool opts_wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
+int opts_begin(int argc, char **argv, const char *cmd, const char *summary, const struct opt *opts, int n) {
+    if (opts_wants_help(argc, argv)) {
+        opts_usage(stdout, cmd, summary, opts, n);
+        return 1;
+    }
+    char err[512];
+    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
+        fprintf(stderr, "calla %s: %s\n", cmd, err);
+        return -1;
+    }
+    return 0;
+}
+
 void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n) {
     fprintf(f, "usage: calla %s [flags]\n  %s\n", cmd, summary);
     for (int k = 0; k < n; k++) {

@@ -21,4 +21,10 @@ struct opt {
 
 // Parses argv[1..argc) ("--name value" or "--name=value"). 0, or -1 with a message.
 int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, size_t errlen);
+// True when argv[1..argc) holds --help or -h.
+bool opts_wants_help(int argc, char **argv);
+// The start of a command: with --help prints the usage to stdout and returns 1 (the command returns
+// 0); otherwise parses, and on a bad flag prints "calla CMD: message" and returns -1 (the command
+// returns 2); 0 to go on.
+int opts_begin(int argc, char **argv, const char *cmd, const char *summary, const struct opt *opts, int n);
 void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt *opts, int n);

@@ -1309,12 +1309,6 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 // ---- `calla serve` -----------------------------------------------------------------------------
 
-static bool wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
-    return false;
-}
-
 static int resolve(const char *host, int port, struct sockaddr_storage *ss, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
     char ps[16];
@@ -1356,7 +1350,7 @@ int cmd_serve(int argc, char **argv) {
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
-    if (wants_help(argc, argv)) {
+    if (opts_wants_help(argc, argv)) {
         opts_usage(stdout, "serve", summary, opts, nopts);
         return 0;
     }

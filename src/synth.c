@@ -4,7 +4,9 @@
 // group 64, 8-bit overrides for every mlp.gate and mlp.shared_expert_gate) duplicated as
 // quantization_config; model-0000k-of-0000N.safetensors shards cut before they pass the shard
 // limit (5 GiB), metadata {"format": "mlx"}; model.safetensors.index.json; generation_config.json;
-// tokenizer.json + tokenizer_config.json (tokenizer_write_for_synth says which vocabulary).
+// tokenizer.json + tokenizer_config.json (tokenizer_write_for_synth says which vocabulary);
+// calla_synth.json {geometry, seed, profile}: which generator wrote it (the loader never reads it,
+// so validation is the same for synthetic and real checkpoints).
 // Inside a shard U32 tensors come first, then F32, then BF16, so every tensor is naturally aligned.
 //
 // Values: every byte comes from synth_rand(key, i) (synth.h), keyed by the seed and the tensor
@@ -15,6 +17,8 @@
 //   norms           1 + 0.8 (u - 0.5) (the +1 is stored folded in, as in MLX files)
 //   conv1d          1.2 (u - 0.5);  A_log  log(A), A log-uniform in [0.02, 1.5] (F32);
 //   dt_bias         2u - 1.5
+// Profiles (synth.h) change only gains of quantized matrices: the router's, the embedding's and
+// those of the projections that write into the residual stream.
 #include "synth.h"
 
 #include "checkpoint.h"
@@ -43,6 +47,7 @@ struct stored {
     int shard;
     uint64_t offset;         // within the shard's data section
     uint64_t key;
+    float gain;              // ROLE_QUANT: the spec's gain, or the profile's (synth_gain)
 };
 
 struct shard {
@@ -75,8 +80,47 @@ static float quant_scale(const struct stored *t, uint64_t i) {
     const struct tensor_spec *s = t->spec;
     double levels = (double)((1 << s->bits) - 1);
     double std_q = sqrt((levels + 1) * (levels + 1) - 1) / sqrt(12.0) * 1.0408;
-    double base = s->gain / (sqrt((double)s->dims[s->ndim - 1]) * std_q);
+    double base = t->gain / (sqrt((double)s->dims[s->ndim - 1]) * std_q);
     return bf16_to_f32(f32_to_bf16((float)(base * (0.5 + synth_unit(synth_rand(t->key ^ 1, i))))));
+}
+
+const char *synth_profile_name(enum synth_profile p) { return p == SYNTH_PROFILE_UNIFORM ? "uniform" : "trained"; }
+
+int synth_profile_parse(const char *name, enum synth_profile *p) {
+    if (!strcmp(name, "trained")) *p = SYNTH_PROFILE_TRAINED;
+    else if (!strcmp(name, "uniform")) *p = SYNTH_PROFILE_UNIFORM;
+    else return -1;
+    return 0;
+}
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/calla_synth.json", dir);
+    *p = SYNTH_PROFILE_UNIFORM;
+    if (access(path, F_OK)) return 0;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    json_t *name = json_object_get(j, "profile");
+    int rc = json_is_string(name) ? synth_profile_parse(json_string_value(name), p) : -1;
+    if (rc) snprintf(err, errlen, "%s: no known \"profile\"", path);
+    json_decref(j);
+    return rc;
+}
+
+// The weight scale of a quantized module under a profile (synth.h says why).
+static float synth_gain(enum synth_profile p, const struct geometry *g, const struct tensor_spec *s) {
+    if (p == SYNTH_PROFILE_UNIFORM) return s->gain;
+    if (ends_with(s->name, ".mlp.gate")) return SYNTH_ROUTER_GAIN_TRAINED;
+    if (!strcmp(s->name, "model.embed_tokens")) return s->gain * sqrtf((float)g->hidden);   // rows of rms ~1
+    if (ends_with(s->name, ".self_attn.o_proj") || ends_with(s->name, ".linear_attn.out_proj") ||
+        ends_with(s->name, ".mlp.switch_mlp.down_proj") || ends_with(s->name, ".mlp.shared_expert.down_proj"))
+        return s->gain / sqrtf(2.0f * (float)g->n_layers);   // 2 residual writes per layer
+    return s->gain;
 }
 
 static float plain_value(const struct stored *t, uint64_t i) {
@@ -270,6 +314,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
             x->nbytes = (int64_t)st_dtype_size(x->dtype);
             for (int d = 0; d < x->ndim; d++) x->nbytes *= x->shape[d];
             x->key = name_key(o->seed, s->name);   // the module name: scales and biases share it
+            x->gain = synth_gain(o->profile, g, s);
         }
     }
     // Shards: cut before passing the limit.
@@ -360,6 +405,11 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
     json_t *gen = json_pack("{s:[i,i], s:b}", "eos_token_id", TOKEN_IM_END, TOKEN_ENDOFTEXT, "do_sample", 0);
     int r = write_json(o->out_dir, "generation_config.json", gen, err, errlen);
     json_decref(gen);
+    if (r) goto out;
+    json_t *who = json_pack("{s:s, s:s, s:I, s:s}", "generator", "calla synth", "geometry", g->name, "seed",
+                            (json_int_t)o->seed, "profile", synth_profile_name(o->profile));
+    r = write_json(o->out_dir, "calla_synth.json", who, err, errlen);
+    json_decref(who);
     if (r) goto out;
     if (tokenizer_write_for_synth(o->out_dir, err, errlen)) goto out;
     rc = 0;

@@ -3,8 +3,35 @@
 
 #include "model.h"
 
+// Value distributions. UNIFORM is the first one (router logits with standard deviation ~2, nearly
+// flat top-k weights; embedding rows of rms 1/sqrt(hidden) so the first layer's output swamps the
+// embedding, and every block writing as much into the residual stream as the stream holds), which
+// the golden fixtures were made from. TRAINED (the default) is conditioned like a trained model:
+//   - router logits spread like a trained MoE (std ~3.6 across experts): the top-k weights are
+//     peaked, so a near-tie between the k-th and (k+1)-th expert moves little;
+//   - embedding rows of rms ~1 and the projections that write into the residual stream (o_proj,
+//     linear_attn.out_proj, the experts' and shared expert's down_proj) scaled by 1/sqrt(2 layers)
+//     (GPT-2's residual scaling): each block adds a small part to a stream that stays near rms 1
+//     instead of each block's rounding being amplified by the next (measured with HF on the small
+//     geometry, bf16 vs fp32: final hidden state error 18% uniform, ~1% trained).
+// Only scales and biases of those matrices differ between the two; codes and layout are the same.
+enum synth_profile { SYNTH_PROFILE_TRAINED = 0, SYNTH_PROFILE_UNIFORM = 1 };
+
+// Router gain of the trained profile (weights std ~ gain / sqrt(hidden), so router logits have a
+// std ~ 1.03 gain, the 1.03 being the rms of the normed input); UNIFORM keeps the table's 2.0.
+// The other gains are model.c's, scaled as above.
+#define SYNTH_ROUTER_GAIN_TRAINED 3.5f
+
+const char *synth_profile_name(enum synth_profile p);
+// 0 and *p set, or -1 for an unknown name.
+int synth_profile_parse(const char *name, enum synth_profile *p);
+// The profile a checkpoint directory was written with (its calla_synth.json; a directory without
+// one is taken as UNIFORM, the only distribution before profiles). 0, or -1 with a message.
+int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t errlen);
+
 struct synth_options {
     const struct geometry *g;
+    enum synth_profile profile;   // 0: trained
     uint64_t seed;
     const char *out_dir;
     int64_t max_shard_bytes;   // 5 GiB like mlx-lm; smaller to test sharding

@@ -19,11 +19,17 @@
 
 static char base[256];
 
-static void make_synth(const char *dir, const char *geometry, uint64_t seed, int64_t shard_bytes) {
+static void make_synth_profile(const char *dir, const char *geometry, uint64_t seed, int64_t shard_bytes,
+                               enum synth_profile p) {
     char err[512];
-    struct synth_options o = {.g = geometry_find(geometry), .seed = seed, .out_dir = dir, .max_shard_bytes = shard_bytes};
+    struct synth_options o = {
+        .g = geometry_find(geometry), .profile = p, .seed = seed, .out_dir = dir, .max_shard_bytes = shard_bytes};
     assert_non_null(o.g);
     if (synth_write(&o, err, sizeof err)) fail_msg("synth: %s", err);
+}
+
+static void make_synth(const char *dir, const char *geometry, uint64_t seed, int64_t shard_bytes) {
+    make_synth_profile(dir, geometry, seed, shard_bytes, SYNTH_PROFILE_TRAINED);
 }
 
 static void fresh(char *dir, size_t n, const char *name) {
@@ -181,6 +187,66 @@ static void test_synth_deterministic(void **state) {
     snprintf(fa, sizeof fa, "%s/%s", a, SHARD);
     snprintf(fc, sizeof fc, "%s/%s", c, SHARD);
     assert_false(files_equal(fa, fc));
+}
+
+// Each profile is byte-identical per seed; the two differ only in the scales and biases of the
+// router, the embedding and the projections into the residual stream (synth.h), and both load.
+static void test_synth_profiles(void **state) {
+    char u1[512], u2[512], tr[512], fa[600], fb[600];
+    snprintf(u1, sizeof u1, "%s/prof-u1", base);
+    snprintf(u2, sizeof u2, "%s/prof-u2", base);
+    snprintf(tr, sizeof tr, "%s/prof-tr", base);
+    make_synth_profile(u1, "tiny", 9, (int64_t)5 << 30, SYNTH_PROFILE_UNIFORM);
+    struct synth_options o = {.g = geometry_find("tiny"), .profile = SYNTH_PROFILE_UNIFORM, .seed = 9, .out_dir = u2,
+                              .max_shard_bytes = (int64_t)5 << 30, .threads = 1};
+    char err[256];
+    assert_int_equal(synth_write(&o, err, sizeof err), 0);
+    make_synth_profile(tr, "tiny", 9, (int64_t)5 << 30, SYNTH_PROFILE_TRAINED);
+    const char *same[] = {SHARD, "config.json", "model.safetensors.index.json", "calla_synth.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(fa, sizeof fa, "%s/%s", u1, same[i]);
+        snprintf(fb, sizeof fb, "%s/%s", u2, same[i]);
+        assert_true(files_equal(fa, fb));
+    }
+    for (int i = 1; i < 3; i++) {   // layout and validation inputs do not depend on the profile
+        snprintf(fa, sizeof fa, "%s/%s", u1, same[i]);
+        snprintf(fb, sizeof fb, "%s/%s", tr, same[i]);
+        assert_true(files_equal(fa, fb));
+    }
+    uint8_t *du, *dt;
+    size_t lu, lt;
+    json_t *hu = read_shard(u1, &du, &lu), *ht = read_shard(tr, &dt, &lt);
+    assert_int_equal(lu, lt);
+    const char *name;
+    json_t *v;
+    int n_diff = 0;
+    json_object_foreach(hu, name, v) {
+        if (!strcmp(name, "__metadata__")) continue;
+        size_t b = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 0));
+        size_t e = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 1));
+        static const char *const scaled[] = {".mlp.gate.", "embed_tokens.", ".self_attn.o_proj.",
+                                             ".linear_attn.out_proj.", ".switch_mlp.down_proj.", ".shared_expert.down_proj."};
+        bool expected = false;
+        for (int k = 0; k < 6; k++) expected |= strstr(name, scaled[k]) != NULL;
+        expected &= !strstr(name, ".weight");   // the codes are the same
+        bool differs = memcmp(du + b, dt + b, e - b) != 0;
+        if (differs != expected) fail_msg("%s: %s between the profiles", name, differs ? "differs" : "is the same");
+        n_diff += differs;
+    }
+    // scales and biases: 4 routers, the embedding, 1 o_proj, 3 out_proj, 4 + 4 down_proj (tiny)
+    assert_int_equal(n_diff, 2 * (4 + 1 + 1 + 3 + 4 + 4));
+    json_t *who = load_json(tr, "calla_synth.json");
+    assert_string_equal(json_string_value(json_object_get(who, "profile")), "trained");
+    json_decref(who);
+    json_decref(hu);
+    json_decref(ht);
+    free(du);
+    free(dt);
+    struct model m;
+    expect_accepted(u1, &m);
+    checkpoint_close(&m);
+    expect_accepted(tr, &m);
+    checkpoint_close(&m);
 }
 
 static void test_ignores_vision_and_mtp(void **state) {
@@ -560,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_real_geometry_tensor_count),
         cmocka_unit_test(test_sharded),
         cmocka_unit_test(test_synth_deterministic),
+        cmocka_unit_test(test_synth_profiles),
         cmocka_unit_test(test_ignores_vision_and_mtp),
         cmocka_unit_test(test_unaligned_data),
         cmocka_unit_test(test_release_pages),

@@ -15,6 +15,7 @@
 
 #include "engine.h"
 #include "synth.h"
+#include "tiny_engine.h"
 
 static char dir[256];
 static struct engine *eng;
@@ -180,26 +181,12 @@ static void test_unknown_backend(void **state) {
 }
 
 static int setup(void **state) {
-    const char *t = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/calla-engine-%d", t && *t ? t : "/tmp", (int)getpid());
-    char err[512];
-    struct synth_options so = {.g = geometry_find("tiny"), .seed = 5, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
-    if (synth_write(&so, err, sizeof err)) return -1;
-    struct engine_options eo = {.backend = "cpu"};
-    if (engine_open(dir, &eo, &eng, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return -1;
-    }
+    if (tiny_engine_open("engine", 5, dir, sizeof dir, &eng)) return -1;
     V = engine_geometry(eng)->vocab;
     return 0;
 }
 
-static int teardown(void **state) {
-    engine_close(eng);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd);
-}
+static int teardown(void **state) { return tiny_engine_close(dir, eng); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

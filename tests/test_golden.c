@@ -1,6 +1,7 @@
 // test_golden.c: the CPU engine against Hugging Face transformers (fixtures in tests/golden/).
 //
-// For every fixture: synthesize its checkpoint (same geometry and seed as the generator used),
+// For every fixture: synthesize its checkpoint (same geometry, seed and synth profile as the
+// generator used: "-trained" at the end of the reference name for the trained profile),
 // prefill the prompt, and compare
 //   - logits at the fixture's positions: normalised error ||ours - ref|| / ||ref|| over the kept
 //     vocabulary ids, against TOL_F32 with an fp32 KV cache (the reference is fp32 throughout)
@@ -9,7 +10,8 @@
 //   - the greedy continuation, token for token, up to the first step whose reference margin is
 //     not clear (and at least MIN_GEN tokens must be checked).
 // Environment: CALLA_GOLDEN_FILES (colon-separated fixture paths; default tests/golden/*.golden),
-// CALLA_GOLDEN_MODEL (use this checkpoint directory instead of synthesizing), CALLA_BACKEND.
+// CALLA_GOLDEN_MODEL (use this checkpoint directory instead of synthesizing; its profile must be the
+// fixture's), CALLA_BACKEND.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,17 +58,33 @@ static const char *tmpdir(void) {
     return t && *t ? t : "/tmp";
 }
 
+// The fixture's synth profile: make_golden.py appends "-trained" to the reference name for a
+// trained-profile checkpoint; the committed fixtures are all uniform.
+static enum synth_profile fixture_profile(const struct golden *gd) {
+    return strstr(gd->ref, "-trained") ? SYNTH_PROFILE_TRAINED : SYNTH_PROFILE_UNIFORM;
+}
+
 static int checkpoint_for(const struct golden *gd, char *dir, size_t n) {
     const char *model = getenv("CALLA_GOLDEN_MODEL");
+    enum synth_profile want = fixture_profile(gd), have;
+    char err[512];
     if (model) {
         snprintf(dir, n, "%s", model);
+        if (synth_profile_of(model, &have, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            return -1;
+        }
+        if (have != want) {
+            fprintf(stderr, "%s is a %s-profile checkpoint, the fixture was made from a %s one (calla synth --profile)\n",
+                    model, synth_profile_name(have), synth_profile_name(want));
+            return -1;
+        }
         return 0;
     }
     snprintf(dir, n, "%s/calla-test-%s-%llu-%d", tmpdir(), gd->geometry, (unsigned long long)gd->seed, (int)getpid());
     const struct geometry *g = geometry_find(gd->geometry);
     if (!g) return -1;
-    struct synth_options so = {.g = g, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
-    char err[512];
+    struct synth_options so = {.g = g, .profile = want, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "synth: %s\n", err);
         return -1;

@@ -5,7 +5,8 @@
 #   tools/gpu_check.sh build            runs with binaries already built (a carried build)
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full timing
-#                      bench"; also "racecheck")
+#                      bench"; also "racecheck", and "score": tools/score_gate.py at the full shape,
+#                      HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens, 4096)
 #   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
@@ -21,15 +22,32 @@ LOG="$OUTDIR/gpu-check-$date-$commit.txt"
 declare -a ROWS=()
 say() { echo "$@" | tee -a "$LOG"; }
 row() { ROWS+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
-run_step() {   # name, command...: runs, logs, records PASS/FAIL and the wall time
+# run_step NAME COMMAND...: runs, logs, records PASS/FAIL and the wall time. PASS needs exit status
+# 0 and no "ran nothing" in the output: a program that found no GPU or skipped its work (the
+# tests/gpu programs exit 77 then; older ones print "ran nothing" and exit 0) is a FAIL, never a PASS.
+run_step() {
     local name=$1; shift
     say "## $name: $*"
-    local t0=$(date +%s%N)
-    "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
+    local t0=$(date +%s%N) out
+    out=$(mktemp)
+    "$@" 2>&1 | tee -a "$LOG" "$out"
+    local rc=${PIPESTATUS[0]} note=""
     local ms=$((($(date +%s%N) - t0) / 1000000))
-    row "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((ms / 1000)).$(((ms % 1000) / 100)) s"
+    if grep -q "ran nothing" "$out" || [ "$rc" = 77 ]; then
+        note=" (ran nothing)"
+        [ "$rc" = 0 ] && rc=77
+    fi
+    rm -f "$out"
+    row "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((ms / 1000)).$(((ms % 1000) / 100)) s$note"
     return $rc
+}
+
+# The full-shape checkpoint in the default (trained) synth profile; one of another profile, or
+# from before profiles (no calla_synth.json), is written again.
+full_ckpt() {
+    grep -q '"profile": "trained"' "$TMP/calla-full/calla_synth.json" 2>/dev/null && return 0
+    rm -rf "$TMP/calla-full"
+    run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full"
 }
 
 say "# calla gpu-check  commit $commit  date $date"
@@ -61,18 +79,20 @@ for st in $STAGES; do
         [ -d "$TMP/calla-small" ] || "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         run_step "racecheck e2e small 24+4" compute-sanitizer --tool racecheck --error-exitcode 3 \
             "$B/gpu/test_cuda_e2e" "$TMP/calla-small" 24 4 ;;
-    synth)
-        [ -f "$TMP/calla-full/config.json" ] ||
-            run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full" ;;
+    synth) full_ckpt ;;
     full)
-        [ -f "$TMP/calla-full/config.json" ] ||
-            run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full"
+        full_ckpt
         run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32
         run_step "decode paths FULL 4096+48" timeout 300 "$B/gpu/test_cuda_decode" e2e "$TMP/calla-full" 4096 48 ;;
     timing)
         run_step "timing full ctx 4096 (warm)" "$B/gpu/test_cuda_timing" "$TMP/calla-full" 4096 32 1
         run_step "timing full ctx 65536 (cold)" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} \
             "$B/gpu/test_cuda_timing" "$TMP/calla-full" 65536 16 0 ;;
+    score)
+        full_ckpt
+        run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" python3 tools/score_gate.py --calla "$B/calla" \
+            --model "$TMP/calla-full" --len ${GPU_CHECK_SCORE_LEN:-4096} --backends cuda,cpu-f32 --hf-device cuda \
+            --hf-bf16 --out "$OUTDIR/score-gate-$date-$commit" ;;
     bench)
         for ctx in ${GPU_CHECK_BENCH_CTX:-4096 65536}; do
             run_step "bench full ctx $ctx" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} "$B/calla" bench \
@@ -84,4 +104,5 @@ done
 say ""
 say "$(printf '%-34s %-6s %s' check result time)"
 for r in "${ROWS[@]}"; do say "$r"; done
+if [ ${#ROWS[@]} -eq 0 ]; then say "no check ran: FAIL"; exit 1; fi
 ! printf '%s\n' "${ROWS[@]}" | grep -q ' FAIL '

@@ -90,6 +90,15 @@ class Checkpoint:
         return sc * q + bi
 
 
+def synth_profile(d):
+    """The calla synth profile of checkpoint d ("uniform" when it has no calla_synth.json)."""
+    try:
+        with open(os.path.join(d, "calla_synth.json")) as f:
+            return json.load(f).get("profile", "uniform")
+    except OSError:
+        return "uniform"
+
+
 def build_hf(ck, cfg, device, dtype):
     import torch
     import transformers
@@ -168,8 +177,9 @@ def build_hf(ck, cfg, device, dtype):
 
 
 def add_router_hooks(model, k, trace):
-    """Record every routing decision as 'layer position gap ids' (the format of CALLA_ROUTER_TRACE):
-    gap = k-th probability minus the (k+1)-th, ids the chosen k ascending."""
+    """Record every routing decision as 'layer position gap ids lgap w1 wk lstd' (the format of
+    CALLA_ROUTER_TRACE): gap = k-th probability minus the (k+1)-th, ids the chosen k ascending, lgap the
+    same gap in logits, w1 and wk the largest and k-th renormalised weights, lstd the logits' std."""
     import torch
     for name, m in model.named_modules():
         if not type(m).__name__.endswith("TopKRouter"):
@@ -183,10 +193,16 @@ def add_router_hooks(model, k, trace):
             if not torch.allclose(p.sum(-1), torch.ones_like(p[:, 0]), atol=1e-3):
                 p = p.softmax(-1)   # a router that returns raw logits
             top = torch.topk(p, k + 1, dim=-1)
-            gap = (top.values[:, k - 1] - top.values[:, k]).tolist()
+            v = top.values.double()
+            gap = (v[:, k - 1] - v[:, k]).tolist()
+            lgap = (v[:, k - 1].log() - v[:, k].log()).tolist()           # logits differ from log p by a constant
+            w1 = (v[:, 0] / v[:, :k].sum(-1)).tolist()
+            wk = (v[:, k - 1] / v[:, :k].sum(-1)).tolist()
+            lstd = p.double().clamp_min(1e-300).log().std(-1, unbiased=False).tolist()
             ids = top.indices[:, :k].sort(dim=-1).values.tolist()
-            for pos, (g, row) in enumerate(zip(gap, ids)):
-                trace["lines"].append(f"{layer} {pos} {g:.9g} {','.join(str(i) for i in row)}\n")
+            for pos, row in enumerate(ids):
+                trace["lines"].append(f"{layer} {pos} {gap[pos]:.9g} {','.join(str(i) for i in row)} "
+                                      f"{lgap[pos]:.6g} {w1[pos]:.6g} {wk[pos]:.6g} {lstd[pos]:.6g}\n")
         m.register_forward_hook(hook)
 
 
@@ -225,6 +241,8 @@ def main():
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--geometries", default="tiny,small")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", default="uniform", choices=["uniform", "trained"],
+                    help="calla synth --profile for a new checkpoint (tests/golden* were made from uniform)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bf16"])
     ap.add_argument("--model-dir", default=None, help="reuse/put the synthetic checkpoint here")
@@ -243,11 +261,13 @@ def main():
     for geom in a.geometries.split(","):
         d = a.model_dir or f"/tmp/calla-golden-{geom}-{a.seed}"
         if not os.path.exists(os.path.join(d, "config.json")):
-            subprocess.run([a.calla, "synth", "--geometry", geom, "--seed", str(a.seed), "--out", d], check=True)
+            subprocess.run([a.calla, "synth", "--geometry", geom, "--seed", str(a.seed), "--profile", a.profile,
+                            "--out", d], check=True)
         cfg = json.load(open(os.path.join(d, "config.json")))
         ck = Checkpoint(d)
         model, ver = build_hf(ck, cfg, a.device, dtype)
         ref = f"hf-{ver}-{a.dtype}"
+        profile = synth_profile(d)
         mod = sys.modules[type(model).__module__]
         rec = getattr(mod, "torch_recurrent_gated_delta_rule", None)
         gdn = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
@@ -264,6 +284,8 @@ def main():
             mod.torch_chunk_gated_delta_rule = rec   # for a forward that looks it up at call time
             print(f"HF DeltaNet prefill patched to the recurrence ({n} attributes)", flush=True)
             ref += "-rec"
+        if profile == "trained":   # tests/test_golden.c synthesises (or expects) the fixture's profile
+            ref += "-trained"
         V = cfg["text_config"]["vocab_size"]
         trace = {"on": False, "lines": []}
         if a.router_trace:
@@ -289,7 +311,7 @@ def main():
                 seq.append(int(o[0]))
                 if len(gen) < a.gen:
                     last = logits_of(model, seq, a.device)[-1]
-            path = os.path.join(a.out, f"{geom}-p{n}.golden")
+            path = os.path.join(a.out, f"{geom}-p{n}{'-trained' if profile == 'trained' else ''}.golden")
             write_fixture(path, geom, a.seed, ref, prompt, rows, gen, margins)
             print(f"{path}: {ref}, prompt {n}, rows {positions}, top1 {[struct.unpack('<Iiff', r[:16])[1] for r in rows]}, "
                   f"gen {gen}, min margin {min(margins):.4f}", flush=True)

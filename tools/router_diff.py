@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""router_diff.py A B: compare two routing traces ("layer position gap id,id,..." per line; the
+"""router_diff.py A B: compare two routing traces ("layer position gap id,id,... [more]" per line; the
 CPU engine writes one with CALLA_ROUTER_TRACE=FILE, tools/make_golden.py --router-trace writes HF's).
 
 Prints the first decision (by position, then layer) whose chosen experts differ, with both sides'
@@ -12,7 +12,7 @@ def load(path):
     d = {}
     with open(path) as f:
         for line in f:
-            layer, pos, gap, ids = line.split()
+            layer, pos, gap, ids = line.split()[:4]   # later fields: router_stats.py
             d[(int(pos), int(layer))] = (float(gap), ids)   # the last write wins (a re-run prefix)
     return d
 

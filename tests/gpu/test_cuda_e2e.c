@@ -9,7 +9,8 @@
 // 2. CUDA state: prefill N + k decode steps == prefill of N + k tokens (next-token logits).
 // 3. CUDA chunking: the prompt in chunks of 16 == one chunk.
 // 4. CUDA determinism: two runs give bit-identical tokens and logits.
-// Prints a table; exit 0 when every check passes.
+// Prints a table; exit 0 when every check passes, 1 when one fails, 2 on bad arguments, 77 when
+// there is no suitable GPU (nothing ran: never a pass).
 #include "engine.h"
 
 #include <math.h>
@@ -95,9 +96,13 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     const int n_p = argc > 2 ? atoi(argv[2]) : 64, n_dec = argc > 3 ? atoi(argv[3]) : 32;
     char err[512], why[256];
+    if (n_p < 1 || n_dec < 1) {
+        fprintf(stderr, "test_cuda_e2e: N_PROMPT and N_DECODE must be at least 1\n");
+        return 2;
+    }
     if (!backend_cuda_available(why, sizeof why)) {
-        printf("test_cuda_e2e: no suitable GPU (%s); ran nothing\n", why);
-        return 0;
+        printf("test_cuda_e2e: no suitable GPU (%s); ran nothing: FAIL\n", why);
+        return 77;
     }
     struct engine *ec, *eg;
     struct engine_options oc = {.backend = "cpu"}, og = {.backend = "cuda"};
@@ -252,8 +257,9 @@ int main(int argc, char **argv) {
         int same = !memcmp(lg, lg2, sizeof(float) * (size_t)R * V) && !memcmp(tg, tg2, sizeof(int32_t) * (size_t)(n_dec + 1));
         // and free-running greedy twice
         int32_t *f1 = malloc(sizeof(int32_t) * (size_t)(n_dec + 1)), *f2 = malloc(sizeof(int32_t) * (size_t)(n_dec + 1));
-        run_seq(eg, prompt, n_p, NULL, n_dec, 0, lg2, f1, NULL, NULL);
-        run_seq(eg, prompt, n_p, NULL, n_dec, 0, lg2, f2, NULL, NULL);
+        if (run_seq(eg, prompt, n_p, NULL, n_dec, 0, lg2, f1, NULL, NULL) ||
+            run_seq(eg, prompt, n_p, NULL, n_dec, 0, lg2, f2, NULL, NULL))
+            return 1;
         same &= !memcmp(f1, f2, sizeof(int32_t) * (size_t)(n_dec + 1));
         int greedy_match = 0;
         for (int i = 0; i <= n_dec; i++) greedy_match += f1[i] == tc[i];

@@ -4,7 +4,8 @@
 //
 // Prefill of N_PROMPT hash-prompt tokens (BENCH.md prompt) in chunks of 4,096, timed until the
 // first token id is on the host; then N_DECODE greedy decode steps, each timed. With WARMUP, an
-// identical run first (discarded). Prints one line; the token ids of the two runs must agree.
+// identical run first (discarded). Prints one line. Exit 1 when the token ids of the two runs
+// differ (or a run fails), 2 on bad arguments, 77 when there is no suitable GPU (never a pass).
 #include "engine.h"
 
 #include <stdio.h>
@@ -46,11 +47,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     char why[256], err[512];
-    if (!backend_cuda_available(why, sizeof why)) {
-        printf("test_cuda_timing: no suitable GPU (%s); ran nothing\n", why);
-        return 0;
-    }
     const int n = atoi(argv[2]), d = argc > 3 ? atoi(argv[3]) : 32, warm = argc > 4 ? atoi(argv[4]) : 1;
+    if (n < 1 || d < 0) {
+        fprintf(stderr, "test_cuda_timing: N_PROMPT must be at least 1 and N_DECODE at least 0\n");
+        return 2;
+    }
+    if (!backend_cuda_available(why, sizeof why)) {
+        printf("test_cuda_timing: no suitable GPU (%s); ran nothing: FAIL\n", why);
+        return 77;
+    }
     struct engine_options o = {.backend = "cuda"};
     struct engine *e;
     double t0 = now_s();
@@ -65,11 +70,14 @@ int main(int argc, char **argv) {
     double pre = 0, dec = 0, wpre = 0, wdec = 0;
     if (warm && once(e, prompt, n, d, t2, &wpre, &wdec)) return 1;
     if (once(e, prompt, n, d, t1, &pre, &dec)) return 1;
+    const bool differ = warm && memcmp(t1, t2, sizeof(int32_t) * ((size_t)d + 1));
     printf("timing: %s ctx %d: load %.1f s, prefill %.3f s (%.0f tok/s), decode %.2f ms/token over %d steps%s%s\n",
            engine_geometry(e)->name, n, load, pre, n / pre, 1e3 * dec, d, warm ? "" : " (no warmup)",
-           warm ? (memcmp(t1, t2, sizeof(int32_t) * ((size_t)d + 1)) ? "; TOKENS DIFFER from warmup" : "; tokens repeat")
-                : "");
+           warm ? (differ ? "; TOKENS DIFFER from warmup: FAIL" : "; tokens repeat") : "");
     if (warm) printf("timing: warmup run prefill %.3f s, decode %.2f ms/token\n", wpre, 1e3 * wdec);
     engine_close(e);
-    return 0;
+    free(prompt);
+    free(t1);
+    free(t2);
+    return differ ? 1 : 0;
 }

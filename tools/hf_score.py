@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""hf_score.py: the HF transformers side of `calla score`: teacher-forced scoring of a sequence on a
+Calla checkpoint mapped into Qwen3_5MoeForCausalLM (the mapping of tools/make_golden.py), written in
+the JSON format of `calla score --json` so that either side can be the other's --reference.
+
+    python3 tools/hf_score.py --model DIR --tokens FILE --dtype float32 --device cuda --json hf-fp32.json
+    python3 tools/hf_score.py --model DIR --bench-len 4096 --tokens-out seq.txt --json hf-fp32.json
+    build/calla score --model DIR --tokens seq.txt --backend cuda --reference hf-fp32.json --json cuda.json
+    python3 tools/hf_score.py --model DIR --tokens seq.txt --dtype bf16 --reference hf-fp32.json --json hf-bf16.json
+
+Per position p (0..N-2): lse of the row, the logit of token p+1 ("target"), lp = target - lse, and
+the top-k logits with their ids (torch.topk; --full-logits adds the whole row, at most 256 positions).
+fp32 runs with TF32 off. --chunk C > 0 feeds C tokens at a time through HF's cache (for sequences
+whose [N, vocab] logits do not fit at once); 0 (default) is one forward pass without a cache, as
+make_golden.py runs it.
+
+--reference OTHER.json compares this run with another, exactly as `calla score --reference` does
+(src/score.h): KL(reference || run) over the reference's top-k plus a tail bucket (a lower bound;
+exact when the reference holds full rows), top-1 agreement overall and where the reference's top-2
+margin exceeds 0.05, and the normalised logit error over the reference's stored logits.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import Checkpoint, build_hf, hash_prompt  # noqa: E402  (the shared MLX -> HF mapping)
+
+FORMAT, VERSION, TOP_K_MAX, FULL_MAX, MAX_CTX = "calla-score", 1, 256, 256, 262144
+
+
+def read_tokens(path, vocab):
+    text = open(path).read().replace(",", " ").split()
+    try:
+        ids = [int(t) for t in text]
+    except ValueError as e:
+        sys.exit(f"hf_score: {path}: not a list of token ids ({e})")
+    bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab]
+    if bad:
+        sys.exit(f"hf_score: {path}: token {bad[0][1]} at index {bad[0][0]} is outside the vocabulary (0..{vocab - 1})")
+    if not 2 <= len(ids) <= MAX_CTX:
+        sys.exit(f"hf_score: {path}: {len(ids)} tokens; scoring needs 2..{MAX_CTX}")
+    return ids
+
+
+def rows_of(model, ids, device, chunk):
+    """Yields the logits rows (float32, on the device) for positions 0..N-2, a block at a time."""
+    import torch
+    feed = ids[:-1]
+    with torch.no_grad():
+        if chunk <= 0:
+            out = model(input_ids=torch.tensor([feed], device=device), use_cache=False)
+            yield 0, out.logits[0].float()
+            return
+        cache = None
+        for p0 in range(0, len(feed), chunk):
+            out = model(input_ids=torch.tensor([feed[p0:p0 + chunk]], device=device), past_key_values=cache,
+                        use_cache=True)
+            cache = out.past_key_values
+            yield p0, out.logits[0].float()
+
+
+def load_reference(path, ids, vocab):
+    try:
+        r = json.load(open(path))
+    except (OSError, ValueError) as e:
+        sys.exit(f"hf_score: {path}: not valid JSON ({e})")
+    if not isinstance(r, dict) or r.get("format") != FORMAT or r.get("version") != VERSION:
+        sys.exit(f"hf_score: {path}: not a score file of format {FORMAT} version {VERSION}")
+    if r.get("vocab") != vocab or r.get("tokens") != ids:
+        sys.exit(f"hf_score: {path}: another vocabulary or token sequence than this run's")
+    pos = r.get("positions")
+    if not isinstance(pos, list) or len(pos) != len(ids) - 1:
+        sys.exit(f"hf_score: {path}: \"positions\" must hold {len(ids) - 1} entries")
+    return pos
+
+
+class Comparison:
+    """The reference's stored values against this run's whole rows (src/score.c compare_row)."""
+
+    def __init__(self, ref_positions, clear=0.05):
+        self.ref, self.clear_margin = ref_positions, clear
+        self.kl, self.same, self.clear, self.num, self.den, self.nle, self.tail = [], [], [], [], [], [], []
+
+    def add(self, p, row, lse):
+        import torch
+        r = self.ref[p]
+        rlse = float(r["lse"])
+        if "full" in r:
+            ref = torch.tensor(r["full"], dtype=torch.float64, device=row.device)
+            run = row.double()
+            lr, lt = ref - rlse, run - lse
+            kl = float((lr.exp() * (lr - lt)).sum())
+            tail = 0.0
+        else:
+            ids = torch.tensor(r["ids"], device=row.device)
+            ref = torch.tensor(r["logits"], dtype=torch.float64, device=row.device)
+            run = row[ids].double()
+            lr, lt = ref - rlse, run - lse
+            kl = float((lr.exp() * (lr - lt)).sum())
+            tr, tt = 1 - float(lr.exp().sum()), 1 - float(lt.exp().sum())
+            if tr > 1e-12:
+                kl += tr * (math.log(tr) - math.log(max(tt, 1e-30)))
+            tail = tr
+        num, den = float(((run - ref) ** 2).sum()), float((ref ** 2).sum())
+        self.kl.append(kl)
+        self.same.append(int(row.argmax()) == r["ids"][0])
+        self.clear.append(len(r["logits"]) >= 2 and r["logits"][0] - r["logits"][1] > self.clear_margin)
+        self.num.append(num)
+        self.den.append(den)
+        self.nle.append(math.sqrt(num / den) if den > 0 else 0.0)
+        self.tail.append(tail)
+
+    def summary(self, ref_path):
+        P = len(self.kl)
+        s = sorted(self.kl)
+        n_clear = sum(self.clear)
+        same_clear = sum(1 for c, m in zip(self.clear, self.same) if c and m)
+        return {"reference": ref_path, "positions": P, "kl_mean": sum(self.kl) / P,
+                "kl_p999": s[max(1, math.ceil(0.999 * P)) - 1], "kl_max": s[-1],
+                "top1_agree": sum(self.same) / P, "top1_same": sum(self.same), "clear_margin": self.clear_margin,
+                "n_clear": n_clear, "top1_agree_clear": same_clear / n_clear if n_clear else 1.0,
+                "top1_same_clear": same_clear, "nle_mean": sum(self.nle) / P, "nle_max": max(self.nle),
+                "nle_all": math.sqrt(sum(self.num) / sum(self.den)) if sum(self.den) > 0 else 0.0,
+                "ref_tail_max": max(self.tail)}
+
+
+def fmt(x):
+    return "%.9g" % x
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a Calla (MLX layout) checkpoint directory")
+    ap.add_argument("--tokens", help="token ids, decimal, separated by spaces or commas")
+    ap.add_argument("--bench-len", type=int, help="instead of --tokens: N tokens by the BENCH.md rule")
+    ap.add_argument("--tokens-out", help="with --bench-len: write the ids here (for calla score --tokens)")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--top-k", type=int, default=16)
+    ap.add_argument("--full-logits", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bf16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--chunk", type=int, default=0)
+    ap.add_argument("--reference", help="compare with a run written by calla score --json or this script")
+    a = ap.parse_args()
+    if not 1 <= a.top_k <= TOP_K_MAX:
+        sys.exit(f"hf_score: --top-k must be 1..{TOP_K_MAX}")
+    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    V = cfg["text_config"]["vocab_size"]
+    if bool(a.tokens) == bool(a.bench_len):
+        sys.exit("hf_score: give one of --tokens, --bench-len")
+    ids = read_tokens(a.tokens, V) if a.tokens else hash_prompt(a.bench_len, 0, V)
+    if a.tokens_out:
+        with open(a.tokens_out, "w") as f:
+            f.write(" ".join(str(t) for t in ids) + "\n")
+    P = len(ids) - 1
+    if a.full_logits and P > FULL_MAX:
+        sys.exit(f"hf_score: --full-logits keeps whole rows: at most {FULL_MAX} positions (this sequence has {P})")
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
+    cmp = Comparison(load_reference(a.reference, ids, V)) if a.reference else None
+    model, ver = build_hf(Checkpoint(a.model), cfg, a.device, dtype)
+    backend = f"hf-{ver}-{a.dtype}"
+    lse, target, top_ids, top_logits, full = [], [], [], [], []
+    for p0, rows in rows_of(model, ids, a.device, a.chunk):
+        n = rows.shape[0]
+        nxt = torch.tensor(ids[p0 + 1:p0 + 1 + n], device=rows.device)
+        block_lse = torch.logsumexp(rows, dim=-1).tolist()   # fp32 values, as calla stores them
+        lse += block_lse
+        if cmp:
+            for i in range(n):
+                cmp.add(p0 + i, rows[i], block_lse[i])
+        target += rows.gather(1, nxt[:, None])[:, 0].tolist()
+        t = torch.topk(rows, a.top_k, dim=-1)
+        top_ids += t.indices.tolist()
+        top_logits += t.values.tolist()
+        if a.full_logits:
+            full += rows.cpu().tolist()
+    nll = sum(l - t for l, t in zip(lse, target)) / P
+    with open(a.json, "w") as f:
+        f.write('{\n  "format": "%s", "version": %d, "producer": "tools/hf_score.py (transformers %s)", '
+                '"backend": %s,\n' % (FORMAT, VERSION, ver, json.dumps(backend)))
+        f.write('  "model": %s, "vocab": %d, "top_k": %d, "n_tokens": %d,\n' % (json.dumps(a.model), V, a.top_k, len(ids)))
+        f.write('  "totals": {"positions": %d, "nll": %s, "perplexity": %s},\n' % (P, fmt(nll), fmt(math.exp(min(nll, 700)))))
+        if cmp:
+            c = cmp.summary(a.reference)
+            f.write('  "comparison": %s,\n' % json.dumps(c))
+        f.write('  "tokens": [%s],\n  "positions": [\n' % ",".join(str(t) for t in ids))
+        for p in range(P):
+            extra = ', "full": [%s]' % ",".join(fmt(x) for x in full[p]) if a.full_logits else ""
+            if cmp:
+                extra = ', "kl": %s' % fmt(cmp.kl[p]) + extra
+            f.write('    {"lp": %s, "lse": %s, "target": %s, "ids": [%s], "logits": [%s]%s}%s\n' % (
+                fmt(target[p] - lse[p]), fmt(lse[p]), fmt(target[p]), ",".join(str(i) for i in top_ids[p]),
+                ",".join(fmt(x) for x in top_logits[p]), extra, "," if p + 1 < P else ""))
+        f.write("  ]\n}\n")
+    print(f"{a.json}: {backend}, {P} positions, nll {nll:.6f}, perplexity {math.exp(min(nll, 700)):.4f}")
+    if cmp:
+        print(f"vs reference: KL mean {c['kl_mean']:.3e}  p99.9 {c['kl_p999']:.3e}  max {c['kl_max']:.3e}  "
+              f"(reference tail mass up to {c['ref_tail_max']:.2e})")
+        print(f"  top-1 agreement {c['top1_agree']:.4f} ({c['top1_same']}/{P}); where the reference margin > "
+              f"{c['clear_margin']}: {c['top1_agree_clear']:.4f} ({c['top1_same_clear']}/{c['n_clear']})")
+        print(f"  normalised logit error: mean {c['nle_mean']:.3e}  max {c['nle_max']:.3e}  all {c['nle_all']:.3e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
