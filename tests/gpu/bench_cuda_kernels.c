@@ -6,19 +6,13 @@
 #include "cuda/kernels.h"
 #include "engine.h"
 #include "model.h"
+#include "gpu/gpu_test.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
 static void *dev_random(size_t bytes, int kind) {   // kind 0: bf16 in [-1, 1), 1: fp32 in [-1, 1), 2: raw bits
     void *h = malloc(bytes), *d;
     for (size_t i = 0; i < bytes / 4; i++) {
@@ -101,6 +95,7 @@ static int run_gdn(void *c) {
 }
 
 int main(int argc, char **argv) {
+    rng = 0x2545F4914F6CDD1Dull;
     char why[256];
     if (!backend_cuda_available(why, sizeof why)) {
         printf("bench_cuda_kernels: no suitable GPU (%s); ran nothing\n", why);

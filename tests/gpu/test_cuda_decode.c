@@ -13,6 +13,7 @@
 // there is no GPU (ran nothing: gpu-check records a FAIL).
 #include "cuda/kernels.h"
 #include "engine.h"
+#include "gpu/gpu_test.h"
 
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -33,14 +34,6 @@
 
 static int fails, checks;
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }   // [-1, 1)
 static uint16_t bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -262,12 +255,6 @@ static int lab(int only) {
 
 // ---- end to end ---------------------------------------------------------------------------------
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // Prefill n tokens of the hash prompt, then steps greedy steps feeding `forced` (when not NULL)
 // or its own tokens; logits of each step into lg [steps, V], the token fed at each step into tok,
 // ms/step into *ms.
@@ -297,26 +284,6 @@ fail:
     fprintf(stderr, "forward: %s\n", err);
     free(p);
     return -1;
-}
-
-static double nerr_f(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += isnan(a[i]) ? INFINITY : d * d;
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-static float margin_of(const float *x, int n, int *top) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    float s = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != b && x[i] > s) s = x[i];
-    *top = b;
-    return x[b] - s;
 }
 
 static int e2e(const char *dir, int n, int steps) {
@@ -362,9 +329,8 @@ static int e2e(const char *dir, int n, int steps) {
             const double ne = nerr_f(lg[0] + (size_t)k * V, lg[m] + (size_t)k * V, (size_t)V);
             mean += ne / steps;
             if (ne > mx) mx = ne;
-            int t0, tm;
-            const float mg = margin_of(lg[m] + (size_t)k * V, V, &tm);
-            margin_of(lg[0] + (size_t)k * V, V, &t0);
+            float mg, m0;
+            const int tm = argmax_margin(lg[m] + (size_t)k * V, V, &mg), t0 = argmax_margin(lg[0] + (size_t)k * V, V, &m0);
             if (t0 != tm && mg > 0.5f) diff++;   // test_cuda_e2e's MARGIN_CLEAR
         }
         printf("%-11s %9.3f %12.3e %12.3e %9d\n", names[m], ms[m], mean, mx, diff);
@@ -430,6 +396,7 @@ static int profile_step(const char *dir, int n) {
 }
 
 int main(int argc, char **argv) {
+    rng = 0x9E3779B97F4A7C15ull;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         fprintf(stderr, "test_cuda_decode: no CUDA device: this test needs an sm_90 GPU: ran nothing\n");

@@ -12,6 +12,7 @@
 // Prints a table; exit 0 when every check passes, 1 when one fails, 2 on bad arguments, 77 when
 // there is no suitable GPU (nothing ran: never a pass).
 #include "engine.h"
+#include "gpu/gpu_test.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -23,23 +24,6 @@
 #define TOL_ROW 2e-2      // normalised logit error per row (fp32 activations on both sides)
 #define TOL_MEAN 5e-3     // mean over rows
 #define MARGIN_CLEAR 0.5f // a token disagreement counts only above this CPU margin
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int argmax_margin(const float *x, int n, float *margin) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    float s = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != b && x[i] > s) s = x[i];
-    *margin = x[b] - s;
-    return b;
-}
 
 static double nerr(const float *a, const float *ref, int n) {
     double num = 0, den = 0;

@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "cuda/kernels.h"
 #include "engine.h"
+#include "gpu/gpu_test.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -14,14 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }   // [-1, 1)
 static float grand(void) { return (frand() + frand() + frand()) * 0.6f; }
 
 static int fails, checks;

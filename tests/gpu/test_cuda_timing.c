@@ -7,17 +7,12 @@
 // identical run first (discarded). Prints one line. Exit 1 when the token ids of the two runs
 // differ (or a run fails), 2 on bad arguments, 77 when there is no suitable GPU (never a pass).
 #include "engine.h"
+#include "gpu/gpu_test.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int once(struct engine *e, const int32_t *prompt, int n, int d, int32_t *toks, double *pre, double *dec) {
     char err[512];
