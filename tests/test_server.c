@@ -1,8 +1,8 @@
 // test_server.c: `calla serve`: unit tests of its internals, then the loopback suite.
 //
-//   1. server.c is included here (STYLE §10), so its static pieces are tested directly: the
-//      output channels (stop strings, hold-back, newline trimming) and the greedy-parameter table;
-//      session_cache.c is tested on a tiny synthetic engine (LRU, prefix rule, state == tokens).
+//   1. The protocol layer (openai.c) without sockets: the output channels (stop strings,
+//      hold-back, newline trimming) and the greedy-parameter table; session_cache.c on a tiny
+//      synthetic engine (LRU, prefix rule, state == tokens).
 //   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
 //      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
@@ -15,13 +15,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#define cmd_serve cmd_serve_under_test   // the real one is in the linked server.o
-#include "../src/server.c"
-#undef cmd_serve
-
+#include "server.h"
 #include "synth.h"
 
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 static char model_dir[] = "/tmp/calla_server_XXXXXX";
