@@ -43,14 +43,16 @@ void sbuf_free(struct sbuf *b) {
 // ---- errors ----------------------------------------------------------------------------------
 
 json_t *error_body(int status, const char *param, const char *msg) {
-    const char *type = status == 400 || status == 404 || status == 405 || status == 413 ? "invalid_request_error"
-                       : status == 503                                                ? "server_busy"
-                                                                                      : "server_error";
+    // OpenAI's types; error.code is a string or null, as OpenAI's.
+    const char *type = status >= 400 && status < 500 ? "invalid_request_error"
+                       : status == 503               ? "server_busy"
+                                                     : "server_error";
+    const char *code = status == 401 ? "invalid_api_key" : status == 404 ? "not_found" : NULL;
     char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
     size_t len;
     if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
-    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", clean ? clean : "invalid request", "type",
-                          type, "param", param, "code", status);
+    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", clean ? clean : "invalid request", "type",
+                          type, "param", param, "code", code);
     free(clean);
     return o;
 }

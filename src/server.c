@@ -10,6 +10,7 @@
 //        --drain-seconds) or aborts, and frees everything.
 #include "server.h"
 
+#include "auth.h"
 #include "commands.h"
 #include "options.h"
 
@@ -27,7 +28,7 @@
 
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
                                                      "health", "metrics", "other"};
-static const int status_codes[] = {200, 400, 404, 405, 413, 500, 503};
+static const int status_codes[] = {200, 400, 401, 404, 405, 413, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
 // ---- HTTP: routes and responses ---------------------------------------------------------------
@@ -39,6 +40,7 @@ struct request {
     bool post;
     struct sbuf body;
     bool too_large;
+    bool unauthorized;  // API keys are set and the request has none of them
     struct job *job;    // once queued
 };
 
@@ -62,16 +64,23 @@ static void count_request(struct server *sv, enum endpoint ep, int status) {
     pthread_mutex_unlock(&sv->mu);
 }
 
+// The headers a status calls for: Retry-After on 503, WWW-Authenticate on 401, Allow on 405.
+static void status_headers(struct MHD_Response *r, enum endpoint ep, int status) {
+    if (status == 503) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", RETRY_AFTER_S);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
+}
+
 static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                const char *type, const char *body, size_t len, int retry_after) {
+                                const char *type, const char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    if (retry_after > 0) {
-        char v[16];
-        snprintf(v, sizeof v, "%d", retry_after);
-        MHD_add_response_header(r, "Retry-After", v);
-    }
+    status_headers(r, ep, status);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_request(sv, ep, status);
@@ -82,19 +91,19 @@ static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, en
                                  json_t *body) {
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14, 0);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s), 0);
+    if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14);
+    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                  const char *param, const char *msg, int retry_after) {
+                                  const char *param, const char *msg) {
     json_t *b = error_body(status, param, msg);
     char *s = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
-    if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg), retry_after);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s), retry_after);
+    if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg));
+    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
 }
@@ -128,8 +137,8 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
 #undef OUT
-    enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len, 0)
-                            : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory", 0);
+    enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
+                            : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
     sbuf_free(&b);
     return r;
 }
@@ -172,7 +181,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!j || sched_enqueue(sv, j, ci ? ci->connect_fd : -1, &re)) {
         job_unref(j);
-        return send_error(sv, c, rq->ep, re.status, re.param, re.msg, re.status == 503 ? RETRY_AFTER_S : 0);
+        return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
     pthread_mutex_lock(&sv->mu);
@@ -195,9 +204,9 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     pthread_mutex_lock(&j->mu);
     while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);
-    if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg, j->status == 503 ? RETRY_AFTER_S : 0);
+    if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg);
     json_t *o = completion_json(j);
-    if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory", 0);
+    if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
     return send_json(sv, c, rq->ep, 200, o);
 }
 
@@ -211,11 +220,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = rq;
         rq->ep = route(url);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        rq->unauthorized = rq->ep != EP_HEALTH &&
+                           !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
         return MHD_YES;
     }
     if (*upload_data_size) {   // a piece of the body
+        if (rq->unauthorized) rq->too_large = true;   // nothing of it is read
         if (!rq->too_large && rq->body.len + *upload_data_size > (size_t)sv->cfg.max_body) {
             rq->too_large = true;
             sbuf_free(&rq->body);
@@ -224,17 +236,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (rq->unauthorized)
+        return send_error(sv, c, rq->ep, 401, NULL,
+                          "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"");
     const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
-    if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint", 0);
+    if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
     if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))) {
         char msg[96];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method, gen ? "POST" : "GET");
-        return send_error(sv, c, rq->ep, 405, NULL, msg, 0);
+        return send_error(sv, c, rq->ep, 405, NULL, msg);
     }
     if (rq->too_large) {
         char msg[96];
         snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
-        return send_error(sv, c, rq->ep, 413, NULL, msg, 0);
+        return send_error(sv, c, rq->ep, 413, NULL, msg);
     }
     switch (rq->ep) {
     case EP_HEALTH: {
@@ -299,6 +314,27 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, char
     return 0;
 }
 
+static bool is_loopback(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) ||
+               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+static int load_keys(struct auth *a, const struct server_config *cfg, char *err, size_t errlen) {
+    char msg[256];
+    for (int i = 0; i < cfg->api_keys.n; i++)
+        if (auth_add_key(a, cfg->api_keys.v[i], msg, sizeof msg)) {
+            snprintf(err, errlen, "--api-key: %s", msg);
+            return -1;
+        }
+    return cfg->api_key_file ? auth_load_file(a, cfg->api_key_file, err, errlen) : 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
@@ -323,6 +359,8 @@ int cmd_serve(int argc, char **argv) {
         {"drain-seconds", OPT_INT, &cfg.drain_seconds, 0, 3600, "on SIGTERM, time for queued requests to finish before aborting (default 30)"},
         {"timeout", OPT_INT, &cfg.timeout, 1, 3600, "idle connection timeout in seconds (default 120)"},
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
+        {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
+        {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
@@ -372,6 +410,14 @@ int cmd_serve(int argc, char **argv) {
     atomic_init(&sv->abort, false);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
+    if (load_keys(&sv->auth, &cfg, err, sizeof err)) {
+        fprintf(stderr, "calla serve: %s\n", err);
+        rc = 2;
+        goto out_engine;
+    }
+    if (!sv->auth.n && !is_loopback(&addr))
+        fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
+                        "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
     struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
@@ -473,6 +519,7 @@ out_tok:
     tokenizer_free(sv->tok);
 out_engine:
     engine_close(sv->e);
+    auth_free(&sv->auth);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv);
     free(model_name);

@@ -10,7 +10,9 @@
 // A job is shared by its connection and the worker (reference counted, one mutex each).
 #pragma once
 
+#include "auth.h"
 #include "engine.h"
+#include "options.h"
 #include "session_cache.h"
 #include "tokenizer.h"
 
@@ -45,6 +47,8 @@ struct server_config {
     long long threads;
     long long timeout;            // idle connection timeout, seconds
     bool quiet;
+    struct opt_strs api_keys;     // --api-key, repeatable
+    const char *api_key_file;
 };
 
 // ---- a growable byte buffer --------------------------------------------------------------------
@@ -61,7 +65,7 @@ double now_s(void);   // CLOCK_MONOTONIC seconds
 // ---- metrics -----------------------------------------------------------------------------------
 
 enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
-enum { N_STATUS = 7 };   // the statuses counted one by one (server.c: status_codes)
+enum { N_STATUS = 8 };   // the statuses counted one by one (server.c: status_codes)
 
 struct metrics {
     unsigned long long requests[EP_COUNT][N_STATUS + 1];   // last column: any other status
@@ -186,6 +190,7 @@ struct server {
     struct tokenizer *tok;
     int vocab;                      // the model's vocabulary (embedding rows)
     struct openai_ctx oc;           // what the protocol layer needs to parse a request
+    struct auth auth;               // API keys (none: open)
 
     // Worker-only state.
     struct seq *w;                  // the working sequence

@@ -19,6 +19,7 @@
 #include "synth.h"
 
 #include <limits.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,55 @@ static void test_greedy_table(void **state) {
     }
 }
 
+// ---- API keys ------------------------------------------------------------------------------------
+
+static void test_auth_keys(void **state) {
+    struct auth a = {0};
+    char err[256];
+    assert_true(auth_check(&a, NULL));   // no keys: open
+    assert_int_equal(auth_add_key(&a, "sk-abc", err, sizeof err), 0);
+    assert_int_equal(auth_add_key(&a, "second", err, sizeof err), 0);
+    assert_int_equal(auth_add_key(&a, "", err, sizeof err), -1);
+    assert_int_equal(auth_add_key(&a, "a b", err, sizeof err), -1);
+    assert_int_equal(auth_add_key(&a, "caf\xc3\xa9", err, sizeof err), -1);
+    assert_true(auth_check(&a, "Bearer sk-abc"));
+    assert_true(auth_check(&a, "bearer second "));
+    assert_false(auth_check(&a, NULL));
+    assert_false(auth_check(&a, ""));
+    assert_false(auth_check(&a, "Bearer"));
+    assert_false(auth_check(&a, "Bearer "));
+    assert_false(auth_check(&a, "Bearer sk-ab"));
+    assert_false(auth_check(&a, "Bearer sk-abcd"));
+    assert_false(auth_check(&a, "Bearer SK-ABC"));
+    assert_false(auth_check(&a, "Basic sk-abc"));
+    assert_false(auth_check(&a, "sk-abc"));
+    auth_free(&a);
+
+    char path[] = "/tmp/calla_keys_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char text[] = "# comment\n\n  key-one\r\nkey-two\n";
+    assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), 0);
+    assert_int_equal(a.n, 2);
+    assert_true(auth_check(&a, "Bearer key-one"));
+    assert_true(auth_check(&a, "Bearer key-two"));
+    auth_free(&a);
+    FILE *f = fopen(path, "w");
+    fputs("# only comments\n", f);
+    fclose(f);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no keys"));
+    f = fopen(path, "w");
+    fputs("good\nbad key\n", f);
+    fclose(f);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":2:"));
+    auth_free(&a);
+    unlink(path);
+}
+
 // ---- the session cache on a tiny engine ----------------------------------------------------------
 
 static struct engine *eng;
@@ -263,6 +313,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_channel_stream_equals_total),
         cmocka_unit_test(test_channel_utf8_holdback),
         cmocka_unit_test(test_greedy_table),
+        cmocka_unit_test(test_auth_keys),
         cmocka_unit_test(test_session_cache),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_loopback),

@@ -371,10 +371,11 @@ def test_bad_input(port, max_body):
     check("garbage request -> closed without a reply", reply == b"" or raw_status(reply) == 400, reply[:200])
     st, _, b = request(port, "GET", "/v1/nothing")
     check("unknown path -> 404", st == 404 and b"error" in b, (st, b))
-    st, _, b = request(port, "GET", "/v1/chat/completions")
-    check("GET on a POST endpoint -> 405", st == 405, (st, b))
-    st, _, b = request(port, "POST", "/health", b"{}")
-    check("POST on a GET endpoint -> 405", st == 405, (st, b))
+    st, h, b = request(port, "GET", "/v1/chat/completions")
+    check("GET on a POST endpoint -> 405 with Allow: POST", st == 405 and h.get("allow") == "POST"
+          and json.loads(b)["error"]["type"] == "invalid_request_error", (st, h, b))
+    st, h, b = request(port, "POST", "/health", b"{}")
+    check("POST on a GET endpoint -> 405 with Allow", st == 405 and h.get("allow") == "GET, HEAD", (st, h, b))
     n += 9
     st, _, b = request(port, "GET", "/health")
     check(f"server alive after {n} bad-input cases", st == 200, (st, b))
@@ -594,6 +595,54 @@ def test_queue_and_drain(binary, model):
         srv.close("abort server")
 
 
+def test_auth(binary, model, tmpdir):
+    keyfile = os.path.join(tmpdir, "keys.txt")
+    with open(keyfile, "w") as f:
+        f.write("# keys\n\n  k-from-file  \r\n")
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--api-key", "k-one",
+                 "--api-key", "k-two", "--api-key-file", keyfile)
+    try:
+        port = srv.port
+        st, _, _ = request(port, "GET", "/health")
+        check("auth: /health stays open", st == 200, st)
+        body = {"prompt": [1, 2], "max_tokens": 1}
+        for name, hdr in [("no header", {}), ("wrong key", {"Authorization": "Bearer k-on"}),
+                          ("longer key", {"Authorization": "Bearer k-one1"}), ("not Bearer", {"Authorization": "Basic k-one"}),
+                          ("empty Bearer", {"Authorization": "Bearer "})]:
+            st, h, j = post(port, "/v1/completions", body, headers=hdr)
+            check(f"auth: {name} -> 401 in OpenAI's shape", st == 401 and j["error"]["code"] == "invalid_api_key"
+                  and j["error"]["type"] == "invalid_request_error" and h.get("www-authenticate") == "Bearer", (st, h, j))
+        for path in ("/v1/models", "/metrics"):
+            st, _, _ = request(port, "GET", path)
+            check(f"auth: {path} protected", st == 401, st)
+            st, _, _ = request(port, "GET", path, headers={"Authorization": "Bearer k-two"})
+            check(f"auth: {path} with a key -> 200", st == 200, st)
+        for key in ("k-one", "k-two", "k-from-file"):
+            st, _, j = post(port, "/v1/completions", body, headers={"Authorization": "bearer " + key})
+            check(f"auth: key {key} accepted", st == 200, (st, j))
+        big = b'{"prompt": "' + b"a" * 50000 + b'"}'
+        st, _, _ = request(port, "POST", "/v1/completions", big)
+        check("auth: unauthenticated body is not read (401, not 413 or 200)", st == 401, st)
+    finally:
+        srv.close("server with API keys")
+    for bad_args, pattern in [(["--api-key", "has space"], "printable"), (["--api-key-file", "/nonexistent/k"], "nonexistent"),
+                              (["--api-key", ""], "1 to")]:
+        p = subprocess.run([binary, "serve", "--model", model, *bad_args], capture_output=True, text=True, timeout=60)
+        check(f"auth: bad key option {bad_args} refused", p.returncode == 2 and re.search(pattern, p.stderr), p.stderr)
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--host", "0.0.0.0")
+    try:
+        check("auth: non-loopback bind without a key warns", "WARNING" in srv.text() and "api-key" in srv.text(), srv.text())
+    finally:
+        srv.close("non-loopback server")
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet")
+    try:
+        check("auth: loopback bind without a key does not warn", "WARNING" not in srv.text(), srv.text())
+        st, _, j = post(srv.port, "/v1/completions", {"prompt": [1], "max_tokens": 1})
+        check("auth: no keys, no header needed", st == 200, (st, j))
+    finally:
+        srv.close()
+
+
 def test_soak(srv, n, rss_bound):
     if n <= 0:
         return
@@ -659,6 +708,8 @@ def main():
         test_concurrent(main_srv.port, 16)
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)
+        with tempfile.TemporaryDirectory() as tmpdir:
+            test_auth(a.bin, a.model, tmpdir)
         test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)
         rc = main_srv.stop()
         log = main_srv.text()
