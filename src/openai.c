@@ -87,7 +87,6 @@ enum greedy_kind {
     GREEDY_INT_EQ,      // an integer >= lo; only `greedy` is accepted (n, best_of)
     GREEDY_NULL,        // must be absent or null (seed)
     GREEDY_EMPTY_OBJ,   // absent, null or {} (logit_bias)
-    GREEDY_OFF,         // absent, null, false or 0 (logprobs, top_logprobs)
 };
 
 static const struct greedy_rule {
@@ -108,8 +107,6 @@ static const struct greedy_rule {
     {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
     {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
     {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
-    {"logprobs", GREEDY_OFF, 0, 0, 0, "logprobs are not supported"},
-    {"top_logprobs", GREEDY_OFF, 0, 0, 0, "top_logprobs are not supported"},
 };
 
 static bool integral(const json_t *v, long long *out) {
@@ -155,11 +152,6 @@ int check_greedy(const json_t *body, struct req_error *re) {
             if (!json_is_object(v)) return bad(re, 400, g->name, "%s must be an object", g->name);
             if (json_object_size(v)) return bad(re, 400, g->name, "%s", g->why);
             break;
-        case GREEDY_OFF:
-            if (json_is_false(v) || (integral(v, &k) && k == 0)) break;
-            if (!json_is_boolean(v) && !json_is_integer(v))
-                return bad(re, 400, g->name, "%s must be a boolean or an integer", g->name);
-            return bad(re, 400, g->name, "%s", g->why);
         }
     }
     return 0;
@@ -187,10 +179,38 @@ static int get_bool(const json_t *obj, const char *name, bool def, bool *out, st
     return 0;
 }
 
+// logprobs: chat takes "logprobs": true with "top_logprobs": 0..20; completions take
+// "logprobs": 0..20 (the number of alternatives).  j->logprobs: -1 (off) or that number.
+static int parse_logprobs(const json_t *body, struct job *j, struct req_error *re) {
+    const json_t *lp = json_object_get(body, "logprobs"), *top = json_object_get(body, "top_logprobs");
+    long long k = 0;
+    j->logprobs = -1;
+    if (j->chat) {
+        bool on;
+        if (get_bool(body, "logprobs", false, &on, re)) return -1;
+        if (top && !json_is_null(top)) {
+            if (!integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+                return bad(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
+                           MAX_TOP_LOGPROBS);
+            if (!on) return bad(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
+        }
+        if (on) j->logprobs = (int)k;
+        return 0;
+    }
+    if (top && !json_is_null(top))
+        return bad(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
+    if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
+    if (!integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+        return bad(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
+    j->logprobs = (int)k;
+    return 0;
+}
+
 // Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
-    if (check_greedy(body, re)) return -1;
+    if (check_greedy(body, re) || parse_logprobs(body, j, re)) return -1;
+    j->tok = oc->tok;
     const json_t *v;
     if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
     *max_tokens = 0;   // 0: not given
@@ -484,6 +504,110 @@ fail:
     return NULL;
 }
 
+// ---- logprobs ------------------------------------------------------------------------------------
+
+void logprobs_of(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out) {
+    float mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
+    const float lse = mx + (float)log(sum);
+    out->id = chosen;
+    out->lp = logits[chosen] - lse;
+    out->n_top = 0;
+    // Top k by insertion into a sorted list: most values fail the first compare.
+    for (int i = 0; i < vocab && k > 0; i++) {
+        const float x = logits[i];
+        if (out->n_top == k && !(x > out->top_lp[k - 1])) continue;
+        int at = out->n_top < k ? out->n_top++ : k - 1;
+        while (at > 0 && x > out->top_lp[at - 1]) {
+            out->top_lp[at] = out->top_lp[at - 1];
+            out->top_id[at] = out->top_id[at - 1];
+            at--;
+        }
+        out->top_lp[at] = x;
+        out->top_id[at] = i;
+    }
+    for (int t = 0; t < out->n_top; t++) out->top_lp[t] -= lse;
+}
+
+int job_add_logprobs(struct job *j, const float *logits, int vocab, int32_t chosen) {
+    if (j->n_lps == j->lps_cap) {
+        int cap = j->lps_cap ? 2 * j->lps_cap : 16;
+        struct token_lp *p = realloc(j->lps, sizeof *p * (size_t)cap);
+        if (!p) return -1;
+        j->lps = p, j->lps_cap = cap;
+    }
+    logprobs_of(logits, vocab, chosen, j->logprobs, &j->lps[j->n_lps++]);
+    return 0;
+}
+
+// A token's text (invalid UTF-8 as U+FFFD) and, for chat, its raw bytes.
+static json_t *token_text(const struct job *j, int32_t id, json_t **bytes) {
+    size_t n = 0, cn;
+    const char *b = tokenizer_token_bytes(j->tok, id, &n);
+    if (!b) b = "", n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)b[i]));
+    }
+    char *clean = NULL;
+    if (utf8_sanitize(b, n, &clean, &cn)) return json_string("");
+    json_t *s = json_stringn(clean, cn);
+    free(clean);
+    return s;
+}
+
+static json_t *chat_lp_item(const struct job *j, int32_t id, float lp) {
+    json_t *bytes, *tok = token_text(j, id, &bytes);
+    return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
+}
+
+// choice.logprobs for entries [from, to): chat {"content": [...]}, completions the legacy
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+static json_t *logprobs_json(const struct job *j, int from, int to) {
+    if (j->chat) {
+        json_t *content = json_array();
+        for (int i = from; i < to; i++) {
+            const struct token_lp *t = &j->lps[i];
+            json_t *item = chat_lp_item(j, t->id, t->lp), *top = json_array();
+            for (int k = 0; k < t->n_top; k++) json_array_append_new(top, chat_lp_item(j, t->top_id[k], t->top_lp[k]));
+            json_object_set_new(item, "top_logprobs", top);
+            json_array_append_new(content, item);
+        }
+        return json_pack("{s:o, s:n}", "content", content, "refusal");
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = 0, n;
+    for (int i = 0; i < to; i++) {
+        const struct token_lp *t = &j->lps[i];
+        if (i >= from) {
+            json_array_append_new(tokens, token_text(j, t->id, NULL));
+            json_array_append_new(lps, json_real(t->lp));
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            json_t *top = json_object();
+            for (int k = 0; k < t->n_top; k++) {
+                json_t *s = token_text(j, t->top_id[k], NULL);
+                json_object_set_new(top, json_string_value(s), json_real(t->top_lp[k]));
+                json_decref(s);
+            }
+            json_array_append_new(tops, top);
+        }
+        if (tokenizer_token_bytes(j->tok, t->id, &n)) off += n;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+// Streaming: the logprobs not sent yet (null when off or none are new).
+static json_t *logprobs_pending(struct job *j) {
+    if (j->logprobs < 0 || j->lps_sent == j->n_lps) return json_null();
+    json_t *o = logprobs_json(j, j->lps_sent, j->n_lps);
+    j->lps_sent = j->n_lps;
+    return o;
+}
+
 // ---- output: channels, stop strings, server-sent events ----------------------------------------
 
 void job_sse(struct job *j, const char *data, size_t len) {
@@ -517,8 +641,8 @@ static void stream_delta(struct job *j, const char *field, const char *text, siz
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", json_stringn(field ? text : "", field ? len : 0));
-        json_object_set_new(choice, "logprobs", json_null());
     }
+    json_object_set_new(choice, "logprobs", logprobs_pending(j));
     json_array_append_new(json_object_get(o, "choices"), choice);
     job_sse_json(j, o);
 }
@@ -604,13 +728,14 @@ void stream_end(struct job *j) {
         json_t *o = chunk_new(j);
         json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", j->finish);
         if (j->chat) json_object_set_new(choice, "delta", json_object());
-        else json_object_set_new(choice, "text", json_string("")), json_object_set_new(choice, "logprobs", json_null());
+        else json_object_set_new(choice, "text", json_string(""));
+        json_object_set_new(choice, "logprobs", logprobs_pending(j));
         if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
         json_array_append_new(json_object_get(o, "choices"), choice);
-        json_object_set_new(o, "usage", usage_json(j));
         json_object_set_new(o, "timings", timings_json(j));
         job_sse_json(j, o);
-        if (j->include_usage) {
+        if (j->include_usage) {   // usage once, in a chunk of its own after the finish, as OpenAI
+
             o = chunk_new(j);
             json_object_set_new(o, "usage", usage_json(j));
             job_sse_json(j, o);
@@ -630,11 +755,12 @@ json_t *completion_json(const struct job *j) {
         if (j->reasoning)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning_text.p ? j->reasoning_text.p : "", j->reasoning_text.len));
-        choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", j->finish, "logprobs");
+        choice = json_pack("{s:i, s:o, s:s}", "index", 0, "message", msg, "finish_reason", j->finish);
     } else {
-        choice = json_pack("{s:i, s:s%, s:s, s:n}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,
-                           "finish_reason", j->finish, "logprobs");
+        choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,
+                           "finish_reason", j->finish);
     }
+    json_object_set_new(choice, "logprobs", j->logprobs >= 0 ? logprobs_json(j, 0, j->n_lps) : json_null());
     if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->id, "object",
                      j->chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",

@@ -47,6 +47,7 @@ void job_unref(struct job *j) {
     if (r) return;
     free(j->prompt);
     free(j->gen);
+    free(j->lps);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sbuf_free(&j->sse);
     sbuf_free(&j->content);
@@ -82,10 +83,13 @@ static void job_fail(struct job *j, int status, const char *fmt, ...) {
 }
 
 // Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
-static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next) {
+// logits (NULL: not wanted) gets the last row's logits.
+static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
     if (job_cancelled(j)) return ENGINE_CANCELLED;
     char err[256];
-    struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j};
+    const int last = n - 1;
+    struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j, .logit_rows = logits ? &last : NULL,
+                              .n_logit_rows = logits ? 1 : 0, .logits = logits};
     int rc = engine_forward(sv->e, sv->w, t, n, &fo, next, err, sizeof err);
     if (rc == ENGINE_ERROR) job_fail(j, 500, "engine: %s", err);
     return rc;
@@ -100,9 +104,15 @@ static void run_job(struct server *sv, struct job *j) {
     int32_t tok = -1;
     int rc = ENGINE_OK;
     bool have_tok = false;
+    float *logits = NULL;   // [vocab] the last row's, when logprobs are wanted
+    if (j->logprobs >= 0 && !(logits = malloc(sizeof *logits * (size_t)sv->vocab)))
+        job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
 
     // Session cache: the longest entry whose tokens are a prefix of the prompt.
-    struct cache_entry *full = scache_lookup(&sv->full, P, n), *bnd = scache_lookup(&sv->bound, P, n);
+    // With logprobs the last prompt token must run (its logits give the first token's), so an
+    // entry may cover at most n - 1 tokens.
+    const int usable = j->logprobs >= 0 ? n - 1 : n;
+    struct cache_entry *full = scache_lookup(&sv->full, P, usable), *bnd = scache_lookup(&sv->bound, P, usable);
     struct cache_entry *hit = full && (!bnd || full->n >= bnd->n) ? full : bnd;
     int pos = 0;
     if (hit && seq_copy(sv->w, hit->s, err, sizeof err)) hit = NULL;
@@ -125,14 +135,14 @@ static void run_job(struct server *sv, struct job *j) {
     // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
     if (j->boundary > pos && j->boundary < n && sv->bound.n > 0) {
         int32_t bnext;
-        rc = forward(sv, j, P + pos, j->boundary - pos, &bnext);
+        rc = forward(sv, j, P + pos, j->boundary - pos, &bnext, NULL);
         if (rc == ENGINE_OK) {
             pos = j->boundary;
             if (scache_store_copy(&sv->bound, sv->w, P, pos, bnext, err, sizeof err))
                 fprintf(stderr, "calla serve: session cache: %s\n", err);
         }
     }
-    if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok);
+    if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
     const double t1 = now_s();
     j->prefill_ms = 1e3 * (t1 - t0);
 
@@ -154,6 +164,10 @@ static void run_job(struct server *sv, struct job *j) {
             eos = true;
             break;
         }
+        if (logits && job_add_logprobs(j, logits, sv->vocab, tok)) {
+            job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
+            break;
+        }
         const char *text = "";
         size_t len = 0;
         if (ch == &reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
@@ -166,7 +180,7 @@ static void run_job(struct server *sv, struct job *j) {
             stop_str = channel_push(j, ch, text, len, false);
         }
         if (stop_str || ng == j->max_tokens) break;
-        rc = forward(sv, j, &tok, 1, &tok);
+        rc = forward(sv, j, &tok, 1, &tok, logits);
     }
     if (rc == ENGINE_OK) {
         if (!stop_str) {   // flush what the decoder and the channel still hold
@@ -178,6 +192,7 @@ static void run_job(struct server *sv, struct job *j) {
         j->finish = eos || stop_str ? "stop" : "length";
     }
     tokenizer_stream_free(&ts);
+    free(logits);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);
     const double t2 = now_s();

@@ -30,6 +30,16 @@ enum {
     MAX_STOP_BYTES = 256,     // per stop string
     SSE_BLOCK = 4096,         // MHD read block for streamed responses
     RETRY_AFTER_S = 1,        // Retry-After on 503 queue full
+    MAX_TOP_LOGPROBS = 20,    // OpenAI's limit on top_logprobs
+};
+
+// The log-probability of a generated token and of the most likely alternatives.
+struct token_lp {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[MAX_TOP_LOGPROBS];   // most likely first (lowest id on ties)
+    float top_lp[MAX_TOP_LOGPROBS];
 };
 
 struct server_config {
@@ -89,6 +99,8 @@ struct job {
     bool stream, include_usage;
     bool return_ids;                // return_token_ids: the generated ids in the choice (as vLLM)
     bool reasoning;                 // chat with thinking on: output before </think> is reasoning_content
+    int logprobs;                   // -1: off; else top_logprobs per token (0..MAX_TOP_LOGPROBS)
+    const struct tokenizer *tok;    // token text for logprobs
     int32_t *prompt;
     int n_prompt;
     int boundary;                   // tokens up to the last message boundary (0: none)
@@ -116,6 +128,9 @@ struct job {
     char errmsg[512];
     int32_t *gen;                   // [n_gen] generated ids, the stop token included
     int n_gen, n_cached;
+    struct token_lp *lps;           // [n_lps] per generated token, the closing stop token excluded
+    int n_lps, lps_cap;
+    int lps_sent;                   // streaming: entries already sent
     double queue_ms, prefill_ms, decode_ms;
 
     struct job *next;               // queue link
@@ -177,6 +192,10 @@ void job_sse_json(struct job *j, json_t *o);
 // Streaming: the first chunk (the role), and the end (finish chunk, usage, or an error; [DONE]).
 void stream_begin(struct job *j);
 void stream_end(struct job *j);
+// Log-softmax of logits[0..vocab) for the chosen token and the k most likely ones.
+void logprobs_of(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out);
+// Appends one token's logprobs to the job; 0, or -1 when out of memory.
+int job_add_logprobs(struct job *j, const float *logits, int vocab, int32_t chosen);
 // The whole non-streamed answer.
 json_t *completion_json(const struct job *j);
 

@@ -19,6 +19,7 @@
 #include "synth.h"
 
 #include <limits.h>
+#include <math.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,13 +141,37 @@ static void test_greedy_table(void **state) {
     static const char *const bad[][2] = {
         {"{\"temperature\": 0.1}", "temperature"}, {"{\"top_p\": 0.5}", "top_p"},   {"{\"top_k\": 2}", "top_k"},
         {"{\"n\": 3}", "n"},                       {"{\"seed\": 0}", "seed"},         {"{\"min_p\": 0.1}", "min_p"},
-        {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"}, {"{\"logprobs\": true}", "logprobs"},
+        {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"},
         {"{\"frequency_penalty\": -1}", "frequency_penalty"}, {"{\"temperature\": \"0\"}", "temperature"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(greedy(bad[i][0], &p), -1);
         assert_string_equal(p, bad[i][1]);
     }
+}
+
+// ---- logprobs ------------------------------------------------------------------------------------
+
+static void test_logprobs_of(void **state) {
+    const float logits[] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+    double lse = 0;
+    for (int i = 0; i < 5; i++) lse += exp(logits[i]);
+    lse = log(lse);
+    struct token_lp t;
+    logprobs_of(logits, 5, 1, 3, &t);
+    assert_int_equal(t.id, 1);
+    assert_true(fabs(t.lp - (3.0 - lse)) < 1e-5);
+    assert_int_equal(t.n_top, 3);
+    assert_int_equal(t.top_id[0], 1);   // ties: the lower id first
+    assert_int_equal(t.top_id[1], 3);
+    assert_int_equal(t.top_id[2], 2);
+    assert_true(fabs(t.top_lp[2] - (2.0 - lse)) < 1e-5);
+    logprobs_of(logits, 5, 4, 0, &t);
+    assert_int_equal(t.n_top, 0);
+    assert_true(fabs(t.lp - (-1.0 - lse)) < 1e-5);
+    logprobs_of(logits, 5, 0, 20, &t);   // k above the vocabulary
+    assert_int_equal(t.n_top, 5);
+    assert_int_equal(t.top_id[4], 4);
 }
 
 // ---- API keys ------------------------------------------------------------------------------------
@@ -314,6 +339,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_channel_utf8_holdback),
         cmocka_unit_test(test_greedy_table),
         cmocka_unit_test(test_auth_keys),
+        cmocka_unit_test(test_logprobs_of),
         cmocka_unit_test(test_session_cache),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_loopback),

@@ -214,8 +214,8 @@ def test_endpoints(port):
     content = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e.get("choices"))
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content", "") for e in ev if e.get("choices"))
     last = [e for e in ev if e.get("choices") and e["choices"][0]["finish_reason"]]
-    ok = ok and len(last) == 1 and "usage" in last[0] and "timings" in last[0]
-    check("streamed chat: chunks, finish, usage, [DONE]", ok, ev)
+    ok = ok and len(last) == 1 and "timings" in last[0] and not any("usage" in e for e in ev)
+    check("streamed chat: chunks, finish, no usage without include_usage, [DONE]", ok, ev)
     if ok and full:
         m = full["choices"][0]
         check("streamed chat == non-streamed chat",
@@ -227,7 +227,8 @@ def test_endpoints(port):
                                                     "stream_options": {"include_usage": True}})
     ok = st == 200 and done and all(e["object"] == "text_completion" for e in ev)
     ok = ok and ev[-1].get("usage", {}).get("prompt_tokens") == 3 and ev[-1]["choices"] == []
-    check("streamed completion with include_usage", ok, ev)
+    ok = ok and sum(1 for e in ev if e.get("usage")) == 1
+    check("streamed completion with include_usage: usage once, in the last chunk", ok, ev)
 
     st, _, j = post(port, "/v1/chat/completions",
                     chat_body([{"role": "user", "content": "Hi"}], chat_template_kwargs={"enable_thinking": False}))
@@ -238,6 +239,65 @@ def test_endpoints(port):
                     temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
                     logit_bias={}, logprobs=False, max_completion_tokens=1))
     check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+
+
+def check_chat_logprobs(name, lp, ids, k):
+    """lp: choice.logprobs of chat; ids: the generated ids (stop token included)."""
+    items = lp["content"] if lp else None
+    n = len(ids) - (1 if ids and ids[-1] in (248046, 248044) else 0)
+    ok = items is not None and len(items) == n
+    for it in items or []:
+        top = it["top_logprobs"]
+        ok = ok and isinstance(it["token"], str) and it["logprob"] <= 1e-6 and isinstance(it["bytes"], list)
+        ok = ok and len(top) == k and all(top[i]["logprob"] >= top[i + 1]["logprob"] for i in range(k - 1))
+        ok = ok and sum(2.718281828 ** t["logprob"] for t in top) <= 1 + 1e-4
+        if k:   # greedy: the chosen token is the most likely one
+            ok = ok and abs(top[0]["logprob"] - it["logprob"]) < 1e-6
+    check(name, ok, (lp, ids))
+    return items
+
+
+def test_logprobs(port):
+    msgs = [{"role": "user", "content": "Tell me a number"}]
+    body = chat_body(msgs, max_tokens=5, logprobs=True, top_logprobs=3)
+    st, _, j = post(port, "/v1/chat/completions", body)
+    if not check("chat logprobs: 200", st == 200, j):
+        return
+    c = j["choices"][0]
+    items = check_chat_logprobs("chat logprobs: one entry per token, top 3 sorted, chosen = top", c["logprobs"],
+                                c["token_ids"], 3)
+    st, ev, done = stream(port, "/v1/chat/completions", body)
+    streamed = [it for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+                for it in e["choices"][0]["logprobs"]["content"]]
+    check("chat logprobs streamed == non-streamed",
+          done and [(x["token"], round(x["logprob"], 4)) for x in streamed]
+          == [(x["token"], round(x["logprob"], 4)) for x in items or []], (streamed, items))
+    st, _, j2 = post(port, "/v1/chat/completions", body)   # the session cache holds this prompt now
+    check("chat logprobs: same again after a cache hit", st == 200 and j2["choices"][0]["logprobs"] == c["logprobs"],
+          (j2, c))
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=3, logprobs=True))
+    check_chat_logprobs("chat logprobs without top_logprobs: empty top lists", j["choices"][0]["logprobs"],
+                        j["choices"][0]["token_ids"], 0)
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=2))
+    check("no logprobs asked: logprobs null", st == 200 and j["choices"][0]["logprobs"] is None, j)
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=3, logprobs=True, top_logprobs=20))
+    check("top_logprobs 20", st == 200 and all(len(x["top_logprobs"]) == 20 for x in j["choices"][0]["logprobs"]["content"]), j)
+
+    cbody = {"prompt": [3, 4, 5, 6], "max_tokens": 4, "logprobs": 2, "return_token_ids": True}
+    st, _, j = post(port, "/v1/completions", cbody)
+    lp = j["choices"][0]["logprobs"] if st == 200 else None
+    ok = lp is not None and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
+    ok = ok and len(lp["tokens"]) >= 1 and all(1 <= len(t) <= 2 for t in lp["top_logprobs"])
+    ok = ok and all(max(t.values()) >= v - 1e-6 for t, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    ok = ok and lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    check("completions logprobs 2: legacy shape", ok, j)
+    st, ev, done = stream(port, "/v1/completions", cbody)
+    toks = [t for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+            for t in e["choices"][0]["logprobs"]["tokens"]]
+    offs = [t for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+            for t in e["choices"][0]["logprobs"]["text_offset"]]
+    check("completions logprobs streamed == non-streamed", lp is not None and toks == lp["tokens"]
+          and offs == lp["text_offset"], (ev, lp))
 
 
 def test_stop_strings(port):
@@ -299,11 +359,15 @@ BAD = [
     ("frequency_penalty", "completions", {"prompt": [1], "frequency_penalty": 1}, 400, "frequency_penalty", "greedy"),
     ("logit_bias", "chat", {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 5}}, 400,
      "logit_bias", "logit_bias"),
-    ("logprobs true", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
-     "logprobs", "logprobs"),
-    ("logprobs 3 (completions)", "completions", {"prompt": [1], "logprobs": 3}, 400, "logprobs", "logprobs"),
-    ("top_logprobs", "chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 5}, 400,
-     "top_logprobs", "top_logprobs"),
+    ("logprobs a string", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, 400,
+     "logprobs", "boolean"),
+    ("logprobs 21 (completions)", "completions", {"prompt": [1], "logprobs": 21}, 400, "logprobs", "between 0 and 20"),
+    ("logprobs -1 (completions)", "completions", {"prompt": [1], "logprobs": -1}, 400, "logprobs", "between 0 and 20"),
+    ("top_logprobs without logprobs", "chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 5},
+     400, "top_logprobs", "requires"),
+    ("top_logprobs 21", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                                 "top_logprobs": 21}, 400, "top_logprobs", "between 0 and 20"),
+    ("top_logprobs on completions", "completions", {"prompt": [1], "top_logprobs": 2}, 400, "top_logprobs", "chat"),
     ("best_of 3", "completions", {"prompt": [1], "best_of": 3}, 400, "best_of", "best_of"),
     ("max_tokens 0", "completions", {"prompt": [1], "max_tokens": 0}, 400, "max_tokens", "between 1"),
     ("max_tokens negative", "completions", {"prompt": [1], "max_tokens": -5}, 400, "max_tokens", "between 1"),
@@ -703,6 +767,7 @@ def main():
         print(f"bad-input cases: {n_bad}", flush=True)
         test_mutations(main_srv.port, 100 if a.quick else 300)
         test_stop_strings(main_srv.port)
+        test_logprobs(main_srv.port)
         test_cache(main_srv.port, nocache.port)
         nocache.close("server without cache")
         test_concurrent(main_srv.port, 16)
