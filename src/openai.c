@@ -11,12 +11,28 @@
 #include "server.h"
 
 #include "chat.h"
+#include "toolcall.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+// ---- ids -------------------------------------------------------------------------------------------
+
+void random_hex(char *out, int nbytes) {
+    unsigned char b[32];
+    if (nbytes > 32) nbytes = 32;
+    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {   // no entropy source: time and address
+        unsigned long long x = (unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)out;
+        for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
 
 // ---- a growable byte buffer --------------------------------------------------------------------
 
@@ -255,8 +271,8 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
     if (json_is_true(json_object_get(body, "echo"))) return bad(re, 400, "echo", "echo is not supported");
     if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
     if (v && json_string_length(v)) return bad(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
-    if (get_opt(body, "tools", JSON_ARRAY, &v, re)) return -1;
-    if (v && json_array_size(v)) return bad(re, 400, "tools", "tools are not supported by this server");
+    if (!j->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
+        return bad(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
     if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
     if (v) {
         const json_t *t = json_object_get(v, "type");
@@ -292,16 +308,160 @@ static int message_text(const json_t *content, size_t idx, struct sbuf *out, str
     return 0;
 }
 
-static int encode(const struct openai_ctx *oc, const char *text, size_t len, int32_t **ids, int *n, struct req_error *re) {
+// markup NULL: added tokens are recognised anywhere (a completion prompt is the client's own text).
+static int encode(const struct openai_ctx *oc, const char *text, const unsigned char *markup, size_t len, int32_t **ids,
+                  int *n, struct req_error *re) {
     size_t nn = 0;
     char err[256];
-    if (tokenizer_encode(oc->tok, text, len, ids, &nn, err, sizeof err)) return bad(re, 400, NULL, "cannot tokenize: %s", err);
+    if (tokenizer_encode_markup(oc->tok, text, len, markup, ids, &nn, err, sizeof err))
+        return bad(re, 400, NULL, "cannot tokenize: %s", err);
     *n = (int)nn;
     return 0;
 }
 
-// /v1/chat/completions: messages -> the rendered prompt, its tokens and the last-message boundary.
-static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+// ---- tools --------------------------------------------------------------------------------------
+
+// Strings a request's rendering allocates, freed together.
+struct owned {
+    char **v;
+    size_t n, cap;
+    bool oom;
+};
+
+static char *own(struct owned *o, char *s) {
+    if (!s) o->oom = true;
+    if (o->oom) {
+        free(s);
+        return NULL;
+    }
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        char **v = realloc(o->v, sizeof *v * cap);
+        if (!v) {
+            free(s);
+            o->oom = true;
+            return NULL;
+        }
+        o->v = v, o->cap = cap;
+    }
+    return o->v[o->n++] = s;
+}
+
+static void *own_alloc(struct owned *o, size_t bytes) { return own(o, calloc(1, bytes ? bytes : 1)); }
+
+static void owned_free(struct owned *o) {
+    for (size_t i = 0; i < o->n; i++) free(o->v[i]);
+    free(o->v);
+}
+
+// A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-] (also what keeps it from breaking
+// the <function=NAME> markup).
+static bool valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return false;
+    return true;
+}
+
+// "tools" and "tool_choice": checks them, renders each tool for the template (co->tools).
+// j->tools keeps the array for typing the calls in the output (NULL: no tool parsing).
+static int parse_tools(const json_t *body, struct job *j, struct chat_options *co, struct owned *own_,
+                       struct req_error *re) {
+    const json_t *tools, *choice = json_object_get(body, "tool_choice");
+    if (get_opt(body, "tools", JSON_ARRAY, &tools, re)) return -1;
+    size_t n = tools ? json_array_size(tools) : 0;
+    if (n > MAX_TOOLS) return bad(re, 400, "tools", "at most %d tools, got %zu", MAX_TOOLS, n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(tools, i), *f = json_object_get(t, "function");
+        const json_t *type = json_object_get(t, "type"), *name = json_object_get(f, "name");
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
+            return bad(re, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+        if (!json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
+            return bad(re, 400, "tools", "tools[%zu].function.name must be 1 to 64 letters, digits, _ or -", i);
+        const json_t *params = json_object_get(f, "parameters"), *desc = json_object_get(f, "description");
+        if (params && !json_is_object(params))
+            return bad(re, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+        if (desc && !json_is_string(desc))
+            return bad(re, 400, "tools", "tools[%zu].function.description must be a string", i);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(json_string_value(name),
+                        json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"))))
+                return bad(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
+                           json_string_value(name));
+    }
+    bool none = false;
+    if (choice && !json_is_null(choice)) {
+        const char *c = json_is_string(choice) ? json_string_value(choice) : NULL;
+        if (c && !strcmp(c, "none")) none = true;
+        else if (c && !strcmp(c, "auto")) none = false;
+        else if ((c && !strcmp(c, "required")) || json_is_object(choice))
+            return bad(re, 400, "tool_choice",
+                       "tool_choice \"required\" or a named function needs constrained decoding, which this server "
+                       "does not have yet; use \"auto\" or \"none\"");
+        else return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or a function");
+        if (!n) return bad(re, 400, "tool_choice", "tool_choice needs tools");
+    }
+    const json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return bad(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
+    if (!n || none) return 0;   // "none": the tools are left out of the prompt, output is content
+    const char **rendered = own_alloc(own_, sizeof *rendered * n);
+    for (size_t i = 0; rendered && i < n; i++) rendered[i] = own(own_, tool_tojson(json_array_get(tools, i)));
+    if (own_->oom) return bad(re, 500, NULL, "out of memory");
+    co->tools = rendered;
+    co->n_tools = n;
+    j->tools = json_incref((json_t *)tools);
+    return 0;
+}
+
+// An assistant message's "tool_calls" -> the template's view of them.
+static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message *cm, struct owned *o,
+                            struct req_error *re) {
+    if (!calls || json_is_null(calls)) return 0;
+    if (!json_is_array(calls)) return bad(re, 400, "messages", "messages[%zu].tool_calls must be an array", idx);
+    size_t n = json_array_size(calls);
+    struct chat_tool_call *tc = own_alloc(o, sizeof *tc * n);
+    if (!tc) return bad(re, 500, NULL, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
+        const json_t *name = json_object_get(f, "name"), *a = json_object_get(f, "arguments");
+        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
+            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
+        json_t *args = NULL;
+        if (json_is_string(a)) args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
+        else if (json_is_object(a)) args = json_incref((json_t *)a);
+        else if (!a || json_is_null(a)) args = json_object();
+        if (!json_is_object(args)) {
+            json_decref(args);
+            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
+                                            "(as a string)", idx, k);
+        }
+        size_t na = json_object_size(args), i = 0;
+        const char **names = own_alloc(o, sizeof *names * na), **values = own_alloc(o, sizeof *values * na);
+        const char *key;
+        json_t *v;
+        json_object_foreach(args, key, v) {
+            if (!names || !values) break;
+            names[i] = own(o, strdup(key));
+            values[i++] = own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
+        }
+        json_decref(args);
+        if (o->oom) return bad(re, 500, NULL, "out of memory");
+        tc[k] = (struct chat_tool_call){.name = json_string_value(name), .n_args = na, .arg_names = names,
+                                        .arg_values = values};
+    }
+    cm->tool_calls = tc;
+    cm->n_tool_calls = n;
+    return 0;
+}
+
+// /v1/chat/completions: messages (and tools) -> the rendered prompt and the byte offset where the
+// last message starts (the snapshot point).  Sets j->reasoning and j->tools.
+int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned char **markup, size_t *out_len,
+                       size_t *boundary_, struct req_error *re) {
+    *out_ = NULL;
+    if (markup) *markup = NULL;
     const json_t *msgs = json_object_get(body, "messages");
     if (!msgs || json_is_null(msgs)) return bad(re, 400, "messages", "messages is required");
     if (!json_is_array(msgs)) return bad(re, 400, "messages", "messages must be an array");
@@ -317,6 +477,7 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
     co.preserve_thinking = preserve;
     j->reasoning = think;
 
+    struct owned own_ = {0};
     struct chat_message *cm = calloc(n, sizeof *cm);
     struct sbuf *texts = calloc(2 * n, sizeof *texts);   // content, reasoning per message
     char *out = NULL, *hist = NULL;
@@ -325,6 +486,7 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
         bad(re, 500, NULL, "out of memory");
         goto done;
     }
+    if (parse_tools(body, j, &co, &own_, re)) goto done;
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
@@ -364,13 +526,19 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
                 goto done;
             }
         }
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls && !json_is_null(calls) && strcmp(r, "assistant")) {
+            bad(re, 400, "messages", "messages[%zu]: only assistant messages have tool_calls", i);
+            goto done;
+        }
+        if (parse_tool_calls(calls, i, &cm[i], &own_, re)) goto done;
         cm[i].role = r;
         cm[i].content = texts[2 * i].p ? texts[2 * i].p : "";
         cm[i].reasoning = texts[2 * i + 1].p;
     }
     size_t len = 0, boundary = 0, hist_len = 0;
     char err[256];
-    if (chat_render(cm, n, &co, &out, &len, &boundary, err, sizeof err)) {
+    if (chat_render_markup(cm, n, &co, &out, markup, &len, &boundary, err, sizeof err)) {
         bad(re, 400, "messages", "%s", err);
         goto done;
     }
@@ -381,6 +549,27 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
     if (!chat_render(cm, n, &ho, &hist, &hist_len, NULL, err, sizeof err) && hist_len < len &&
         !memcmp(hist, out, hist_len))
         boundary = hist_len;
+    *out_ = out, *out_len = len, *boundary_ = boundary;
+    out = NULL;
+    rc = 0;
+done:
+    if (texts)
+        for (size_t i = 0; i < 2 * n; i++) sbuf_free(&texts[i]);
+    free(texts);
+    free(cm);
+    free(out);
+    free(hist);
+    owned_free(&own_);
+    return rc;
+}
+
+// /v1/chat/completions: the rendered prompt -> its tokens and the last-message boundary in tokens.
+static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+    char *out;
+    unsigned char *mk;
+    size_t len, boundary;
+    if (openai_render_chat(body, j, &out, &mk, &len, &boundary, re)) return -1;
+    int rc = -1;
     // The boundary in tokens.  When the text after it opens with an added token (ChatML's
     // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
     // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
@@ -390,7 +579,8 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
     int32_t *pre = NULL, *post = NULL;
     int npre = 0, npost = 0;
     if (boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1)) {
-        if (encode(oc, out, boundary, &pre, &npre, re) || encode(oc, out + boundary, len - boundary, &post, &npost, re)) {
+        if (encode(oc, out, mk, boundary, &pre, &npre, re) ||
+            encode(oc, out + boundary, mk + boundary, len - boundary, &post, &npost, re)) {
             free(pre);
             goto done;
         }
@@ -405,20 +595,16 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
         j->boundary = npre;
         free(pre), free(post);
     } else {
-        if (encode(oc, out, len, &j->prompt, &j->n_prompt, re)) goto done;
-        if (boundary > 0 && boundary < len && !encode(oc, out, boundary, &pre, &npre, re)) {
+        if (encode(oc, out, mk, len, &j->prompt, &j->n_prompt, re)) goto done;
+        if (boundary > 0 && boundary < len && !encode(oc, out, mk, boundary, &pre, &npre, re)) {
             if (npre > 0 && npre < j->n_prompt && !memcmp(pre, j->prompt, sizeof *pre * (size_t)npre)) j->boundary = npre;
             free(pre);
         }
     }
     rc = 0;
 done:
-    if (texts)
-        for (size_t i = 0; i < 2 * n; i++) sbuf_free(&texts[i]);
-    free(texts);
-    free(cm);
     free(out);
-    free(hist);
+    free(mk);
     return rc;
 }
 
@@ -429,7 +615,7 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p)) {
         if (json_string_length(p) == 0) return bad(re, 400, "prompt", "prompt must not be empty");
-        return encode(oc, json_string_value(p), json_string_length(p), &j->prompt, &j->n_prompt, re);
+        return encode(oc, json_string_value(p), NULL, json_string_length(p), &j->prompt, &j->n_prompt, re);
     }
     if (!json_is_array(p)) return bad(re, 400, "prompt", "prompt must be a string or an array of token ids");
     size_t n = json_array_size(p);
@@ -454,6 +640,13 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
     return 0;
 }
 
+static void tool_content(void *arg, const char *s, size_t n);
+static void tool_call(void *arg, const char *name, const char *arguments);
+
+void openai_job_tools(struct job *j) {
+    tool_parser_init(&j->tp, j->tools, (struct tool_sink){tool_content, tool_call, j});
+}
+
 // The whole request -> a job ready to queue, or a 4xx.
 struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, const char *data, size_t len,
                                  struct req_error *re) {
@@ -476,6 +669,7 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, 
     long long max_tokens;
     if (parse_common(oc, body, j, &max_tokens, re)) goto fail;
     if (j->chat ? parse_chat(oc, body, j, re) : parse_completion(oc, body, j, re)) goto fail;
+    if (j->tools) openai_job_tools(j);
     if (j->n_prompt < 1) {
         bad(re, 400, j->chat ? "messages" : "prompt", "the prompt is empty");
         goto fail;
@@ -647,10 +841,44 @@ static void stream_delta(struct job *j, const char *field, const char *text, siz
     job_sse_json(j, o);
 }
 
-static void emit(struct job *j, struct channel *ch, const char *s, size_t n) {
+static void emit_text(struct job *j, struct channel *ch, const char *s, size_t n) {
     if (!n) return;
     sbuf_add(ch->total, s, n);
     if (j->stream) stream_delta(j, ch->field, s, n, NULL);
+}
+
+// The tool parser's outputs: answer text, and complete calls.
+static void tool_content(void *arg, const char *s, size_t n) {
+    struct job *j = arg;
+    emit_text(j, j->tool_ch, s, n);
+}
+
+static void tool_call(void *arg, const char *name, const char *arguments) {
+    struct job *j = arg;
+    char id[40] = "call_";
+    random_hex(id + 5, 12);
+    json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
+                          "arguments", arguments);
+    if (!c || (!j->calls && !(j->calls = json_array()))) {
+        json_decref(c);
+        return;
+    }
+    if (j->stream) {   // one delta per call, whole: no markup, arguments complete
+        json_t *o = chunk_new(j), *d = json_deep_copy(c);
+        json_object_set_new(d, "index", json_integer((json_int_t)json_array_size(j->calls)));
+        json_array_append_new(json_object_get(o, "choices"),
+                              json_pack("{s:i, s:{s:[o]}, s:n, s:o}", "index", 0, "delta", "tool_calls", d,
+                                        "finish_reason", "logprobs", logprobs_pending(j)));
+        job_sse_json(j, o);
+    }
+    json_array_append_new(j->calls, c);
+}
+
+// Answer text goes through the tool-call parser when the request has tools.
+static void emit(struct job *j, struct channel *ch, const char *s, size_t n) {
+    if (!ch->tools) return emit_text(j, ch, s, n);
+    j->tool_ch = ch;
+    tool_parser_feed(&j->tp, s, n);
 }
 
 // Longest proper prefix of any stop string that ends the buffer.
@@ -682,6 +910,7 @@ bool channel_push(struct job *j, struct channel *ch, const char *text, size_t le
     if (ch->trim_trail_nl)
         while (out && p[out - 1] == '\n') out--;
     emit(j, ch, p, out);
+    if (final && ch->tools) tool_parser_finish(&j->tp);
     if (final) ch->pend.len = 0;
     else {
         memmove(p, p + out, ch->pend.len - out);
@@ -755,6 +984,10 @@ json_t *completion_json(const struct job *j) {
         if (j->reasoning)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning_text.p ? j->reasoning_text.p : "", j->reasoning_text.len));
+        if (j->calls) {   // as OpenAI: content null when the answer is only calls
+            json_object_set(msg, "tool_calls", j->calls);
+            if (!j->content.len) json_object_set_new(msg, "content", json_null());
+        }
         choice = json_pack("{s:i, s:o, s:s}", "index", 0, "message", msg, "finish_reason", j->finish);
     } else {
         choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,

@@ -48,6 +48,9 @@ void job_unref(struct job *j) {
     free(j->prompt);
     free(j->gen);
     free(j->lps);
+    json_decref(j->tools);
+    json_decref(j->calls);
+    tool_parser_free(&j->tp);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sbuf_free(&j->sse);
     sbuf_free(&j->content);
@@ -147,7 +150,7 @@ static void run_job(struct server *sv, struct job *j) {
     j->prefill_ms = 1e3 * (t1 - t0);
 
     // Decode.
-    struct channel content = {.total = &j->content, .field = j->chat ? "content" : "text"};
+    struct channel content = {.total = &j->content, .field = j->chat ? "content" : "text", .tools = j->tools != NULL};
     struct channel reasoning = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
                                 .trim_trail_nl = true};
     struct channel *ch = j->reasoning ? &reasoning : &content;
@@ -189,7 +192,7 @@ static void run_job(struct server *sv, struct job *j) {
             tokenizer_stream_flush(&ts, &tail, &tl);
             stop_str = channel_push(j, ch, tail, tl, true);
         }
-        j->finish = eos || stop_str ? "stop" : "length";
+        j->finish = j->calls ? "tool_calls" : eos || stop_str ? "stop" : "length";
     }
     tokenizer_stream_free(&ts);
     free(logits);

@@ -15,6 +15,7 @@
 #include "options.h"
 #include "session_cache.h"
 #include "tokenizer.h"
+#include "toolcall.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -31,6 +32,7 @@ enum {
     SSE_BLOCK = 4096,         // MHD read block for streamed responses
     RETRY_AFTER_S = 1,        // Retry-After on 503 queue full
     MAX_TOP_LOGPROBS = 20,    // OpenAI's limit on top_logprobs
+    MAX_TOOLS = 128,          // OpenAI's limit on tools
 };
 
 // The log-probability of a generated token and of the most likely alternatives.
@@ -83,6 +85,19 @@ struct metrics {
     double prefill_s, decode_s;
 };
 
+// Generated text goes to one channel at a time: reasoning_content (before </think>) or content.
+// A channel holds back text that could still become a stop string (and, for reasoning, trailing
+// newlines), so what is streamed is exactly what the non-streaming answer holds.
+struct channel {
+    struct sbuf pend;       // decoded, not yet emitted
+    struct sbuf *total;     // everything emitted
+    const char *field;      // "content", "reasoning_content" or "text"
+    bool strip_lead_nl;     // drop newlines before the first other character
+    bool trim_trail_nl;     // drop newlines at the end of the channel
+    bool started;
+    bool tools;             // the text goes through the job's tool-call parser
+};
+
 // ---- jobs --------------------------------------------------------------------------------------
 
 // ---- jobs --------------------------------------------------------------------------------------
@@ -101,6 +116,10 @@ struct job {
     bool reasoning;                 // chat with thinking on: output before </think> is reasoning_content
     int logprobs;                   // -1: off; else top_logprobs per token (0..MAX_TOP_LOGPROBS)
     const struct tokenizer *tok;    // token text for logprobs
+    json_t *tools;                  // the request's tools when calls are parsed from the output (else NULL)
+    struct tool_parser tp;          // with tools: the answer's text -> content and calls
+    struct channel *tool_ch;        // the channel the parser's content goes to
+    json_t *calls;                  // the calls found (OpenAI tool_calls), or NULL
     int32_t *prompt;
     int n_prompt;
     int boundary;                   // tokens up to the last message boundary (0: none)
@@ -162,25 +181,22 @@ struct openai_ctx {
     const char *model_name;
 };
 
+// nbytes random bytes as 2 * nbytes hex digits into out (ids: unique across restarts).
+void random_hex(char *out, int nbytes);
 // {"error": {"message", "type", "param", "code"}} for a status.
 json_t *error_body(int status, const char *param, const char *msg);
 // Sampling parameters: only the values that mean greedy pass.
 int check_greedy(const json_t *body, struct req_error *re);
+// A chat request's messages and tools -> the prompt text (malloc'd) and the byte offset where the
+// last message starts; sets j->reasoning and j->tools.
+// *markup (if not NULL): which bytes may hold added tokens (chat_render_markup).
+int openai_render_chat(const json_t *body, struct job *j, char **out, unsigned char **markup, size_t *len,
+                       size_t *boundary, struct req_error *re);
+// Starts the job's tool-call parser (j->tools set): the answer channel's text goes through it.
+void openai_job_tools(struct job *j);
 // A request body -> a job ready to queue (prompt tokens, limits, stops), or NULL and re.
 struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, const char *data, size_t len,
                                  struct req_error *re);
-
-// Generated text goes to one channel at a time: reasoning_content (before </think>) or content.
-// A channel holds back text that could still become a stop string (and, for reasoning, trailing
-// newlines), so what is streamed is exactly what the non-streaming answer holds.
-struct channel {
-    struct sbuf pend;       // decoded, not yet emitted
-    struct sbuf *total;     // everything emitted
-    const char *field;      // "content", "reasoning_content" or "text"
-    bool strip_lead_nl;     // drop newlines before the first other character
-    bool trim_trail_nl;     // drop newlines at the end of the channel
-    bool started;
-};
 
 // Adds text to a channel; emits what can no longer change (as SSE deltas when streaming).
 // final: the channel ends here.  Returns true when a stop string was found (the text is cut

@@ -300,6 +300,27 @@ def test_logprobs(port):
           and offs == lp["text_offset"], (ev, lp))
 
 
+def test_tools(port):
+    msgs = [{"role": "user", "content": "Weather in Bern?"}]
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, tools=[TOOL], tool_choice="auto"))
+    ok = st == 200 and j["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    ok = ok and "<tool_call>" not in (j["choices"][0]["message"]["content"] or "")
+    check("chat with tools: 200, no call markup in content", ok, j)
+    st, _, j2 = post(port, "/v1/chat/completions", chat_body(msgs, tools=[TOOL], tool_choice="none"))
+    st3, _, j3 = post(port, "/v1/chat/completions", chat_body(msgs))
+    check("tool_choice none: the prompt has no tools (same as without tools)",
+          st == 200 and j2["usage"]["prompt_tokens"] == j3["usage"]["prompt_tokens"] < j["usage"]["prompt_tokens"],
+          (j2, j3))
+    history = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]
+    st, _, j = post(port, "/v1/chat/completions", chat_body(history, tools=[TOOL]))
+    check("tool round trip: assistant tool_calls + tool message accepted", st == 200, j)
+    st, ev, done = stream(port, "/v1/chat/completions", chat_body(history, tools=[TOOL]))
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+    check("tool round trip streamed: no call markup in content deltas", st == 200 and done and "<tool_call>" not in text, ev)
+
+
 def test_stop_strings(port):
     body = {"prompt": "Once upon a time", "max_tokens": 8}
     st, _, j = post(port, "/v1/completions", body)
@@ -321,6 +342,10 @@ def test_stop_strings(port):
     streamed = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
     check("streamed stop string == non-streamed", done and streamed == text[:cut], (streamed, text[:cut]))
 
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
 
 BAD = [
     # (name, path, body (bytes | dict), expected status, expected param or None, message regex)
@@ -396,8 +421,16 @@ BAD = [
      "boolean"),
     ("chat_template_kwargs a list", "chat", {"messages": [{"role": "user", "content": "x"}],
                                              "chat_template_kwargs": []}, 400, "chat_template_kwargs", "object"),
-    ("tools", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools",
-     "not supported"),
+    ("tools without a function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     400, "tools", "name"),
+    ("tools on completions", "completions", {"prompt": [1], "tools": [TOOL]}, 400, "tools", "chat"),
+    ("tool_choice required", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+                                      "tool_choice": "required"}, 400, "tool_choice", "constrained"),
+    ("tool_calls arguments not JSON", "chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+     "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400, "messages",
+     "arguments"),
+    ("tools: 200 of them", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL] * 200}, 400, "tools",
+     "at most"),
     ("echo", "completions", {"prompt": [1], "echo": True}, 400, "echo", "not supported"),
     ("model a number", "chat", {"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model", "string"),
     ("deep nesting", "chat", b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, None, "."),
@@ -613,7 +646,7 @@ def test_queue_and_drain(binary, model):
         def go(k, max_tokens):
             res[k] = post(port, "/v1/completions", {"prompt": [k + 1, 2, 3], "max_tokens": max_tokens})
 
-        a = threading.Thread(target=go, args=(0, 12))
+        a = threading.Thread(target=go, args=(0, 120))   # still running while the drain is checked
         a.start()
         t0 = time.time()
         while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 30:
@@ -768,6 +801,7 @@ def main():
         test_mutations(main_srv.port, 100 if a.quick else 300)
         test_stop_strings(main_srv.port)
         test_logprobs(main_srv.port)
+        test_tools(main_srv.port)
         test_cache(main_srv.port, nocache.port)
         nocache.close("server without cache")
         test_concurrent(main_srv.port, 16)
