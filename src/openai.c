@@ -675,14 +675,14 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, 
         goto fail;
     }
     const long long ctx = oc->context;
+    if (j->n_prompt + 2 > ctx) {   // the prompt's fault whatever max_tokens says
+        bad(re, 400, j->chat ? "messages" : "prompt",
+            "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", j->n_prompt, ctx);
+        goto fail;
+    }
     if (!max_tokens) {   // the server default, within what the context has left
         max_tokens = ctx - j->n_prompt - 1;
         if (max_tokens > oc->default_max_tokens) max_tokens = oc->default_max_tokens;
-        if (max_tokens < 1) {
-            bad(re, 400, j->chat ? "messages" : "prompt",
-                "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", j->n_prompt, ctx);
-            goto fail;
-        }
     }
     if (j->n_prompt + max_tokens + 1 > ctx) {
         bad(re, 400, "max_tokens", "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens",

@@ -291,7 +291,9 @@ int sched_enqueue(struct server *sv, struct job *j, int fd, struct req_error *re
         return bad(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
                    sv->cfg.queue);
     }
-    snprintf(j->id, sizeof j->id, "%s-%llu", j->chat ? "chatcmpl" : "cmpl", ++sv->next_id);
+    char hex[25];
+    random_hex(hex, 12);   // unique across restarts, unlike a counter
+    snprintf(j->id, sizeof j->id, "%s-%s", j->chat ? "chatcmpl" : "cmpl", hex);
     job_ref(j);   // the worker's reference
     j->next = NULL;
     if (sv->tail) sv->tail->next = j;

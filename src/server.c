@@ -22,13 +22,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
                                                      "health", "metrics", "other"};
-static const int status_codes[] = {200, 400, 401, 404, 405, 413, 500, 503};
+static const int status_codes[] = {200, 400, 401, 403, 404, 405, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
 // ---- HTTP: routes and responses ---------------------------------------------------------------
@@ -37,20 +38,80 @@ _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STAT
 // Per-request state, MHD's *con_cls.
 struct request {
     enum endpoint ep;
+    const char *model_id;   // GET /v1/models/{id}: the id (in MHD's url), else NULL
     bool post;
     struct sbuf body;
     bool too_large;
-    bool unauthorized;  // API keys are set and the request has none of them
-    struct job *job;    // once queued
+    int refuse;             // decided from the headers alone: 400 (framing), 403 (Host), 401 (key); 0: none
+    const char *why;        // its message
+    struct job *job;        // once queued
 };
 
-static enum endpoint route(const char *url) {
+static enum endpoint route(const char *url, const char **model_id) {
+    *model_id = NULL;
     if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
     if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
     if (!strcmp(url, "/v1/models")) return EP_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        *model_id = url + 11;
+        return EP_MODELS;
+    }
     if (!strcmp(url, "/health")) return EP_HEALTH;
     if (!strcmp(url, "/metrics")) return EP_METRICS;
     return EP_OTHER;
+}
+
+// ---- checks on the headers ----------------------------------------------------------------------
+
+struct framing {
+    int n_length;           // Content-Length headers
+    bool lengths_differ;
+    const char *length, *te;
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_length++ && strcmp(f->length, value ? value : "")) f->lengths_differ = true;
+        f->length = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        if (f->te) f->lengths_differ = true;   // two codings: as ambiguous as two lengths
+        f->te = value ? value : "";
+    }
+    return MHD_YES;
+}
+
+// Request smuggling: a body whose length two parsers could read differently is refused.
+static const char *ambiguous_framing(struct MHD_Connection *c) {
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.n_length && f.te) return "a request may not have both Content-Length and Transfer-Encoding";
+    if (f.lengths_differ) return "conflicting Content-Length or Transfer-Encoding headers";
+    if (f.te && strcasecmp(f.te, "chunked")) return "the only transfer coding accepted is chunked";
+    return NULL;
+}
+
+// The Host header against --allowed-host, or (none given) against the loopback names when the
+// server listens on a loopback address: a web page cannot reach a local server by a DNS name of
+// its own (DNS rebinding).  Without a Host (HTTP/1.0) nothing is checked.
+static bool host_allowed(const struct server *sv, const char *host) {
+    if (!host) return true;
+    const struct opt_strs *allow = &sv->cfg.allowed_hosts;
+    if (!allow->n && !sv->loopback) return true;
+    size_t n = strlen(host);   // the name without ":port"
+    const char *end = host[0] == '[' ? strchr(host, ']') : strchr(host, ':');
+    if (end) n = (size_t)(end - host) + (host[0] == '[');
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (int i = 0; i < (allow->n ? allow->n : 3); i++) {
+        const char *a = allow->n ? allow->v[i] : local[i];
+        if (!strcmp(a, "*") || (strlen(a) == n && !strncasecmp(a, host, n))) return true;
+    }
+    return false;
+}
+
+static bool is_json_type(const char *ct) {
+    if (!ct || strncasecmp(ct, "application/json", 16)) return false;
+    return ct[16] == 0 || ct[16] == ';' || ct[16] == ' ';
 }
 
 // ---- HTTP responses ----------------------------------------------------------------------------
@@ -73,6 +134,8 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
+    // After a refusal the rest of what the client sent is not trusted to be the next request.
+    if (status == 400 || status == 403 || status == 413) MHD_add_response_header(r, "Connection", "close");
 }
 
 static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
@@ -218,16 +281,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {   // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url);
+        rq->ep = route(url, &rq->model_id);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
-        rq->unauthorized = rq->ep != EP_HEALTH &&
-                           !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+        if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
+        else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
+            rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
+        else if (rq->ep != EP_HEALTH &&
+                 !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+            rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
+        if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
+            return send_error(sv, c, rq->ep, 400, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
         return MHD_YES;
     }
     if (*upload_data_size) {   // a piece of the body
-        if (rq->unauthorized) rq->too_large = true;   // nothing of it is read
+        if (rq->refuse) rq->too_large = true;   // nothing of it is kept
         if (!rq->too_large && rq->body.len + *upload_data_size > (size_t)sv->cfg.max_body) {
             rq->too_large = true;
             sbuf_free(&rq->body);
@@ -236,9 +305,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (rq->unauthorized)
-        return send_error(sv, c, rq->ep, 401, NULL,
-                          "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"");
+    if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
     const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
     if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
     if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))) {
@@ -251,6 +318,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
         return send_error(sv, c, rq->ep, 413, NULL, msg);
     }
+    if (gen && !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        return send_error(sv, c, rq->ep, 415, NULL, "the request body must be JSON with Content-Type: application/json");
     switch (rq->ep) {
     case EP_HEALTH: {
         pthread_mutex_lock(&sv->mu);
@@ -261,11 +330,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                          json_pack("{s:s, s:i, s:i}", "status", draining ? "draining" : "ok", "queue_depth", depth,
                                    "running", running));
     }
-    case EP_MODELS:
-        return send_json(sv, c, EP_MODELS, 200,
-                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:I}]}", "object", "list", "data", "id",
-                                   sv->cfg.model_name, "object", "model", "created", (json_int_t)0, "owned_by", "calla",
-                                   "max_model_len", (json_int_t)sv->cfg.context));
+    case EP_MODELS: {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
+                              (json_int_t)sv->started, "owned_by", "calla", "max_model_len", (json_int_t)sv->cfg.context);
+        if (!rq->model_id) return send_json(sv, c, EP_MODELS, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+        if (!strcmp(rq->model_id, sv->cfg.model_name)) return send_json(sv, c, EP_MODELS, 200, m);
+        json_decref(m);
+        return send_error(sv, c, EP_MODELS, 404, "model", "no such model: this server has one (GET /v1/models)");
+    }
     case EP_METRICS:
         return send_metrics(sv, c);
     default:
@@ -339,7 +411,7 @@ int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
-        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120,
+        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -361,6 +433,9 @@ int cmd_serve(int argc, char **argv) {
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
         {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
         {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
+        {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0, "accept this Host header name (repeatable; * any; default: "
+                                                              "loopback names when listening on loopback, else any)"},
+        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
@@ -415,7 +490,9 @@ int cmd_serve(int argc, char **argv) {
         rc = 2;
         goto out_engine;
     }
-    if (!sv->auth.n && !is_loopback(&addr))
+    sv->loopback = is_loopback(&addr);
+    sv->started = (long long)time(NULL);
+    if (!sv->auth.n && !sv->loopback)
         fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
                         "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
     struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
@@ -453,6 +530,7 @@ int cmd_serve(int argc, char **argv) {
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                              (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg.max_connections,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg.max_per_ip,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout, MHD_OPTION_END);
     if (!sv->d) {
         fprintf(stderr, "calla serve: cannot listen on %s:%lld: %s\n", cfg.host, cfg.port, strerror(errno));

@@ -61,6 +61,8 @@ struct server_config {
     bool quiet;
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
+    struct opt_strs allowed_hosts; // --allowed-host, repeatable
+    long long max_per_ip;         // connections from one address
 };
 
 // ---- a growable byte buffer --------------------------------------------------------------------
@@ -77,7 +79,7 @@ double now_s(void);   // CLOCK_MONOTONIC seconds
 // ---- metrics -----------------------------------------------------------------------------------
 
 enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
-enum { N_STATUS = 8 };   // the statuses counted one by one (server.c: status_codes)
+enum { N_STATUS = 10 };   // the statuses counted one by one (server.c: status_codes)
 
 struct metrics {
     unsigned long long requests[EP_COUNT][N_STATUS + 1];   // last column: any other status
@@ -241,7 +243,8 @@ struct server {
     bool draining;                  // SIGTERM: refuse new work
     bool stop_worker;
     atomic_bool abort;              // cancel everything now
-    unsigned long long next_id;
+    bool loopback;                  // listening on a loopback address (Host names are checked)
+    long long started;              // Unix time, the models' "created"
     struct metrics m;
 
     pthread_t worker;

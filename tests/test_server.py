@@ -403,6 +403,8 @@ BAD = [
     ("prompt + max_tokens + 1 > context", "completions", {"prompt": [1, 2, 3], "max_tokens": 1000}, 400, "max_tokens",
      r"prompt \(3 tokens\) \+ max_tokens \(1000\) \+ 1 = 1004 exceeds the context of \d+"),
     ("prompt alone over the context", "completions", {"prompt": list(range(1, 1200))}, 400, "prompt", "exceeds"),
+    ("prompt over the context, max_tokens given", "completions", {"prompt": list(range(1, 512)), "max_tokens": 5}, 400,
+     "prompt", "exceeds"),
     ("prompt id out of vocabulary", "completions", {"prompt": [1, 999999]}, 400, "prompt", "vocabulary"),
     ("prompt id negative", "completions", {"prompt": [-1]}, 400, "prompt", "vocabulary"),
     ("prompt id a float", "completions", {"prompt": [1.5]}, 400, "prompt", "integer"),
@@ -455,14 +457,14 @@ def test_bad_input(port, max_body):
     big = b'{"prompt": "' + b"a" * (max_body + 10) + b'"}'
     st, _, b = request(port, "POST", "/v1/completions", big)
     check("body over --max-body -> 413", st == 413 and b"exceeds the limit" in b, (st, b[:200]))
-    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                 + b"%x\r\n" % (max_body + 1) + b"a" * (max_body + 1) + b"\r\n0\r\n\r\n")
     check("chunked body over --max-body -> 413", raw_status(reply) == 413, reply[:200])
-    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"h" * 100000 + b"\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * 100000 + b"\r\n\r\n")
     check("oversized headers -> 413/431", raw_status(reply) in (413, 431), reply[:200])
-    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nNoColonHere\r\n\r\n")
     check("malformed header line -> 400", raw_status(reply) == 400, reply[:200])
-    reply = raw(port, b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n")
     check("unknown HTTP version -> 505", raw_status(reply) == 505, reply[:200])
     reply = raw(port, b"BLAH\r\n\r\n" + bytes(range(256)))
     check("garbage request -> closed without a reply", reply == b"" or raw_status(reply) == 400, reply[:200])
@@ -588,8 +590,9 @@ def test_concurrent(port, n=16):
           all(results[i][1]["choices"][0]["token_ids"] == expected[i % 4] for i in range(n)))
     order = sorted(range(n), key=lambda i: done_at[i])
     check(f"{n} concurrent clients: answered in arrival order", order == list(range(n)), order)
-    ids = [int(results[i][1]["id"].split("-")[1]) for i in range(n)]
-    check(f"{n} concurrent clients: queued in arrival order", ids == sorted(ids), ids)
+    ids = [results[i][1]["id"] for i in range(n)]
+    check(f"{n} concurrent clients: random, unique ids", len(set(ids)) == n
+          and all(re.fullmatch(r"cmpl-[0-9a-f]{24}", x) for x in ids), ids)
 
 
 def test_disconnect(port):
@@ -597,7 +600,7 @@ def test_disconnect(port):
     # Streaming: read the first event, then hang up.
     s = socket.create_connection((HOST, port), timeout=TIMEOUT)
     body = json.dumps({"prompt": [31, 32, 33], "max_tokens": 400, "stream": True}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     deadline = time.time() + 60
@@ -617,7 +620,8 @@ def test_disconnect(port):
     # Non-streaming: hang up while it runs.
     s = socket.create_connection((HOST, port), timeout=TIMEOUT)
     body = json.dumps({"prompt": [41, 42, 43], "max_tokens": 400}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode()
               + b"\r\n\r\n" + body)
     while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 60:
         time.sleep(0.05)
@@ -740,6 +744,149 @@ def test_auth(binary, model, tmpdir):
         srv.close()
 
 
+def raw_keep(port, data, timeout=5):
+    """Sends raw bytes without half-closing; returns everything until the server closes or a timeout."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out = b""
+        while True:
+            try:
+                d = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                return out, False
+            if not d:
+                return out, True
+            out += d
+    finally:
+        s.close()
+
+
+def test_hardening(binary, model, port):
+    body = json.dumps({"prompt": [1, 2], "max_tokens": 1}).encode()
+    # Content-Type.
+    for ct in (None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"):
+        st, _, b = request(port, "POST", "/v1/completions", body, headers={"Content-Type": ct} if ct else {"Content-Type": ""})
+        check(f"Content-Type {ct!r} -> 415 in OpenAI's shape", st == 415 and json.loads(b)["error"]["type"]
+              == "invalid_request_error", (st, b))
+    st, _, _ = request(port, "POST", "/v1/completions", body, headers={"Content-Type": "application/json; charset=utf-8"})
+    check("Content-Type application/json; charset=utf-8 accepted", st == 200, st)
+    # Host.
+    for host, want in (("evil.example", 403), ("evil.example:80", 403), ("localhost:8080", 200), ("127.0.0.1", 200),
+                       ("[::1]:99", 200), ("LOCALHOST", 200), ("localhost.evil.example", 403)):
+        st, _, b = request(port, "GET", "/v1/models", headers={"Host": host})
+        check(f"Host {host} -> {want}", st == want and (want == 200 or b"Host" in b), (st, b))
+    # Framing: both lengths, two lengths, an unknown coding.  The smuggled request must not run.
+    m0 = metrics(port)["calla_generated_tokens_total"]
+    smuggled = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    for name, head in (("Content-Length + Transfer-Encoding", b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"),
+                       ("two Content-Lengths", b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(smuggled)),
+                       ("Transfer-Encoding gzip", b"Transfer-Encoding: gzip, chunked\r\n")):
+        req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + head
+               + b"\r\n0\r\n\r\n" + smuggled)
+        out, closed = raw_keep(port, req)
+        check(f"ambiguous framing ({name}) -> 400, closed, nothing smuggled",
+              raw_status(out) == 400 and closed and out.count(b"HTTP/1.1") == 1, out[:400])
+    check("ambiguous framing: the smuggled requests never ran", metrics(port)["calla_generated_tokens_total"] == m0)
+    # Models.
+    st, _, j = request(port, "GET", "/v1/models")
+    j = json.loads(j)
+    mid = j["data"][0]["id"]
+    check("GET /v1/models: created is set", j["data"][0]["created"] > 1.7e9, j)
+    st, _, b = request(port, "GET", "/v1/models/" + mid)
+    check("GET /v1/models/{id} -> the model", st == 200 and json.loads(b)["id"] == mid, (st, b))
+    st, _, b = request(port, "GET", "/v1/models/gpt-4")
+    check("GET /v1/models/{unknown} -> 404 in OpenAI's shape", st == 404 and json.loads(b)["error"]["code"]
+          == "not_found", (st, b))
+    # Errors are JSON with a string-or-null code.
+    st, _, b = request(port, "GET", "/nope")
+    e = json.loads(b)["error"]
+    check("404: OpenAI-shaped, code a string or null", st == 404 and (e["code"] is None or isinstance(e["code"], str)), b)
+
+    # --allowed-host, and a per-address connection limit that keeps one client from locking out others.
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--allowed-host", "calla.internal",
+                 "--max-connections", 16, "--max-connections-per-ip", 4)
+    try:
+        p = srv.port
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})
+        check("--allowed-host: the listed name -> 200", st == 200, st)
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "localhost"})
+        check("--allowed-host: other names -> 403", st == 403, st)
+        hog = []
+        for _ in range(40):   # idle connections from another loopback address
+            try:
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.settimeout(2)
+                s.connect((HOST, p))
+                s.sendall(b"GET /health HTTP/1.1\r\n")   # and never finish the headers
+                hog.append(s)
+            except OSError:
+                break
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal"}, timeout=5)
+        check("40 idle connections from one address do not lock out another (served within 1 s)",
+              st == 200 and time.time() - t0 < 1, (st, time.time() - t0, len(hog)))
+        for s in hog:
+            s.close()
+    finally:
+        srv.close("allowed-host server")
+
+
+def test_openai_client(binary, model):
+    """The official openai Python client (PyPI `openai`; .ci/run installs it) against the server."""
+    try:
+        import openai
+    except ImportError:
+        check("openai client installed (pip install openai)", not os.environ.get("CI"), "CI needs it")
+        print("skip openai client tests: the openai package is not installed", flush=True)
+        return
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--api-key", "sk-test")
+    try:
+        base = f"http://{HOST}:{srv.port}/v1"
+        cl = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0, timeout=TIMEOUT)
+        mid = cl.models.list().data[0].id
+        check("openai client: models.list / retrieve", cl.models.retrieve(mid).id == mid)
+        msgs = [{"role": "user", "content": "Hello"}]
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, logprobs=True, top_logprobs=2)
+        ok = r.choices[0].message.role == "assistant" and r.usage.prompt_tokens > 0
+        ok = ok and r.choices[0].logprobs is not None and all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content)
+        check("openai client: chat with logprobs", ok, r)
+        chunks = list(cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, stream=True,
+                                                 stream_options={"include_usage": True}))
+        usage = [c.usage for c in chunks if c.usage]
+        check("openai client: streamed chat, include_usage once", len(usage) == 1 and chunks[-1].usage is not None
+              and chunks[-1].choices == [], chunks[-3:])
+        r = cl.completions.create(model=mid, prompt="Once upon", max_tokens=3, logprobs=2)
+        check("openai client: completions with logprobs", r.choices[0].logprobs is not None
+              and len(r.choices[0].logprobs.tokens) >= 1, r)
+        tools = [TOOL]
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools, tool_choice="auto")
+        check("openai client: chat with tools", r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
+        hist = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
+        r = cl.chat.completions.create(model=mid, messages=hist, max_tokens=4, tools=tools)
+        check("openai client: tool round trip history", r.choices[0].message is not None, r)
+        try:
+            cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools, tool_choice="required")
+            check("openai client: tool_choice required -> BadRequestError", False)
+        except openai.BadRequestError as e:
+            check("openai client: tool_choice required -> BadRequestError naming tool_choice",
+                  e.body.get("param") == "tool_choice", e.body)
+        try:
+            openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
+            check("openai client: wrong key -> AuthenticationError", False)
+        except openai.AuthenticationError as e:
+            check("openai client: wrong key -> AuthenticationError", e.body.get("code") == "invalid_api_key", e.body)
+    except Exception as e:  # noqa: BLE001 (any client failure is a failed check)
+        check("openai client: no exception", False, repr(e))
+    finally:
+        srv.close("openai-client server")
+
+
 def test_soak(srv, n, rss_bound):
     if n <= 0:
         return
@@ -807,6 +954,8 @@ def main():
         test_concurrent(main_srv.port, 16)
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)
+        test_hardening(a.bin, a.model, main_srv.port)
+        test_openai_client(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:
             test_auth(a.bin, a.model, tmpdir)
         test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)
