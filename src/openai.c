@@ -11,6 +11,7 @@
 #include "server.h"
 
 #include "chat.h"
+#include "constrain.h"
 #include "toolcall.h"
 
 #include <ctype.h>
@@ -222,6 +223,28 @@ static int parse_logprobs(const json_t *body, struct job *j, struct req_error *r
     return 0;
 }
 
+// response_format: text, json_object, or json_schema {"name", "schema", "strict"}: the schema is
+// compiled here, once (constrain.c), and refused with the keyword named when outside the subset.
+static int parse_response_format(const json_t *v, struct job *j, struct req_error *re) {
+    const json_t *t = json_object_get(v, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "";
+    const json_t *schema = NULL;
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_schema")) {
+        const json_t *js = json_object_get(v, "json_schema");
+        schema = json_object_get(js, "schema");
+        if (!json_is_object(js) || !json_is_object(schema))
+            return bad(re, 400, "response_format",
+                       "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+    } else if (strcmp(type, "json_object")) {
+        return bad(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    char err[300];
+    if (constrain_compile(schema, &j->schema, err, sizeof err))
+        return bad(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+    return 0;
+}
+
 // Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
@@ -274,11 +297,7 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
     if (!j->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
         return bad(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
     if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
-    if (v) {
-        const json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-            return bad(re, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
-    }
+    if (v && parse_response_format(v, j, re)) return -1;
     (void)oc;
     return 0;
 }
@@ -397,8 +416,8 @@ static int parse_tools(const json_t *body, struct job *j, struct chat_options *c
         else if (c && !strcmp(c, "auto")) none = false;
         else if ((c && !strcmp(c, "required")) || json_is_object(choice))
             return bad(re, 400, "tool_choice",
-                       "tool_choice \"required\" or a named function needs constrained decoding, which this server "
-                       "does not have yet; use \"auto\" or \"none\"");
+                       "tool_choice \"required\" or a named function is not supported yet (the tool-call grammar "
+                       "is not in the constrained decoder); use \"auto\" or \"none\"");
         else return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or a function");
         if (!n) return bad(re, 400, "tool_choice", "tool_choice needs tools");
     }

@@ -51,6 +51,7 @@ void job_unref(struct job *j) {
     json_decref(j->tools);
     json_decref(j->calls);
     tool_parser_free(&j->tp);
+    constrain_free(j->schema);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sbuf_free(&j->sse);
     sbuf_free(&j->content);
@@ -86,6 +87,91 @@ static void job_fail(struct job *j, int status, const char *fmt, ...) {
 }
 
 // Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
+// ---- constrained decoding ----------------------------------------------------------------------
+
+struct constrained {
+    struct cstate *s, *tmp;   // the document so far; a scratch copy for trying a token
+    int32_t *order;           // [vocab] token ids by logit, most likely first
+    int vocab;
+};
+
+static int constrained_init(struct constrained *c, const struct cschema *schema, int vocab) {
+    c->s = cstate_new(schema);
+    c->tmp = cstate_new(schema);
+    c->order = malloc(sizeof *c->order * (size_t)vocab);
+    c->vocab = vocab;
+    return c->s && c->tmp && c->order ? 0 : -1;
+}
+
+static void constrained_free(struct constrained *c) {
+    cstate_free(c->s), cstate_free(c->tmp);
+    free(c->order);
+}
+
+// Can token id continue the document (the end of the answer when it is a stop token)?
+static bool constrained_allows(struct constrained *c, const struct tokenizer *tok, int32_t id) {
+    if (chat_is_stop(id)) return cstate_done(c->s);
+    if (id >= TOKEN_ADDED_FIRST && id < TOKEN_ADDED_FIRST + TOKEN_ADDED_COUNT) return false;
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, id, &n);
+    if (!b || !n) return false;
+    cstate_copy(c->tmp, c->s);
+    return cstate_feed(c->tmp, b, n);
+}
+
+static const float *sort_logits;   // qsort's comparator reads it; only the worker thread sorts
+
+static int by_logit(const void *a, const void *b) {
+    float x = sort_logits[*(const int32_t *)a], y = sort_logits[*(const int32_t *)b];
+    return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
+}
+
+// Closing in time: of the tokens that keep the document valid, the one after which the
+// shortest way to its end is shortest; -1 when none.  Tried: the stop token, the most likely
+// CLOSE_TRIES tokens, and every single-byte token (bytes alone can finish any document).
+enum { CLOSE_TRIES = 256 };
+
+static int32_t constrained_closest(struct constrained *c, const struct tokenizer *tok) {
+    int32_t pick = -1;
+    int best = 1 << 30;
+    for (int i = 0; i < CLOSE_TRIES + 257; i++) {
+        int32_t id;
+        if (i < CLOSE_TRIES) id = i < c->vocab ? c->order[i] : -1;
+        else if (i == CLOSE_TRIES) id = chat_stop_ids[0];
+        else id = tokenizer_token_id(tok, &(char){(char)(i - CLOSE_TRIES - 1)}, 1);
+        if (id < 0 || id >= c->vocab || !constrained_allows(c, tok, id)) continue;
+        int d = chat_is_stop(id) ? -1 : cstate_distance(c->tmp);
+        if (d < best) best = d, pick = id;
+    }
+    return pick;
+}
+
+// The most likely token that keeps the answer a valid document (greedy is the first choice;
+// otherwise the ids are sorted by logit).  When the tokens left (budget) come close to what the
+// document still needs, the token that brings its end nearest instead.  Advances the document by
+// the pick.  No token possible (a schema that cannot be finished at the nesting limit): a stop
+// token, and the answer ends.
+static int32_t constrained_pick(struct constrained *c, const struct tokenizer *tok, const float *logits, int32_t greedy,
+                                int budget) {
+    int32_t pick = -1;
+    const bool closing = budget <= cstate_distance(c->s) + 2;
+    if (!closing && constrained_allows(c, tok, greedy)) {
+        pick = greedy;
+    } else {
+        for (int i = 0; i < c->vocab; i++) c->order[i] = i;
+        sort_logits = logits;
+        qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
+        if (closing) pick = constrained_closest(c, tok);
+        for (int i = 0; i < c->vocab && pick < 0; i++)
+            if (constrained_allows(c, tok, c->order[i])) pick = c->order[i];
+    }
+    if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, pick, &n);
+    cstate_feed(c->s, b, n);
+    return pick;
+}
+
 // logits (NULL: not wanted) gets the last row's logits.
 static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
     if (job_cancelled(j)) return ENGINE_CANCELLED;
@@ -107,14 +193,17 @@ static void run_job(struct server *sv, struct job *j) {
     int32_t tok = -1;
     int rc = ENGINE_OK;
     bool have_tok = false;
-    float *logits = NULL;   // [vocab] the last row's, when logprobs are wanted
-    if (j->logprobs >= 0 && !(logits = malloc(sizeof *logits * (size_t)sv->vocab)))
+    // The last row's logits, when logprobs are wanted or the answer is constrained.
+    const bool want_logits = j->logprobs >= 0 || j->schema;
+    float *logits = want_logits ? malloc(sizeof *logits * (size_t)sv->vocab) : NULL;
+    struct constrained con = {0};
+    if ((want_logits && !logits) || (j->schema && constrained_init(&con, j->schema, sv->vocab)))
         job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
 
     // Session cache: the longest entry whose tokens are a prefix of the prompt.
     // With logprobs the last prompt token must run (its logits give the first token's), so an
     // entry may cover at most n - 1 tokens.
-    const int usable = j->logprobs >= 0 ? n - 1 : n;
+    const int usable = want_logits ? n - 1 : n;
     struct cache_entry *full = scache_lookup(&sv->full, P, usable), *bnd = scache_lookup(&sv->bound, P, usable);
     struct cache_entry *hit = full && (!bnd || full->n >= bnd->n) ? full : bnd;
     int pos = 0;
@@ -162,6 +251,7 @@ static void run_job(struct server *sv, struct job *j) {
     bool eos = false, stop_str = false;
     if (rc == ENGINE_OK && j->stream) stream_begin(j);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
+        if (j->schema && ch == &content) tok = constrained_pick(&con, sv->tok, logits, tok, j->max_tokens - ng);   // the answer only
         gen[ng++] = tok;
         if (chat_is_stop(tok)) {
             eos = true;
@@ -196,6 +286,7 @@ static void run_job(struct server *sv, struct job *j) {
     }
     tokenizer_stream_free(&ts);
     free(logits);
+    constrained_free(&con);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);
     const double t2 = now_s();

@@ -15,6 +15,7 @@
 #include "options.h"
 #include "session_cache.h"
 #include "tokenizer.h"
+#include "constrain.h"
 #include "toolcall.h"
 
 #include <jansson.h>
@@ -122,6 +123,7 @@ struct job {
     struct tool_parser tp;          // with tools: the answer's text -> content and calls
     struct channel *tool_ch;        // the channel the parser's content goes to
     json_t *calls;                  // the calls found (OpenAI tool_calls), or NULL
+    struct cschema *schema;         // response_format json_object / json_schema: the answer is constrained
     int32_t *prompt;
     int n_prompt;
     int boundary;                   // tokens up to the last message boundary (0: none)

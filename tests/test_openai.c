@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "server.h"
+#include "constrain.h"
 #include "toolcall.h"
 
 #include <stdio.h>
@@ -328,12 +329,117 @@ static void test_special_tokens_in_content(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+// ---- constrained decoding: the schema matcher ------------------------------------------------------
+
+// Feeds doc byte by byte (each prefix must be alive when the whole is valid); returns whether the
+// whole is a complete valid document.
+static bool matches(const struct cschema *c, const char *doc) {
+    struct cstate *s = cstate_new(c);
+    bool ok = true;
+    for (size_t i = 0; doc[i] && ok; i++) ok = cstate_feed(s, doc + i, 1);
+    ok = ok && cstate_done(s);
+    cstate_free(s);
+    return ok;
+}
+
+static void expect_schema(const char *schema, const char *const *good, const char *const *bad_docs) {
+    json_t *j = schema ? json_loads(schema, 0, NULL) : NULL;
+    assert_true(!schema || j);
+    struct cschema *c;
+    char err[256];
+    if (constrain_compile(j, &c, err, sizeof err)) fail_msg("compile %s: %s", schema, err);
+    for (; *good; good++)
+        if (!matches(c, *good)) fail_msg("%s should accept %s", schema ? schema : "json_object", *good);
+    for (; *bad_docs; bad_docs++)
+        if (matches(c, *bad_docs)) fail_msg("%s should refuse %s", schema ? schema : "json_object", *bad_docs);
+    constrain_free(c);
+    json_decref(j);
+}
+
+static void test_constrain_matcher(void **state) {
+    {
+        const char *g[] = {"{}", "{\"a\":1}", "{\"a\":[1,2.5e-3,-0,\"x\\n\\u00e9\"],\"b\":{\"c\":null}}", "{\"t\":true}", NULL};
+        const char *b[] = {"[]", "1", "{\"a\":}", "{\"a\":01}", "{\"a\":1,}", "{ }", "{\"a\":tru}", "{\"a\":\"x}", NULL};
+        expect_schema(NULL, g, b);
+    }
+    {
+        const char *s = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": "
+                        "{\"type\": \"integer\"}, \"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", 3]}}, "
+                        "\"ok\": {\"type\": [\"boolean\", \"null\"]}}, \"required\": [\"name\", \"age\"], "
+                        "\"additionalProperties\": false}";
+        const char *g[] = {"{\"name\":\"x\",\"age\":3}", "{\"age\":-12,\"name\":\"\",\"tags\":[\"a\",3,\"b\"],\"ok\":null}",
+                           "{\"name\":\"a\",\"age\":0,\"ok\":false,\"tags\":[]}", NULL};
+        const char *b[] = {"{\"name\":\"x\"}", "{\"name\":\"x\",\"age\":3.5}", "{\"name\":\"x\",\"age\":3,\"age\":4}",
+                           "{\"name\":\"x\",\"age\":3,\"extra\":1}", "{\"name\":\"x\",\"age\":3,\"tags\":[\"c\"]}",
+                           "{\"name\":\"x\",\"age\":3,\"tags\":[33]}", "{\"name\":1,\"age\":3}", NULL};
+        expect_schema(s, g, b);
+    }
+    {   // recursion through $defs, anyOf, const
+        const char *s = "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"const\": \"n\"}, "
+                        "\"next\": {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, "
+                        "\"required\": [\"v\", \"next\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/node\"}";
+        const char *g[] = {"{\"v\":\"n\",\"next\":null}", "{\"v\":\"n\",\"next\":{\"next\":null,\"v\":\"n\"}}", NULL};
+        const char *b[] = {"{\"v\":\"m\",\"next\":null}", "{\"v\":\"n\",\"next\":{}}", "{\"v\":\"n\"}", NULL};
+        expect_schema(s, g, b);
+    }
+    {   // numbers, anyOf of overlapping objects, enum numbers that prefix each other
+        const char *s = "{\"anyOf\": [{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}}, "
+                        "\"required\": [\"a\"]}, {\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, 12]}, "
+                        "\"b\": {\"type\": \"string\"}}, \"required\": [\"a\", \"b\"]}]}";
+        const char *g[] = {"{\"a\":1.5E+3}", "{\"a\":12,\"b\":\"x\"}", "{\"a\":1,\"b\":\"\"}", "{\"a\":12}", NULL};
+        const char *b[] = {"{\"a\":13,\"b\":\"x\"}", "{\"a\":1.}", "{\"a\":-}", "{\"b\":\"x\"}", NULL};
+        expect_schema(s, g, b);
+    }
+}
+
+static void test_constrain_refusals(void **state) {
+    static const char *const cases[][2] = {
+        {"{\"type\": \"string\", \"pattern\": \"^a\"}", "pattern"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"minLength\": 2}}}", "minLength"},
+        {"{\"oneOf\": [{\"type\": \"string\"}]}", "oneOf"},
+        {"{\"type\": \"object\", \"additionalProperties\": true}", "additionalProperties"},
+        {"{\"type\": \"object\", \"properties\": {}, \"required\": [\"x\"]}", "required"},
+        {"{\"$ref\": \"#/$defs/missing\"}", "$ref"},
+        {"{\"type\": \"decimal\"}", "decimal"},
+        {"{\"anyOf\": []}", "anyOf"},
+        {"{\"enum\": []}", "enum"},
+        {"[1]", "schema"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = json_loads(cases[i][0], JSON_DECODE_ANY, NULL);
+        struct cschema *c = (struct cschema *)1;
+        char err[256];
+        assert_int_equal(constrain_compile(j, &c, err, sizeof err), -1);
+        assert_null(c);
+        if (!strstr(err, cases[i][1])) fail_msg("%s: \"%s\" does not name %s", cases[i][0], err, cases[i][1]);
+        json_decref(j);
+    }
+    // Deep nesting and a huge enum are refused too.
+    char deep[4096] = "";
+    for (int i = 0; i < 40; i++) strcat(deep, "{\"type\": \"array\", \"items\": ");
+    strcat(deep, "{\"type\": \"null\"}");
+    for (int i = 0; i < 40; i++) strcat(deep, "}");
+    json_t *j = json_loads(deep, 0, NULL);
+    struct cschema *c;
+    char err[256];
+    assert_int_equal(constrain_compile(j, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "deeper"));
+    json_decref(j);
+    j = json_pack("{s:[]}", "enum");
+    for (int i = 0; i < 2000; i++) json_array_append_new(json_object_get(j, "enum"), json_integer(i));
+    assert_int_equal(constrain_compile(j, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "at most"));
+    json_decref(j);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_fixtures), cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_tojson),          cmocka_unit_test(test_parser_calls),
         cmocka_unit_test(test_parser_plain_and_malformed), cmocka_unit_test(test_stream_tool_calls),
         cmocka_unit_test(test_special_tokens_in_content),
+        cmocka_unit_test(test_constrain_matcher),
+        cmocka_unit_test(test_constrain_refusals),
     };
     return cmocka_run_group_tests_name("openai", tests, NULL, NULL);
 }

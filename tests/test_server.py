@@ -46,6 +46,8 @@ class Server:
     def __init__(self, binary, model, *extra, env=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="calla_serve_", suffix=".log", delete=False)
         args = [binary, "serve", "--model", model, "--host", HOST, "--port", "0", *map(str, extra)]
+        if env is None:   # OpenMP threads that sleep instead of spinning: CI machines are small and shared
+            env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
         self.port = None
         deadline = time.time() + 60
@@ -321,6 +323,90 @@ def test_tools(port):
     check("tool round trip streamed: no call markup in content deltas", st == 200 and done and "<tool_call>" not in text, ev)
 
 
+def obj(props, required=None):
+    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
+            "additionalProperties": False}
+
+
+S, I, N, B, NUL = ({"type": t} for t in ("string", "integer", "number", "boolean", "null"))
+SCHEMAS = [
+    obj({"ok": B}), obj({"n": I}), obj({"x": N}), obj({"s": S}), obj({"z": NUL}),
+    obj({"color": {"enum": ["red", "green", "blue"]}}), obj({"v": {"const": "fixed"}}),
+    obj({"a": I, "b": B, "c": NUL}), obj({"name": S, "age": I}, ["name"]), obj({"tags": {"type": "array", "items": S}}),
+    obj({"m": {"type": "array", "items": {"type": "array", "items": I}}}), obj({"o": obj({"p": obj({"q": B})})}),
+    obj({"u": {"anyOf": [S, I, NUL]}}), obj({"t": {"type": ["boolean", "null"]}}),
+    obj({"e": {"enum": [1, 12, 123, "x", None, True]}}), obj({"list": {"type": "array", "items": obj({"k": B, "v": I})}}),
+    {"$defs": {"leaf": obj({"id": I})}, **obj({"first": {"$ref": "#/$defs/leaf"}, "second": {"$ref": "#/$defs/leaf"}})},
+    {"$defs": {"node": obj({"v": B, "next": {"anyOf": [{"$ref": "#/$defs/node"}, NUL]}})}, "$ref": "#/$defs/node"},
+    obj({"opt": S, "req": B}, ["req"]), obj({}), {"type": "object"}, obj({"deep": obj({"a": obj({"b": obj({"c": I})})})}),
+    obj({"x": N, "y": N, "z": N}), obj({"flag": {"const": True}, "kind": {"enum": ["a", "b"]}}),
+    obj({"any": {"anyOf": [obj({"k": I}), obj({"k": S, "j": B})]}}), obj({"arr": {"type": "array", "items": {"enum": [1, 2]}}}),
+    obj({"s1": S, "s2": S}), obj({"i1": I, "n1": N, "b1": B, "z1": NUL, "s1": S}),
+    obj({"nested": {"type": "array", "items": obj({"inner": {"type": "array", "items": B}})}}),
+    {"type": "object", "properties": {"title": S}, "required": ["title"], "additionalProperties": False,
+     "description": "ignored", "title": "ignored too"},
+    obj({"unicode_kéy": B, "quote\"key": I}),
+]
+
+
+def shortest_doc(s, root, depth=0):
+    """Bytes of the shortest compact JSON document the schema allows (as constrain.c counts)."""
+    if depth > 20:
+        return 10 ** 6
+    if "$ref" in s:
+        return shortest_doc(root if s["$ref"] == "#" else root["$defs"][s["$ref"].split("/")[-1]], root, depth + 1)
+    for key in ("enum", "const"):
+        if key in s:
+            vals = s["enum"] if key == "enum" else [s["const"]]
+            return min(len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()) for v in vals)
+    alts = s.get("anyOf") or ([dict(s, type=t) for t in s["type"]] if isinstance(s.get("type"), list) else None)
+    if alts:
+        return min(shortest_doc(a, root, depth + 1) for a in alts)
+    t = s.get("type", "object" if "properties" in s else None)
+    if t == "object":
+        req = [k for k in s.get("properties", {}) if k in s.get("required", [])]
+        return 2 + sum(len(json.dumps(k, ensure_ascii=False).encode()) + 1 + shortest_doc(s["properties"][k], root, depth + 1)
+                       for k in req) + max(0, len(req) - 1)
+    return {"array": 2, "string": 2, "boolean": 4, "null": 4}.get(t, 1)
+
+
+def test_structured(port, quick):
+    import jsonschema
+    schemas = SCHEMAS[::4] if quick else SCHEMAS
+    bad_docs = []
+    for i, sc in enumerate(schemas):
+        # Strings and numbers run on until the budget makes the decoder close the document: a
+        # budget just above the shortest document keeps this quick.
+        body = chat_body([{"role": "user", "content": f"JSON please {i}"}], max_tokens=max(24, shortest_doc(sc, sc) + 12),
+                         response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": sc, "strict": True}},
+                         chat_template_kwargs={"enable_thinking": False})
+        st, _, j = post(port, "/v1/chat/completions", body)
+        try:
+            doc = json.loads(j["choices"][0]["message"]["content"])
+            jsonschema.validate(doc, sc)
+            if j["choices"][0]["finish_reason"] != "stop":
+                raise ValueError("finish_reason " + j["choices"][0]["finish_reason"])
+        except Exception as e:  # noqa: BLE001 (collect every failure)
+            bad_docs.append((i, sc, st, j, repr(e)[:300]))
+    check(f"structured output: {len(schemas)} json_schema answers validate (jsonschema) and stop in time",
+          not bad_docs, bad_docs)
+    st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "obj"}], max_tokens=30,
+                    response_format={"type": "json_object"}, chat_template_kwargs={"enable_thinking": False}))
+    ok = st == 200
+    try:
+        ok = ok and isinstance(json.loads(j["choices"][0]["message"]["content"]), dict)
+    except ValueError:
+        ok = False
+    check("structured output: json_object -> a JSON object", ok, j)
+    body = chat_body([{"role": "user", "content": "stream"}], max_tokens=30, chat_template_kwargs={"enable_thinking": False},
+                     response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMAS[7]}})
+    st, _, j = post(port, "/v1/chat/completions", body)
+    st2, ev, done = stream(port, "/v1/chat/completions", body)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+    check("structured output streamed == non-streamed", st == 200 and done and text == j["choices"][0]["message"]["content"],
+          (text, j))
+
+
 def test_stop_strings(port):
     body = {"prompt": "Once upon a time", "max_tokens": 8}
     st, _, j = post(port, "/v1/completions", body)
@@ -423,6 +509,28 @@ BAD = [
      "boolean"),
     ("chat_template_kwargs a list", "chat", {"messages": [{"role": "user", "content": "x"}],
                                              "chat_template_kwargs": []}, 400, "chat_template_kwargs", "object"),
+    ("response_format pattern", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "a+"}}}}, 400,
+     "response_format", "pattern"),
+    ("response_format oneOf", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"oneOf": [{"type": "string"}]}}}}, 400,
+     "response_format", "oneOf"),
+    ("response_format deeply nested", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": json.loads('{"type": "array", "items": ' * 60
+                                                                                   + '{}' + '}' * 60)}}}, 400,
+     "response_format", "deeper"),
+    ("response_format huge enum", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"enum": list(range(5000))}}}}, 400,
+     "response_format", "at most"),
+    ("response_format $ref cycle", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}},
+                                                                      "$ref": "#/$defs/a"}}}}, 400,
+     "response_format", "finite"),
+    ("response_format unknown type", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "xml"}}, 400, "response_format", "json_schema"),
+    ("response_format json_schema without schema", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                                            "response_format": {"type": "json_schema"}}, 400,
+     "response_format", "schema"),
     ("tools without a function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools", "name"),
     ("tools on completions", "completions", {"prompt": [1], "tools": [TOOL]}, 400, "tools", "chat"),
@@ -949,6 +1057,7 @@ def main():
         test_stop_strings(main_srv.port)
         test_logprobs(main_srv.port)
         test_tools(main_srv.port)
+        test_structured(main_srv.port, a.quick)
         test_cache(main_srv.port, nocache.port)
         nocache.close("server without cache")
         test_concurrent(main_srv.port, 16)
