@@ -7,7 +7,11 @@
 
 // ---- compiled schemas ----------------------------------------------------------------------------
 
-enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITS, K_ANYOF, K_REF };
+enum kind {
+    K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITS, K_ANYOF, K_REF,
+    K_SEQ,   // the tool-call grammar: its children (alts) one after another
+    K_RAW,   // free text up to and including a terminator (lits[0]); "</" never inside
+};
 
 struct lit {
     char *s;        // a key as JSON text ("\"city\"") or a literal value as compact JSON
@@ -80,6 +84,11 @@ static int node_minlen(const struct cnode *n) {
         for (int i = 0; i < n->n_alts; i++) m = n->alts[i]->minlen < m ? n->alts[i]->minlen : m;
         return m;
     case K_REF: return n->target ? n->target->minlen : FAR;
+    case K_SEQ:
+        m = 0;
+        for (int i = 0; i < n->n_alts && m < FAR; i++) m += n->alts[i]->minlen;
+        return m < FAR ? m : FAR;
+    case K_RAW: return (int)n->lits[0].n;
     }
     return FAR;
 }
@@ -317,6 +326,97 @@ int constrain_compile(const json_t *schema, struct cschema **out, char *err, siz
     return 0;
 }
 
+// ---- tool calls ----------------------------------------------------------------------------------
+
+static struct cnode *lit_node(struct compiler *cc, enum kind k, const char *text) {
+    struct cnode *n = node_new(cc, k);
+    if (!n || !(n->lits = calloc(1, sizeof *n->lits)) || !(n->lits[0].s = strdup(text))) {
+        snprintf(cc->err, cc->errlen, "out of memory");
+        return NULL;
+    }
+    n->lits[0].n = strlen(text);
+    n->n_lits = 1;
+    return n;
+}
+
+static bool seq_add(struct compiler *cc, struct cnode *seq, struct cnode *part) {
+    if (!part) return false;
+    struct cnode **a = realloc(seq->alts, sizeof *a * (size_t)(seq->n_alts + 1));
+    if (!a) return fail(cc, "%s", "out of memory"), false;
+    seq->alts = a;
+    seq->alts[seq->n_alts++] = part;
+    return true;
+}
+
+static bool is_text_schema(const json_t *schema) {
+    const json_t *t = json_object_get(schema, "type");
+    return json_is_string(t) && !strcmp(json_string_value(t), "string") && !json_object_get(schema, "enum") &&
+           !json_object_get(schema, "const");
+}
+
+// One function's call, as the template asks for it:
+//   <tool_call>\n<function=NAME>\n{<parameter=P>\nVALUE\n</parameter>\n}</function>\n</tool_call>
+// with the required parameters in the schema's order; a string's VALUE is free text, any other
+// is compact JSON of its schema.
+static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    const json_t *params = json_object_get(fn, "parameters"), *props = json_object_get(params, "properties");
+    const json_t *req = json_object_get(params, "required");
+    char head[160];
+    snprintf(head, sizeof head, "<tool_call>\n<function=%s>\n", name ? name : "");
+    struct cnode *seq = node_new(cc, K_SEQ);
+    cc->root_json = params;   // $ref inside the parameters resolves there
+    json_object_clear(cc->refs);
+    if (!seq || !seq_add(cc, seq, lit_node(cc, K_LITS, head))) return NULL;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)props, k, v) {
+        bool required = false;
+        size_t i;
+        const json_t *r;
+        json_array_foreach(req, i, r) required |= json_is_string(r) && !strcmp(json_string_value(r), k);
+        if (!required) continue;
+        char open[320];
+        if (strlen(k) > 200) return fail(cc, "parameter name \"%.64s...\" is too long", k), NULL;
+        snprintf(open, sizeof open, "<parameter=%s>\n", k);
+        if (!seq_add(cc, seq, lit_node(cc, K_LITS, open))) return NULL;
+        if (is_text_schema(v)) {
+            if (!seq_add(cc, seq, lit_node(cc, K_RAW, "\n</parameter>\n"))) return NULL;
+        } else if (!seq_add(cc, seq, compile(cc, v, 1)) || !seq_add(cc, seq, lit_node(cc, K_LITS, "\n</parameter>\n"))) {
+            return NULL;
+        }
+    }
+    return seq_add(cc, seq, lit_node(cc, K_LITS, "</function>\n</tool_call>")) ? seq : NULL;
+}
+
+int constrain_compile_tool_call(const json_t *tools, const char *name, struct cschema **out, char *err, size_t errlen) {
+    *out = NULL;
+    struct cschema *c = calloc(1, sizeof *c);
+    struct compiler cc = {.c = c, .refs = json_object(), .err = err, .errlen = errlen};
+    struct cnode *any = c && cc.refs ? node_new(&cc, K_ANYOF) : NULL;
+    size_t i;
+    const json_t *t;
+    bool ok = any != NULL;
+    json_array_foreach(tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (!ok || (name && (!fname || strcmp(fname, name)))) continue;
+        struct cnode *call = any->n_alts < 16 ? compile_call(&cc, fn) : NULL;
+        ok = call && seq_add(&cc, any, call);
+        if (!call && any->n_alts >= 16) snprintf(err, errlen, "tool_choice \"required\" handles at most 16 tools");
+    }
+    json_decref(cc.refs);
+    if (ok && !any->n_alts) ok = false, snprintf(err, errlen, "no tool named \"%.64s\"", name ? name : "");
+    if (c) c->root = ok ? any : NULL;
+    if (ok) compute_minlen(c);
+    if (!ok) {
+        constrain_free(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
 void constrain_free(struct cschema *c) {
     if (!c) return;
     for (struct cnode *n = c->nodes, *next; n; n = next) {
@@ -338,6 +438,8 @@ enum st {
     ST_STR, ST_STR_ESC, ST_STR_U,
     ST_NUM_SIGN, ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC0, ST_NUM_FRAC, ST_NUM_EXP0, ST_NUM_EXPS, ST_NUM_EXP,
     ST_LIT,
+    ST_SEQ,    // k: children started
+    ST_RAW,    // k: terminator bytes matched; prop: 1 after a '<' outside the terminator
 };
 
 struct frame {
@@ -400,7 +502,9 @@ static bool push(struct thread *t, const struct cnode *n) {
 static void pop(struct thread *t) {
     if (--t->depth == 0) return;
     struct frame *p = &t->f[t->depth - 1];
-    p->st = p->st == ST_OBJ_KEYG ? ST_OBJ_COLON : p->st == ST_OBJ_VALUE ? ST_OBJ_AFTER : ST_ARR_AFTER;
+    if (p->st == ST_OBJ_KEYG) p->st = ST_OBJ_COLON;
+    else if (p->st == ST_OBJ_VALUE) p->st = ST_OBJ_AFTER;
+    else if (p->st == ST_ARR_VALUE) p->st = ST_ARR_AFTER;   // ST_SEQ: its count already moved on
 }
 
 // Narrows [lo, hi) of sorted texts to those whose byte k is b (keys: of properties not given
@@ -426,6 +530,7 @@ static bool number_complete(uint8_t st) {
 // The top value may end here (a number, or a literal that is whole).
 static bool frame_complete(const struct frame *f) {
     if (f->st == ST_LIT) return f->n->lits[f->lo].n == f->k;
+    if (f->st == ST_SEQ) return f->k == f->n->n_alts;
     return number_complete(f->st);
 }
 
@@ -466,6 +571,12 @@ static bool start(struct cstate *s, int ti, struct frame *f, unsigned char b) {
         f->n = x;
         return start(s, ti, f, b);
     }
+    case K_SEQ:
+        f->st = ST_SEQ, f->k = 0;
+        return feed_thread(s, ti, b);
+    case K_RAW:
+        f->st = ST_RAW, f->k = 0, f->prop = 0;
+        return feed_thread(s, ti, b);
     case K_ANYOF:
         for (int i = 1; i < n->n_alts && s->n < CONSTRAIN_MAX_THREADS; i++) {
             int nt = s->n++;
@@ -544,6 +655,25 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             if (!is_digit(b) && !((b | 0x20) >= 'a' && (b | 0x20) <= 'f')) return false;
             if (++f->k == 4) f->st = ST_STR;
             return true;
+        case ST_SEQ:
+            if (f->k == f->n->n_alts) {   // every part is done: b belongs to the parent
+                pop(t);
+                continue;
+            }
+            if (!push(t, f->n->alts[f->k++])) return false;
+            continue;
+        case ST_RAW: {
+            const struct lit *term = &f->n->lits[0];
+            if ((unsigned char)term->s[f->k] == b) {
+                f->prop = 0;
+                if (++f->k == term->n) pop(t);
+                return true;
+            }
+            if (b == '/' && f->prop) return false;   // "</" only in the terminator
+            f->k = (unsigned char)term->s[0] == b;
+            f->prop = b == '<';
+            return true;
+        }
         case ST_LIT:
             if (narrow(f->n->lits, f, b, 0)) return true;
             if (!frame_complete(f)) return false;
@@ -592,7 +722,9 @@ bool cstate_feed(struct cstate *s, const char *bytes, size_t n) {
 bool cstate_done(const struct cstate *s) {
     for (int i = 0; i < s->n; i++) {
         const struct thread *t = &s->t[i];
-        if (t->depth == 0 || (t->depth == 1 && frame_complete(&t->f[0]))) return true;
+        int k = t->depth;   // complete when every open frame may end here (a whole literal, a number, a sequence's last part)
+        while (k > 0 && frame_complete(&t->f[k - 1])) k--;
+        if (k == 0) return true;
     }
     return false;
 }
@@ -635,6 +767,12 @@ static int frame_left(const struct frame *f) {
     case ST_STR: return 1;
     case ST_STR_ESC: return 2;
     case ST_STR_U: return 4 - f->k + 1;
+    case ST_SEQ: {
+        int d = 0;
+        for (int i = f->k; i < n->n_alts && d < FAR; i++) d += n->alts[i]->minlen;
+        return d;
+    }
+    case ST_RAW: return (int)(n->lits[0].n - f->k);
     case ST_LIT: {
         int m = FAR;
         for (int i = f->lo; i < f->hi; i++) m = (int)n->lits[i].n - f->k < m ? (int)n->lits[i].n - f->k : m;
@@ -653,4 +791,18 @@ int cstate_distance(const struct cstate *s) {
         best = d < best ? d : best;
     }
     return best;
+}
+
+size_t cstate_forced(const struct cstate *s, char *out, size_t cap) {
+    if (s->n != 1 || s->t[0].depth == 0) return 0;
+    const struct frame *f = &s->t[0].f[s->t[0].depth - 1];
+    const struct lit *l = NULL;
+    size_t k = f->k;
+    if (f->st == ST_LIT && f->hi - f->lo == 1) l = &f->n->lits[f->lo];
+    else if (f->st == ST_START && f->n->kind == K_LITS && f->n->n_lits == 1) l = &f->n->lits[0], k = 0;
+    else if (f->st == ST_RAW && f->k > 0) l = &f->n->lits[0];   // inside the terminator: the rest of it
+    if (!l || l->n <= k) return 0;
+    size_t n = l->n - k < cap ? l->n - k : cap;
+    memcpy(out, l->s + k, n);
+    return n;
 }

@@ -25,6 +25,9 @@ enum { CONSTRAIN_MAX_DEPTH = 48, CONSTRAIN_MAX_THREADS = 16, CONSTRAIN_MAX_PROPS
 
 // schema NULL: any JSON object (json_object).  0, or -1 with a message naming the keyword.
 int constrain_compile(const json_t *schema, struct cschema **out, char *err, size_t errlen);
+// tool_choice "required" (name NULL: any of the tools) or a named function: the answer is one call
+// in the template's format, of the required parameters (toolcall.h parses it back).
+int constrain_compile_tool_call(const json_t *tools, const char *name, struct cschema **out, char *err, size_t errlen);
 void constrain_free(struct cschema *c);
 
 struct cstate *cstate_new(const struct cschema *c);
@@ -37,3 +40,6 @@ bool cstate_done(const struct cstate *s);
 // About how many bytes the shortest way to a complete document still takes (a large number when
 // there is none): near the end of max_tokens the decoder prefers tokens that bring it down.
 int cstate_distance(const struct cstate *s);
+// The bytes that must come next whatever is chosen (the rest of a literal, such as the markup of
+// a tool call), copied into out (at most cap); 0 when the next byte is a real choice.
+size_t cstate_forced(const struct cstate *s, char *out, size_t cap);

@@ -409,16 +409,18 @@ static int parse_tools(const json_t *body, struct job *j, struct chat_options *c
                 return bad(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
                            json_string_value(name));
     }
-    bool none = false;
+    bool none = false, forced = false;
+    const char *fname = NULL;   // tool_choice names a function
     if (choice && !json_is_null(choice)) {
         const char *c = json_is_string(choice) ? json_string_value(choice) : NULL;
+        const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
         if (c && !strcmp(c, "none")) none = true;
         else if (c && !strcmp(c, "auto")) none = false;
-        else if ((c && !strcmp(c, "required")) || json_is_object(choice))
-            return bad(re, 400, "tool_choice",
-                       "tool_choice \"required\" or a named function is not supported yet (the tool-call grammar "
-                       "is not in the constrained decoder); use \"auto\" or \"none\"");
-        else return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or a function");
+        else if (c && !strcmp(c, "required")) forced = true;
+        else if (json_is_object(choice) && json_is_string(named)) forced = true, fname = json_string_value(named);
+        else
+            return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
         if (!n) return bad(re, 400, "tool_choice", "tool_choice needs tools");
     }
     const json_t *par = json_object_get(body, "parallel_tool_calls");
@@ -431,6 +433,13 @@ static int parse_tools(const json_t *body, struct job *j, struct chat_options *c
     co->tools = rendered;
     co->n_tools = n;
     j->tools = json_incref((json_t *)tools);
+    if (!forced) return 0;
+    // "required" or a named function: the answer is constrained to one well-formed call.
+    if (j->schema) return bad(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
+                                                      "JSON response_format");
+    char err[300];
+    if (constrain_compile_tool_call(tools, fname, &j->schema, err, sizeof err))
+        return bad(re, 400, "tool_choice", "tool_choice: %s", err);
     return 0;
 }
 

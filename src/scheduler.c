@@ -111,7 +111,7 @@ static void constrained_free(struct constrained *c) {
 // Can token id continue the document (the end of the answer when it is a stop token)?
 static bool constrained_allows(struct constrained *c, const struct tokenizer *tok, int32_t id) {
     if (chat_is_stop(id)) return cstate_done(c->s);
-    if (id >= TOKEN_ADDED_FIRST && id < TOKEN_ADDED_FIRST + TOKEN_ADDED_COUNT) return false;
+    if (tokenizer_is_special(tok, id)) return false;   // <tool_call> and the like are text here
     size_t n;
     const char *b = tokenizer_token_bytes(tok, id, &n);
     if (!b || !n) return false;
@@ -146,24 +146,33 @@ static int32_t constrained_closest(struct constrained *c, const struct tokenizer
     return pick;
 }
 
-// The most likely token that keeps the answer a valid document (greedy is the first choice;
-// otherwise the ids are sorted by logit).  When the tokens left (budget) come close to what the
-// document still needs, the token that brings its end nearest instead.  Advances the document by
-// the pick.  No token possible (a schema that cannot be finished at the nesting limit): a stop
-// token, and the answer ends.
+// Can id continue the document and still leave room to finish it, and the stop token after it,
+// within the tokens left (budget, this one included)?  A token is at least a byte.
+static bool constrained_fits(struct constrained *c, const struct tokenizer *tok, int32_t id, int budget) {
+    return constrained_allows(c, tok, id) && (chat_is_stop(id) || cstate_distance(c->tmp) <= budget - 2);
+}
+
+// The next token of the answer: the longest token of text that must come anyway, else the greedy
+// token, else the most likely one (ids sorted by logit) that fits the document and the budget,
+// else (no room left) the one that brings the document's end nearest.  Advances the document by
+// it.  No token possible (a schema that cannot be finished at the nesting limit): a stop token,
+// and the answer ends.
 static int32_t constrained_pick(struct constrained *c, const struct tokenizer *tok, const float *logits, int32_t greedy,
                                 int budget) {
     int32_t pick = -1;
-    const bool closing = budget <= cstate_distance(c->s) + 2;
-    if (!closing && constrained_allows(c, tok, greedy)) {
-        pick = greedy;
-    } else {
+    char forced[128];
+    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
+        int32_t id = tokenizer_token_id(tok, forced, len);
+        if (id >= 0 && id < c->vocab && constrained_allows(c, tok, id)) pick = id;   // it must come anyway
+    }
+    if (pick < 0 && constrained_fits(c, tok, greedy, budget)) pick = greedy;
+    if (pick < 0) {
         for (int i = 0; i < c->vocab; i++) c->order[i] = i;
         sort_logits = logits;
         qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
-        if (closing) pick = constrained_closest(c, tok);
         for (int i = 0; i < c->vocab && pick < 0; i++)
-            if (constrained_allows(c, tok, c->order[i])) pick = c->order[i];
+            if (constrained_fits(c, tok, c->order[i], budget)) pick = c->order[i];
+        if (pick < 0) pick = constrained_closest(c, tok);
     }
     if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
     size_t n;

@@ -5,7 +5,10 @@
 //   openai.c     the OpenAI protocol as pure functions: request JSON -> a job (prompt tokens,
 //                limits, stop strings), results -> response JSON and SSE chunks; no sockets
 //   scheduler.c  the queue and the one worker thread that drives the engine, with the session
-//                cache
+//                cache and constrained decoding (picking each token of a constrained answer)
+//   toolcall.c   tools: Python-exact tojson for the template, the incremental tool-call parser
+//   constrain.c  structured output: JSON Schema subset (and the tool-call grammar) -> a matcher
+//   auth.c       API keys
 //
 // A job is shared by its connection and the worker (reference counted, one mutex each).
 #pragma once

@@ -86,8 +86,9 @@ static void test_render_errors(void **state) {
     E("\"tool_choice\": \"auto\"", "tool_choice", "needs tools");
     E("\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"maybe\"", "tool_choice",
       "must be");
-    E("\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"",
-      "tool_choice", "constrained");
+    E("\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
+      "\"function\", \"function\": {\"name\": \"g\"}}",
+      "tool_choice", "no tool named");
 #undef E
     expect_render_error("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
                         "\"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"[1]\"}}]}]}",
@@ -392,6 +393,34 @@ static void test_constrain_matcher(void **state) {
     }
 }
 
+static void test_constrain_tool_call(void **state) {
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    struct cschema *c;
+    char err[256];
+    assert_int_equal(constrain_compile_tool_call(tools, NULL, &c, err, sizeof err), 0);
+    // The required parameters only (get_weather has none required; now has no parameters).
+    assert_true(matches(c, "<tool_call>\n<function=now>\n</function>\n</tool_call>"));
+    assert_true(matches(c, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"));
+    assert_false(matches(c, "<tool_call>\n<function=other>\n</function>\n</tool_call>"));
+    assert_false(matches(c, "Sure: <tool_call>\n<function=now>\n</function>\n</tool_call>"));
+    constrain_free(c);
+    json_t *t2 = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+                            "\"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}}, "
+                            "\"required\": [\"s\", \"n\"]}}}]", 0, NULL);
+    assert_int_equal(constrain_compile_tool_call(t2, "f", &c, err, sizeof err), 0);
+    assert_true(matches(c, "<tool_call>\n<function=f>\n<parameter=s>\na < b\nc\n</parameter>\n<parameter=n>\n-3\n"
+                           "</parameter>\n</function>\n</tool_call>"));
+    assert_false(matches(c, "<tool_call>\n<function=f>\n<parameter=s>\na </b>\n</parameter>\n<parameter=n>\n3\n"
+                            "</parameter>\n</function>\n</tool_call>"));   // "</" only closes
+    assert_false(matches(c, "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n<parameter=n>\n3.5\n"
+                            "</parameter>\n</function>\n</tool_call>"));   // n is an integer
+    constrain_free(c);
+    assert_int_equal(constrain_compile_tool_call(t2, "g", &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no tool named"));
+    json_decref(t2);
+    json_decref(tools);
+}
+
 static void test_constrain_refusals(void **state) {
     static const char *const cases[][2] = {
         {"{\"type\": \"string\", \"pattern\": \"^a\"}", "pattern"},
@@ -440,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_special_tokens_in_content),
         cmocka_unit_test(test_constrain_matcher),
         cmocka_unit_test(test_constrain_refusals),
+        cmocka_unit_test(test_constrain_tool_call),
     };
     return cmocka_run_group_tests_name("openai", tests, NULL, NULL);
 }

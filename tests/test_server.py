@@ -321,6 +321,32 @@ def test_tools(port):
     st, ev, done = stream(port, "/v1/chat/completions", chat_body(history, tools=[TOOL]))
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
     check("tool round trip streamed: no call markup in content deltas", st == 200 and done and "<tool_call>" not in text, ev)
+    # tool_choice required / a named function: constrained to one well-formed call.
+    import jsonschema
+    add = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}, "ok": {"type": "boolean"}},
+        "required": ["a", "b", "why"]}}}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        body = chat_body(msgs, max_tokens=150, tools=[TOOL, add], tool_choice=choice,
+                         chat_template_kwargs={"enable_thinking": False})
+        st, _, j = post(port, "/v1/chat/completions", body)
+        ok = st == 200 and j["choices"][0]["finish_reason"] == "tool_calls"
+        calls = j["choices"][0]["message"].get("tool_calls") or [] if ok else []
+        try:
+            fn = calls[0]["function"]
+            params = {"get_weather": TOOL, "add": add}[fn["name"]]["function"]["parameters"]
+            jsonschema.validate(json.loads(fn["arguments"]), params)
+            ok = ok and len(calls) == 1 and calls[0]["id"].startswith("call_") and (choice == "required" or fn["name"] == "add")
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            j = (j, repr(e))
+        check(f"tool_choice {json.dumps(choice)}: one call whose arguments validate against the parameters", ok, j)
+        st, ev, done = stream(port, "/v1/chat/completions", body)
+        deltas = [d for e in ev if e.get("choices") for d in e["choices"][0]["delta"].get("tool_calls") or []]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+        check(f"tool_choice {json.dumps(choice)} streamed: a tool_calls delta, no markup, finish tool_calls",
+              done and len(deltas) == 1 and "<" not in text and ev[-1]["choices"][0]["finish_reason"] == "tool_calls"
+              and deltas[0]["function"]["arguments"] == calls[0]["function"]["arguments"], ev)
 
 
 def obj(props, required=None):
@@ -534,8 +560,11 @@ BAD = [
     ("tools without a function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools", "name"),
     ("tools on completions", "completions", {"prompt": [1], "tools": [TOOL]}, 400, "tools", "chat"),
-    ("tool_choice required", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
-                                      "tool_choice": "required"}, 400, "tool_choice", "constrained"),
+    ("tool_choice names an unknown function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+                                      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400,
+     "tool_choice", "no tool named"),
+    ("tool_choice required + response_format", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+     "tool_choice": "required", "response_format": {"type": "json_object"}}, 400, "tool_choice", "combined"),
     ("tool_calls arguments not JSON", "chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
      "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400, "messages",
      "arguments"),
@@ -978,11 +1007,23 @@ def test_openai_client(binary, model):
             {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
         r = cl.chat.completions.create(model=mid, messages=hist, max_tokens=4, tools=tools)
         check("openai client: tool round trip history", r.choices[0].message is not None, r)
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=128, tools=tools, tool_choice="required",
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        call = (r.choices[0].message.tool_calls or [None])[0]
+        ok = r.choices[0].finish_reason == "tool_calls" and call is not None and call.function.name == "get_weather"
+        ok = ok and isinstance(json.loads(call.function.arguments).get("city"), str)
+        check("openai client: tool_choice required forces a call the client parses", ok, r)
+        if ok:   # and the round trip: the call and its result go back
+            hist2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                            {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}]
+            r = cl.chat.completions.create(model=mid, messages=hist2, max_tokens=4, tools=tools)
+            check("openai client: the forced call's round trip", r.choices[0].message is not None, r)
         try:
-            cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools, tool_choice="required")
-            check("openai client: tool_choice required -> BadRequestError", False)
+            cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+            check("openai client: unknown named function -> BadRequestError", False)
         except openai.BadRequestError as e:
-            check("openai client: tool_choice required -> BadRequestError naming tool_choice",
+            check("openai client: unknown named function -> BadRequestError naming tool_choice",
                   e.body.get("param") == "tool_choice", e.body)
         try:
             openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
