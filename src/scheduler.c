@@ -3,7 +3,8 @@
 // The worker is the only thread that touches the engine, the working sequence and the session
 // cache; it runs jobs one at a time in arrival (queue) order.  A client that goes away is
 // noticed between prefill chunks and decode steps: the worker polls the client socket for a
-// hang-up, and the transport marks the job cancelled when the connection ends early.
+// reset (a half-close after the request is not leaving: the client may still read), and the
+// transport marks the job cancelled when a write fails or the connection ends early.
 #include "server.h"
 
 #include "chat.h"
@@ -69,8 +70,10 @@ static bool job_cancelled(void *arg) {
     if (atomic_load(j->abort)) return true;
     pthread_mutex_lock(&j->mu);
     if (!j->cancel && j->fd >= 0) {
-        struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
-        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) j->cancel = true;
+        // A reset (or a socket gone) means the client left; a half-close (shutdown(SHUT_WR) after
+        // the request, POLLRDHUP) does not: the client may still be reading.
+        struct pollfd pf = {.fd = j->fd, .events = 0};
+        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR | POLLNVAL))) j->cancel = true;
     }
     bool c = j->cancel;
     pthread_mutex_unlock(&j->mu);

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -743,7 +744,7 @@ def test_disconnect(port):
     deadline = time.time() + 60
     while b"data: " not in got and time.time() < deadline:
         got += s.recv(4096)
-    s.close()
+    s.close()   # a plain close: the next event's write fails
     t0 = time.time()
     m1 = m0
     while time.time() - t0 < 30:
@@ -763,6 +764,7 @@ def test_disconnect(port):
     while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 60:
         time.sleep(0.05)
     time.sleep(0.3)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # a reset: the client left
     s.close()
     t1 = time.time()
     m2 = m1
@@ -776,6 +778,12 @@ def test_disconnect(port):
           and gen < 400, (gen, time.time() - t1))
     st, _, j = post(port, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
     check("server serves again after disconnects", st == 200, j)
+    # A client that half-closes after a complete request is still there: it gets its answer.
+    body = json.dumps({"prompt": [51, 52, 53], "max_tokens": 6}).encode()
+    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body, timeout=120)
+    check("half-close (shutdown SHUT_WR) after the request: answered 200, not cancelled",
+          raw_status(reply) == 200 and b'"text_completion"' in reply, reply[:300])
 
 
 def test_queue_and_drain(binary, model):
