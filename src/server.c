@@ -42,6 +42,7 @@ struct request {
     bool post;
     struct sbuf body;
     bool too_large;
+    bool preflight;         // OPTIONS: a browser's CORS preflight
     int refuse;             // decided from the headers alone: 400 (framing), 403 (Host), 401 (key); 0: none
     const char *why;        // its message
     struct job *job;        // once queued
@@ -109,6 +110,21 @@ static bool host_allowed(const struct server *sv, const char *host) {
     return false;
 }
 
+// The request's Origin when it is one of --cors-origin (or that list holds "*"), else NULL.
+static const char *cors_origin(const struct server *sv, struct MHD_Connection *c) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    for (int i = 0; origin && i < sv->cfg.cors_origins.n; i++)
+        if (!strcmp(sv->cfg.cors_origins.v[i], "*") || !strcmp(sv->cfg.cors_origins.v[i], origin)) return origin;
+    return NULL;
+}
+
+static void cors_headers(const struct server *sv, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = cors_origin(sv, c);
+    if (!origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static bool is_json_type(const char *ct) {
     if (!ct || strncasecmp(ct, "application/json", 16)) return false;
     return ct[16] == 0 || ct[16] == ';' || ct[16] == ' ';
@@ -144,6 +160,7 @@ static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enu
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     status_headers(r, ep, status);
+    cors_headers(sv, c, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_request(sv, ep, status);
@@ -259,6 +276,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        cors_headers(sv, c, r);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         count_request(sv, rq->ep, 200);
@@ -273,6 +291,22 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     return send_json(sv, c, rq->ep, 200, o);
 }
 
+// A CORS preflight: 204 with the allowances for an origin in --cors-origin, else 403.
+static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *c, enum endpoint ep) {
+    if (!cors_origin(sv, c))
+        return send_error(sv, c, ep, 403, NULL, "cross-origin requests are allowed only from --cors-origin origins");
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    cors_headers(sv, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_request(sv, ep, 204);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -283,10 +317,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = rq;
         rq->ep = route(url, &rq->model_id);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
         if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
         else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
-        else if (rq->ep != EP_HEALTH &&
+        else if (rq->ep != EP_HEALTH && !rq->preflight &&   // a preflight carries no credentials
                  !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
             rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
         if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
@@ -306,6 +341,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
+    if (rq->preflight) return send_preflight(sv, c, rq->ep);
     const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
     if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
     if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))) {
@@ -435,6 +471,8 @@ int cmd_serve(int argc, char **argv) {
         {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
         {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0, "accept this Host header name (repeatable; * any; default: "
                                                               "loopback names when listening on loopback, else any)"},
+        {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
+                                                          "default none: preflights get 403)"},
         {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];

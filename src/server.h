@@ -66,6 +66,7 @@ struct server_config {
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
+    struct opt_strs cors_origins;  // --cors-origin, repeatable
     long long max_per_ip;         // connections from one address
 };
 

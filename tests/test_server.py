@@ -950,10 +950,27 @@ def test_hardening(binary, model, port):
     check("404: OpenAI-shaped, code a string or null", st == 404 and (e["code"] is None or isinstance(e["code"], str)), b)
 
     # --allowed-host, and a per-address connection limit that keeps one client from locking out others.
+    pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    st, h, _ = request(port, "OPTIONS", "/v1/chat/completions", headers=pre)
+    check("CORS: no --cors-origin -> preflight 403, no allowance", st == 403 and "access-control-allow-origin" not in h,
+          (st, h))
     srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--allowed-host", "calla.internal",
-                 "--max-connections", 16, "--max-connections-per-ip", 4)
+                 "--max-connections", 16, "--max-connections-per-ip", 4, "--cors-origin", "https://app.example",
+                 "--api-key", "k")
     try:
         p = srv.port
+        ch = {"Host": "calla.internal"}
+        st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, **ch))
+        check("CORS: preflight from a --cors-origin origin -> 204 with the allowances (no key needed)",
+              st == 204 and h.get("access-control-allow-origin") == "https://app.example"
+              and "Authorization" in h.get("access-control-allow-headers", ""), (st, h))
+        st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin="https://evil.example", **ch))
+        check("CORS: preflight from another origin -> 403", st == 403 and "access-control-allow-origin" not in h, (st, h))
+        st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://app.example", Authorization="Bearer k"))
+        check("CORS: a request from the origin carries Access-Control-Allow-Origin",
+              st == 200 and h.get("access-control-allow-origin") == "https://app.example", (st, h))
+        st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://evil.example", Authorization="Bearer k"))
+        check("CORS: from another origin, no Access-Control-Allow-Origin", "access-control-allow-origin" not in h, (st, h))
         st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})
         check("--allowed-host: the listed name -> 200", st == 200, st)
         st, _, _ = request(p, "GET", "/health", headers={"Host": "localhost"})
