@@ -1,9 +1,14 @@
 // chat.c: the Qwen3.6 chat template, text-only, without a Jinja engine.
 //
-// What it renders, byte for byte (the official Qwen3.6 chat_template.jinja, minus images,
-// videos and tool definitions; trim() is Python's str.strip(): Unicode whitespace):
+// What it renders, byte for byte (the official Qwen3.6 chat_template.jinja, minus images and
+// videos; trim() is Python's str.strip(): Unicode whitespace):
 //
-//   [<|im_start|>system\n{trim(system)}<|im_end|>\n]              first message, if a system one
+//   with tools:
+//     <|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>
+//     \n{tool 1 as JSON}...\n{tool n as JSON}\n</tools>{TOOLS_HOWTO}[\n\n{trim(system)}]<|im_end|>\n
+//                   (the system part when a system message is first and not blank)
+//   without:
+//     [<|im_start|>system\n{trim(system)}<|im_end|>\n]            first message, if a system one
 //   for each later message:
 //     user:       <|im_start|>user\n{trim(content)}<|im_end|>\n
 //     assistant:  content = trim(content); reasoning = the message's reasoning if given, else
@@ -15,6 +20,10 @@
 //                   <|im_start|>assistant\n<think>\n{reasoning}\n</think>\n\n{content}<|im_end|>\n
 //                 otherwise (an earlier turn; its reasoning is dropped):
 //                   <|im_start|>assistant\n{content}<|im_end|>\n
+//                 tool calls go before the <|im_end|>, each as
+//                   [\n\n when first and content is not blank | \n when not first]
+//                   <tool_call>\n<function={name}>\n{<parameter={arg}>\n{value}\n</parameter>\n}...
+//                   </function>\n</tool_call>
 //     tool:       [<|im_start|>user]            when the previous message is not a tool message
 //                 \n<tool_response>\n{trim(content)}\n</tool_response>
 //                 [<|im_end|>\n]                when the next message is not a tool message
@@ -45,29 +54,34 @@ struct text {
 
 struct out {
     char *p;
+    unsigned char *m;   // [n] 1 where the byte is the template's markup (or the model's own output)
     size_t n, cap;
     bool oom;
 };
 
-static void put(struct out *o, const char *s, size_t n) {
+static void put(struct out *o, const char *s, size_t n, bool markup) {
     if (o->oom) return;
     if (o->n + n + 1 > o->cap) {
         size_t cap = o->cap ? o->cap : 256;
         while (cap < o->n + n + 1) cap *= 2;
         char *p = realloc(o->p, cap);
-        if (!p) {
+        if (p) o->p = p;
+        unsigned char *m = p ? realloc(o->m, cap) : NULL;
+        if (!m) {
             o->oom = true;
             return;
         }
-        o->p = p, o->cap = cap;
+        o->m = m, o->cap = cap;
     }
     memcpy(o->p + o->n, s, n);
+    memset(o->m + o->n, markup, n);
     o->n += n;
     o->p[o->n] = 0;
 }
 
-static void puts_(struct out *o, const char *s) { put(o, s, strlen(s)); }
-static void putt(struct out *o, struct text t) { put(o, t.p, t.n); }
+static void puts_(struct out *o, const char *s) { put(o, s, strlen(s), true); }   // the template's text
+static void putu(struct out *o, const char *s) { put(o, s, strlen(s), false); }   // a client's text
+static void putt(struct out *o, struct text t, bool markup) { put(o, t.p, t.n, markup); }
 
 // Length of a whitespace character (Python's str.isspace()) at s[0..n), or 0.
 static size_t space_len(const unsigned char *s, size_t n) {
@@ -120,6 +134,49 @@ static const char *find_last(struct text t, const char *needle) {
 
 static struct text text_of(const char *s) { return (struct text){s ? s : "", s ? strlen(s) : 0}; }
 
+static const char TOOLS_HOWTO[] =
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+    "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
+    "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+
+static void put_tools(struct out *b, const struct chat_options *o, const struct chat_message *first) {
+    puts_(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+    for (size_t i = 0; i < o->n_tools; i++) {
+        puts_(b, "\n");
+        putu(b, o->tools[i]);
+    }
+    puts_(b, "\n</tools>");
+    puts_(b, TOOLS_HOWTO);
+    struct text sys = trim(text_of(first->content));
+    if (!strcmp(first->role, "system") && sys.n) {
+        puts_(b, "\n\n");
+        putt(b, sys, false);
+    }
+    puts_(b, "<|im_end|>\n");
+}
+
+static void put_tool_calls(struct out *b, const struct chat_message *m, struct text content) {
+    for (size_t k = 0; k < m->n_tool_calls; k++) {
+        const struct chat_tool_call *c = &m->tool_calls[k];
+        puts_(b, k ? "\n<tool_call>\n<function=" : trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+        putu(b, c->name ? c->name : "");
+        puts_(b, ">\n");
+        for (size_t a = 0; a < c->n_args; a++) {
+            puts_(b, "<parameter=");
+            putu(b, c->arg_names[a]);
+            puts_(b, ">\n");
+            putu(b, c->arg_values[a]);
+            puts_(b, "\n</parameter>\n");
+        }
+        puts_(b, "</function>\n</tool_call>");
+    }
+}
+
 static bool is_tool_response(struct text t) {
     static const char open[] = "<tool_response>", close[] = "</tool_response>";
     return t.n >= sizeof open - 1 && t.n >= sizeof close - 1 && !memcmp(t.p, open, sizeof open - 1) &&
@@ -128,9 +185,15 @@ static bool is_tool_response(struct text t) {
 
 int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out,
                 size_t *out_len, size_t *boundary, char *err, size_t errlen) {
+    return chat_render_markup(msgs, n, opt, out, NULL, out_len, boundary, err, errlen);
+}
+
+int chat_render_markup(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out,
+                       unsigned char **markup, size_t *out_len, size_t *boundary, char *err, size_t errlen) {
     struct chat_options o = opt ? *opt : CHAT_OPTIONS_DEFAULT;
     struct out b = {0};
     *out = NULL;
+    if (markup) *markup = NULL;
     if (out_len) *out_len = 0;
     if (!n) {
         snprintf(err, errlen, "chat: no messages");
@@ -159,17 +222,19 @@ int chat_render(const struct chat_message *msgs, size_t n, const struct chat_opt
     }
 
     size_t last_start = 0;
+    if (o.n_tools) put_tools(&b, &o, &msgs[0]);
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role;
         struct text content = trim(text_of(msgs[i].content));
         last_start = b.n;
         if (!strcmp(role, "system")) {
+            if (o.n_tools) continue;   // it went into the tools block
             puts_(&b, "<|im_start|>system\n");
-            putt(&b, content);
+            putt(&b, content, false);
             puts_(&b, "<|im_end|>\n");
         } else if (!strcmp(role, "user")) {
             puts_(&b, "<|im_start|>user\n");
-            putt(&b, content);
+            putt(&b, content, false);
             puts_(&b, "<|im_end|>\n");
         } else if (!strcmp(role, "assistant")) {
             struct text reasoning = {"", 0};
@@ -188,15 +253,16 @@ int chat_render(const struct chat_message *msgs, size_t n, const struct chat_opt
             puts_(&b, "<|im_start|>assistant\n");
             if (o.preserve_thinking || i > last_query) {
                 puts_(&b, "<think>\n");
-                putt(&b, reasoning);
+                putt(&b, reasoning, true);
                 puts_(&b, "\n</think>\n\n");
             }
-            putt(&b, content);
+            putt(&b, content, true);
+            put_tool_calls(&b, &msgs[i], content);
             puts_(&b, "<|im_end|>\n");
         } else {  // tool
             if (i > 0 && strcmp(msgs[i - 1].role, "tool")) puts_(&b, "<|im_start|>user");
             puts_(&b, "\n<tool_response>\n");
-            putt(&b, content);
+            putt(&b, content, false);
             puts_(&b, "\n</tool_response>");
             if (i + 1 == n || strcmp(msgs[i + 1].role, "tool")) puts_(&b, "<|im_end|>\n");
         }
@@ -204,11 +270,13 @@ int chat_render(const struct chat_message *msgs, size_t n, const struct chat_opt
     if (o.add_generation_prompt)
         puts_(&b, o.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     if (b.oom || !b.p) {
-        free(b.p);
+        free(b.p), free(b.m);
         snprintf(err, errlen, "chat: out of memory");
         return -1;
     }
     *out = b.p;
+    if (markup) *markup = b.m;
+    else free(b.m);
     if (out_len) *out_len = b.n;
     if (boundary) *boundary = last_start;
     return 0;
@@ -216,7 +284,7 @@ int chat_render(const struct chat_message *msgs, size_t n, const struct chat_opt
 
 int chat_encode_user(const struct tokenizer *t, const char *text, const struct chat_options *opt, int32_t **ids,
                      size_t *n, char *err, size_t errlen) {
-    struct chat_message m = {"user", text, NULL};
+    struct chat_message m = {.role = "user", .content = text};
     char *s;
     size_t len;
     *ids = NULL, *n = 0;

@@ -39,6 +39,15 @@ int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, 
             *(const char **)o->dst = val;
             continue;
         }
+        if (o->type == OPT_STRS) {
+            struct opt_strs *l = o->dst;
+            if (l->n == OPT_STRS_MAX) {
+                snprintf(err, errlen, "--%s may be given at most %d times", o->name, OPT_STRS_MAX);
+                return -1;
+            }
+            l->v[l->n++] = val;
+            continue;
+        }
         char *end;
         errno = 0;
         long long v = strtoll(val, &end, 10);

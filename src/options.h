@@ -9,6 +9,14 @@ enum opt_type {
     OPT_STR,    // const char *
     OPT_INT,    // long long, within [min, max]
     OPT_FLAG,   // bool, takes no value
+    OPT_STRS,   // struct opt_strs: a string flag that may be given up to OPT_STRS_MAX times
+};
+
+enum { OPT_STRS_MAX = 64 };
+
+struct opt_strs {
+    const char *v[OPT_STRS_MAX];
+    int n;
 };
 
 struct opt {

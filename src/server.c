@@ -1,225 +1,134 @@
-// server.c: `calla serve`, an OpenAI-compatible HTTP server over one engine, batch 1, greedy.
+// server.c: `calla serve`, an OpenAI-compatible HTTP server over one engine, batch 1, greedy:
+// the HTTP transport (libmicrohttpd callbacks, routes, limits, SSE relay, metrics) and the
+// command itself.  The protocol is in openai.c, the queue and the worker in scheduler.c.
 //
 // Threads:
 //   MHD, one thread per connection: reads and validates a request (JSON, limits, tokenization),
 //        queues a job, then waits for it (non-streaming) or relays its server-sent events.
-//   worker: the only thread that touches the engine, the working sequence and the session
-//        cache; it runs jobs one at a time in arrival (queue) order.
+//   worker (scheduler.c): the only thread that touches the engine.
 //   main: waits for SIGTERM/SIGINT, then drains (finishes running and queued jobs, up to
 //        --drain-seconds) or aborts, and frees everything.
-//
-// A job is shared by its connection and the worker (reference counted, one mutex each).  A
-// client that goes away is noticed between prefill chunks and decode steps: the worker polls the
-// client socket for a hang-up, and MHD's completion callback marks the job cancelled.
-//
-// Every bad request ends as a 4xx JSON error in the OpenAI shape
-//   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}};
-// nothing a client sends can reach an abort().
-#include "chat.h"
+#include "server.h"
+
+#include "auth.h"
 #include "commands.h"
-#include "engine.h"
 #include "options.h"
-#include "session_cache.h"
-#include "tokenizer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <jansson.h>
-#include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-// ---- limits and defaults -----------------------------------------------------------------------
-
-enum {
-    MAX_STOPS = 4,            // OpenAI's limit on `stop`
-    MAX_STOP_BYTES = 256,     // per stop string
-    SSE_BLOCK = 4096,         // MHD read block for streamed responses
-    RETRY_AFTER_S = 1,        // Retry-After on 503 queue full
-};
-
-struct server_config {
-    const char *model_dir, *host, *backend, *model_name;
-    long long port;
-    long long context;            // tokens per sequence: prompt + max_tokens + 1 must fit
-    long long queue;              // waiting jobs beyond the running one; past it: 503
-    long long max_body;           // request body bytes; past it: 413
-    long long max_header;         // request header bytes (MHD's per-connection memory); past it: 4xx from MHD
-    long long max_connections;
-    long long cache_entries;      // LRU of end-of-request states (0: off)
-    long long cache_boundaries;   // LRU of last-message-boundary snapshots (0: off)
-    long long default_max_tokens; // when a request gives none (then capped by what the context has left)
-    long long drain_seconds;      // on SIGTERM, how long running and queued requests may finish
-    long long threads;
-    long long timeout;            // idle connection timeout, seconds
-    bool quiet;
-};
-
-// ---- a growable byte buffer --------------------------------------------------------------------
-
-struct sbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static int sbuf_add(struct sbuf *b, const void *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static void sbuf_free(struct sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// ---- metrics -----------------------------------------------------------------------------------
-
-enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
                                                      "health", "metrics", "other"};
-static const int status_codes[] = {200, 400, 404, 405, 413, 500, 503};
-enum { N_STATUS = sizeof status_codes / sizeof status_codes[0] };
+static const int status_codes[] = {200, 400, 401, 403, 404, 405, 413, 415, 500, 503};
+_Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
-struct metrics {
-    unsigned long long requests[EP_COUNT][N_STATUS + 1];   // last column: any other status
-    unsigned long long prompt_tokens, generated_tokens, cached_tokens, cache_hits, cache_misses, cancelled;
-    double prefill_s, decode_s;
+// ---- HTTP: routes and responses ---------------------------------------------------------------
+
+
+// Per-request state, MHD's *con_cls.
+struct request {
+    enum endpoint ep;
+    const char *model_id;   // GET /v1/models/{id}: the id (in MHD's url), else NULL
+    bool post;
+    struct sbuf body;
+    bool too_large;
+    bool preflight;         // OPTIONS: a browser's CORS preflight
+    int refuse;             // decided from the headers alone: 400 (framing), 403 (Host), 401 (key); 0: none
+    const char *why;        // its message
+    struct job *job;        // once queued
 };
 
-// ---- jobs --------------------------------------------------------------------------------------
+static enum endpoint route(const char *url, const char **model_id) {
+    *model_id = NULL;
+    if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
+    if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
+    if (!strcmp(url, "/v1/models")) return EP_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        *model_id = url + 11;
+        return EP_MODELS;
+    }
+    if (!strcmp(url, "/health")) return EP_HEALTH;
+    if (!strcmp(url, "/metrics")) return EP_METRICS;
+    return EP_OTHER;
+}
 
-enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+// ---- checks on the headers ----------------------------------------------------------------------
 
-struct job {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;                       // connection, response (streaming) and worker
-
-    // The request, fixed once queued.
-    bool chat;                      // chat.completion (else text_completion)
-    bool stream, include_usage;
-    bool return_ids;                // return_token_ids: the generated ids in the choice (as vLLM)
-    bool reasoning;                 // chat with thinking on: output before </think> is reasoning_content
-    int32_t *prompt;
-    int n_prompt;
-    int boundary;                   // tokens up to the last message boundary (0: none)
-    int max_tokens;
-    char *stops[MAX_STOPS];
-    size_t stop_len[MAX_STOPS];
-    int n_stops;
-    char id[48];
-    long long created;
-    const char *model_name;
-    double t_queued;
-    atomic_bool *abort;             // the server's "cancel everything"
-
-    // Shared state, under mu.
-    int fd;                         // the client socket; -1 once MHD has closed it
-    enum job_state state;
-    bool cancel;                    // the client went away (or the server is aborting)
-    struct sbuf sse;                // streamed bytes produced by the worker...
-    size_t sse_off;                 // ...and consumed by MHD
-
-    // Results, written by the worker before state = JOB_DONE.
-    struct sbuf content, reasoning_text;
-    const char *finish;             // "stop" or "length"; NULL on failure
-    int status;                     // HTTP status of a failure (0: success)
-    char errmsg[512];
-    int32_t *gen;                   // [n_gen] generated ids, the stop token included
-    int n_gen, n_cached;
-    double queue_ms, prefill_ms, decode_ms;
-
-    struct job *next;               // queue link
+struct framing {
+    int n_length;           // Content-Length headers
+    bool lengths_differ;
+    const char *length, *te;
 };
 
-static struct job *job_new(void) {
-    struct job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
-    j->refs = 1;
-    j->fd = -1;
-    return j;
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_length++ && strcmp(f->length, value ? value : "")) f->lengths_differ = true;
+        f->length = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        if (f->te) f->lengths_differ = true;   // two codings: as ambiguous as two lengths
+        f->te = value ? value : "";
+    }
+    return MHD_YES;
 }
 
-static void job_ref(struct job *j) {
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
+// Request smuggling: a body whose length two parsers could read differently is refused.
+static const char *ambiguous_framing(struct MHD_Connection *c) {
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.n_length && f.te) return "a request may not have both Content-Length and Transfer-Encoding";
+    if (f.lengths_differ) return "conflicting Content-Length or Transfer-Encoding headers";
+    if (f.te && strcasecmp(f.te, "chunked")) return "the only transfer coding accepted is chunked";
+    return NULL;
 }
 
-static void job_unref(struct job *j) {
-    if (!j) return;
-    pthread_mutex_lock(&j->mu);
-    int r = --j->refs;
-    pthread_mutex_unlock(&j->mu);
-    if (r) return;
-    free(j->prompt);
-    free(j->gen);
-    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
-    sbuf_free(&j->sse);
-    sbuf_free(&j->content);
-    sbuf_free(&j->reasoning_text);
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
-    free(j);
+// The Host header against --allowed-host, or (none given) against the loopback names when the
+// server listens on a loopback address: a web page cannot reach a local server by a DNS name of
+// its own (DNS rebinding).  Without a Host (HTTP/1.0) nothing is checked.
+static bool host_allowed(const struct server *sv, const char *host) {
+    if (!host) return true;
+    const struct opt_strs *allow = &sv->cfg.allowed_hosts;
+    if (!allow->n && !sv->loopback) return true;
+    size_t n = strlen(host);   // the name without ":port"
+    const char *end = host[0] == '[' ? strchr(host, ']') : strchr(host, ':');
+    if (end) n = (size_t)(end - host) + (host[0] == '[');
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (int i = 0; i < (allow->n ? allow->n : 3); i++) {
+        const char *a = allow->n ? allow->v[i] : local[i];
+        if (!strcmp(a, "*") || (strlen(a) == n && !strncasecmp(a, host, n))) return true;
+    }
+    return false;
 }
 
-// ---- the server --------------------------------------------------------------------------------
+// The request's Origin when it is one of --cors-origin (or that list holds "*"), else NULL.
+static const char *cors_origin(const struct server *sv, struct MHD_Connection *c) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    for (int i = 0; origin && i < sv->cfg.cors_origins.n; i++)
+        if (!strcmp(sv->cfg.cors_origins.v[i], "*") || !strcmp(sv->cfg.cors_origins.v[i], origin)) return origin;
+    return NULL;
+}
 
-struct server {
-    struct server_config cfg;
-    struct engine *e;
-    struct tokenizer *tok;
-    int vocab;                      // the model's vocabulary (embedding rows)
+static void cors_headers(const struct server *sv, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = cors_origin(sv, c);
+    if (!origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
 
-    // Worker-only state.
-    struct seq *w;                  // the working sequence
-    struct session_cache full;      // end-of-request states
-    struct session_cache bound;     // last-message-boundary snapshots
-
-    pthread_mutex_t mu;             // queue, flags, metrics
-    pthread_cond_t cv;
-    struct job *head, *tail;
-    int depth;                      // queued, not running
-    struct job *running;
-    int open_jobs;                  // queued jobs whose request MHD has not completed (answer in flight)
-    bool draining;                  // SIGTERM: refuse new work
-    bool stop_worker;
-    atomic_bool abort;              // cancel everything now
-    unsigned long long next_id;
-    struct metrics m;
-
-    pthread_t worker;
-    struct MHD_Daemon *d;
-};
+static bool is_json_type(const char *ct) {
+    if (!ct || strncasecmp(ct, "application/json", 16)) return false;
+    return ct[16] == 0 || ct[16] == ';' || ct[16] == ' ';
+}
 
 // ---- HTTP responses ----------------------------------------------------------------------------
 
@@ -232,16 +141,26 @@ static void count_request(struct server *sv, enum endpoint ep, int status) {
     pthread_mutex_unlock(&sv->mu);
 }
 
+// The headers a status calls for: Retry-After on 503, WWW-Authenticate on 401, Allow on 405.
+static void status_headers(struct MHD_Response *r, enum endpoint ep, int status) {
+    if (status == 503) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", RETRY_AFTER_S);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
+    // After a refusal the rest of what the client sent is not trusted to be the next request.
+    if (status == 400 || status == 403 || status == 413) MHD_add_response_header(r, "Connection", "close");
+}
+
 static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                const char *type, const char *body, size_t len, int retry_after) {
+                                const char *type, const char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    if (retry_after > 0) {
-        char v[16];
-        snprintf(v, sizeof v, "%d", retry_after);
-        MHD_add_response_header(r, "Retry-After", v);
-    }
+    status_headers(r, ep, status);
+    cors_headers(sv, c, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_request(sv, ep, status);
@@ -252,833 +171,21 @@ static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, en
                                  json_t *body) {
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14, 0);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s), 0);
+    if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14);
+    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
-}
-
-static json_t *error_body(int status, const char *param, const char *msg) {
-    const char *type = status == 400 || status == 404 || status == 405 || status == 413 ? "invalid_request_error"
-                       : status == 503                                                ? "server_busy"
-                                                                                      : "server_error";
-    char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
-    size_t len;
-    if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
-    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", clean ? clean : "invalid request", "type",
-                          type, "param", param, "code", status);
-    free(clean);
-    return o;
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                  const char *param, const char *msg, int retry_after) {
+                                  const char *param, const char *msg) {
     json_t *b = error_body(status, param, msg);
     char *s = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
-    if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg), retry_after);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s), retry_after);
+    if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg));
+    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
-}
-
-// ---- request validation ------------------------------------------------------------------------
-
-struct req_error {
-    int status;
-    const char *param;   // static string or NULL
-    char msg[512];
-};
-
-// Bytes of s to quote in a message: at most max, never ending inside a UTF-8 sequence (the
-// message goes into JSON, which must be valid UTF-8).
-static int clip_utf8(const char *s, int max) {
-    int n = (int)strnlen(s, (size_t)max + 1);
-    if (n <= max) return n;
-    n = max;
-    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
-    return n;
-}
-
-static int bad(struct req_error *re, int status, const char *param, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(re->msg, sizeof re->msg, fmt, ap);
-    va_end(ap);
-    re->status = status;
-    re->param = param;
-    return -1;
-}
-
-// Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (STYLE §14: reject, never clamp).
-enum greedy_kind {
-    GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
-    GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
-    GREEDY_INT_EQ,      // an integer >= lo; only `greedy` is accepted (n, best_of)
-    GREEDY_NULL,        // must be absent or null (seed)
-    GREEDY_EMPTY_OBJ,   // absent, null or {} (logit_bias)
-    GREEDY_OFF,         // absent, null, false or 0 (logprobs, top_logprobs)
-};
-
-static const struct greedy_rule {
-    const char *name;
-    enum greedy_kind kind;
-    double greedy, lo, hi;
-    const char *why;
-} greedy_rules[] = {
-    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)"},
-    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)"},
-    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)"},
-    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)"},
-    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)"},
-    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)"},
-    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)"},
-    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic"},
-    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)"},
-    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
-    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
-    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
-    {"logprobs", GREEDY_OFF, 0, 0, 0, "logprobs are not supported"},
-    {"top_logprobs", GREEDY_OFF, 0, 0, 0, "top_logprobs are not supported"},
-};
-
-static bool integral(const json_t *v, long long *out) {
-    if (json_is_integer(v)) {
-        *out = json_integer_value(v);
-        return true;
-    }
-    if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (d == floor(d) && fabs(d) < 9e15) {
-            *out = (long long)d;
-            return true;
-        }
-    }
-    return false;
-}
-
-static int check_greedy(const json_t *body, struct req_error *re) {
-    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++) {
-        const struct greedy_rule *g = &greedy_rules[i];
-        const json_t *v = json_object_get(body, g->name);
-        if (!v || json_is_null(v)) continue;
-        long long k;
-        switch (g->kind) {
-        case GREEDY_NUM_EQ: {
-            if (!json_is_number(v)) return bad(re, 400, g->name, "%s must be a number", g->name);
-            double d = json_number_value(v);
-            if (!(d >= g->lo && d <= g->hi))
-                return bad(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
-            if (d != g->greedy) return bad(re, 400, g->name, "%s, got %g", g->why, d);
-            break;
-        }
-        case GREEDY_INT_LE:
-        case GREEDY_INT_EQ:
-            if (!integral(v, &k)) return bad(re, 400, g->name, "%s must be an integer", g->name);
-            if (k < (long long)g->lo) return bad(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
-            if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
-                return bad(re, 400, g->name, "%s, got %lld", g->why, k);
-            break;
-        case GREEDY_NULL:
-            return bad(re, 400, g->name, "%s", g->why);
-        case GREEDY_EMPTY_OBJ:
-            if (!json_is_object(v)) return bad(re, 400, g->name, "%s must be an object", g->name);
-            if (json_object_size(v)) return bad(re, 400, g->name, "%s", g->why);
-            break;
-        case GREEDY_OFF:
-            if (json_is_false(v) || (integral(v, &k) && k == 0)) break;
-            if (!json_is_boolean(v) && !json_is_integer(v))
-                return bad(re, 400, g->name, "%s must be a boolean or an integer", g->name);
-            return bad(re, 400, g->name, "%s", g->why);
-        }
-    }
-    return 0;
-}
-
-// Optional field of a given JSON type: 0 (absent or null: *out NULL), or -1 with a 400.
-static int get_opt(const json_t *obj, const char *name, json_type type, const json_t **out, struct req_error *re) {
-    const json_t *v = json_object_get(obj, name);
-    *out = NULL;
-    if (!v || json_is_null(v)) return 0;
-    bool ok = type == JSON_TRUE ? json_is_boolean(v) : type == JSON_INTEGER ? json_is_number(v) : json_typeof(v) == type;
-    if (!ok) {
-        static const char *const names[] = {"an object", "an array", "a string", "an integer", "a number", "a boolean",
-                                            "a boolean", "null"};
-        return bad(re, 400, name, "%s must be %s", name, names[type]);
-    }
-    *out = v;
-    return 0;
-}
-
-static int get_bool(const json_t *obj, const char *name, bool def, bool *out, struct req_error *re) {
-    const json_t *v;
-    if (get_opt(obj, name, JSON_TRUE, &v, re)) return -1;
-    *out = v ? json_is_true(v) : def;
-    return 0;
-}
-
-// Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
-static int parse_common(struct server *sv, const json_t *body, struct job *j, long long *max_tokens,
-                        struct req_error *re) {
-    if (check_greedy(body, re)) return -1;
-    const json_t *v;
-    if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
-    *max_tokens = 0;   // 0: not given
-    static const char *const mt_names[] = {"max_tokens", "max_completion_tokens"};
-    for (int i = 0; i < 2; i++) {
-        const json_t *m = json_object_get(body, mt_names[i]);
-        if (!m || json_is_null(m)) continue;
-        long long k;
-        if (!integral(m, &k)) return bad(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
-        if (k < 1 || k > QWEN_MAX_CTX - 1)
-            return bad(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
-                       QWEN_MAX_CTX - 1, k);
-        *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
-    }
-    if (get_bool(body, "stream", false, &j->stream, re)) return -1;
-    if (get_bool(body, "return_token_ids", false, &j->return_ids, re)) return -1;
-    if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
-    if (v && get_bool(v, "include_usage", false, &j->include_usage, re)) return -1;
-    const json_t *stop = json_object_get(body, "stop");
-    if (stop && !json_is_null(stop)) {
-        const json_t *one[1] = {stop};
-        size_t n = 1;
-        if (json_is_array(stop)) {
-            n = json_array_size(stop);
-            if (n > MAX_STOPS) return bad(re, 400, "stop", "stop may hold at most %d strings, got %zu", MAX_STOPS, n);
-        } else if (!json_is_string(stop)) {
-            return bad(re, 400, "stop", "stop must be a string or an array of strings");
-        }
-        for (size_t i = 0; i < n; i++) {
-            const json_t *s = json_is_array(stop) ? json_array_get(stop, i) : one[0];
-            if (!json_is_string(s)) return bad(re, 400, "stop", "stop[%zu] must be a string", i);
-            size_t len = json_string_length(s);
-            if (len == 0) return bad(re, 400, "stop", "stop strings must not be empty");
-            if (len > MAX_STOP_BYTES)
-                return bad(re, 400, "stop", "stop strings are limited to %d bytes, got %zu", MAX_STOP_BYTES, len);
-            if (!(j->stops[j->n_stops] = malloc(len + 1))) return bad(re, 500, NULL, "out of memory");
-            memcpy(j->stops[j->n_stops], json_string_value(s), len + 1);
-            j->stop_len[j->n_stops++] = len;
-        }
-    }
-    if (get_bool(body, "echo", false, &(bool){0}, re)) return -1;
-    if (json_is_true(json_object_get(body, "echo"))) return bad(re, 400, "echo", "echo is not supported");
-    if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
-    if (v && json_string_length(v)) return bad(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
-    if (get_opt(body, "tools", JSON_ARRAY, &v, re)) return -1;
-    if (v && json_array_size(v)) return bad(re, 400, "tools", "tools are not supported by this server");
-    if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
-    if (v) {
-        const json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-            return bad(re, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
-    }
-    (void)sv;
-    return 0;
-}
-
-// Text of a message's content: a string, null, or an array of {"type": "text", "text": ...}.
-static int message_text(const json_t *content, size_t idx, struct sbuf *out, struct req_error *re) {
-    if (!content || json_is_null(content)) return 0;
-    if (json_is_string(content)) {
-        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return bad(re, 500, NULL, "out of memory");
-        return 0;
-    }
-    if (!json_is_array(content))
-        return bad(re, 400, "messages", "messages[%zu].content must be a string or an array of text parts", idx);
-    size_t i;
-    const json_t *part;
-    json_array_foreach(content, i, part) {
-        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(type))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
-        if (strcmp(json_string_value(type), "text"))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
-                       idx, i, clip_utf8(json_string_value(type), 64), json_string_value(type));
-        if (!json_is_string(text))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
-        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return bad(re, 500, NULL, "out of memory");
-    }
-    return 0;
-}
-
-static int encode(struct server *sv, const char *text, size_t len, int32_t **ids, int *n, struct req_error *re) {
-    size_t nn = 0;
-    char err[256];
-    if (tokenizer_encode(sv->tok, text, len, ids, &nn, err, sizeof err)) return bad(re, 400, NULL, "cannot tokenize: %s", err);
-    *n = (int)nn;
-    return 0;
-}
-
-// /v1/chat/completions: messages -> the rendered prompt, its tokens and the last-message boundary.
-static int parse_chat(struct server *sv, const json_t *body, struct job *j, struct req_error *re) {
-    const json_t *msgs = json_object_get(body, "messages");
-    if (!msgs || json_is_null(msgs)) return bad(re, 400, "messages", "messages is required");
-    if (!json_is_array(msgs)) return bad(re, 400, "messages", "messages must be an array");
-    size_t n = json_array_size(msgs);
-    if (n == 0) return bad(re, 400, "messages", "messages must not be empty");
-    struct chat_options co = CHAT_OPTIONS_DEFAULT;
-    const json_t *kw;
-    if (get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
-    bool think = true, preserve = false;
-    if (kw && (get_bool(kw, "enable_thinking", true, &think, re) || get_bool(kw, "preserve_thinking", false, &preserve, re)))
-        return -1;
-    co.enable_thinking = think;
-    co.preserve_thinking = preserve;
-    j->reasoning = think;
-
-    struct chat_message *cm = calloc(n, sizeof *cm);
-    struct sbuf *texts = calloc(2 * n, sizeof *texts);   // content, reasoning per message
-    char *out = NULL, *hist = NULL;
-    int rc = -1;
-    if (!cm || !texts) {
-        bad(re, 500, NULL, "out of memory");
-        goto done;
-    }
-    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
-    for (size_t i = 0; i < n; i++) {
-        const json_t *m = json_array_get(msgs, i);
-        if (!json_is_object(m)) {
-            bad(re, 400, "messages", "messages[%zu] must be an object", i);
-            goto done;
-        }
-        const json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role)) {
-            bad(re, 400, "messages", "messages[%zu].role must be a string", i);
-            goto done;
-        }
-        const char *r = NULL;
-        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
-            if (!strcmp(json_string_value(role), roles[k])) r = roles[k];
-        if (!r) {
-            const char *rs = json_string_value(role);
-            bad(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
-                clip_utf8(rs, 64), rs);
-            goto done;
-        }
-        if (!strcmp(r, "developer")) r = "system";
-        const json_t *content = json_object_get(m, "content");
-        if ((!content || json_is_null(content)) && strcmp(r, "assistant")) {
-            bad(re, 400, "messages", "messages[%zu].content is required for role \"%s\"", i, r);
-            goto done;
-        }
-        if (message_text(content, i, &texts[2 * i], re)) goto done;
-        const json_t *rc_ = json_object_get(m, "reasoning_content");
-        if (rc_ && !json_is_null(rc_)) {
-            if (!json_is_string(rc_)) {
-                bad(re, 400, "messages", "messages[%zu].reasoning_content must be a string", i);
-                goto done;
-            }
-            if (sbuf_add(&texts[2 * i + 1], json_string_value(rc_), json_string_length(rc_))) {
-                bad(re, 500, NULL, "out of memory");
-                goto done;
-            }
-        }
-        cm[i].role = r;
-        cm[i].content = texts[2 * i].p ? texts[2 * i].p : "";
-        cm[i].reasoning = texts[2 * i + 1].p;
-    }
-    size_t len = 0, boundary = 0, hist_len = 0;
-    char err[256];
-    if (chat_render(cm, n, &co, &out, &len, &boundary, err, sizeof err)) {
-        bad(re, 400, "messages", "%s", err);
-        goto done;
-    }
-    // The snapshot point: the end of the last message (the history rendered without the
-    // generation prompt), when that is a byte prefix of the prompt; else chat_render's boundary.
-    struct chat_options ho = co;
-    ho.add_generation_prompt = 0;
-    if (!chat_render(cm, n, &ho, &hist, &hist_len, NULL, err, sizeof err) && hist_len < len &&
-        !memcmp(hist, out, hist_len))
-        boundary = hist_len;
-    // The boundary in tokens.  When the text after it opens with an added token (ChatML's
-    // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
-    // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
-    // keep the boundary only if the prefix's tokens are a prefix of the whole's.
-    j->boundary = 0;
-    static const char im_start[] = "<|im_start|>";
-    int32_t *pre = NULL, *post = NULL;
-    int npre = 0, npost = 0;
-    if (boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1)) {
-        if (encode(sv, out, boundary, &pre, &npre, re) || encode(sv, out + boundary, len - boundary, &post, &npost, re)) {
-            free(pre);
-            goto done;
-        }
-        if (!(j->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
-            free(pre), free(post);
-            bad(re, 500, NULL, "out of memory");
-            goto done;
-        }
-        memcpy(j->prompt, pre, sizeof *pre * (size_t)npre);
-        memcpy(j->prompt + npre, post, sizeof *post * (size_t)npost);
-        j->n_prompt = npre + npost;
-        j->boundary = npre;
-        free(pre), free(post);
-    } else {
-        if (encode(sv, out, len, &j->prompt, &j->n_prompt, re)) goto done;
-        if (boundary > 0 && boundary < len && !encode(sv, out, boundary, &pre, &npre, re)) {
-            if (npre > 0 && npre < j->n_prompt && !memcmp(pre, j->prompt, sizeof *pre * (size_t)npre)) j->boundary = npre;
-            free(pre);
-        }
-    }
-    rc = 0;
-done:
-    if (texts)
-        for (size_t i = 0; i < 2 * n; i++) sbuf_free(&texts[i]);
-    free(texts);
-    free(cm);
-    free(out);
-    free(hist);
-    return rc;
-}
-
-// /v1/completions: prompt as text (no template) or as token ids.
-static int parse_completion(struct server *sv, const json_t *body, struct job *j, struct req_error *re) {
-    const json_t *p = json_object_get(body, "prompt");
-    if (!p || json_is_null(p)) return bad(re, 400, "prompt", "prompt is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
-    if (json_is_string(p)) {
-        if (json_string_length(p) == 0) return bad(re, 400, "prompt", "prompt must not be empty");
-        return encode(sv, json_string_value(p), json_string_length(p), &j->prompt, &j->n_prompt, re);
-    }
-    if (!json_is_array(p)) return bad(re, 400, "prompt", "prompt must be a string or an array of token ids");
-    size_t n = json_array_size(p);
-    if (n == 0) return bad(re, 400, "prompt", "prompt must not be empty");
-    if (n > (size_t)sv->cfg.context)
-        return bad(re, 400, "prompt", "prompt (%zu tokens) exceeds the context of %lld tokens", n, sv->cfg.context);
-    if (!(j->prompt = malloc(sizeof *j->prompt * n))) return bad(re, 500, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *t = json_array_get(p, i);
-        long long id;
-        if (!json_is_integer(t)) {
-            if (json_is_string(t) || json_is_array(t))
-                return bad(re, 400, "prompt", "batched prompts are not supported (batch 1): give one string or one array of token ids");
-            return bad(re, 400, "prompt", "prompt[%zu] must be an integer token id", i);
-        }
-        id = json_integer_value(t);
-        if (id < 0 || id >= sv->vocab)
-            return bad(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id, sv->vocab - 1);
-        j->prompt[i] = (int32_t)id;
-    }
-    j->n_prompt = (int)n;
-    return 0;
-}
-
-// The whole request -> a job ready to queue, or a 4xx.
-static struct job *parse_request(struct server *sv, enum endpoint ep, const char *data, size_t len,
-                                 struct req_error *re) {
-    json_error_t je;
-    json_t *body = json_loadb(data, len, 0, &je);
-    if (!body) {
-        bad(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
-    struct job *j = NULL;
-    if (!json_is_object(body)) {
-        bad(re, 400, NULL, "the request body must be a JSON object");
-        goto fail;
-    }
-    if (!(j = job_new())) {
-        bad(re, 500, NULL, "out of memory");
-        goto fail;
-    }
-    j->chat = ep == EP_CHAT;
-    long long max_tokens;
-    if (parse_common(sv, body, j, &max_tokens, re)) goto fail;
-    if (j->chat ? parse_chat(sv, body, j, re) : parse_completion(sv, body, j, re)) goto fail;
-    if (j->n_prompt < 1) {
-        bad(re, 400, j->chat ? "messages" : "prompt", "the prompt is empty");
-        goto fail;
-    }
-    const long long ctx = sv->cfg.context;
-    if (!max_tokens) {   // the server default, within what the context has left
-        max_tokens = ctx - j->n_prompt - 1;
-        if (max_tokens > sv->cfg.default_max_tokens) max_tokens = sv->cfg.default_max_tokens;
-        if (max_tokens < 1) {
-            bad(re, 400, j->chat ? "messages" : "prompt",
-                "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", j->n_prompt, ctx);
-            goto fail;
-        }
-    }
-    if (j->n_prompt + max_tokens + 1 > ctx) {
-        bad(re, 400, "max_tokens", "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens",
-            j->n_prompt, max_tokens, j->n_prompt + max_tokens + 1, ctx);
-        goto fail;
-    }
-    j->max_tokens = (int)max_tokens;
-    json_decref(body);
-    return j;
-fail:
-    job_unref(j);
-    json_decref(body);
-    return NULL;
-}
-
-// ---- output: channels, stop strings, server-sent events ----------------------------------------
-
-// Generated text goes to one channel at a time: reasoning_content (before </think>) or content.
-// A channel holds back text that could still become a stop string (and, for reasoning, trailing
-// newlines), so what is streamed is exactly what the non-streaming answer holds.
-struct channel {
-    struct sbuf pend;       // decoded, not yet emitted
-    struct sbuf *total;     // everything emitted
-    const char *field;      // "content", "reasoning_content" or "text"
-    bool strip_lead_nl;     // drop newlines before the first other character
-    bool trim_trail_nl;     // drop newlines at the end of the channel
-    bool started;
-};
-
-static void job_sse(struct job *j, const char *data, size_t len) {
-    pthread_mutex_lock(&j->mu);
-    if (sbuf_add(&j->sse, "data: ", 6) || sbuf_add(&j->sse, data, len) || sbuf_add(&j->sse, "\n\n", 2))
-        j->cancel = true;   // out of memory: end this request
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-}
-
-static void job_sse_json(struct job *j, json_t *o) {
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s) job_sse(j, s, strlen(s));
-    free(s);
-}
-
-// One streamed chunk: delta text on a field, or (field NULL) the role / the finish.
-static json_t *chunk_new(struct job *j) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", j->id, "object",
-                     j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
-                     j->model_name, "choices");
-}
-
-static void stream_delta(struct job *j, const char *field, const char *text, size_t len, const char *finish) {
-    json_t *o = chunk_new(j);
-    json_t *choice = json_pack("{s:i, s:o}", "index", 0, "finish_reason", finish ? json_string(finish) : json_null());
-    if (j->chat) {
-        json_t *delta = json_object();
-        if (field) json_object_set_new(delta, field, json_stringn(text, len));
-        json_object_set_new(choice, "delta", delta);
-    } else {
-        json_object_set_new(choice, "text", json_stringn(field ? text : "", field ? len : 0));
-        json_object_set_new(choice, "logprobs", json_null());
-    }
-    json_array_append_new(json_object_get(o, "choices"), choice);
-    job_sse_json(j, o);
-}
-
-static void emit(struct job *j, struct channel *ch, const char *s, size_t n) {
-    if (!n) return;
-    sbuf_add(ch->total, s, n);
-    if (j->stream) stream_delta(j, ch->field, s, n, NULL);
-}
-
-// Longest proper prefix of any stop string that ends the buffer.
-static size_t stop_holdback(const struct job *j, const char *p, size_t n) {
-    size_t hold = 0;
-    for (int i = 0; i < j->n_stops; i++)
-        for (size_t k = j->stop_len[i] - 1; k > hold; k--)
-            if (k <= n && !memcmp(p + n - k, j->stops[i], k)) {
-                hold = k;
-                break;
-            }
-    return hold;
-}
-
-// Adds text to a channel; emits what can no longer change.  final: the channel ends here.
-// Returns true when a stop string was found (the text is cut before it; generation ends).
-static bool channel_push(struct job *j, struct channel *ch, const char *text, size_t len, bool final) {
-    if (ch->strip_lead_nl && !ch->started)
-        while (len && *text == '\n') text++, len--;
-    if (len) ch->started = true;
-    sbuf_add(&ch->pend, text, len);
-    char *p = ch->pend.p;
-    size_t n = ch->pend.len, cut = SIZE_MAX;
-    for (int i = 0; i < j->n_stops && n; i++) {
-        const char *m = memmem(p, n, j->stops[i], j->stop_len[i]);
-        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p);
-    }
-    bool stopped = cut != SIZE_MAX;
-    if (stopped) n = cut, final = true;
-    size_t out = final ? n : n - stop_holdback(j, p, n);
-    if (ch->trim_trail_nl)
-        while (out && p[out - 1] == '\n') out--;
-    emit(j, ch, p, out);
-    if (final) ch->pend.len = 0;
-    else {
-        memmove(p, p + out, ch->pend.len - out);
-        ch->pend.len -= out;
-    }
-    return stopped;
-}
-
-// ---- the worker --------------------------------------------------------------------------------
-
-static json_t *usage_json(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens", j->n_gen,
-                     "total_tokens", j->n_prompt + j->n_gen, "prompt_tokens_details", "cached_tokens", j->n_cached);
-}
-
-static json_t *ids_json(const struct job *j) {
-    json_t *a = json_array();
-    for (int i = 0; i < j->n_gen; i++) json_array_append_new(a, json_integer(j->gen[i]));
-    return a;
-}
-
-static json_t *timings_json(const struct job *j) {
-    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "queue_ms", j->queue_ms, "prefill_ms", j->prefill_ms, "decode_ms",
-                     j->decode_ms, "prompt_tokens_processed", j->n_prompt - j->n_cached, "generated_tokens", j->n_gen);
-}
-
-
-static bool job_cancelled(void *arg) {
-    struct job *j = arg;
-    if (atomic_load(j->abort)) return true;
-    pthread_mutex_lock(&j->mu);
-    if (!j->cancel && j->fd >= 0) {
-        struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
-        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) j->cancel = true;
-    }
-    bool c = j->cancel;
-    pthread_mutex_unlock(&j->mu);
-    return c;
-}
-
-static void job_fail(struct job *j, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->errmsg, sizeof j->errmsg, fmt, ap);
-    va_end(ap);
-    j->status = status;
-    j->finish = NULL;
-}
-
-// Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
-static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next) {
-    if (job_cancelled(j)) return ENGINE_CANCELLED;
-    char err[256];
-    struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j};
-    int rc = engine_forward(sv->e, sv->w, t, n, &fo, next, err, sizeof err);
-    if (rc == ENGINE_ERROR) job_fail(j, 500, "engine: %s", err);
-    return rc;
-}
-
-// The end of a stream: the finish chunk with usage, or an error event; then [DONE].
-static void stream_end(struct job *j) {
-    if (j->finish) {
-        json_t *o = chunk_new(j);
-        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", j->finish);
-        if (j->chat) json_object_set_new(choice, "delta", json_object());
-        else json_object_set_new(choice, "text", json_string("")), json_object_set_new(choice, "logprobs", json_null());
-        if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
-        json_array_append_new(json_object_get(o, "choices"), choice);
-        json_object_set_new(o, "usage", usage_json(j));
-        json_object_set_new(o, "timings", timings_json(j));
-        job_sse_json(j, o);
-        if (j->include_usage) {
-            o = chunk_new(j);
-            json_object_set_new(o, "usage", usage_json(j));
-            job_sse_json(j, o);
-        }
-    } else {
-        json_t *e = error_body(j->status, NULL, j->errmsg);
-        job_sse_json(j, e);
-    }
-    job_sse(j, "[DONE]", 6);
-}
-
-static void run_job(struct server *sv, struct job *j) {
-    const double t0 = now_s();
-    j->queue_ms = 1e3 * (t0 - j->t_queued);
-    const int32_t *P = j->prompt;
-    const int n = j->n_prompt;
-    char err[256];
-    int32_t tok = -1;
-    int rc = ENGINE_OK;
-    bool have_tok = false;
-
-    // Session cache: the longest entry whose tokens are a prefix of the prompt.
-    struct cache_entry *full = scache_lookup(&sv->full, P, n), *bnd = scache_lookup(&sv->bound, P, n);
-    struct cache_entry *hit = full && (!bnd || full->n >= bnd->n) ? full : bnd;
-    int pos = 0;
-    if (hit && seq_copy(sv->w, hit->s, err, sizeof err)) hit = NULL;
-    if (hit) {
-        pos = hit->n;
-        if (pos == n) tok = hit->next, have_tok = true;
-    } else {
-        seq_reset(sv->w);
-    }
-    j->n_cached = pos;
-    pthread_mutex_lock(&sv->mu);
-    if (sv->full.n + sv->bound.n > 0) {
-        if (hit) sv->m.cache_hits++;
-        else sv->m.cache_misses++;
-    }
-    sv->m.cached_tokens += (unsigned long long)pos;
-    sv->m.prompt_tokens += (unsigned long long)n;
-    pthread_mutex_unlock(&sv->mu);
-
-    // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
-    if (j->boundary > pos && j->boundary < n && sv->bound.n > 0) {
-        int32_t bnext;
-        rc = forward(sv, j, P + pos, j->boundary - pos, &bnext);
-        if (rc == ENGINE_OK) {
-            pos = j->boundary;
-            if (scache_store_copy(&sv->bound, sv->w, P, pos, bnext, err, sizeof err))
-                fprintf(stderr, "calla serve: session cache: %s\n", err);
-        }
-    }
-    if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok);
-    const double t1 = now_s();
-    j->prefill_ms = 1e3 * (t1 - t0);
-
-    // Decode.
-    struct channel content = {.total = &j->content, .field = j->chat ? "content" : "text"};
-    struct channel reasoning = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
-                                .trim_trail_nl = true};
-    struct channel *ch = j->reasoning ? &reasoning : &content;
-    struct tokenizer_stream ts;
-    tokenizer_stream_init(&ts, sv->tok, 1);
-    int32_t *gen = j->gen = malloc(sizeof *gen * (size_t)(j->max_tokens + 1));
-    if (!gen && rc == ENGINE_OK) job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
-    int ng = 0;
-    bool eos = false, stop_str = false;
-    if (rc == ENGINE_OK && j->stream) {   // the first chunk goes out with the first token (TTFT)
-        if (j->chat) {
-            json_t *o = chunk_new(j);
-            json_array_append_new(json_object_get(o, "choices"),
-                                  json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta", "role", "assistant",
-                                            "content", "", "finish_reason"));
-            job_sse_json(j, o);
-        } else {
-            stream_delta(j, "text", "", 0, NULL);
-        }
-    }
-    while (rc == ENGINE_OK) {
-        gen[ng++] = tok;
-        if (chat_is_stop(tok)) {
-            eos = true;
-            break;
-        }
-        const char *text = "";
-        size_t len = 0;
-        if (ch == &reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
-            tokenizer_stream_flush(&ts, &text, &len);
-            stop_str = channel_push(j, ch, text, len, true);
-            ch = &content;
-            content.strip_lead_nl = true;
-        } else if (tokenizer_token_bytes(sv->tok, tok, &len) &&   // ids the tokenizer lacks decode to nothing
-                   !tokenizer_stream_push(&ts, tok, &text, &len, err, sizeof err)) {
-            stop_str = channel_push(j, ch, text, len, false);
-        }
-        if (stop_str || ng == j->max_tokens) break;
-        rc = forward(sv, j, &tok, 1, &tok);
-    }
-    if (rc == ENGINE_OK) {
-        if (!stop_str) {   // flush what the decoder and the channel still hold
-            const char *tail;
-            size_t tl;
-            tokenizer_stream_flush(&ts, &tail, &tl);
-            stop_str = channel_push(j, ch, tail, tl, true);
-        }
-        j->finish = eos || stop_str ? "stop" : "length";
-    }
-    tokenizer_stream_free(&ts);
-    sbuf_free(&content.pend);
-    sbuf_free(&reasoning.pend);
-    const double t2 = now_s();
-    j->decode_ms = 1e3 * (t2 - t1);
-    j->n_gen = ng;
-
-    // Keep the end state: it has consumed the prompt and every generated token but the last.
-    // A state under half the context is copied into a slot of its own size (memory follows use);
-    // a larger one moves into the cache and the slot's old sequence becomes the working one.
-    if (rc == ENGINE_OK && ng >= 1) {
-        int m = n + ng - 1;
-        int32_t *all = malloc(sizeof *all * (size_t)m);
-        if (all) {
-            memcpy(all, P, sizeof *P * (size_t)n);
-            memcpy(all + n, gen, sizeof *gen * (size_t)(ng - 1));
-            int r = 0;
-            if (seq_pos(sv->w) == m)
-                r = 2LL * m < sv->cfg.context ? scache_store_copy(&sv->full, sv->w, all, m, gen[ng - 1], err, sizeof err)
-                                              : scache_store_swap(&sv->full, &sv->w, all, m, gen[ng - 1], err, sizeof err);
-            if (r) fprintf(stderr, "calla serve: session cache: %s\n", err);
-            free(all);
-        }
-    }
-    if (rc == ENGINE_CANCELLED) job_fail(j, atomic_load(&sv->abort) ? 503 : 499, "cancelled");
-
-    pthread_mutex_lock(&sv->mu);
-    sv->m.generated_tokens += (unsigned long long)ng;
-    sv->m.prefill_s += t1 - t0;
-    sv->m.decode_s += t2 - t1;
-    if (rc == ENGINE_CANCELLED) sv->m.cancelled++;
-    pthread_mutex_unlock(&sv->mu);
-
-    if (j->stream) stream_end(j);
-    if (!sv->cfg.quiet)
-        fprintf(stderr, "calla serve: %s %s: prompt %d (cached %d), generated %d, prefill %.1f ms, decode %.1f ms, %s\n",
-                j->id, j->chat ? "chat" : "completion", n, j->n_cached, ng, j->prefill_ms, j->decode_ms,
-                j->finish ? j->finish : j->errmsg);
-}
-
-static void *worker_main(void *arg) {
-    struct server *sv = arg;
-    for (;;) {
-        pthread_mutex_lock(&sv->mu);
-        while (!sv->head && !sv->stop_worker) pthread_cond_wait(&sv->cv, &sv->mu);
-        struct job *j = sv->head;
-        if (!j) {
-            pthread_mutex_unlock(&sv->mu);
-            break;
-        }
-        sv->head = j->next;
-        if (!sv->head) sv->tail = NULL;
-        sv->depth--;
-        sv->running = j;
-        pthread_mutex_unlock(&sv->mu);
-
-        pthread_mutex_lock(&j->mu);
-        j->state = JOB_RUNNING;
-        pthread_mutex_unlock(&j->mu);
-        if (atomic_load(&sv->abort)) {
-            job_fail(j, 503, "the server is shutting down");
-            if (j->stream) stream_end(j);
-        } else {
-            run_job(sv, j);
-        }
-
-        pthread_mutex_lock(&sv->mu);
-        sv->running = NULL;
-        pthread_cond_broadcast(&sv->cv);
-        pthread_mutex_unlock(&sv->mu);
-        pthread_mutex_lock(&j->mu);
-        j->state = JOB_DONE;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
-        job_unref(j);
-    }
-    return NULL;
-}
-
-// ---- HTTP: routes ------------------------------------------------------------------------------
-
-// Per-request state, MHD's *con_cls.
-struct request {
-    enum endpoint ep;
-    bool post;
-    struct sbuf body;
-    bool too_large;
-    struct job *job;    // once queued
-};
-
-static enum endpoint route(const char *url) {
-    if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
-    if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
-    if (!strcmp(url, "/v1/models")) return EP_MODELS;
-    if (!strcmp(url, "/health")) return EP_HEALTH;
-    if (!strcmp(url, "/metrics")) return EP_METRICS;
-    return EP_OTHER;
 }
 
 static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c) {
@@ -1110,8 +217,8 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
 #undef OUT
-    enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len, 0)
-                            : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory", 0);
+    enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
+                            : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
     sbuf_free(&b);
     return r;
 }
@@ -1146,63 +253,15 @@ static void sse_free(void *cls) {
     job_unref(j);
 }
 
-static json_t *completion_json(const struct job *j) {
-    json_t *choice;
-    if (j->chat) {
-        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", j->content.p ? j->content.p : "",
-                                j->content.len);
-        if (j->reasoning)
-            json_object_set_new(msg, "reasoning_content",
-                                json_stringn(j->reasoning_text.p ? j->reasoning_text.p : "", j->reasoning_text.len));
-        choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", j->finish, "logprobs");
-    } else {
-        choice = json_pack("{s:i, s:s%, s:s, s:n}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,
-                           "finish_reason", j->finish, "logprobs");
-    }
-    if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->id, "object",
-                     j->chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
-                     j->model_name, "choices", choice, "usage", usage_json(j), "timings", timings_json(j));
-}
-
-// Queues a parsed job; 0, or -1 with a 503 (queue full, shutting down).
-static int enqueue(struct server *sv, struct job *j, struct MHD_Connection *c, struct req_error *re) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
-    j->abort = &sv->abort;
-    j->model_name = sv->cfg.model_name;
-    j->created = (long long)time(NULL);
-    j->t_queued = now_s();
-    pthread_mutex_lock(&sv->mu);
-    if (sv->draining) {
-        pthread_mutex_unlock(&sv->mu);
-        return bad(re, 503, NULL, "the server is shutting down");
-    }
-    if (sv->depth >= sv->cfg.queue) {
-        int d = sv->depth;
-        pthread_mutex_unlock(&sv->mu);
-        return bad(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
-                   sv->cfg.queue);
-    }
-    snprintf(j->id, sizeof j->id, "%s-%llu", j->chat ? "chatcmpl" : "cmpl", ++sv->next_id);
-    job_ref(j);   // the worker's reference
-    j->next = NULL;
-    if (sv->tail) sv->tail->next = j;
-    else sv->head = j;
-    sv->tail = j;
-    sv->depth++;
-    pthread_cond_broadcast(&sv->cv);
-    pthread_mutex_unlock(&sv->mu);
-    return 0;
-}
 
 static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection *c, struct request *rq) {
     struct req_error re = {0};
-    struct job *j = parse_request(sv, rq->ep, rq->body.p ? rq->body.p : "", rq->body.len, &re);
+    struct job *j = openai_parse_request(&sv->oc, rq->ep, rq->body.p ? rq->body.p : "", rq->body.len, &re);
     sbuf_free(&rq->body);
-    if (!j || enqueue(sv, j, c, &re)) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!j || sched_enqueue(sv, j, ci ? ci->connect_fd : -1, &re)) {
         job_unref(j);
-        return send_error(sv, c, rq->ep, re.status, re.param, re.msg, re.status == 503 ? RETRY_AFTER_S : 0);
+        return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
     pthread_mutex_lock(&sv->mu);
@@ -1217,6 +276,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        cors_headers(sv, c, r);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         count_request(sv, rq->ep, 200);
@@ -1225,10 +285,26 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     pthread_mutex_lock(&j->mu);
     while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);
-    if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg, j->status == 503 ? RETRY_AFTER_S : 0);
+    if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg);
     json_t *o = completion_json(j);
-    if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory", 0);
+    if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
     return send_json(sv, c, rq->ep, 200, o);
+}
+
+// A CORS preflight: 204 with the allowances for an origin in --cors-origin, else 403.
+static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *c, enum endpoint ep) {
+    if (!cors_origin(sv, c))
+        return send_error(sv, c, ep, 403, NULL, "cross-origin requests are allowed only from --cors-origin origins");
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    cors_headers(sv, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_request(sv, ep, 204);
+    return ret;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -1239,13 +315,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {   // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url);
+        rq->ep = route(url, &rq->model_id);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
+        if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
+        else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
+            rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
+        else if (rq->ep != EP_HEALTH && !rq->preflight &&   // a preflight carries no credentials
+                 !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+            rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
+        if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
+            return send_error(sv, c, rq->ep, 400, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
         return MHD_YES;
     }
     if (*upload_data_size) {   // a piece of the body
+        if (rq->refuse) rq->too_large = true;   // nothing of it is kept
         if (!rq->too_large && rq->body.len + *upload_data_size > (size_t)sv->cfg.max_body) {
             rq->too_large = true;
             sbuf_free(&rq->body);
@@ -1254,18 +340,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
+    if (rq->preflight) return send_preflight(sv, c, rq->ep);
     const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
-    if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint", 0);
+    if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
     if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))) {
         char msg[96];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method, gen ? "POST" : "GET");
-        return send_error(sv, c, rq->ep, 405, NULL, msg, 0);
+        return send_error(sv, c, rq->ep, 405, NULL, msg);
     }
     if (rq->too_large) {
         char msg[96];
         snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
-        return send_error(sv, c, rq->ep, 413, NULL, msg, 0);
+        return send_error(sv, c, rq->ep, 413, NULL, msg);
     }
+    if (gen && !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        return send_error(sv, c, rq->ep, 415, NULL, "the request body must be JSON with Content-Type: application/json");
     switch (rq->ep) {
     case EP_HEALTH: {
         pthread_mutex_lock(&sv->mu);
@@ -1276,11 +366,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                          json_pack("{s:s, s:i, s:i}", "status", draining ? "draining" : "ok", "queue_depth", depth,
                                    "running", running));
     }
-    case EP_MODELS:
-        return send_json(sv, c, EP_MODELS, 200,
-                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:I}]}", "object", "list", "data", "id",
-                                   sv->cfg.model_name, "object", "model", "created", (json_int_t)0, "owned_by", "calla",
-                                   "max_model_len", (json_int_t)sv->cfg.context));
+    case EP_MODELS: {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
+                              (json_int_t)sv->started, "owned_by", "calla", "max_model_len", (json_int_t)sv->cfg.context);
+        if (!rq->model_id) return send_json(sv, c, EP_MODELS, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+        if (!strcmp(rq->model_id, sv->cfg.model_name)) return send_json(sv, c, EP_MODELS, 200, m);
+        json_decref(m);
+        return send_error(sv, c, EP_MODELS, 404, "model", "no such model: this server has one (GET /v1/models)");
+    }
     case EP_METRICS:
         return send_metrics(sv, c);
     default:
@@ -1323,11 +416,32 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, char
     return 0;
 }
 
+static bool is_loopback(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) ||
+               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+static int load_keys(struct auth *a, const struct server_config *cfg, char *err, size_t errlen) {
+    char msg[256];
+    for (int i = 0; i < cfg->api_keys.n; i++)
+        if (auth_add_key(a, cfg->api_keys.v[i], msg, sizeof msg)) {
+            snprintf(err, errlen, "--api-key: %s", msg);
+            return -1;
+        }
+    return cfg->api_key_file ? auth_load_file(a, cfg->api_key_file, err, errlen) : 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
-        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120,
+        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -1347,6 +461,13 @@ int cmd_serve(int argc, char **argv) {
         {"drain-seconds", OPT_INT, &cfg.drain_seconds, 0, 3600, "on SIGTERM, time for queued requests to finish before aborting (default 30)"},
         {"timeout", OPT_INT, &cfg.timeout, 1, 3600, "idle connection timeout in seconds (default 120)"},
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
+        {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
+        {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
+        {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0, "accept this Host header name (repeatable; * any; default: "
+                                                              "loopback names when listening on loopback, else any)"},
+        {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
+                                                          "default none: preflights get 403)"},
+        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
@@ -1396,6 +517,16 @@ int cmd_serve(int argc, char **argv) {
     atomic_init(&sv->abort, false);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
+    if (load_keys(&sv->auth, &cfg, err, sizeof err)) {
+        fprintf(stderr, "calla serve: %s\n", err);
+        rc = 2;
+        goto out_engine;
+    }
+    sv->loopback = is_loopback(&addr);
+    sv->started = (long long)time(NULL);
+    if (!sv->auth.n && !sv->loopback)
+        fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
+                        "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
     struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
@@ -1406,6 +537,8 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: %s\nHINT: the checkpoint directory needs a tokenizer.json (calla synth writes one)\n", err);
         goto out_engine;
     }
+    sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
+                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
     if (seq_new(sv->e, (int)cfg.context, &sv->w, err, sizeof err) ||
         scache_init(&sv->full, sv->e, (int)cfg.context, (int)cfg.cache_entries, err, sizeof err) ||
         scache_init(&sv->bound, sv->e, (int)cfg.context, (int)cfg.cache_boundaries, err, sizeof err)) {
@@ -1420,7 +553,7 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (pthread_create(&sv->worker, NULL, worker_main, sv)) {
+    if (pthread_create(&sv->worker, NULL, sched_worker_main, sv)) {
         fprintf(stderr, "calla serve: cannot start the worker thread\n");
         goto out_cache;
     }
@@ -1429,6 +562,7 @@ int cmd_serve(int argc, char **argv) {
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                              (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg.max_connections,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg.max_per_ip,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout, MHD_OPTION_END);
     if (!sv->d) {
         fprintf(stderr, "calla serve: cannot listen on %s:%lld: %s\n", cfg.host, cfg.port, strerror(errno));
@@ -1495,8 +629,10 @@ out_tok:
     tokenizer_free(sv->tok);
 out_engine:
     engine_close(sv->e);
+    auth_free(&sv->auth);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv);
     free(model_name);
     return rc;
 }
+

@@ -762,6 +762,11 @@ fail:
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, char *err,
                      size_t errlen) {
+    return tokenizer_encode_markup(t, text, len, NULL, ids, n, err, errlen);
+}
+
+int tokenizer_encode_markup(const struct tokenizer *t, const char *text, size_t len, const unsigned char *markup,
+                            int32_t **ids, size_t *n, char *err, size_t errlen) {
     struct encoder e = {.t = t};
     char *clean = NULL;
     size_t clen;
@@ -775,6 +780,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
     pcre2_set_depth_limit(mc, UINT32_MAX);
     if (len > 64 && !(e.cache = calloc(CACHE_SLOTS, sizeof *e.cache))) FAIL("out of memory");
     if (utf8_sanitize(text, len, &clean, &clen)) FAIL("out of memory");
+    if (markup && clen != len) FAIL("the text is not valid UTF-8");   // the mask's offsets would not hold
 
     // Added tokens first: at each position the longest added token wins.
     size_t seg = 0, i = 0;
@@ -783,7 +789,9 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
         if (t->added_first[(unsigned char)clean[i]])
             for (size_t k = 0; k < t->n_added; k++) {
                 const struct added_token *a = &t->added[k];
-                if (a->len <= clen - i && (!best || a->len > best->len) && !memcmp(clean + i, a->text, a->len)) best = a;
+                if (a->len <= clen - i && (!best || a->len > best->len) && !memcmp(clean + i, a->text, a->len) &&
+                    (!markup || !memchr(markup + i, 0, a->len)))
+                    best = a;
             }
         if (!best) {
             i++;

@@ -42,6 +42,12 @@ void tokenizer_free(struct tokenizer *t);
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                      size_t *n, char *err, size_t errlen);
 
+// The same, with added tokens recognised only where markup[i] is nonzero for every byte of them
+// (the chat template's own markup); elsewhere (message text) they are plain text.  markup NULL:
+// everywhere.  text must be valid UTF-8 when markup is given.
+int tokenizer_encode_markup(const struct tokenizer *t, const char *text, size_t len, const unsigned char *markup,
+                            int32_t **ids, size_t *n, char *err, size_t errlen);
+
 // One-shot decode into a malloc'd, NUL-terminated UTF-8 string (*len excludes the NUL).
 // skip_special drops added tokens marked special.  Ids outside the vocabulary are an error.
 int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special,

@@ -13,6 +13,8 @@
 
 #include "chat.h"
 
+#define MSG(r, c, rs) {.role = r, .content = c, .reasoning = rs}
+
 static void expect_render(const struct chat_message *m, size_t n, const struct chat_options *o, const char *want,
                           size_t want_boundary) {
     char *out, err[256];
@@ -25,7 +27,7 @@ static void expect_render(const struct chat_message *m, size_t n, const struct c
 }
 
 static void test_single_turn(void **state) {
-    struct chat_message m[] = {{"system", "You are helpful.", NULL}, {"user", "  What is 2+2?\n", NULL}};
+    struct chat_message m[] = {MSG("system", "You are helpful.", NULL), MSG("user", "  What is 2+2?\n", NULL)};
     const char *head = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n";
     size_t b = strlen("<|im_start|>system\nYou are helpful.<|im_end|>\n");
     char want[512];
@@ -41,11 +43,11 @@ static void test_single_turn(void **state) {
 
 static void test_multi_turn(void **state) {
     struct chat_message m[] = {
-        {"user", "Hi", NULL},
-        {"assistant", "<think>\nthe user greets\n</think>\n\nHello!", NULL},  // reasoning inline
-        {"user", "Name?", NULL},
-        {"assistant", "Calla.", "  asked for a name "},                     // reasoning given apart
-        {"user", "Bye", NULL},
+        MSG("user", "Hi", NULL),
+        MSG("assistant", "<think>\nthe user greets\n</think>\n\nHello!", NULL),  // reasoning inline
+        MSG("user", "Name?", NULL),
+        MSG("assistant", "Calla.", "  asked for a name "),                     // reasoning given apart
+        MSG("user", "Bye", NULL),
     };
     const char *dropped =
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName?<|im_end|>\n"
@@ -64,10 +66,10 @@ static void test_multi_turn(void **state) {
 // Turns after the last real user query (a tool loop) keep their reasoning.
 static void test_tool_loop(void **state) {
     struct chat_message m[] = {
-        {"user", "Weather?", NULL},
-        {"assistant", "<tool_call>\n<function=weather>\n</function>\n</tool_call>", "need the tool"},
-        {"tool", "{\"t\": 21}", NULL},
-        {"tool", "{\"h\": 40}", NULL},
+        MSG("user", "Weather?", NULL),
+        MSG("assistant", "<tool_call>\n<function=weather>\n</function>\n</tool_call>", "need the tool"),
+        MSG("tool", "{\"t\": 21}", NULL),
+        MSG("tool", "{\"h\": 40}", NULL),
     };
     const char *want =
         "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nneed the tool\n</think>\n\n"
@@ -80,15 +82,15 @@ static void test_tool_loop(void **state) {
 static void test_errors(void **state) {
     char *out = (char *)1, err[256];
     size_t len;
-    struct chat_message bad_role[] = {{"user", "a", NULL}, {"robot", "b", NULL}};
+    struct chat_message bad_role[] = {MSG("user", "a", NULL), MSG("robot", "b", NULL)};
     assert_int_equal(chat_render(bad_role, 2, NULL, &out, &len, NULL, err, sizeof err), -1);
     assert_null(out);
     assert_non_null(strstr(err, "robot"));
-    struct chat_message null_role[] = {{NULL, "a", NULL}};
+    struct chat_message null_role[] = {MSG(NULL, "a", NULL)};
     assert_int_equal(chat_render(null_role, 1, NULL, &out, &len, NULL, err, sizeof err), -1);
-    struct chat_message late_system[] = {{"user", "a", NULL}, {"system", "b", NULL}};
+    struct chat_message late_system[] = {MSG("user", "a", NULL), MSG("system", "b", NULL)};
     assert_int_equal(chat_render(late_system, 2, NULL, &out, &len, NULL, err, sizeof err), -1);
-    struct chat_message no_query[] = {{"system", "s", NULL}, {"user", "<tool_response>x</tool_response>", NULL}};
+    struct chat_message no_query[] = {MSG("system", "s", NULL), MSG("user", "<tool_response>x</tool_response>", NULL)};
     assert_int_equal(chat_render(no_query, 2, NULL, &out, &len, NULL, err, sizeof err), -1);
     assert_int_equal(chat_render(NULL, 0, NULL, &out, &len, NULL, err, sizeof err), -1);
 }

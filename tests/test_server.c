@@ -1,8 +1,8 @@
 // test_server.c: `calla serve`: unit tests of its internals, then the loopback suite.
 //
-//   1. server.c is included here (STYLE §10), so its static pieces are tested directly: the
-//      output channels (stop strings, hold-back, newline trimming) and the greedy-parameter table;
-//      session_cache.c is tested on a tiny synthetic engine (LRU, prefix rule, state == tokens).
+//   1. The protocol layer (openai.c) without sockets: the output channels (stop strings,
+//      hold-back, newline trimming) and the greedy-parameter table; session_cache.c on a tiny
+//      synthetic engine (LRU, prefix rule, state == tokens).
 //   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
 //      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
@@ -15,13 +15,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#define cmd_serve cmd_serve_under_test   // the real one is in the linked server.o
-#include "../src/server.c"
-#undef cmd_serve
-
+#include "server.h"
 #include "synth.h"
 
 #include <limits.h>
+#include <math.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 static char model_dir[] = "/tmp/calla_server_XXXXXX";
@@ -139,13 +141,86 @@ static void test_greedy_table(void **state) {
     static const char *const bad[][2] = {
         {"{\"temperature\": 0.1}", "temperature"}, {"{\"top_p\": 0.5}", "top_p"},   {"{\"top_k\": 2}", "top_k"},
         {"{\"n\": 3}", "n"},                       {"{\"seed\": 0}", "seed"},         {"{\"min_p\": 0.1}", "min_p"},
-        {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"}, {"{\"logprobs\": true}", "logprobs"},
+        {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"},
         {"{\"frequency_penalty\": -1}", "frequency_penalty"}, {"{\"temperature\": \"0\"}", "temperature"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(greedy(bad[i][0], &p), -1);
         assert_string_equal(p, bad[i][1]);
     }
+}
+
+// ---- logprobs ------------------------------------------------------------------------------------
+
+static void test_logprobs_of(void **state) {
+    const float logits[] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+    double lse = 0;
+    for (int i = 0; i < 5; i++) lse += exp(logits[i]);
+    lse = log(lse);
+    struct token_lp t;
+    logprobs_of(logits, 5, 1, 3, &t);
+    assert_int_equal(t.id, 1);
+    assert_true(fabs(t.lp - (3.0 - lse)) < 1e-5);
+    assert_int_equal(t.n_top, 3);
+    assert_int_equal(t.top_id[0], 1);   // ties: the lower id first
+    assert_int_equal(t.top_id[1], 3);
+    assert_int_equal(t.top_id[2], 2);
+    assert_true(fabs(t.top_lp[2] - (2.0 - lse)) < 1e-5);
+    logprobs_of(logits, 5, 4, 0, &t);
+    assert_int_equal(t.n_top, 0);
+    assert_true(fabs(t.lp - (-1.0 - lse)) < 1e-5);
+    logprobs_of(logits, 5, 0, 20, &t);   // k above the vocabulary
+    assert_int_equal(t.n_top, 5);
+    assert_int_equal(t.top_id[4], 4);
+}
+
+// ---- API keys ------------------------------------------------------------------------------------
+
+static void test_auth_keys(void **state) {
+    struct auth a = {0};
+    char err[256];
+    assert_true(auth_check(&a, NULL));   // no keys: open
+    assert_int_equal(auth_add_key(&a, "sk-abc", err, sizeof err), 0);
+    assert_int_equal(auth_add_key(&a, "second", err, sizeof err), 0);
+    assert_int_equal(auth_add_key(&a, "", err, sizeof err), -1);
+    assert_int_equal(auth_add_key(&a, "a b", err, sizeof err), -1);
+    assert_int_equal(auth_add_key(&a, "caf\xc3\xa9", err, sizeof err), -1);
+    assert_true(auth_check(&a, "Bearer sk-abc"));
+    assert_true(auth_check(&a, "bearer second "));
+    assert_false(auth_check(&a, NULL));
+    assert_false(auth_check(&a, ""));
+    assert_false(auth_check(&a, "Bearer"));
+    assert_false(auth_check(&a, "Bearer "));
+    assert_false(auth_check(&a, "Bearer sk-ab"));
+    assert_false(auth_check(&a, "Bearer sk-abcd"));
+    assert_false(auth_check(&a, "Bearer SK-ABC"));
+    assert_false(auth_check(&a, "Basic sk-abc"));
+    assert_false(auth_check(&a, "sk-abc"));
+    auth_free(&a);
+
+    char path[] = "/tmp/calla_keys_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char text[] = "# comment\n\n  key-one\r\nkey-two\n";
+    assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), 0);
+    assert_int_equal(a.n, 2);
+    assert_true(auth_check(&a, "Bearer key-one"));
+    assert_true(auth_check(&a, "Bearer key-two"));
+    auth_free(&a);
+    FILE *f = fopen(path, "w");
+    fputs("# only comments\n", f);
+    fclose(f);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no keys"));
+    f = fopen(path, "w");
+    fputs("good\nbad key\n", f);
+    fclose(f);
+    assert_int_equal(auth_load_file(&a, path, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":2:"));
+    auth_free(&a);
+    unlink(path);
 }
 
 // ---- the session cache on a tiny engine ----------------------------------------------------------
@@ -263,6 +338,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_channel_stream_equals_total),
         cmocka_unit_test(test_channel_utf8_holdback),
         cmocka_unit_test(test_greedy_table),
+        cmocka_unit_test(test_auth_keys),
+        cmocka_unit_test(test_logprobs_of),
         cmocka_unit_test(test_session_cache),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_loopback),

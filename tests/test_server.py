@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,8 @@ class Server:
     def __init__(self, binary, model, *extra, env=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="calla_serve_", suffix=".log", delete=False)
         args = [binary, "serve", "--model", model, "--host", HOST, "--port", "0", *map(str, extra)]
+        if env is None:   # OpenMP threads that sleep instead of spinning: CI machines are small and shared
+            env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
         self.port = None
         deadline = time.time() + 60
@@ -214,8 +217,8 @@ def test_endpoints(port):
     content = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e.get("choices"))
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content", "") for e in ev if e.get("choices"))
     last = [e for e in ev if e.get("choices") and e["choices"][0]["finish_reason"]]
-    ok = ok and len(last) == 1 and "usage" in last[0] and "timings" in last[0]
-    check("streamed chat: chunks, finish, usage, [DONE]", ok, ev)
+    ok = ok and len(last) == 1 and "timings" in last[0] and not any("usage" in e for e in ev)
+    check("streamed chat: chunks, finish, no usage without include_usage, [DONE]", ok, ev)
     if ok and full:
         m = full["choices"][0]
         check("streamed chat == non-streamed chat",
@@ -227,7 +230,8 @@ def test_endpoints(port):
                                                     "stream_options": {"include_usage": True}})
     ok = st == 200 and done and all(e["object"] == "text_completion" for e in ev)
     ok = ok and ev[-1].get("usage", {}).get("prompt_tokens") == 3 and ev[-1]["choices"] == []
-    check("streamed completion with include_usage", ok, ev)
+    ok = ok and sum(1 for e in ev if e.get("usage")) == 1
+    check("streamed completion with include_usage: usage once, in the last chunk", ok, ev)
 
     st, _, j = post(port, "/v1/chat/completions",
                     chat_body([{"role": "user", "content": "Hi"}], chat_template_kwargs={"enable_thinking": False}))
@@ -238,6 +242,196 @@ def test_endpoints(port):
                     temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
                     logit_bias={}, logprobs=False, max_completion_tokens=1))
     check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+
+
+def check_chat_logprobs(name, lp, ids, k):
+    """lp: choice.logprobs of chat; ids: the generated ids (stop token included)."""
+    items = lp["content"] if lp else None
+    n = len(ids) - (1 if ids and ids[-1] in (248046, 248044) else 0)
+    ok = items is not None and len(items) == n
+    for it in items or []:
+        top = it["top_logprobs"]
+        ok = ok and isinstance(it["token"], str) and it["logprob"] <= 1e-6 and isinstance(it["bytes"], list)
+        ok = ok and len(top) == k and all(top[i]["logprob"] >= top[i + 1]["logprob"] for i in range(k - 1))
+        ok = ok and sum(2.718281828 ** t["logprob"] for t in top) <= 1 + 1e-4
+        if k:   # greedy: the chosen token is the most likely one
+            ok = ok and abs(top[0]["logprob"] - it["logprob"]) < 1e-6
+    check(name, ok, (lp, ids))
+    return items
+
+
+def test_logprobs(port):
+    msgs = [{"role": "user", "content": "Tell me a number"}]
+    body = chat_body(msgs, max_tokens=5, logprobs=True, top_logprobs=3)
+    st, _, j = post(port, "/v1/chat/completions", body)
+    if not check("chat logprobs: 200", st == 200, j):
+        return
+    c = j["choices"][0]
+    items = check_chat_logprobs("chat logprobs: one entry per token, top 3 sorted, chosen = top", c["logprobs"],
+                                c["token_ids"], 3)
+    st, ev, done = stream(port, "/v1/chat/completions", body)
+    streamed = [it for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+                for it in e["choices"][0]["logprobs"]["content"]]
+    check("chat logprobs streamed == non-streamed",
+          done and [(x["token"], round(x["logprob"], 4)) for x in streamed]
+          == [(x["token"], round(x["logprob"], 4)) for x in items or []], (streamed, items))
+    st, _, j2 = post(port, "/v1/chat/completions", body)   # the session cache holds this prompt now
+    check("chat logprobs: same again after a cache hit", st == 200 and j2["choices"][0]["logprobs"] == c["logprobs"],
+          (j2, c))
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=3, logprobs=True))
+    check_chat_logprobs("chat logprobs without top_logprobs: empty top lists", j["choices"][0]["logprobs"],
+                        j["choices"][0]["token_ids"], 0)
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=2))
+    check("no logprobs asked: logprobs null", st == 200 and j["choices"][0]["logprobs"] is None, j)
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, max_tokens=3, logprobs=True, top_logprobs=20))
+    check("top_logprobs 20", st == 200 and all(len(x["top_logprobs"]) == 20 for x in j["choices"][0]["logprobs"]["content"]), j)
+
+    cbody = {"prompt": [3, 4, 5, 6], "max_tokens": 4, "logprobs": 2, "return_token_ids": True}
+    st, _, j = post(port, "/v1/completions", cbody)
+    lp = j["choices"][0]["logprobs"] if st == 200 else None
+    ok = lp is not None and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
+    ok = ok and len(lp["tokens"]) >= 1 and all(1 <= len(t) <= 2 for t in lp["top_logprobs"])
+    ok = ok and all(max(t.values()) >= v - 1e-6 for t, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    ok = ok and lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    check("completions logprobs 2: legacy shape", ok, j)
+    st, ev, done = stream(port, "/v1/completions", cbody)
+    toks = [t for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+            for t in e["choices"][0]["logprobs"]["tokens"]]
+    offs = [t for e in ev if e.get("choices") and e["choices"][0].get("logprobs")
+            for t in e["choices"][0]["logprobs"]["text_offset"]]
+    check("completions logprobs streamed == non-streamed", lp is not None and toks == lp["tokens"]
+          and offs == lp["text_offset"], (ev, lp))
+
+
+def test_tools(port):
+    msgs = [{"role": "user", "content": "Weather in Bern?"}]
+    st, _, j = post(port, "/v1/chat/completions", chat_body(msgs, tools=[TOOL], tool_choice="auto"))
+    ok = st == 200 and j["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    ok = ok and "<tool_call>" not in (j["choices"][0]["message"]["content"] or "")
+    check("chat with tools: 200, no call markup in content", ok, j)
+    st, _, j2 = post(port, "/v1/chat/completions", chat_body(msgs, tools=[TOOL], tool_choice="none"))
+    st3, _, j3 = post(port, "/v1/chat/completions", chat_body(msgs))
+    check("tool_choice none: the prompt has no tools (same as without tools)",
+          st == 200 and j2["usage"]["prompt_tokens"] == j3["usage"]["prompt_tokens"] < j["usage"]["prompt_tokens"],
+          (j2, j3))
+    history = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]
+    st, _, j = post(port, "/v1/chat/completions", chat_body(history, tools=[TOOL]))
+    check("tool round trip: assistant tool_calls + tool message accepted", st == 200, j)
+    st, ev, done = stream(port, "/v1/chat/completions", chat_body(history, tools=[TOOL]))
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+    check("tool round trip streamed: no call markup in content deltas", st == 200 and done and "<tool_call>" not in text, ev)
+    # tool_choice required / a named function: constrained to one well-formed call.
+    import jsonschema
+    add = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}, "ok": {"type": "boolean"}},
+        "required": ["a", "b", "why"]}}}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        body = chat_body(msgs, max_tokens=150, tools=[TOOL, add], tool_choice=choice,
+                         chat_template_kwargs={"enable_thinking": False})
+        st, _, j = post(port, "/v1/chat/completions", body)
+        ok = st == 200 and j["choices"][0]["finish_reason"] == "tool_calls"
+        calls = j["choices"][0]["message"].get("tool_calls") or [] if ok else []
+        try:
+            fn = calls[0]["function"]
+            params = {"get_weather": TOOL, "add": add}[fn["name"]]["function"]["parameters"]
+            jsonschema.validate(json.loads(fn["arguments"]), params)
+            ok = ok and len(calls) == 1 and calls[0]["id"].startswith("call_") and (choice == "required" or fn["name"] == "add")
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            j = (j, repr(e))
+        check(f"tool_choice {json.dumps(choice)}: one call whose arguments validate against the parameters", ok, j)
+        st, ev, done = stream(port, "/v1/chat/completions", body)
+        deltas = [d for e in ev if e.get("choices") for d in e["choices"][0]["delta"].get("tool_calls") or []]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+        check(f"tool_choice {json.dumps(choice)} streamed: a tool_calls delta, no markup, finish tool_calls",
+              done and len(deltas) == 1 and "<" not in text and ev[-1]["choices"][0]["finish_reason"] == "tool_calls"
+              and deltas[0]["function"]["arguments"] == calls[0]["function"]["arguments"], ev)
+
+
+def obj(props, required=None):
+    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
+            "additionalProperties": False}
+
+
+S, I, N, B, NUL = ({"type": t} for t in ("string", "integer", "number", "boolean", "null"))
+SCHEMAS = [
+    obj({"ok": B}), obj({"n": I}), obj({"x": N}), obj({"s": S}), obj({"z": NUL}),
+    obj({"color": {"enum": ["red", "green", "blue"]}}), obj({"v": {"const": "fixed"}}),
+    obj({"a": I, "b": B, "c": NUL}), obj({"name": S, "age": I}, ["name"]), obj({"tags": {"type": "array", "items": S}}),
+    obj({"m": {"type": "array", "items": {"type": "array", "items": I}}}), obj({"o": obj({"p": obj({"q": B})})}),
+    obj({"u": {"anyOf": [S, I, NUL]}}), obj({"t": {"type": ["boolean", "null"]}}),
+    obj({"e": {"enum": [1, 12, 123, "x", None, True]}}), obj({"list": {"type": "array", "items": obj({"k": B, "v": I})}}),
+    {"$defs": {"leaf": obj({"id": I})}, **obj({"first": {"$ref": "#/$defs/leaf"}, "second": {"$ref": "#/$defs/leaf"}})},
+    {"$defs": {"node": obj({"v": B, "next": {"anyOf": [{"$ref": "#/$defs/node"}, NUL]}})}, "$ref": "#/$defs/node"},
+    obj({"opt": S, "req": B}, ["req"]), obj({}), {"type": "object"}, obj({"deep": obj({"a": obj({"b": obj({"c": I})})})}),
+    obj({"x": N, "y": N, "z": N}), obj({"flag": {"const": True}, "kind": {"enum": ["a", "b"]}}),
+    obj({"any": {"anyOf": [obj({"k": I}), obj({"k": S, "j": B})]}}), obj({"arr": {"type": "array", "items": {"enum": [1, 2]}}}),
+    obj({"s1": S, "s2": S}), obj({"i1": I, "n1": N, "b1": B, "z1": NUL, "s1": S}),
+    obj({"nested": {"type": "array", "items": obj({"inner": {"type": "array", "items": B}})}}),
+    {"type": "object", "properties": {"title": S}, "required": ["title"], "additionalProperties": False,
+     "description": "ignored", "title": "ignored too"},
+    obj({"unicode_kéy": B, "quote\"key": I}),
+]
+
+
+def shortest_doc(s, root, depth=0):
+    """Bytes of the shortest compact JSON document the schema allows (as constrain.c counts)."""
+    if depth > 20:
+        return 10 ** 6
+    if "$ref" in s:
+        return shortest_doc(root if s["$ref"] == "#" else root["$defs"][s["$ref"].split("/")[-1]], root, depth + 1)
+    for key in ("enum", "const"):
+        if key in s:
+            vals = s["enum"] if key == "enum" else [s["const"]]
+            return min(len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()) for v in vals)
+    alts = s.get("anyOf") or ([dict(s, type=t) for t in s["type"]] if isinstance(s.get("type"), list) else None)
+    if alts:
+        return min(shortest_doc(a, root, depth + 1) for a in alts)
+    t = s.get("type", "object" if "properties" in s else None)
+    if t == "object":
+        req = [k for k in s.get("properties", {}) if k in s.get("required", [])]
+        return 2 + sum(len(json.dumps(k, ensure_ascii=False).encode()) + 1 + shortest_doc(s["properties"][k], root, depth + 1)
+                       for k in req) + max(0, len(req) - 1)
+    return {"array": 2, "string": 2, "boolean": 4, "null": 4}.get(t, 1)
+
+
+def test_structured(port, quick):
+    import jsonschema
+    schemas = SCHEMAS[::4] if quick else SCHEMAS
+    bad_docs = []
+    for i, sc in enumerate(schemas):
+        # Strings and numbers run on until the budget makes the decoder close the document: a
+        # budget just above the shortest document keeps this quick.
+        body = chat_body([{"role": "user", "content": f"JSON please {i}"}], max_tokens=max(24, shortest_doc(sc, sc) + 12),
+                         response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": sc, "strict": True}},
+                         chat_template_kwargs={"enable_thinking": False})
+        st, _, j = post(port, "/v1/chat/completions", body)
+        try:
+            doc = json.loads(j["choices"][0]["message"]["content"])
+            jsonschema.validate(doc, sc)
+            if j["choices"][0]["finish_reason"] != "stop":
+                raise ValueError("finish_reason " + j["choices"][0]["finish_reason"])
+        except Exception as e:  # noqa: BLE001 (collect every failure)
+            bad_docs.append((i, sc, st, j, repr(e)[:300]))
+    check(f"structured output: {len(schemas)} json_schema answers validate (jsonschema) and stop in time",
+          not bad_docs, bad_docs)
+    st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "obj"}], max_tokens=30,
+                    response_format={"type": "json_object"}, chat_template_kwargs={"enable_thinking": False}))
+    ok = st == 200
+    try:
+        ok = ok and isinstance(json.loads(j["choices"][0]["message"]["content"]), dict)
+    except ValueError:
+        ok = False
+    check("structured output: json_object -> a JSON object", ok, j)
+    body = chat_body([{"role": "user", "content": "stream"}], max_tokens=30, chat_template_kwargs={"enable_thinking": False},
+                     response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMAS[7]}})
+    st, _, j = post(port, "/v1/chat/completions", body)
+    st2, ev, done = stream(port, "/v1/chat/completions", body)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e.get("choices"))
+    check("structured output streamed == non-streamed", st == 200 and done and text == j["choices"][0]["message"]["content"],
+          (text, j))
 
 
 def test_stop_strings(port):
@@ -261,6 +455,10 @@ def test_stop_strings(port):
     streamed = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
     check("streamed stop string == non-streamed", done and streamed == text[:cut], (streamed, text[:cut]))
 
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
 
 BAD = [
     # (name, path, body (bytes | dict), expected status, expected param or None, message regex)
@@ -299,11 +497,15 @@ BAD = [
     ("frequency_penalty", "completions", {"prompt": [1], "frequency_penalty": 1}, 400, "frequency_penalty", "greedy"),
     ("logit_bias", "chat", {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 5}}, 400,
      "logit_bias", "logit_bias"),
-    ("logprobs true", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
-     "logprobs", "logprobs"),
-    ("logprobs 3 (completions)", "completions", {"prompt": [1], "logprobs": 3}, 400, "logprobs", "logprobs"),
-    ("top_logprobs", "chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 5}, 400,
-     "top_logprobs", "top_logprobs"),
+    ("logprobs a string", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, 400,
+     "logprobs", "boolean"),
+    ("logprobs 21 (completions)", "completions", {"prompt": [1], "logprobs": 21}, 400, "logprobs", "between 0 and 20"),
+    ("logprobs -1 (completions)", "completions", {"prompt": [1], "logprobs": -1}, 400, "logprobs", "between 0 and 20"),
+    ("top_logprobs without logprobs", "chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 5},
+     400, "top_logprobs", "requires"),
+    ("top_logprobs 21", "chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                                 "top_logprobs": 21}, 400, "top_logprobs", "between 0 and 20"),
+    ("top_logprobs on completions", "completions", {"prompt": [1], "top_logprobs": 2}, 400, "top_logprobs", "chat"),
     ("best_of 3", "completions", {"prompt": [1], "best_of": 3}, 400, "best_of", "best_of"),
     ("max_tokens 0", "completions", {"prompt": [1], "max_tokens": 0}, 400, "max_tokens", "between 1"),
     ("max_tokens negative", "completions", {"prompt": [1], "max_tokens": -5}, 400, "max_tokens", "between 1"),
@@ -314,6 +516,8 @@ BAD = [
     ("prompt + max_tokens + 1 > context", "completions", {"prompt": [1, 2, 3], "max_tokens": 1000}, 400, "max_tokens",
      r"prompt \(3 tokens\) \+ max_tokens \(1000\) \+ 1 = 1004 exceeds the context of \d+"),
     ("prompt alone over the context", "completions", {"prompt": list(range(1, 1200))}, 400, "prompt", "exceeds"),
+    ("prompt over the context, max_tokens given", "completions", {"prompt": list(range(1, 512)), "max_tokens": 5}, 400,
+     "prompt", "exceeds"),
     ("prompt id out of vocabulary", "completions", {"prompt": [1, 999999]}, 400, "prompt", "vocabulary"),
     ("prompt id negative", "completions", {"prompt": [-1]}, 400, "prompt", "vocabulary"),
     ("prompt id a float", "completions", {"prompt": [1.5]}, 400, "prompt", "integer"),
@@ -332,8 +536,41 @@ BAD = [
      "boolean"),
     ("chat_template_kwargs a list", "chat", {"messages": [{"role": "user", "content": "x"}],
                                              "chat_template_kwargs": []}, 400, "chat_template_kwargs", "object"),
-    ("tools", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools",
-     "not supported"),
+    ("response_format pattern", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "a+"}}}}, 400,
+     "response_format", "pattern"),
+    ("response_format oneOf", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"oneOf": [{"type": "string"}]}}}}, 400,
+     "response_format", "oneOf"),
+    ("response_format deeply nested", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": json.loads('{"type": "array", "items": ' * 60
+                                                                                   + '{}' + '}' * 60)}}}, 400,
+     "response_format", "deeper"),
+    ("response_format huge enum", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"enum": list(range(5000))}}}}, 400,
+     "response_format", "at most"),
+    ("response_format $ref cycle", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}},
+                                                                      "$ref": "#/$defs/a"}}}}, 400,
+     "response_format", "finite"),
+    ("response_format unknown type", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "xml"}}, 400, "response_format", "json_schema"),
+    ("response_format json_schema without schema", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                                            "response_format": {"type": "json_schema"}}, 400,
+     "response_format", "schema"),
+    ("tools without a function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     400, "tools", "name"),
+    ("tools on completions", "completions", {"prompt": [1], "tools": [TOOL]}, 400, "tools", "chat"),
+    ("tool_choice names an unknown function", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+                                      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400,
+     "tool_choice", "no tool named"),
+    ("tool_choice required + response_format", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+     "tool_choice": "required", "response_format": {"type": "json_object"}}, 400, "tool_choice", "combined"),
+    ("tool_calls arguments not JSON", "chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+     "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400, "messages",
+     "arguments"),
+    ("tools: 200 of them", "chat", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL] * 200}, 400, "tools",
+     "at most"),
     ("echo", "completions", {"prompt": [1], "echo": True}, 400, "echo", "not supported"),
     ("model a number", "chat", {"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model", "string"),
     ("deep nesting", "chat", b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, None, "."),
@@ -358,23 +595,24 @@ def test_bad_input(port, max_body):
     big = b'{"prompt": "' + b"a" * (max_body + 10) + b'"}'
     st, _, b = request(port, "POST", "/v1/completions", big)
     check("body over --max-body -> 413", st == 413 and b"exceeds the limit" in b, (st, b[:200]))
-    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                 + b"%x\r\n" % (max_body + 1) + b"a" * (max_body + 1) + b"\r\n0\r\n\r\n")
     check("chunked body over --max-body -> 413", raw_status(reply) == 413, reply[:200])
-    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"h" * 100000 + b"\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * 100000 + b"\r\n\r\n")
     check("oversized headers -> 413/431", raw_status(reply) in (413, 431), reply[:200])
-    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nNoColonHere\r\n\r\n")
     check("malformed header line -> 400", raw_status(reply) == 400, reply[:200])
-    reply = raw(port, b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n")
+    reply = raw(port, b"GET /health HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n")
     check("unknown HTTP version -> 505", raw_status(reply) == 505, reply[:200])
     reply = raw(port, b"BLAH\r\n\r\n" + bytes(range(256)))
     check("garbage request -> closed without a reply", reply == b"" or raw_status(reply) == 400, reply[:200])
     st, _, b = request(port, "GET", "/v1/nothing")
     check("unknown path -> 404", st == 404 and b"error" in b, (st, b))
-    st, _, b = request(port, "GET", "/v1/chat/completions")
-    check("GET on a POST endpoint -> 405", st == 405, (st, b))
-    st, _, b = request(port, "POST", "/health", b"{}")
-    check("POST on a GET endpoint -> 405", st == 405, (st, b))
+    st, h, b = request(port, "GET", "/v1/chat/completions")
+    check("GET on a POST endpoint -> 405 with Allow: POST", st == 405 and h.get("allow") == "POST"
+          and json.loads(b)["error"]["type"] == "invalid_request_error", (st, h, b))
+    st, h, b = request(port, "POST", "/health", b"{}")
+    check("POST on a GET endpoint -> 405 with Allow", st == 405 and h.get("allow") == "GET, HEAD", (st, h, b))
     n += 9
     st, _, b = request(port, "GET", "/health")
     check(f"server alive after {n} bad-input cases", st == 200, (st, b))
@@ -490,8 +728,9 @@ def test_concurrent(port, n=16):
           all(results[i][1]["choices"][0]["token_ids"] == expected[i % 4] for i in range(n)))
     order = sorted(range(n), key=lambda i: done_at[i])
     check(f"{n} concurrent clients: answered in arrival order", order == list(range(n)), order)
-    ids = [int(results[i][1]["id"].split("-")[1]) for i in range(n)]
-    check(f"{n} concurrent clients: queued in arrival order", ids == sorted(ids), ids)
+    ids = [results[i][1]["id"] for i in range(n)]
+    check(f"{n} concurrent clients: random, unique ids", len(set(ids)) == n
+          and all(re.fullmatch(r"cmpl-[0-9a-f]{24}", x) for x in ids), ids)
 
 
 def test_disconnect(port):
@@ -499,13 +738,13 @@ def test_disconnect(port):
     # Streaming: read the first event, then hang up.
     s = socket.create_connection((HOST, port), timeout=TIMEOUT)
     body = json.dumps({"prompt": [31, 32, 33], "max_tokens": 400, "stream": True}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     deadline = time.time() + 60
     while b"data: " not in got and time.time() < deadline:
         got += s.recv(4096)
-    s.close()
+    s.close()   # a plain close: the next event's write fails
     t0 = time.time()
     m1 = m0
     while time.time() - t0 < 30:
@@ -519,11 +758,13 @@ def test_disconnect(port):
     # Non-streaming: hang up while it runs.
     s = socket.create_connection((HOST, port), timeout=TIMEOUT)
     body = json.dumps({"prompt": [41, 42, 43], "max_tokens": 400}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode()
               + b"\r\n\r\n" + body)
     while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 60:
         time.sleep(0.05)
     time.sleep(0.3)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # a reset: the client left
     s.close()
     t1 = time.time()
     m2 = m1
@@ -537,6 +778,12 @@ def test_disconnect(port):
           and gen < 400, (gen, time.time() - t1))
     st, _, j = post(port, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
     check("server serves again after disconnects", st == 200, j)
+    # A client that half-closes after a complete request is still there: it gets its answer.
+    body = json.dumps({"prompt": [51, 52, 53], "max_tokens": 6}).encode()
+    reply = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body, timeout=120)
+    check("half-close (shutdown SHUT_WR) after the request: answered 200, not cancelled",
+          raw_status(reply) == 200 and b'"text_completion"' in reply, reply[:300])
 
 
 def test_queue_and_drain(binary, model):
@@ -548,7 +795,7 @@ def test_queue_and_drain(binary, model):
         def go(k, max_tokens):
             res[k] = post(port, "/v1/completions", {"prompt": [k + 1, 2, 3], "max_tokens": max_tokens})
 
-        a = threading.Thread(target=go, args=(0, 12))
+        a = threading.Thread(target=go, args=(0, 120))   # still running while the drain is checked
         a.start()
         t0 = time.time()
         while metrics(port)["calla_requests_running"] < 1 and time.time() - t0 < 30:
@@ -592,6 +839,226 @@ def test_queue_and_drain(binary, model):
         check("SIGTERM abort: exit 0 within seconds", rc == 0 and time.time() - t0 < 30, rc)
     finally:
         srv.close("abort server")
+
+
+def test_auth(binary, model, tmpdir):
+    keyfile = os.path.join(tmpdir, "keys.txt")
+    with open(keyfile, "w") as f:
+        f.write("# keys\n\n  k-from-file  \r\n")
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--api-key", "k-one",
+                 "--api-key", "k-two", "--api-key-file", keyfile)
+    try:
+        port = srv.port
+        st, _, _ = request(port, "GET", "/health")
+        check("auth: /health stays open", st == 200, st)
+        body = {"prompt": [1, 2], "max_tokens": 1}
+        for name, hdr in [("no header", {}), ("wrong key", {"Authorization": "Bearer k-on"}),
+                          ("longer key", {"Authorization": "Bearer k-one1"}), ("not Bearer", {"Authorization": "Basic k-one"}),
+                          ("empty Bearer", {"Authorization": "Bearer "})]:
+            st, h, j = post(port, "/v1/completions", body, headers=hdr)
+            check(f"auth: {name} -> 401 in OpenAI's shape", st == 401 and j["error"]["code"] == "invalid_api_key"
+                  and j["error"]["type"] == "invalid_request_error" and h.get("www-authenticate") == "Bearer", (st, h, j))
+        for path in ("/v1/models", "/metrics"):
+            st, _, _ = request(port, "GET", path)
+            check(f"auth: {path} protected", st == 401, st)
+            st, _, _ = request(port, "GET", path, headers={"Authorization": "Bearer k-two"})
+            check(f"auth: {path} with a key -> 200", st == 200, st)
+        for key in ("k-one", "k-two", "k-from-file"):
+            st, _, j = post(port, "/v1/completions", body, headers={"Authorization": "bearer " + key})
+            check(f"auth: key {key} accepted", st == 200, (st, j))
+        big = b'{"prompt": "' + b"a" * 50000 + b'"}'
+        st, _, _ = request(port, "POST", "/v1/completions", big)
+        check("auth: unauthenticated body is not read (401, not 413 or 200)", st == 401, st)
+    finally:
+        srv.close("server with API keys")
+    for bad_args, pattern in [(["--api-key", "has space"], "printable"), (["--api-key-file", "/nonexistent/k"], "nonexistent"),
+                              (["--api-key", ""], "1 to")]:
+        p = subprocess.run([binary, "serve", "--model", model, *bad_args], capture_output=True, text=True, timeout=60)
+        check(f"auth: bad key option {bad_args} refused", p.returncode == 2 and re.search(pattern, p.stderr), p.stderr)
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--host", "0.0.0.0")
+    try:
+        check("auth: non-loopback bind without a key warns", "WARNING" in srv.text() and "api-key" in srv.text(), srv.text())
+    finally:
+        srv.close("non-loopback server")
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet")
+    try:
+        check("auth: loopback bind without a key does not warn", "WARNING" not in srv.text(), srv.text())
+        st, _, j = post(srv.port, "/v1/completions", {"prompt": [1], "max_tokens": 1})
+        check("auth: no keys, no header needed", st == 200, (st, j))
+    finally:
+        srv.close()
+
+
+def raw_keep(port, data, timeout=5):
+    """Sends raw bytes without half-closing; returns everything until the server closes or a timeout."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out = b""
+        while True:
+            try:
+                d = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                return out, False
+            if not d:
+                return out, True
+            out += d
+    finally:
+        s.close()
+
+
+def test_hardening(binary, model, port):
+    body = json.dumps({"prompt": [1, 2], "max_tokens": 1}).encode()
+    # Content-Type.
+    for ct in (None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"):
+        st, _, b = request(port, "POST", "/v1/completions", body, headers={"Content-Type": ct} if ct else {"Content-Type": ""})
+        check(f"Content-Type {ct!r} -> 415 in OpenAI's shape", st == 415 and json.loads(b)["error"]["type"]
+              == "invalid_request_error", (st, b))
+    st, _, _ = request(port, "POST", "/v1/completions", body, headers={"Content-Type": "application/json; charset=utf-8"})
+    check("Content-Type application/json; charset=utf-8 accepted", st == 200, st)
+    # Host.
+    for host, want in (("evil.example", 403), ("evil.example:80", 403), ("localhost:8080", 200), ("127.0.0.1", 200),
+                       ("[::1]:99", 200), ("LOCALHOST", 200), ("localhost.evil.example", 403)):
+        st, _, b = request(port, "GET", "/v1/models", headers={"Host": host})
+        check(f"Host {host} -> {want}", st == want and (want == 200 or b"Host" in b), (st, b))
+    # Framing: both lengths, two lengths, an unknown coding.  The smuggled request must not run.
+    m0 = metrics(port)["calla_generated_tokens_total"]
+    smuggled = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    for name, head in (("Content-Length + Transfer-Encoding", b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"),
+                       ("two Content-Lengths", b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(smuggled)),
+                       ("Transfer-Encoding gzip", b"Transfer-Encoding: gzip, chunked\r\n")):
+        req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + head
+               + b"\r\n0\r\n\r\n" + smuggled)
+        out, closed = raw_keep(port, req)
+        check(f"ambiguous framing ({name}) -> 400, closed, nothing smuggled",
+              raw_status(out) == 400 and closed and out.count(b"HTTP/1.1") == 1, out[:400])
+    check("ambiguous framing: the smuggled requests never ran", metrics(port)["calla_generated_tokens_total"] == m0)
+    # Models.
+    st, _, j = request(port, "GET", "/v1/models")
+    j = json.loads(j)
+    mid = j["data"][0]["id"]
+    check("GET /v1/models: created is set", j["data"][0]["created"] > 1.7e9, j)
+    st, _, b = request(port, "GET", "/v1/models/" + mid)
+    check("GET /v1/models/{id} -> the model", st == 200 and json.loads(b)["id"] == mid, (st, b))
+    st, _, b = request(port, "GET", "/v1/models/gpt-4")
+    check("GET /v1/models/{unknown} -> 404 in OpenAI's shape", st == 404 and json.loads(b)["error"]["code"]
+          == "not_found", (st, b))
+    # Errors are JSON with a string-or-null code.
+    st, _, b = request(port, "GET", "/nope")
+    e = json.loads(b)["error"]
+    check("404: OpenAI-shaped, code a string or null", st == 404 and (e["code"] is None or isinstance(e["code"], str)), b)
+
+    # --allowed-host, and a per-address connection limit that keeps one client from locking out others.
+    pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    st, h, _ = request(port, "OPTIONS", "/v1/chat/completions", headers=pre)
+    check("CORS: no --cors-origin -> preflight 403, no allowance", st == 403 and "access-control-allow-origin" not in h,
+          (st, h))
+    srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--allowed-host", "calla.internal",
+                 "--max-connections", 16, "--max-connections-per-ip", 4, "--cors-origin", "https://app.example",
+                 "--api-key", "k")
+    try:
+        p = srv.port
+        ch = {"Host": "calla.internal"}
+        st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, **ch))
+        check("CORS: preflight from a --cors-origin origin -> 204 with the allowances (no key needed)",
+              st == 204 and h.get("access-control-allow-origin") == "https://app.example"
+              and "Authorization" in h.get("access-control-allow-headers", ""), (st, h))
+        st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin="https://evil.example", **ch))
+        check("CORS: preflight from another origin -> 403", st == 403 and "access-control-allow-origin" not in h, (st, h))
+        st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://app.example", Authorization="Bearer k"))
+        check("CORS: a request from the origin carries Access-Control-Allow-Origin",
+              st == 200 and h.get("access-control-allow-origin") == "https://app.example", (st, h))
+        st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://evil.example", Authorization="Bearer k"))
+        check("CORS: from another origin, no Access-Control-Allow-Origin", "access-control-allow-origin" not in h, (st, h))
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})
+        check("--allowed-host: the listed name -> 200", st == 200, st)
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "localhost"})
+        check("--allowed-host: other names -> 403", st == 403, st)
+        hog = []
+        for _ in range(40):   # idle connections from another loopback address
+            try:
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.settimeout(2)
+                s.connect((HOST, p))
+                s.sendall(b"GET /health HTTP/1.1\r\n")   # and never finish the headers
+                hog.append(s)
+            except OSError:
+                break
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal"}, timeout=5)
+        check("40 idle connections from one address do not lock out another (served within 1 s)",
+              st == 200 and time.time() - t0 < 1, (st, time.time() - t0, len(hog)))
+        for s in hog:
+            s.close()
+    finally:
+        srv.close("allowed-host server")
+
+
+def test_openai_client(binary, model):
+    """The official openai Python client (PyPI `openai`; .ci/run installs it) against the server."""
+    try:
+        import openai
+    except ImportError:
+        check("openai client installed (pip install openai)", not os.environ.get("CI"), "CI needs it")
+        print("skip openai client tests: the openai package is not installed", flush=True)
+        return
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--api-key", "sk-test")
+    try:
+        base = f"http://{HOST}:{srv.port}/v1"
+        cl = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0, timeout=TIMEOUT)
+        mid = cl.models.list().data[0].id
+        check("openai client: models.list / retrieve", cl.models.retrieve(mid).id == mid)
+        msgs = [{"role": "user", "content": "Hello"}]
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, logprobs=True, top_logprobs=2)
+        ok = r.choices[0].message.role == "assistant" and r.usage.prompt_tokens > 0
+        ok = ok and r.choices[0].logprobs is not None and all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content)
+        check("openai client: chat with logprobs", ok, r)
+        chunks = list(cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, stream=True,
+                                                 stream_options={"include_usage": True}))
+        usage = [c.usage for c in chunks if c.usage]
+        check("openai client: streamed chat, include_usage once", len(usage) == 1 and chunks[-1].usage is not None
+              and chunks[-1].choices == [], chunks[-3:])
+        r = cl.completions.create(model=mid, prompt="Once upon", max_tokens=3, logprobs=2)
+        check("openai client: completions with logprobs", r.choices[0].logprobs is not None
+              and len(r.choices[0].logprobs.tokens) >= 1, r)
+        tools = [TOOL]
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools, tool_choice="auto")
+        check("openai client: chat with tools", r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
+        hist = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
+        r = cl.chat.completions.create(model=mid, messages=hist, max_tokens=4, tools=tools)
+        check("openai client: tool round trip history", r.choices[0].message is not None, r)
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=128, tools=tools, tool_choice="required",
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        call = (r.choices[0].message.tool_calls or [None])[0]
+        ok = r.choices[0].finish_reason == "tool_calls" and call is not None and call.function.name == "get_weather"
+        ok = ok and isinstance(json.loads(call.function.arguments).get("city"), str)
+        check("openai client: tool_choice required forces a call the client parses", ok, r)
+        if ok:   # and the round trip: the call and its result go back
+            hist2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                            {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}]
+            r = cl.chat.completions.create(model=mid, messages=hist2, max_tokens=4, tools=tools)
+            check("openai client: the forced call's round trip", r.choices[0].message is not None, r)
+        try:
+            cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+            check("openai client: unknown named function -> BadRequestError", False)
+        except openai.BadRequestError as e:
+            check("openai client: unknown named function -> BadRequestError naming tool_choice",
+                  e.body.get("param") == "tool_choice", e.body)
+        try:
+            openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
+            check("openai client: wrong key -> AuthenticationError", False)
+        except openai.AuthenticationError as e:
+            check("openai client: wrong key -> AuthenticationError", e.body.get("code") == "invalid_api_key", e.body)
+    except Exception as e:  # noqa: BLE001 (any client failure is a failed check)
+        check("openai client: no exception", False, repr(e))
+    finally:
+        srv.close("openai-client server")
 
 
 def test_soak(srv, n, rss_bound):
@@ -654,11 +1121,18 @@ def main():
         print(f"bad-input cases: {n_bad}", flush=True)
         test_mutations(main_srv.port, 100 if a.quick else 300)
         test_stop_strings(main_srv.port)
+        test_logprobs(main_srv.port)
+        test_tools(main_srv.port)
+        test_structured(main_srv.port, a.quick)
         test_cache(main_srv.port, nocache.port)
         nocache.close("server without cache")
         test_concurrent(main_srv.port, 16)
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)
+        test_hardening(a.bin, a.model, main_srv.port)
+        test_openai_client(a.bin, a.model)
+        with tempfile.TemporaryDirectory() as tmpdir:
+            test_auth(a.bin, a.model, tmpdir)
         test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)
         rc = main_srv.stop()
         log = main_srv.text()

@@ -1,0 +1,1030 @@
+// openai.c: the OpenAI protocol of `calla serve`, as functions without sockets.
+//
+//   requests:  a JSON body -> a job (the rendered and tokenized prompt, max_tokens, stop strings,
+//              stream flags), or a 4xx naming the parameter (STYLE §14: reject, never clamp)
+//   results:   a finished job -> the chat.completion / text_completion object; while streaming,
+//              text -> channels (stop strings, hold-back) -> SSE chunks in the job's buffer
+//
+// Every bad request ends as a 4xx JSON error in the OpenAI shape
+//   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}};
+// nothing a client sends can reach an abort().
+#include "server.h"
+
+#include "chat.h"
+#include "constrain.h"
+#include "toolcall.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+// ---- ids -------------------------------------------------------------------------------------------
+
+void random_hex(char *out, int nbytes) {
+    unsigned char b[32];
+    if (nbytes > 32) nbytes = 32;
+    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {   // no entropy source: time and address
+        unsigned long long x = (unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)out;
+        for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+// ---- a growable byte buffer --------------------------------------------------------------------
+
+int sbuf_add(struct sbuf *b, const void *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+void sbuf_free(struct sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+// ---- errors ----------------------------------------------------------------------------------
+
+json_t *error_body(int status, const char *param, const char *msg) {
+    // OpenAI's types; error.code is a string or null, as OpenAI's.
+    const char *type = status >= 400 && status < 500 ? "invalid_request_error"
+                       : status == 503               ? "server_busy"
+                                                     : "server_error";
+    const char *code = status == 401 ? "invalid_api_key" : status == 404 ? "not_found" : NULL;
+    char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
+    size_t len;
+    if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
+    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", clean ? clean : "invalid request", "type",
+                          type, "param", param, "code", code);
+    free(clean);
+    return o;
+}
+
+// ---- request validation ------------------------------------------------------------------------
+
+// Bytes of s to quote in a message: at most max, never ending inside a UTF-8 sequence (the
+// message goes into JSON, which must be valid UTF-8).
+static int clip_utf8(const char *s, int max) {
+    int n = (int)strnlen(s, (size_t)max + 1);
+    if (n <= max) return n;
+    n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
+    return n;
+}
+
+int bad(struct req_error *re, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(re->msg, sizeof re->msg, fmt, ap);
+    va_end(ap);
+    re->status = status;
+    re->param = param;
+    return -1;
+}
+
+// Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
+// parameter.  One table, checked in order (STYLE §14: reject, never clamp).
+enum greedy_kind {
+    GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
+    GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
+    GREEDY_INT_EQ,      // an integer >= lo; only `greedy` is accepted (n, best_of)
+    GREEDY_NULL,        // must be absent or null (seed)
+    GREEDY_EMPTY_OBJ,   // absent, null or {} (logit_bias)
+};
+
+static const struct greedy_rule {
+    const char *name;
+    enum greedy_kind kind;
+    double greedy, lo, hi;
+    const char *why;
+} greedy_rules[] = {
+    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)"},
+    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)"},
+    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)"},
+    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)"},
+    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)"},
+    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)"},
+    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)"},
+    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic"},
+    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)"},
+    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
+    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
+    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
+};
+
+static bool integral(const json_t *v, long long *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && fabs(d) < 9e15) {
+            *out = (long long)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+int check_greedy(const json_t *body, struct req_error *re) {
+    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++) {
+        const struct greedy_rule *g = &greedy_rules[i];
+        const json_t *v = json_object_get(body, g->name);
+        if (!v || json_is_null(v)) continue;
+        long long k;
+        switch (g->kind) {
+        case GREEDY_NUM_EQ: {
+            if (!json_is_number(v)) return bad(re, 400, g->name, "%s must be a number", g->name);
+            double d = json_number_value(v);
+            if (!(d >= g->lo && d <= g->hi))
+                return bad(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
+            if (d != g->greedy) return bad(re, 400, g->name, "%s, got %g", g->why, d);
+            break;
+        }
+        case GREEDY_INT_LE:
+        case GREEDY_INT_EQ:
+            if (!integral(v, &k)) return bad(re, 400, g->name, "%s must be an integer", g->name);
+            if (k < (long long)g->lo) return bad(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
+            if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
+                return bad(re, 400, g->name, "%s, got %lld", g->why, k);
+            break;
+        case GREEDY_NULL:
+            return bad(re, 400, g->name, "%s", g->why);
+        case GREEDY_EMPTY_OBJ:
+            if (!json_is_object(v)) return bad(re, 400, g->name, "%s must be an object", g->name);
+            if (json_object_size(v)) return bad(re, 400, g->name, "%s", g->why);
+            break;
+        }
+    }
+    return 0;
+}
+
+// Optional field of a given JSON type: 0 (absent or null: *out NULL), or -1 with a 400.
+static int get_opt(const json_t *obj, const char *name, json_type type, const json_t **out, struct req_error *re) {
+    const json_t *v = json_object_get(obj, name);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    bool ok = type == JSON_TRUE ? json_is_boolean(v) : type == JSON_INTEGER ? json_is_number(v) : json_typeof(v) == type;
+    if (!ok) {
+        static const char *const names[] = {"an object", "an array", "a string", "an integer", "a number", "a boolean",
+                                            "a boolean", "null"};
+        return bad(re, 400, name, "%s must be %s", name, names[type]);
+    }
+    *out = v;
+    return 0;
+}
+
+static int get_bool(const json_t *obj, const char *name, bool def, bool *out, struct req_error *re) {
+    const json_t *v;
+    if (get_opt(obj, name, JSON_TRUE, &v, re)) return -1;
+    *out = v ? json_is_true(v) : def;
+    return 0;
+}
+
+// logprobs: chat takes "logprobs": true with "top_logprobs": 0..20; completions take
+// "logprobs": 0..20 (the number of alternatives).  j->logprobs: -1 (off) or that number.
+static int parse_logprobs(const json_t *body, struct job *j, struct req_error *re) {
+    const json_t *lp = json_object_get(body, "logprobs"), *top = json_object_get(body, "top_logprobs");
+    long long k = 0;
+    j->logprobs = -1;
+    if (j->chat) {
+        bool on;
+        if (get_bool(body, "logprobs", false, &on, re)) return -1;
+        if (top && !json_is_null(top)) {
+            if (!integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+                return bad(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
+                           MAX_TOP_LOGPROBS);
+            if (!on) return bad(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
+        }
+        if (on) j->logprobs = (int)k;
+        return 0;
+    }
+    if (top && !json_is_null(top))
+        return bad(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
+    if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
+    if (!integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+        return bad(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
+    j->logprobs = (int)k;
+    return 0;
+}
+
+// response_format: text, json_object, or json_schema {"name", "schema", "strict"}: the schema is
+// compiled here, once (constrain.c), and refused with the keyword named when outside the subset.
+static int parse_response_format(const json_t *v, struct job *j, struct req_error *re) {
+    const json_t *t = json_object_get(v, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "";
+    const json_t *schema = NULL;
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_schema")) {
+        const json_t *js = json_object_get(v, "json_schema");
+        schema = json_object_get(js, "schema");
+        if (!json_is_object(js) || !json_is_object(schema))
+            return bad(re, 400, "response_format",
+                       "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+    } else if (strcmp(type, "json_object")) {
+        return bad(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    char err[300];
+    if (constrain_compile(schema, &j->schema, err, sizeof err))
+        return bad(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+    return 0;
+}
+
+// Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
+static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
+                        struct req_error *re) {
+    if (check_greedy(body, re) || parse_logprobs(body, j, re)) return -1;
+    j->tok = oc->tok;
+    const json_t *v;
+    if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
+    *max_tokens = 0;   // 0: not given
+    static const char *const mt_names[] = {"max_tokens", "max_completion_tokens"};
+    for (int i = 0; i < 2; i++) {
+        const json_t *m = json_object_get(body, mt_names[i]);
+        if (!m || json_is_null(m)) continue;
+        long long k;
+        if (!integral(m, &k)) return bad(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
+        if (k < 1 || k > QWEN_MAX_CTX - 1)
+            return bad(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
+                       QWEN_MAX_CTX - 1, k);
+        *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
+    }
+    if (get_bool(body, "stream", false, &j->stream, re)) return -1;
+    if (get_bool(body, "return_token_ids", false, &j->return_ids, re)) return -1;
+    if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
+    if (v && get_bool(v, "include_usage", false, &j->include_usage, re)) return -1;
+    const json_t *stop = json_object_get(body, "stop");
+    if (stop && !json_is_null(stop)) {
+        const json_t *one[1] = {stop};
+        size_t n = 1;
+        if (json_is_array(stop)) {
+            n = json_array_size(stop);
+            if (n > MAX_STOPS) return bad(re, 400, "stop", "stop may hold at most %d strings, got %zu", MAX_STOPS, n);
+        } else if (!json_is_string(stop)) {
+            return bad(re, 400, "stop", "stop must be a string or an array of strings");
+        }
+        for (size_t i = 0; i < n; i++) {
+            const json_t *s = json_is_array(stop) ? json_array_get(stop, i) : one[0];
+            if (!json_is_string(s)) return bad(re, 400, "stop", "stop[%zu] must be a string", i);
+            size_t len = json_string_length(s);
+            if (len == 0) return bad(re, 400, "stop", "stop strings must not be empty");
+            if (len > MAX_STOP_BYTES)
+                return bad(re, 400, "stop", "stop strings are limited to %d bytes, got %zu", MAX_STOP_BYTES, len);
+            if (!(j->stops[j->n_stops] = malloc(len + 1))) return bad(re, 500, NULL, "out of memory");
+            memcpy(j->stops[j->n_stops], json_string_value(s), len + 1);
+            j->stop_len[j->n_stops++] = len;
+        }
+    }
+    if (get_bool(body, "echo", false, &(bool){0}, re)) return -1;
+    if (json_is_true(json_object_get(body, "echo"))) return bad(re, 400, "echo", "echo is not supported");
+    if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
+    if (v && json_string_length(v)) return bad(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
+    if (!j->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
+        return bad(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
+    if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
+    if (v && parse_response_format(v, j, re)) return -1;
+    (void)oc;
+    return 0;
+}
+
+// Text of a message's content: a string, null, or an array of {"type": "text", "text": ...}.
+static int message_text(const json_t *content, size_t idx, struct sbuf *out, struct req_error *re) {
+    if (!content || json_is_null(content)) return 0;
+    if (json_is_string(content)) {
+        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return bad(re, 500, NULL, "out of memory");
+        return 0;
+    }
+    if (!json_is_array(content))
+        return bad(re, 400, "messages", "messages[%zu].content must be a string or an array of text parts", idx);
+    size_t i;
+    const json_t *part;
+    json_array_foreach(content, i, part) {
+        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type))
+            return bad(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
+        if (strcmp(json_string_value(type), "text"))
+            return bad(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
+                       idx, i, clip_utf8(json_string_value(type), 64), json_string_value(type));
+        if (!json_is_string(text))
+            return bad(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
+        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return bad(re, 500, NULL, "out of memory");
+    }
+    return 0;
+}
+
+// markup NULL: added tokens are recognised anywhere (a completion prompt is the client's own text).
+static int encode(const struct openai_ctx *oc, const char *text, const unsigned char *markup, size_t len, int32_t **ids,
+                  int *n, struct req_error *re) {
+    size_t nn = 0;
+    char err[256];
+    if (tokenizer_encode_markup(oc->tok, text, len, markup, ids, &nn, err, sizeof err))
+        return bad(re, 400, NULL, "cannot tokenize: %s", err);
+    *n = (int)nn;
+    return 0;
+}
+
+// ---- tools --------------------------------------------------------------------------------------
+
+// Strings a request's rendering allocates, freed together.
+struct owned {
+    char **v;
+    size_t n, cap;
+    bool oom;
+};
+
+static char *own(struct owned *o, char *s) {
+    if (!s) o->oom = true;
+    if (o->oom) {
+        free(s);
+        return NULL;
+    }
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        char **v = realloc(o->v, sizeof *v * cap);
+        if (!v) {
+            free(s);
+            o->oom = true;
+            return NULL;
+        }
+        o->v = v, o->cap = cap;
+    }
+    return o->v[o->n++] = s;
+}
+
+static void *own_alloc(struct owned *o, size_t bytes) { return own(o, calloc(1, bytes ? bytes : 1)); }
+
+static void owned_free(struct owned *o) {
+    for (size_t i = 0; i < o->n; i++) free(o->v[i]);
+    free(o->v);
+}
+
+// A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-] (also what keeps it from breaking
+// the <function=NAME> markup).
+static bool valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return false;
+    return true;
+}
+
+// "tools" and "tool_choice": checks them, renders each tool for the template (co->tools).
+// j->tools keeps the array for typing the calls in the output (NULL: no tool parsing).
+static int parse_tools(const json_t *body, struct job *j, struct chat_options *co, struct owned *own_,
+                       struct req_error *re) {
+    const json_t *tools, *choice = json_object_get(body, "tool_choice");
+    if (get_opt(body, "tools", JSON_ARRAY, &tools, re)) return -1;
+    size_t n = tools ? json_array_size(tools) : 0;
+    if (n > MAX_TOOLS) return bad(re, 400, "tools", "at most %d tools, got %zu", MAX_TOOLS, n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(tools, i), *f = json_object_get(t, "function");
+        const json_t *type = json_object_get(t, "type"), *name = json_object_get(f, "name");
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
+            return bad(re, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+        if (!json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
+            return bad(re, 400, "tools", "tools[%zu].function.name must be 1 to 64 letters, digits, _ or -", i);
+        const json_t *params = json_object_get(f, "parameters"), *desc = json_object_get(f, "description");
+        if (params && !json_is_object(params))
+            return bad(re, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+        if (desc && !json_is_string(desc))
+            return bad(re, 400, "tools", "tools[%zu].function.description must be a string", i);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(json_string_value(name),
+                        json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"))))
+                return bad(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
+                           json_string_value(name));
+    }
+    bool none = false, forced = false;
+    const char *fname = NULL;   // tool_choice names a function
+    if (choice && !json_is_null(choice)) {
+        const char *c = json_is_string(choice) ? json_string_value(choice) : NULL;
+        const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
+        if (c && !strcmp(c, "none")) none = true;
+        else if (c && !strcmp(c, "auto")) none = false;
+        else if (c && !strcmp(c, "required")) forced = true;
+        else if (json_is_object(choice) && json_is_string(named)) forced = true, fname = json_string_value(named);
+        else
+            return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (!n) return bad(re, 400, "tool_choice", "tool_choice needs tools");
+    }
+    const json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return bad(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
+    if (!n || none) return 0;   // "none": the tools are left out of the prompt, output is content
+    const char **rendered = own_alloc(own_, sizeof *rendered * n);
+    for (size_t i = 0; rendered && i < n; i++) rendered[i] = own(own_, tool_tojson(json_array_get(tools, i)));
+    if (own_->oom) return bad(re, 500, NULL, "out of memory");
+    co->tools = rendered;
+    co->n_tools = n;
+    j->tools = json_incref((json_t *)tools);
+    if (!forced) return 0;
+    // "required" or a named function: the answer is constrained to one well-formed call.
+    if (j->schema) return bad(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
+                                                      "JSON response_format");
+    char err[300];
+    if (constrain_compile_tool_call(tools, fname, &j->schema, err, sizeof err))
+        return bad(re, 400, "tool_choice", "tool_choice: %s", err);
+    return 0;
+}
+
+// An assistant message's "tool_calls" -> the template's view of them.
+static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message *cm, struct owned *o,
+                            struct req_error *re) {
+    if (!calls || json_is_null(calls)) return 0;
+    if (!json_is_array(calls)) return bad(re, 400, "messages", "messages[%zu].tool_calls must be an array", idx);
+    size_t n = json_array_size(calls);
+    struct chat_tool_call *tc = own_alloc(o, sizeof *tc * n);
+    if (!tc) return bad(re, 500, NULL, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
+        const json_t *name = json_object_get(f, "name"), *a = json_object_get(f, "arguments");
+        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
+            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
+        json_t *args = NULL;
+        if (json_is_string(a)) args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
+        else if (json_is_object(a)) args = json_incref((json_t *)a);
+        else if (!a || json_is_null(a)) args = json_object();
+        if (!json_is_object(args)) {
+            json_decref(args);
+            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
+                                            "(as a string)", idx, k);
+        }
+        size_t na = json_object_size(args), i = 0;
+        const char **names = own_alloc(o, sizeof *names * na), **values = own_alloc(o, sizeof *values * na);
+        const char *key;
+        json_t *v;
+        json_object_foreach(args, key, v) {
+            if (!names || !values) break;
+            names[i] = own(o, strdup(key));
+            values[i++] = own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
+        }
+        json_decref(args);
+        if (o->oom) return bad(re, 500, NULL, "out of memory");
+        tc[k] = (struct chat_tool_call){.name = json_string_value(name), .n_args = na, .arg_names = names,
+                                        .arg_values = values};
+    }
+    cm->tool_calls = tc;
+    cm->n_tool_calls = n;
+    return 0;
+}
+
+// /v1/chat/completions: messages (and tools) -> the rendered prompt and the byte offset where the
+// last message starts (the snapshot point).  Sets j->reasoning and j->tools.
+int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned char **markup, size_t *out_len,
+                       size_t *boundary_, struct req_error *re) {
+    *out_ = NULL;
+    if (markup) *markup = NULL;
+    const json_t *msgs = json_object_get(body, "messages");
+    if (!msgs || json_is_null(msgs)) return bad(re, 400, "messages", "messages is required");
+    if (!json_is_array(msgs)) return bad(re, 400, "messages", "messages must be an array");
+    size_t n = json_array_size(msgs);
+    if (n == 0) return bad(re, 400, "messages", "messages must not be empty");
+    struct chat_options co = CHAT_OPTIONS_DEFAULT;
+    const json_t *kw;
+    if (get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
+    bool think = true, preserve = false;
+    if (kw && (get_bool(kw, "enable_thinking", true, &think, re) || get_bool(kw, "preserve_thinking", false, &preserve, re)))
+        return -1;
+    co.enable_thinking = think;
+    co.preserve_thinking = preserve;
+    j->reasoning = think;
+
+    struct owned own_ = {0};
+    struct chat_message *cm = calloc(n, sizeof *cm);
+    struct sbuf *texts = calloc(2 * n, sizeof *texts);   // content, reasoning per message
+    char *out = NULL, *hist = NULL;
+    int rc = -1;
+    if (!cm || !texts) {
+        bad(re, 500, NULL, "out of memory");
+        goto done;
+    }
+    if (parse_tools(body, j, &co, &own_, re)) goto done;
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m)) {
+            bad(re, 400, "messages", "messages[%zu] must be an object", i);
+            goto done;
+        }
+        const json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            bad(re, 400, "messages", "messages[%zu].role must be a string", i);
+            goto done;
+        }
+        const char *r = NULL;
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
+            if (!strcmp(json_string_value(role), roles[k])) r = roles[k];
+        if (!r) {
+            const char *rs = json_string_value(role);
+            bad(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
+                clip_utf8(rs, 64), rs);
+            goto done;
+        }
+        if (!strcmp(r, "developer")) r = "system";
+        const json_t *content = json_object_get(m, "content");
+        if ((!content || json_is_null(content)) && strcmp(r, "assistant")) {
+            bad(re, 400, "messages", "messages[%zu].content is required for role \"%s\"", i, r);
+            goto done;
+        }
+        if (message_text(content, i, &texts[2 * i], re)) goto done;
+        const json_t *rc_ = json_object_get(m, "reasoning_content");
+        if (rc_ && !json_is_null(rc_)) {
+            if (!json_is_string(rc_)) {
+                bad(re, 400, "messages", "messages[%zu].reasoning_content must be a string", i);
+                goto done;
+            }
+            if (sbuf_add(&texts[2 * i + 1], json_string_value(rc_), json_string_length(rc_))) {
+                bad(re, 500, NULL, "out of memory");
+                goto done;
+            }
+        }
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls && !json_is_null(calls) && strcmp(r, "assistant")) {
+            bad(re, 400, "messages", "messages[%zu]: only assistant messages have tool_calls", i);
+            goto done;
+        }
+        if (parse_tool_calls(calls, i, &cm[i], &own_, re)) goto done;
+        cm[i].role = r;
+        cm[i].content = texts[2 * i].p ? texts[2 * i].p : "";
+        cm[i].reasoning = texts[2 * i + 1].p;
+    }
+    size_t len = 0, boundary = 0, hist_len = 0;
+    char err[256];
+    if (chat_render_markup(cm, n, &co, &out, markup, &len, &boundary, err, sizeof err)) {
+        bad(re, 400, "messages", "%s", err);
+        goto done;
+    }
+    // The snapshot point: the end of the last message (the history rendered without the
+    // generation prompt), when that is a byte prefix of the prompt; else chat_render's boundary.
+    struct chat_options ho = co;
+    ho.add_generation_prompt = 0;
+    if (!chat_render(cm, n, &ho, &hist, &hist_len, NULL, err, sizeof err) && hist_len < len &&
+        !memcmp(hist, out, hist_len))
+        boundary = hist_len;
+    *out_ = out, *out_len = len, *boundary_ = boundary;
+    out = NULL;
+    rc = 0;
+done:
+    if (texts)
+        for (size_t i = 0; i < 2 * n; i++) sbuf_free(&texts[i]);
+    free(texts);
+    free(cm);
+    free(out);
+    free(hist);
+    owned_free(&own_);
+    return rc;
+}
+
+// /v1/chat/completions: the rendered prompt -> its tokens and the last-message boundary in tokens.
+static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+    char *out;
+    unsigned char *mk;
+    size_t len, boundary;
+    if (openai_render_chat(body, j, &out, &mk, &len, &boundary, re)) return -1;
+    int rc = -1;
+    // The boundary in tokens.  When the text after it opens with an added token (ChatML's
+    // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
+    // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
+    // keep the boundary only if the prefix's tokens are a prefix of the whole's.
+    j->boundary = 0;
+    static const char im_start[] = "<|im_start|>";
+    int32_t *pre = NULL, *post = NULL;
+    int npre = 0, npost = 0;
+    if (boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1)) {
+        if (encode(oc, out, mk, boundary, &pre, &npre, re) ||
+            encode(oc, out + boundary, mk + boundary, len - boundary, &post, &npost, re)) {
+            free(pre);
+            goto done;
+        }
+        if (!(j->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
+            free(pre), free(post);
+            bad(re, 500, NULL, "out of memory");
+            goto done;
+        }
+        memcpy(j->prompt, pre, sizeof *pre * (size_t)npre);
+        memcpy(j->prompt + npre, post, sizeof *post * (size_t)npost);
+        j->n_prompt = npre + npost;
+        j->boundary = npre;
+        free(pre), free(post);
+    } else {
+        if (encode(oc, out, mk, len, &j->prompt, &j->n_prompt, re)) goto done;
+        if (boundary > 0 && boundary < len && !encode(oc, out, mk, boundary, &pre, &npre, re)) {
+            if (npre > 0 && npre < j->n_prompt && !memcmp(pre, j->prompt, sizeof *pre * (size_t)npre)) j->boundary = npre;
+            free(pre);
+        }
+    }
+    rc = 0;
+done:
+    free(out);
+    free(mk);
+    return rc;
+}
+
+// /v1/completions: prompt as text (no template) or as token ids.
+static int parse_completion(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+    const json_t *p = json_object_get(body, "prompt");
+    if (!p || json_is_null(p)) return bad(re, 400, "prompt", "prompt is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0) return bad(re, 400, "prompt", "prompt must not be empty");
+        return encode(oc, json_string_value(p), NULL, json_string_length(p), &j->prompt, &j->n_prompt, re);
+    }
+    if (!json_is_array(p)) return bad(re, 400, "prompt", "prompt must be a string or an array of token ids");
+    size_t n = json_array_size(p);
+    if (n == 0) return bad(re, 400, "prompt", "prompt must not be empty");
+    if (n > (size_t)oc->context)
+        return bad(re, 400, "prompt", "prompt (%zu tokens) exceeds the context of %lld tokens", n, oc->context);
+    if (!(j->prompt = malloc(sizeof *j->prompt * n))) return bad(re, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(p, i);
+        long long id;
+        if (!json_is_integer(t)) {
+            if (json_is_string(t) || json_is_array(t))
+                return bad(re, 400, "prompt", "batched prompts are not supported (batch 1): give one string or one array of token ids");
+            return bad(re, 400, "prompt", "prompt[%zu] must be an integer token id", i);
+        }
+        id = json_integer_value(t);
+        if (id < 0 || id >= oc->vocab)
+            return bad(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id, oc->vocab - 1);
+        j->prompt[i] = (int32_t)id;
+    }
+    j->n_prompt = (int)n;
+    return 0;
+}
+
+static void tool_content(void *arg, const char *s, size_t n);
+static void tool_call(void *arg, const char *name, const char *arguments);
+
+void openai_job_tools(struct job *j) {
+    tool_parser_init(&j->tp, j->tools, (struct tool_sink){tool_content, tool_call, j});
+}
+
+// The whole request -> a job ready to queue, or a 4xx.
+struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, const char *data, size_t len,
+                                 struct req_error *re) {
+    json_error_t je;
+    json_t *body = json_loadb(data, len, 0, &je);
+    if (!body) {
+        bad(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    struct job *j = NULL;
+    if (!json_is_object(body)) {
+        bad(re, 400, NULL, "the request body must be a JSON object");
+        goto fail;
+    }
+    if (!(j = job_new())) {
+        bad(re, 500, NULL, "out of memory");
+        goto fail;
+    }
+    j->chat = ep == EP_CHAT;
+    long long max_tokens;
+    if (parse_common(oc, body, j, &max_tokens, re)) goto fail;
+    if (j->chat ? parse_chat(oc, body, j, re) : parse_completion(oc, body, j, re)) goto fail;
+    if (j->tools) openai_job_tools(j);
+    if (j->n_prompt < 1) {
+        bad(re, 400, j->chat ? "messages" : "prompt", "the prompt is empty");
+        goto fail;
+    }
+    const long long ctx = oc->context;
+    if (j->n_prompt + 2 > ctx) {   // the prompt's fault whatever max_tokens says
+        bad(re, 400, j->chat ? "messages" : "prompt",
+            "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", j->n_prompt, ctx);
+        goto fail;
+    }
+    if (!max_tokens) {   // the server default, within what the context has left
+        max_tokens = ctx - j->n_prompt - 1;
+        if (max_tokens > oc->default_max_tokens) max_tokens = oc->default_max_tokens;
+    }
+    if (j->n_prompt + max_tokens + 1 > ctx) {
+        bad(re, 400, "max_tokens", "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens",
+            j->n_prompt, max_tokens, j->n_prompt + max_tokens + 1, ctx);
+        goto fail;
+    }
+    j->max_tokens = (int)max_tokens;
+    json_decref(body);
+    return j;
+fail:
+    job_unref(j);
+    json_decref(body);
+    return NULL;
+}
+
+// ---- logprobs ------------------------------------------------------------------------------------
+
+void logprobs_of(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out) {
+    float mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
+    const float lse = mx + (float)log(sum);
+    out->id = chosen;
+    out->lp = logits[chosen] - lse;
+    out->n_top = 0;
+    // Top k by insertion into a sorted list: most values fail the first compare.
+    for (int i = 0; i < vocab && k > 0; i++) {
+        const float x = logits[i];
+        if (out->n_top == k && !(x > out->top_lp[k - 1])) continue;
+        int at = out->n_top < k ? out->n_top++ : k - 1;
+        while (at > 0 && x > out->top_lp[at - 1]) {
+            out->top_lp[at] = out->top_lp[at - 1];
+            out->top_id[at] = out->top_id[at - 1];
+            at--;
+        }
+        out->top_lp[at] = x;
+        out->top_id[at] = i;
+    }
+    for (int t = 0; t < out->n_top; t++) out->top_lp[t] -= lse;
+}
+
+int job_add_logprobs(struct job *j, const float *logits, int vocab, int32_t chosen) {
+    if (j->n_lps == j->lps_cap) {
+        int cap = j->lps_cap ? 2 * j->lps_cap : 16;
+        struct token_lp *p = realloc(j->lps, sizeof *p * (size_t)cap);
+        if (!p) return -1;
+        j->lps = p, j->lps_cap = cap;
+    }
+    logprobs_of(logits, vocab, chosen, j->logprobs, &j->lps[j->n_lps++]);
+    return 0;
+}
+
+// A token's text (invalid UTF-8 as U+FFFD) and, for chat, its raw bytes.
+static json_t *token_text(const struct job *j, int32_t id, json_t **bytes) {
+    size_t n = 0, cn;
+    const char *b = tokenizer_token_bytes(j->tok, id, &n);
+    if (!b) b = "", n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)b[i]));
+    }
+    char *clean = NULL;
+    if (utf8_sanitize(b, n, &clean, &cn)) return json_string("");
+    json_t *s = json_stringn(clean, cn);
+    free(clean);
+    return s;
+}
+
+static json_t *chat_lp_item(const struct job *j, int32_t id, float lp) {
+    json_t *bytes, *tok = token_text(j, id, &bytes);
+    return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
+}
+
+// choice.logprobs for entries [from, to): chat {"content": [...]}, completions the legacy
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+static json_t *logprobs_json(const struct job *j, int from, int to) {
+    if (j->chat) {
+        json_t *content = json_array();
+        for (int i = from; i < to; i++) {
+            const struct token_lp *t = &j->lps[i];
+            json_t *item = chat_lp_item(j, t->id, t->lp), *top = json_array();
+            for (int k = 0; k < t->n_top; k++) json_array_append_new(top, chat_lp_item(j, t->top_id[k], t->top_lp[k]));
+            json_object_set_new(item, "top_logprobs", top);
+            json_array_append_new(content, item);
+        }
+        return json_pack("{s:o, s:n}", "content", content, "refusal");
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = 0, n;
+    for (int i = 0; i < to; i++) {
+        const struct token_lp *t = &j->lps[i];
+        if (i >= from) {
+            json_array_append_new(tokens, token_text(j, t->id, NULL));
+            json_array_append_new(lps, json_real(t->lp));
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            json_t *top = json_object();
+            for (int k = 0; k < t->n_top; k++) {
+                json_t *s = token_text(j, t->top_id[k], NULL);
+                json_object_set_new(top, json_string_value(s), json_real(t->top_lp[k]));
+                json_decref(s);
+            }
+            json_array_append_new(tops, top);
+        }
+        if (tokenizer_token_bytes(j->tok, t->id, &n)) off += n;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+// Streaming: the logprobs not sent yet (null when off or none are new).
+static json_t *logprobs_pending(struct job *j) {
+    if (j->logprobs < 0 || j->lps_sent == j->n_lps) return json_null();
+    json_t *o = logprobs_json(j, j->lps_sent, j->n_lps);
+    j->lps_sent = j->n_lps;
+    return o;
+}
+
+// ---- output: channels, stop strings, server-sent events ----------------------------------------
+
+void job_sse(struct job *j, const char *data, size_t len) {
+    pthread_mutex_lock(&j->mu);
+    if (sbuf_add(&j->sse, "data: ", 6) || sbuf_add(&j->sse, data, len) || sbuf_add(&j->sse, "\n\n", 2))
+        j->cancel = true;   // out of memory: end this request
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_sse_json(struct job *j, json_t *o) {
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (s) job_sse(j, s, strlen(s));
+    free(s);
+}
+
+// One streamed chunk: delta text on a field, or (field NULL) the role / the finish.
+static json_t *chunk_new(struct job *j) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", j->id, "object",
+                     j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
+                     j->model_name, "choices");
+}
+
+static void stream_delta(struct job *j, const char *field, const char *text, size_t len, const char *finish) {
+    json_t *o = chunk_new(j);
+    json_t *choice = json_pack("{s:i, s:o}", "index", 0, "finish_reason", finish ? json_string(finish) : json_null());
+    if (j->chat) {
+        json_t *delta = json_object();
+        if (field) json_object_set_new(delta, field, json_stringn(text, len));
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", json_stringn(field ? text : "", field ? len : 0));
+    }
+    json_object_set_new(choice, "logprobs", logprobs_pending(j));
+    json_array_append_new(json_object_get(o, "choices"), choice);
+    job_sse_json(j, o);
+}
+
+static void emit_text(struct job *j, struct channel *ch, const char *s, size_t n) {
+    if (!n) return;
+    sbuf_add(ch->total, s, n);
+    if (j->stream) stream_delta(j, ch->field, s, n, NULL);
+}
+
+// The tool parser's outputs: answer text, and complete calls.
+static void tool_content(void *arg, const char *s, size_t n) {
+    struct job *j = arg;
+    emit_text(j, j->tool_ch, s, n);
+}
+
+static void tool_call(void *arg, const char *name, const char *arguments) {
+    struct job *j = arg;
+    char id[40] = "call_";
+    random_hex(id + 5, 12);
+    json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
+                          "arguments", arguments);
+    if (!c || (!j->calls && !(j->calls = json_array()))) {
+        json_decref(c);
+        return;
+    }
+    if (j->stream) {   // one delta per call, whole: no markup, arguments complete
+        json_t *o = chunk_new(j), *d = json_deep_copy(c);
+        json_object_set_new(d, "index", json_integer((json_int_t)json_array_size(j->calls)));
+        json_array_append_new(json_object_get(o, "choices"),
+                              json_pack("{s:i, s:{s:[o]}, s:n, s:o}", "index", 0, "delta", "tool_calls", d,
+                                        "finish_reason", "logprobs", logprobs_pending(j)));
+        job_sse_json(j, o);
+    }
+    json_array_append_new(j->calls, c);
+}
+
+// Answer text goes through the tool-call parser when the request has tools.
+static void emit(struct job *j, struct channel *ch, const char *s, size_t n) {
+    if (!ch->tools) return emit_text(j, ch, s, n);
+    j->tool_ch = ch;
+    tool_parser_feed(&j->tp, s, n);
+}
+
+// Longest proper prefix of any stop string that ends the buffer.
+static size_t stop_holdback(const struct job *j, const char *p, size_t n) {
+    size_t hold = 0;
+    for (int i = 0; i < j->n_stops; i++)
+        for (size_t k = j->stop_len[i] - 1; k > hold; k--)
+            if (k <= n && !memcmp(p + n - k, j->stops[i], k)) {
+                hold = k;
+                break;
+            }
+    return hold;
+}
+
+bool channel_push(struct job *j, struct channel *ch, const char *text, size_t len, bool final) {
+    if (ch->strip_lead_nl && !ch->started)
+        while (len && *text == '\n') text++, len--;
+    if (len) ch->started = true;
+    sbuf_add(&ch->pend, text, len);
+    char *p = ch->pend.p;
+    size_t n = ch->pend.len, cut = SIZE_MAX;
+    for (int i = 0; i < j->n_stops && n; i++) {
+        const char *m = memmem(p, n, j->stops[i], j->stop_len[i]);
+        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p);
+    }
+    bool stopped = cut != SIZE_MAX;
+    if (stopped) n = cut, final = true;
+    size_t out = final ? n : n - stop_holdback(j, p, n);
+    if (ch->trim_trail_nl)
+        while (out && p[out - 1] == '\n') out--;
+    emit(j, ch, p, out);
+    if (final && ch->tools) tool_parser_finish(&j->tp);
+    if (final) ch->pend.len = 0;
+    else {
+        memmove(p, p + out, ch->pend.len - out);
+        ch->pend.len -= out;
+    }
+    return stopped;
+}
+
+
+// ---- results ------------------------------------------------------------------------------------
+
+static json_t *usage_json(const struct job *j) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens", j->n_gen,
+                     "total_tokens", j->n_prompt + j->n_gen, "prompt_tokens_details", "cached_tokens", j->n_cached);
+}
+
+static json_t *ids_json(const struct job *j) {
+    json_t *a = json_array();
+    for (int i = 0; i < j->n_gen; i++) json_array_append_new(a, json_integer(j->gen[i]));
+    return a;
+}
+
+static json_t *timings_json(const struct job *j) {
+    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "queue_ms", j->queue_ms, "prefill_ms", j->prefill_ms, "decode_ms",
+                     j->decode_ms, "prompt_tokens_processed", j->n_prompt - j->n_cached, "generated_tokens", j->n_gen);
+}
+
+
+// The first chunk goes out with the first token (time to first token): the role for chat.
+void stream_begin(struct job *j) {
+    if (!j->chat) {
+        stream_delta(j, "text", "", 0, NULL);
+        return;
+    }
+    json_t *o = chunk_new(j);
+    json_array_append_new(json_object_get(o, "choices"), json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta",
+                                                                   "role", "assistant", "content", "", "finish_reason"));
+    job_sse_json(j, o);
+}
+
+// The end of a stream: the finish chunk with usage, or an error event; then [DONE].
+void stream_end(struct job *j) {
+    if (j->finish) {
+        json_t *o = chunk_new(j);
+        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", j->finish);
+        if (j->chat) json_object_set_new(choice, "delta", json_object());
+        else json_object_set_new(choice, "text", json_string(""));
+        json_object_set_new(choice, "logprobs", logprobs_pending(j));
+        if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
+        json_array_append_new(json_object_get(o, "choices"), choice);
+        json_object_set_new(o, "timings", timings_json(j));
+        job_sse_json(j, o);
+        if (j->include_usage) {   // usage once, in a chunk of its own after the finish, as OpenAI
+
+            o = chunk_new(j);
+            json_object_set_new(o, "usage", usage_json(j));
+            job_sse_json(j, o);
+        }
+    } else {
+        json_t *e = error_body(j->status, NULL, j->errmsg);
+        job_sse_json(j, e);
+    }
+    job_sse(j, "[DONE]", 6);
+}
+
+json_t *completion_json(const struct job *j) {
+    json_t *choice;
+    if (j->chat) {
+        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", j->content.p ? j->content.p : "",
+                                j->content.len);
+        if (j->reasoning)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(j->reasoning_text.p ? j->reasoning_text.p : "", j->reasoning_text.len));
+        if (j->calls) {   // as OpenAI: content null when the answer is only calls
+            json_object_set(msg, "tool_calls", j->calls);
+            if (!j->content.len) json_object_set_new(msg, "content", json_null());
+        }
+        choice = json_pack("{s:i, s:o, s:s}", "index", 0, "message", msg, "finish_reason", j->finish);
+    } else {
+        choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,
+                           "finish_reason", j->finish);
+    }
+    json_object_set_new(choice, "logprobs", j->logprobs >= 0 ? logprobs_json(j, 0, j->n_lps) : json_null());
+    if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->id, "object",
+                     j->chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
+                     j->model_name, "choices", choice, "usage", usage_json(j), "timings", timings_json(j));
+}
+

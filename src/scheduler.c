@@ -1,0 +1,409 @@
+// scheduler.c: the queue and the worker of `calla serve`.
+//
+// The worker is the only thread that touches the engine, the working sequence and the session
+// cache; it runs jobs one at a time in arrival (queue) order.  A client that goes away is
+// noticed between prefill chunks and decode steps: the worker polls the client socket for a
+// reset (a half-close after the request is not leaving: the client may still read), and the
+// transport marks the job cancelled when a write fails or the connection ends early.
+#include "server.h"
+
+#include "chat.h"
+
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- jobs --------------------------------------------------------------------------------------
+
+struct job *job_new(void) {
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->fd = -1;
+    return j;
+}
+
+void job_ref(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_unref(struct job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int r = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (r) return;
+    free(j->prompt);
+    free(j->gen);
+    free(j->lps);
+    json_decref(j->tools);
+    json_decref(j->calls);
+    tool_parser_free(&j->tp);
+    constrain_free(j->schema);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    sbuf_free(&j->sse);
+    sbuf_free(&j->content);
+    sbuf_free(&j->reasoning_text);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+
+// ---- the worker --------------------------------------------------------------------------------
+
+static bool job_cancelled(void *arg) {
+    struct job *j = arg;
+    if (atomic_load(j->abort)) return true;
+    pthread_mutex_lock(&j->mu);
+    if (!j->cancel && j->fd >= 0) {
+        // A reset (or a socket gone) means the client left; a half-close (shutdown(SHUT_WR) after
+        // the request, POLLRDHUP) does not: the client may still be reading.
+        struct pollfd pf = {.fd = j->fd, .events = 0};
+        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR | POLLNVAL))) j->cancel = true;
+    }
+    bool c = j->cancel;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+static void job_fail(struct job *j, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->errmsg, sizeof j->errmsg, fmt, ap);
+    va_end(ap);
+    j->status = status;
+    j->finish = NULL;
+}
+
+// Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
+// ---- constrained decoding ----------------------------------------------------------------------
+
+struct constrained {
+    struct cstate *s, *tmp;   // the document so far; a scratch copy for trying a token
+    int32_t *order;           // [vocab] token ids by logit, most likely first
+    int vocab;
+};
+
+static int constrained_init(struct constrained *c, const struct cschema *schema, int vocab) {
+    c->s = cstate_new(schema);
+    c->tmp = cstate_new(schema);
+    c->order = malloc(sizeof *c->order * (size_t)vocab);
+    c->vocab = vocab;
+    return c->s && c->tmp && c->order ? 0 : -1;
+}
+
+static void constrained_free(struct constrained *c) {
+    cstate_free(c->s), cstate_free(c->tmp);
+    free(c->order);
+}
+
+// Can token id continue the document (the end of the answer when it is a stop token)?
+static bool constrained_allows(struct constrained *c, const struct tokenizer *tok, int32_t id) {
+    if (chat_is_stop(id)) return cstate_done(c->s);
+    if (tokenizer_is_special(tok, id)) return false;   // <tool_call> and the like are text here
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, id, &n);
+    if (!b || !n) return false;
+    cstate_copy(c->tmp, c->s);
+    return cstate_feed(c->tmp, b, n);
+}
+
+static const float *sort_logits;   // qsort's comparator reads it; only the worker thread sorts
+
+static int by_logit(const void *a, const void *b) {
+    float x = sort_logits[*(const int32_t *)a], y = sort_logits[*(const int32_t *)b];
+    return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
+}
+
+// Closing in time: of the tokens that keep the document valid, the one after which the
+// shortest way to its end is shortest; -1 when none.  Tried: the stop token, the most likely
+// CLOSE_TRIES tokens, and every single-byte token (bytes alone can finish any document).
+enum { CLOSE_TRIES = 256 };
+
+static int32_t constrained_closest(struct constrained *c, const struct tokenizer *tok) {
+    int32_t pick = -1;
+    int best = 1 << 30;
+    for (int i = 0; i < CLOSE_TRIES + 257; i++) {
+        int32_t id;
+        if (i < CLOSE_TRIES) id = i < c->vocab ? c->order[i] : -1;
+        else if (i == CLOSE_TRIES) id = chat_stop_ids[0];
+        else id = tokenizer_token_id(tok, &(char){(char)(i - CLOSE_TRIES - 1)}, 1);
+        if (id < 0 || id >= c->vocab || !constrained_allows(c, tok, id)) continue;
+        int d = chat_is_stop(id) ? -1 : cstate_distance(c->tmp);
+        if (d < best) best = d, pick = id;
+    }
+    return pick;
+}
+
+// Can id continue the document and still leave room to finish it, and the stop token after it,
+// within the tokens left (budget, this one included)?  A token is at least a byte.
+static bool constrained_fits(struct constrained *c, const struct tokenizer *tok, int32_t id, int budget) {
+    return constrained_allows(c, tok, id) && (chat_is_stop(id) || cstate_distance(c->tmp) <= budget - 2);
+}
+
+// The next token of the answer: the longest token of text that must come anyway, else the greedy
+// token, else the most likely one (ids sorted by logit) that fits the document and the budget,
+// else (no room left) the one that brings the document's end nearest.  Advances the document by
+// it.  No token possible (a schema that cannot be finished at the nesting limit): a stop token,
+// and the answer ends.
+static int32_t constrained_pick(struct constrained *c, const struct tokenizer *tok, const float *logits, int32_t greedy,
+                                int budget) {
+    int32_t pick = -1;
+    char forced[128];
+    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
+        int32_t id = tokenizer_token_id(tok, forced, len);
+        if (id >= 0 && id < c->vocab && constrained_allows(c, tok, id)) pick = id;   // it must come anyway
+    }
+    if (pick < 0 && constrained_fits(c, tok, greedy, budget)) pick = greedy;
+    if (pick < 0) {
+        for (int i = 0; i < c->vocab; i++) c->order[i] = i;
+        sort_logits = logits;
+        qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
+        for (int i = 0; i < c->vocab && pick < 0; i++)
+            if (constrained_fits(c, tok, c->order[i], budget)) pick = c->order[i];
+        if (pick < 0) pick = constrained_closest(c, tok);
+    }
+    if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, pick, &n);
+    cstate_feed(c->s, b, n);
+    return pick;
+}
+
+// logits (NULL: not wanted) gets the last row's logits.
+static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
+    if (job_cancelled(j)) return ENGINE_CANCELLED;
+    char err[256];
+    const int last = n - 1;
+    struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j, .logit_rows = logits ? &last : NULL,
+                              .n_logit_rows = logits ? 1 : 0, .logits = logits};
+    int rc = engine_forward(sv->e, sv->w, t, n, &fo, next, err, sizeof err);
+    if (rc == ENGINE_ERROR) job_fail(j, 500, "engine: %s", err);
+    return rc;
+}
+
+static void run_job(struct server *sv, struct job *j) {
+    const double t0 = now_s();
+    j->queue_ms = 1e3 * (t0 - j->t_queued);
+    const int32_t *P = j->prompt;
+    const int n = j->n_prompt;
+    char err[256];
+    int32_t tok = -1;
+    int rc = ENGINE_OK;
+    bool have_tok = false;
+    // The last row's logits, when logprobs are wanted or the answer is constrained.
+    const bool want_logits = j->logprobs >= 0 || j->schema;
+    float *logits = want_logits ? malloc(sizeof *logits * (size_t)sv->vocab) : NULL;
+    struct constrained con = {0};
+    if ((want_logits && !logits) || (j->schema && constrained_init(&con, j->schema, sv->vocab)))
+        job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
+
+    // Session cache: the longest entry whose tokens are a prefix of the prompt.
+    // With logprobs the last prompt token must run (its logits give the first token's), so an
+    // entry may cover at most n - 1 tokens.
+    const int usable = want_logits ? n - 1 : n;
+    struct cache_entry *full = scache_lookup(&sv->full, P, usable), *bnd = scache_lookup(&sv->bound, P, usable);
+    struct cache_entry *hit = full && (!bnd || full->n >= bnd->n) ? full : bnd;
+    int pos = 0;
+    if (hit && seq_copy(sv->w, hit->s, err, sizeof err)) hit = NULL;
+    if (hit) {
+        pos = hit->n;
+        if (pos == n) tok = hit->next, have_tok = true;
+    } else {
+        seq_reset(sv->w);
+    }
+    j->n_cached = pos;
+    pthread_mutex_lock(&sv->mu);
+    if (sv->full.n + sv->bound.n > 0) {
+        if (hit) sv->m.cache_hits++;
+        else sv->m.cache_misses++;
+    }
+    sv->m.cached_tokens += (unsigned long long)pos;
+    sv->m.prompt_tokens += (unsigned long long)n;
+    pthread_mutex_unlock(&sv->mu);
+
+    // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
+    if (j->boundary > pos && j->boundary < n && sv->bound.n > 0) {
+        int32_t bnext;
+        rc = forward(sv, j, P + pos, j->boundary - pos, &bnext, NULL);
+        if (rc == ENGINE_OK) {
+            pos = j->boundary;
+            if (scache_store_copy(&sv->bound, sv->w, P, pos, bnext, err, sizeof err))
+                fprintf(stderr, "calla serve: session cache: %s\n", err);
+        }
+    }
+    if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
+    const double t1 = now_s();
+    j->prefill_ms = 1e3 * (t1 - t0);
+
+    // Decode.
+    struct channel content = {.total = &j->content, .field = j->chat ? "content" : "text", .tools = j->tools != NULL};
+    struct channel reasoning = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
+                                .trim_trail_nl = true};
+    struct channel *ch = j->reasoning ? &reasoning : &content;
+    struct tokenizer_stream ts;
+    tokenizer_stream_init(&ts, sv->tok, 1);
+    int32_t *gen = j->gen = malloc(sizeof *gen * (size_t)(j->max_tokens + 1));
+    if (!gen && rc == ENGINE_OK) job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
+    int ng = 0;
+    bool eos = false, stop_str = false;
+    if (rc == ENGINE_OK && j->stream) stream_begin(j);   // with the first token (TTFT)
+    while (rc == ENGINE_OK) {
+        if (j->schema && ch == &content) tok = constrained_pick(&con, sv->tok, logits, tok, j->max_tokens - ng);   // the answer only
+        gen[ng++] = tok;
+        if (chat_is_stop(tok)) {
+            eos = true;
+            break;
+        }
+        if (logits && job_add_logprobs(j, logits, sv->vocab, tok)) {
+            job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
+            break;
+        }
+        const char *text = "";
+        size_t len = 0;
+        if (ch == &reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
+            tokenizer_stream_flush(&ts, &text, &len);
+            stop_str = channel_push(j, ch, text, len, true);
+            ch = &content;
+            content.strip_lead_nl = true;
+        } else if (tokenizer_token_bytes(sv->tok, tok, &len) &&   // ids the tokenizer lacks decode to nothing
+                   !tokenizer_stream_push(&ts, tok, &text, &len, err, sizeof err)) {
+            stop_str = channel_push(j, ch, text, len, false);
+        }
+        if (stop_str || ng == j->max_tokens) break;
+        rc = forward(sv, j, &tok, 1, &tok, logits);
+    }
+    if (rc == ENGINE_OK) {
+        if (!stop_str) {   // flush what the decoder and the channel still hold
+            const char *tail;
+            size_t tl;
+            tokenizer_stream_flush(&ts, &tail, &tl);
+            stop_str = channel_push(j, ch, tail, tl, true);
+        }
+        j->finish = j->calls ? "tool_calls" : eos || stop_str ? "stop" : "length";
+    }
+    tokenizer_stream_free(&ts);
+    free(logits);
+    constrained_free(&con);
+    sbuf_free(&content.pend);
+    sbuf_free(&reasoning.pend);
+    const double t2 = now_s();
+    j->decode_ms = 1e3 * (t2 - t1);
+    j->n_gen = ng;
+
+    // Keep the end state: it has consumed the prompt and every generated token but the last.
+    // A state under half the context is copied into a slot of its own size (memory follows use);
+    // a larger one moves into the cache and the slot's old sequence becomes the working one.
+    if (rc == ENGINE_OK && ng >= 1) {
+        int m = n + ng - 1;
+        int32_t *all = malloc(sizeof *all * (size_t)m);
+        if (all) {
+            memcpy(all, P, sizeof *P * (size_t)n);
+            memcpy(all + n, gen, sizeof *gen * (size_t)(ng - 1));
+            int r = 0;
+            if (seq_pos(sv->w) == m)
+                r = 2LL * m < sv->cfg.context ? scache_store_copy(&sv->full, sv->w, all, m, gen[ng - 1], err, sizeof err)
+                                              : scache_store_swap(&sv->full, &sv->w, all, m, gen[ng - 1], err, sizeof err);
+            if (r) fprintf(stderr, "calla serve: session cache: %s\n", err);
+            free(all);
+        }
+    }
+    if (rc == ENGINE_CANCELLED) job_fail(j, atomic_load(&sv->abort) ? 503 : 499, "cancelled");
+
+    pthread_mutex_lock(&sv->mu);
+    sv->m.generated_tokens += (unsigned long long)ng;
+    sv->m.prefill_s += t1 - t0;
+    sv->m.decode_s += t2 - t1;
+    if (rc == ENGINE_CANCELLED) sv->m.cancelled++;
+    pthread_mutex_unlock(&sv->mu);
+
+    if (j->stream) stream_end(j);
+    if (!sv->cfg.quiet)
+        fprintf(stderr, "calla serve: %s %s: prompt %d (cached %d), generated %d, prefill %.1f ms, decode %.1f ms, %s\n",
+                j->id, j->chat ? "chat" : "completion", n, j->n_cached, ng, j->prefill_ms, j->decode_ms,
+                j->finish ? j->finish : j->errmsg);
+}
+
+void *sched_worker_main(void *arg) {
+    struct server *sv = arg;
+    for (;;) {
+        pthread_mutex_lock(&sv->mu);
+        while (!sv->head && !sv->stop_worker) pthread_cond_wait(&sv->cv, &sv->mu);
+        struct job *j = sv->head;
+        if (!j) {
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
+        sv->head = j->next;
+        if (!sv->head) sv->tail = NULL;
+        sv->depth--;
+        sv->running = j;
+        pthread_mutex_unlock(&sv->mu);
+
+        pthread_mutex_lock(&j->mu);
+        j->state = JOB_RUNNING;
+        pthread_mutex_unlock(&j->mu);
+        if (atomic_load(&sv->abort)) {
+            job_fail(j, 503, "the server is shutting down");
+            if (j->stream) stream_end(j);
+        } else {
+            run_job(sv, j);
+        }
+
+        pthread_mutex_lock(&sv->mu);
+        sv->running = NULL;
+        pthread_cond_broadcast(&sv->cv);
+        pthread_mutex_unlock(&sv->mu);
+        pthread_mutex_lock(&j->mu);
+        j->state = JOB_DONE;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        job_unref(j);
+    }
+    return NULL;
+}
+
+int sched_enqueue(struct server *sv, struct job *j, int fd, struct req_error *re) {
+    j->fd = fd;
+    j->abort = &sv->abort;
+    j->model_name = sv->cfg.model_name;
+    j->created = (long long)time(NULL);
+    j->t_queued = now_s();
+    pthread_mutex_lock(&sv->mu);
+    if (sv->draining) {
+        pthread_mutex_unlock(&sv->mu);
+        return bad(re, 503, NULL, "the server is shutting down");
+    }
+    if (sv->depth >= sv->cfg.queue) {
+        int d = sv->depth;
+        pthread_mutex_unlock(&sv->mu);
+        return bad(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
+                   sv->cfg.queue);
+    }
+    char hex[25];
+    random_hex(hex, 12);   // unique across restarts, unlike a counter
+    snprintf(j->id, sizeof j->id, "%s-%s", j->chat ? "chatcmpl" : "cmpl", hex);
+    job_ref(j);   // the worker's reference
+    j->next = NULL;
+    if (sv->tail) sv->tail->next = j;
+    else sv->head = j;
+    sv->tail = j;
+    sv->depth++;
+    pthread_cond_broadcast(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
+    return 0;
+}

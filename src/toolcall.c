@@ -1,0 +1,363 @@
+// toolcall.c: tools in Qwen3.6's format (see toolcall.h).
+#include "toolcall.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- tojson: Python's json.dumps(x, ensure_ascii=False) ----------------------------------------
+
+static void tput(struct tool_text *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 128;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void tputs(struct tool_text *b, const char *s) { tput(b, s, strlen(s)); }
+
+static void dump_string(struct tool_text *b, const char *s, size_t n) {
+    tputs(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        switch (c) {
+        case '"': tputs(b, "\\\""); break;
+        case '\\': tputs(b, "\\\\"); break;
+        case '\n': tputs(b, "\\n"); break;
+        case '\r': tputs(b, "\\r"); break;
+        case '\t': tputs(b, "\\t"); break;
+        case '\b': tputs(b, "\\b"); break;
+        case '\f': tputs(b, "\\f"); break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                tputs(b, esc);
+            } else {
+                tput(b, (const char *)&c, 1);
+            }
+        }
+    }
+    tputs(b, "\"");
+}
+
+// Python's repr of a float: the shortest text that reads back the same; exponent form when the
+// exponent is below -4 or at least 16; integral values end in ".0".
+static void dump_real(struct tool_text *b, double d) {
+    char s[40];
+    if (isnan(d)) {
+        tputs(b, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        tputs(b, d > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {   // 17 significant digits always read back
+        snprintf(s, sizeof s, "%.*e", prec - 1, d);
+        if (strtod(s, NULL) == d) break;
+    }
+    // s is d.ddde[+-]XX with prec significant digits: rebuild as Python does.
+    char digits[24];
+    int nd = 0, exp10;
+    for (const char *p = s; *p && *p != 'e'; p++)
+        if (isdigit((unsigned char)*p)) digits[nd++] = *p;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    exp10 = atoi(strchr(s, 'e') + 1);
+    if (d < 0) tputs(b, "-");
+    if (exp10 < -4 || exp10 >= 16) {
+        tput(b, digits, 1);
+        if (nd > 1) tputs(b, "."), tput(b, digits + 1, (size_t)nd - 1);
+        snprintf(s, sizeof s, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+        tputs(b, s);
+    } else if (exp10 < 0) {
+        tputs(b, "0.");
+        for (int i = 0; i < -exp10 - 1; i++) tputs(b, "0");
+        tput(b, digits, (size_t)nd);
+    } else {
+        int ip = exp10 + 1;   // digits before the point
+        for (int i = 0; i < ip; i++) tput(b, i < nd ? digits + i : "0", 1);
+        tputs(b, ".");
+        if (nd > ip) tput(b, digits + ip, (size_t)(nd - ip));
+        else tputs(b, "0");
+    }
+}
+
+static void dump(struct tool_text *b, const json_t *v, int depth) {
+    char s[32];
+    if (depth > 512) {   // the request parser limits nesting long before this
+        b->oom = true;
+        return;
+    }
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *x;
+        bool first = true;
+        tputs(b, "{");
+        json_object_foreach((json_t *)v, k, x) {
+            if (!first) tputs(b, ", ");
+            first = false;
+            dump_string(b, k, strlen(k));
+            tputs(b, ": ");
+            dump(b, x, depth + 1);
+        }
+        tputs(b, "}");
+        break;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *x;
+        tputs(b, "[");
+        json_array_foreach(v, i, x) {
+            if (i) tputs(b, ", ");
+            dump(b, x, depth + 1);
+        }
+        tputs(b, "]");
+        break;
+    }
+    case JSON_STRING: dump_string(b, json_string_value(v), json_string_length(v)); break;
+    case JSON_INTEGER:
+        snprintf(s, sizeof s, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        tputs(b, s);
+        break;
+    case JSON_REAL: dump_real(b, json_real_value(v)); break;
+    case JSON_TRUE: tputs(b, "true"); break;
+    case JSON_FALSE: tputs(b, "false"); break;
+    case JSON_NULL: tputs(b, "null"); break;
+    }
+}
+
+char *tool_tojson(const json_t *v) {
+    struct tool_text b = {0};
+    dump(&b, v, 0);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+// ---- parsing one call --------------------------------------------------------------------------
+
+static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
+enum { CALL_OPEN_LEN = sizeof CALL_OPEN - 1, CALL_CLOSE_LEN = sizeof CALL_CLOSE - 1 };
+
+static const char *find(const char *s, const char *end, const char *needle) {
+    size_t k = strlen(needle);
+    if ((size_t)(end - s) < k) return NULL;
+    return memmem(s, (size_t)(end - s), needle, k);
+}
+
+static const char *skip_ws(const char *s, const char *end) {
+    while (s < end && isspace((unsigned char)*s)) s++;
+    return s;
+}
+
+static bool starts(const char *s, const char *end, const char *lit) {
+    size_t k = strlen(lit);
+    return (size_t)(end - s) >= k && !memcmp(s, lit, k);
+}
+
+// The tool named name[0..n) in the request's tools, or NULL.
+static const json_t *find_tool(const json_t *tools, const char *name, size_t n) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *f = json_object_get(t, "function");
+        const json_t *nm = json_object_get(f, "name");
+        if (json_is_string(nm) && json_string_length(nm) == n && !memcmp(json_string_value(nm), name, n)) return f;
+    }
+    return NULL;
+}
+
+// Does the schema say the value is text: "type": "string" (alone or with "null"), or an enum of
+// strings?
+static bool schema_is_string(const json_t *schema) {
+    const json_t *t = json_object_get(schema, "type"), *e;
+    size_t i;
+    if (json_is_string(t)) return !strcmp(json_string_value(t), "string");
+    if (json_is_array(t)) {
+        bool str = false;
+        json_array_foreach(t, i, e) {
+            if (!json_is_string(e)) return false;
+            if (!strcmp(json_string_value(e), "string")) str = true;
+            else if (strcmp(json_string_value(e), "null")) return false;
+        }
+        return str;
+    }
+    const json_t *en = json_object_get(schema, "enum");
+    if (!t && json_is_array(en) && json_array_size(en)) {
+        json_array_foreach(en, i, e) if (!json_is_string(e)) return false;
+        return true;
+    }
+    return false;
+}
+
+// A parameter's value typed by its schema: text for strings (and unknown parameters), JSON when
+// it parses as JSON, else text.
+static json_t *typed_value(const json_t *fn, const char *pname, const char *v, size_t n) {
+    const json_t *schema = json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), pname);
+    if (!schema || schema_is_string(schema)) return json_stringn(v, n);
+    json_t *x = json_loadb(v, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    return x ? x : json_stringn(v, n);
+}
+
+int tool_call_parse(const json_t *tools, const char *s, size_t n, char **name, char **arguments) {
+    const char *end = s + n, *p = skip_ws(s, end);
+    *name = *arguments = NULL;
+    if (!starts(p, end, "<function=")) return -1;
+    p += 10;
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt || gt == p) return -1;
+    const json_t *fn = find_tool(tools, p, (size_t)(gt - p));
+    if (!fn) return -1;
+    json_t *args = json_object();
+    const char *nm = p;
+    size_t nlen = (size_t)(gt - p);
+    p = gt + 1;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (!starts(p, end, "<parameter=")) break;
+        p += 11;
+        const char *pg = memchr(p, '>', (size_t)(end - p));
+        const char *close = pg ? find(pg + 1, end, "</parameter>") : NULL;
+        if (!pg || pg == p || !close || memchr(p, '\n', (size_t)(pg - p))) goto bad;
+        char pname[256];
+        if ((size_t)(pg - p) >= sizeof pname) goto bad;
+        memcpy(pname, p, (size_t)(pg - p));
+        pname[pg - p] = 0;
+        const char *v = pg + 1, *ve = close;
+        if (v < ve && *v == '\n') v++;                 // the template's newline after the tag...
+        if (ve > v && ve[-1] == '\n') ve--;            // ...and before the closing one
+        json_t *x = typed_value(fn, pname, v, (size_t)(ve - v));
+        if (!x || json_object_set_new(args, pname, x)) goto bad;
+        p = close + 12;
+    }
+    if (!starts(p, end, "</function>")) goto bad;
+    p = skip_ws(p + 11, end);
+    if (p != end) goto bad;
+    *arguments = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+    *name = strndup(nm, nlen);
+    json_decref(args);
+    if (!*arguments || !*name) {
+        free(*arguments), free(*name);
+        *name = *arguments = NULL;
+        return -1;
+    }
+    return 0;
+bad:
+    json_decref(args);
+    return -1;
+}
+
+// ---- the incremental parser --------------------------------------------------------------------
+
+void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_sink sink) {
+    memset(p, 0, sizeof *p);
+    p->tools = tools;
+    p->sink = sink;
+}
+
+static void buf_drop(struct tool_parser *p, size_t k) {
+    memmove(p->buf.p, p->buf.p + k, p->buf.n - k);
+    p->buf.n -= k;
+}
+
+static void content(struct tool_parser *p, const char *s, size_t n) {
+    if (n) p->sink.content(p->sink.arg, s, n);
+}
+
+// Longest suffix of s[0..n) that is a proper prefix of "<tool_call>".
+static size_t open_prefix(const char *s, size_t n) {
+    for (size_t k = n < CALL_OPEN_LEN - 1 ? n : CALL_OPEN_LEN - 1; k > 0; k--)
+        if (!memcmp(s + n - k, CALL_OPEN, k)) return k;
+    return 0;
+}
+
+// Text outside calls: emit all but what may still be "<tool_call>" or whitespace before it.
+// Whitespace right after a call is dropped too.
+static void flush_text(struct tool_parser *p) {
+    if (p->after_call) {
+        size_t a = 0;
+        while (a < p->buf.n && isspace((unsigned char)p->buf.p[a])) a++;
+        buf_drop(p, a);
+        if (p->buf.n) p->after_call = false;
+    }
+    const char *open = find(p->buf.p, p->buf.p + p->buf.n, CALL_OPEN);
+    size_t upto = open ? (size_t)(open - p->buf.p) : p->buf.n;
+    size_t keep = open ? 0 : open_prefix(p->buf.p, p->buf.n);
+    size_t text = upto - keep, ws = text;
+    while (ws > 0 && isspace((unsigned char)p->buf.p[ws - 1])) ws--;   // whitespace before a call is dropped
+    content(p, p->buf.p, ws);
+    if (open) {
+        buf_drop(p, upto + CALL_OPEN_LEN);
+        p->in_call = true;
+    } else {
+        buf_drop(p, ws);
+    }
+}
+
+static void end_call(struct tool_parser *p, const char *close) {
+    char *name, *args;
+    size_t n = (size_t)(close - p->buf.p);
+    if (!tool_call_parse(p->tools, p->buf.p, n, &name, &args)) {
+        p->sink.call(p->sink.arg, name, args);
+        p->n_calls++;
+        free(name), free(args);
+    } else {   // malformed: the whole block as text
+        content(p, CALL_OPEN, CALL_OPEN_LEN);
+        content(p, p->buf.p, n + CALL_CLOSE_LEN);
+    }
+    buf_drop(p, n + CALL_CLOSE_LEN);
+    p->in_call = false;
+    p->after_call = true;
+}
+
+void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
+    tput(&p->buf, s, n);
+    if (p->buf.oom) return;
+    for (;;) {
+        if (p->in_call) {
+            const char *close = find(p->buf.p, p->buf.p + p->buf.n, CALL_CLOSE);
+            if (!close) return;
+            end_call(p, close);
+        } else {
+            flush_text(p);
+            if (!p->in_call) return;
+        }
+    }
+}
+
+void tool_parser_finish(struct tool_parser *p) {
+    if (p->in_call) {   // never closed: the model stopped mid-call
+        content(p, CALL_OPEN, CALL_OPEN_LEN);
+        content(p, p->buf.p, p->buf.n);
+    } else if (!p->n_calls) {   // held whitespace and a partial "<tool_c" are text after all
+        content(p, p->buf.p, p->buf.n);
+    } else {   // after calls, trailing whitespace is dropped
+        size_t b = p->buf.n;
+        while (b > 0 && isspace((unsigned char)p->buf.p[b - 1])) b--;
+        content(p, p->buf.p, b);
+    }
+    p->buf.n = 0;
+    p->in_call = false;
+}
+
+void tool_parser_free(struct tool_parser *p) {
+    free(p->buf.p);
+    memset(&p->buf, 0, sizeof p->buf);
+}

@@ -1,0 +1,54 @@
+// toolcall.h: tools in Qwen3.6's format.
+//
+//   tool_tojson       a JSON value as the chat template's `tojson` writes it (Python's json.dumps:
+//                     ", " and ": " separators, keys in order, non-ASCII as is, floats as repr)
+//   tool_parser_*     the model's output -> content and OpenAI tool calls, incrementally: text
+//                     that could be the start of a call is held back, a call is handed over
+//                     only once its </tool_call> has arrived, so markup never reaches content
+//                     whatever the token boundaries; a malformed call degrades to content.
+//
+// The call format (the template's system prompt asks for it):
+//   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+// VALUE is typed by the tool's JSON schema: a "string" parameter stays text; any other is
+// parsed as JSON when it can be (42 -> 42, true -> true, {"a": 1} -> an object), else text.
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+// malloc'd NUL-terminated text, or NULL when out of memory.
+char *tool_tojson(const json_t *v);
+
+// A growable text buffer.
+struct tool_text {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+struct tool_sink {
+    void (*content)(void *arg, const char *s, size_t n);
+    // name and arguments (a JSON object as text) are valid during the call only.
+    void (*call)(void *arg, const char *name, const char *arguments);
+    void *arg;
+};
+
+struct tool_parser {
+    const json_t *tools;      // the request's "tools" array (borrowed)
+    struct tool_sink sink;
+    struct tool_text buf;     // held-back text, or the call being read
+    bool in_call;             // buf holds text after "<tool_call>"
+    bool after_call;          // a call just ended: leading whitespace is dropped
+    int n_calls;              // calls handed over so far
+};
+
+void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_sink sink);
+void tool_parser_feed(struct tool_parser *p, const char *s, size_t n);
+// The output ended: an unfinished call and held-back text come out as content.
+void tool_parser_finish(struct tool_parser *p);
+void tool_parser_free(struct tool_parser *p);
+
+// One call's block (the text between <tool_call> and </tool_call>) -> name and arguments as a
+// JSON object text (malloc'd).  0, or -1 when it is not a well-formed call of a known tool.
+int tool_call_parse(const json_t *tools, const char *s, size_t n, char **name, char **arguments);
