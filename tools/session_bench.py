@@ -59,6 +59,7 @@ def stop(p, log):
 def turn(port, messages, a):
     """One streamed chat request -> dict(ttft_ms, total_ms, usage, timings, ids, content, reasoning)."""
     body = {"messages": messages, "max_tokens": a.max_tokens, "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True},   # usage comes in a chunk of its own, as OpenAI's
             "chat_template_kwargs": {"enable_thinking": not a.no_thinking}}
     c = http.client.HTTPConnection(HOST, port, timeout=a.timeout)
     t0 = time.perf_counter()
@@ -84,13 +85,17 @@ def turn(port, messages, a):
             e = json.loads(ev[6:])
             if "error" in e:
                 sys.exit(f"stream error: {e['error']}")
+            if e.get("usage"):
+                out["usage"] = e["usage"]
             for ch in e.get("choices", []):
                 d = ch.get("delta", {})
                 out["content"] += d.get("content", "") or ""
                 out["reasoning"] += d.get("reasoning_content", "") or ""
                 if ch.get("finish_reason"):
                     out["ids"] = ch.get("token_ids")
-                    out["usage"], out["timings"] = e["usage"], e["timings"]
+                    out["timings"] = e["timings"]
+    if "usage" not in out:
+        sys.exit("stream ended without a usage chunk")
     out["ttft_ms"] = ttft
     out["total_ms"] = (time.perf_counter() - t0) * 1e3
     c.close()
