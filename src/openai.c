@@ -840,6 +840,14 @@ void job_sse(struct job *j, const char *data, size_t len) {
     pthread_mutex_unlock(&j->mu);
 }
 
+void job_sse_comment(struct job *j, const char *text) {
+    pthread_mutex_lock(&j->mu);
+    if (sbuf_add(&j->sse, ": ", 2) || sbuf_add(&j->sse, text, strlen(text)) || sbuf_add(&j->sse, "\n\n", 2))
+        j->cancel = true;   // out of memory: end this request
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 void job_sse_json(struct job *j, json_t *o) {
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);

@@ -184,14 +184,43 @@ static int32_t constrained_pick(struct constrained *c, const struct tokenizer *t
     return pick;
 }
 
+// A prefill of several chunks reports its progress in /metrics and, when streaming, as SSE
+// comments (": prefill DONE/TOTAL"), the first before any work: a client sees bytes at once and
+// after every chunk, however long the prompt.
+struct progress_ctx {
+    struct server *sv;
+    struct job *j;
+};
+static void prefill_progress(void *arg, int done, int total) {
+    const struct progress_ctx *p = arg;
+    pthread_mutex_lock(&p->sv->mu);
+    p->sv->prefill_done = done;
+    p->sv->prefill_total = total;
+    pthread_mutex_unlock(&p->sv->mu);
+    if (p->j->stream) {
+        char text[64];
+        snprintf(text, sizeof text, "prefill %d/%d", done, total);
+        job_sse_comment(p->j, text);
+    }
+}
+
 // logits (NULL: not wanted) gets the last row's logits.
 static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
     if (job_cancelled(j)) return ENGINE_CANCELLED;
     char err[256];
-    const int last = n - 1;
+    const int last = n - 1, chunk = (int)sv->cfg.prefill_chunk;
+    struct progress_ctx pc = {sv, j};
+    const bool multi = n > chunk;   // single steps and one-chunk prompts report nothing
     struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j, .logit_rows = logits ? &last : NULL,
-                              .n_logit_rows = logits ? 1 : 0, .logits = logits};
+                              .n_logit_rows = logits ? 1 : 0, .logits = logits, .chunk = chunk,
+                              .progress = multi ? prefill_progress : NULL, .progress_arg = &pc};
+    if (multi) prefill_progress(&pc, 0, n);
     int rc = engine_forward(sv->e, sv->w, t, n, &fo, next, err, sizeof err);
+    if (multi) {
+        pthread_mutex_lock(&sv->mu);
+        sv->prefill_done = sv->prefill_total = 0;
+        pthread_mutex_unlock(&sv->mu);
+    }
     if (rc == ENGINE_ERROR) job_fail(j, 500, "engine: %s", err);
     return rc;
 }

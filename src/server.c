@@ -194,7 +194,7 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
 #define OUT(...) (snprintf(line, sizeof line, __VA_ARGS__), sbuf_add(&b, line, strlen(line)))
     pthread_mutex_lock(&sv->mu);
     struct metrics m = sv->m;
-    int depth = sv->depth, running = sv->running != NULL;
+    int depth = sv->depth, running = sv->running != NULL, pf_done = sv->prefill_done, pf_total = sv->prefill_total;
     pthread_mutex_unlock(&sv->mu);
     OUT("# HELP calla_requests_total HTTP requests by endpoint and status.\n# TYPE calla_requests_total counter\n");
     for (int e = 0; e < EP_COUNT; e++)
@@ -216,6 +216,8 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE calla_cancelled_total counter\ncalla_cancelled_total %llu\n", m.cancelled);
     OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
+    OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n", pf_done);
+    OUT("# HELP calla_prefill_tokens_total Prompt tokens of the running request's prefill (0: none running).\n# TYPE calla_prefill_tokens_total gauge\ncalla_prefill_tokens_total %d\n", pf_total);
 #undef OUT
     enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
                             : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
@@ -224,14 +226,24 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
 }
 
 // Content reader of a streamed response: blocks until the worker has produced more.
+// After SSE_KEEPALIVE_S seconds with nothing to send (a long prefill chunk, a queue), it sends an
+// SSE comment so that clients and proxies do not time the stream out.
+enum { SSE_KEEPALIVE_S = 10 };
+static const char sse_keepalive[] = ": keep-alive\n\n";
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct job *j = cls;
     pthread_mutex_lock(&j->mu);
+    int idle = 0;
     while (j->sse_off == j->sse.len && j->state != JOB_DONE) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && ++idle >= SSE_KEEPALIVE_S &&
+            max >= sizeof sse_keepalive - 1) {
+            pthread_mutex_unlock(&j->mu);
+            memcpy(buf, sse_keepalive, sizeof sse_keepalive - 1);
+            return (ssize_t)(sizeof sse_keepalive - 1);
+        }
     }
     ssize_t n = MHD_CONTENT_READER_END_OF_STREAM;
     if (j->sse_off < j->sse.len) {
@@ -442,6 +454,7 @@ int cmd_serve(int argc, char **argv) {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
+        .prefill_chunk = QWEN_PREFILL_CHUNK,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -468,6 +481,7 @@ int cmd_serve(int argc, char **argv) {
         {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
                                                           "default none: preflights get 403)"},
         {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
+        {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";

@@ -68,6 +68,7 @@ struct server_config {
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
     struct opt_strs cors_origins;  // --cors-origin, repeatable
     long long max_per_ip;         // connections from one address
+    long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
 };
 
 // ---- a growable byte buffer --------------------------------------------------------------------
@@ -212,6 +213,8 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, 
 bool channel_push(struct job *j, struct channel *ch, const char *text, size_t len, bool final);
 // Streaming: appends one event ("data: ...\n\n") to the job's SSE buffer.
 void job_sse(struct job *j, const char *data, size_t len);
+// Streaming: appends an SSE comment (": text\n\n"), which clients ignore: prefill progress.
+void job_sse_comment(struct job *j, const char *text);
 void job_sse_json(struct job *j, json_t *o);
 // Streaming: the first chunk (the role), and the end (finish chunk, usage, or an error; [DONE]).
 void stream_begin(struct job *j);
@@ -252,6 +255,7 @@ struct server {
     bool loopback;                  // listening on a loopback address (Host names are checked)
     long long started;              // Unix time, the models' "created"
     struct metrics m;
+    int prefill_done, prefill_total;   // the running request's prefill (0, 0 when none)
 
     pthread_t worker;
     void *d;                        // the HTTP daemon (struct MHD_Daemon)

@@ -889,6 +889,37 @@ def test_auth(binary, model, tmpdir):
         srv.close()
 
 
+def test_prefill_progress(binary, model):
+    """A prompt of several prefill steps: SSE comments ': prefill DONE/TOTAL' from 0 to the total before
+    the first token (ignored by SSE parsers), /metrics gauges of the running prefill, 0 when idle."""
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--prefill-chunk", 16)
+    try:
+        prompt = [(i * 2654435761) % 248000 for i in range(100)]
+        c = http.client.HTTPConnection(HOST, srv.port, timeout=TIMEOUT)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": 2, "stream": True}).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+        comments = re.findall(r"^: prefill (\d+)/(\d+)$", text, re.M)
+        done = [int(d) for d, t in comments]
+        check("prefill progress: SSE comments 0, 16, ..., 100 of 100", r.status == 200 and done == [0] + list(range(16, 100, 16)) + [100]
+              and all(int(t) == 100 for d, t in comments), comments)
+        first_data = text.find("data: ")
+        check("prefill progress: comments come before the first token's event", first_data > text.find(": prefill 100/100") > 0,
+              text[:300])
+        events = [json.loads(l[6:]) for l in text.split("\n") if l.startswith("data: ") and l != "data: [DONE]"]
+        check("prefill progress: the events still parse and finish", events and events[-1]["choices"][0]["finish_reason"],
+              events[-1:] if events else text[:300])
+        m = metrics(srv.port)
+        check("prefill progress: /metrics gauges present, 0 when idle",
+              m.get("calla_prefill_tokens_done") == 0 and m.get("calla_prefill_tokens_total") == 0, m)
+        st, _, j = post(srv.port, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        check("prefill progress: a non-streamed answer is unchanged by the comments", st == 200, (st, j))
+    finally:
+        srv.close("server with 16-token prefill steps")
+
+
 def raw_keep(port, data, timeout=5):
     """Sends raw bytes without half-closing; returns everything until the server closes or a timeout."""
     s = socket.create_connection((HOST, port), timeout=timeout)
@@ -1131,6 +1162,7 @@ def main():
         test_queue_and_drain(a.bin, a.model)
         test_hardening(a.bin, a.model, main_srv.port)
         test_openai_client(a.bin, a.model)
+        test_prefill_progress(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:
             test_auth(a.bin, a.model, tmpdir)
         test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)
