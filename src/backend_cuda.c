@@ -67,6 +67,9 @@ struct dec_bufs {
 };
 
 enum { DEC_GRAPH, DEC_EAGER, DEC_LEGACY };
+static int decode_mode_of(const char *name) {   // NULL or anything else: the graph
+    return name && !strcmp(name, "legacy") ? DEC_LEGACY : name && !strcmp(name, "eager") ? DEC_EAGER : DEC_GRAPH;
+}
 
 struct cuda_engine {
     cudaStream_t stream;
@@ -400,8 +403,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
     if (dec_alloc(e, err, errlen)) goto fail_msg;
-    const char *dm = getenv("CALLA_DECODE"), *pdl = getenv("CALLA_PDL");
-    ce->decode_mode = dm && !strcmp(dm, "legacy") ? DEC_LEGACY : dm && !strcmp(dm, "eager") ? DEC_EAGER : DEC_GRAPH;
+    const char *pdl = getenv("CALLA_PDL");
+    ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
     k_set_pdl(!(pdl && !strcmp(pdl, "0")));
     const char *fast = getenv("CALLA_PREFILL_FAST");
     ce->prefill_exact = !(fast && !strcmp(fast, "1"));
@@ -647,7 +650,7 @@ fail:
 
 void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
     struct cuda_engine *ce = e->impl;
-    ce->decode_mode = !strcmp(mode, "legacy") ? DEC_LEGACY : !strcmp(mode, "eager") ? DEC_EAGER : DEC_GRAPH;
+    ce->decode_mode = decode_mode_of(mode);
     k_set_pdl(pdl);
 }
 

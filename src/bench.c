@@ -40,12 +40,6 @@
 #define CALLA_GIT_DIRTY 1
 #endif
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 uint64_t bench_hash_tokens(const int32_t *ids, int n) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (int i = 0; i < n; i++)
@@ -316,14 +310,14 @@ static int run_once(struct engine *e, struct seq *s, const int32_t *prompt, int 
     int32_t tok;
     struct progress_line pl = {"calla bench", engine_now_s()};
     const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
-    double t0 = now_s();
+    double t0 = engine_now_s();
     if (engine_forward(e, s, prompt, n, &fo, &tok, err, errlen)) return -1;
-    *prefill_s = now_s() - t0;   // engine_forward returns with the id on the host
+    *prefill_s = engine_now_s() - t0;   // engine_forward returns with the id on the host
     ids[0] = tok;
     for (int i = 0; i < d; i++) {
-        double t = now_s();
+        double t = engine_now_s();
         if (engine_forward(e, s, &tok, 1, NULL, &tok, err, errlen)) return -1;
-        double dt = now_s() - t;
+        double dt = engine_now_s() - t;
         if (step_s) step_s[i] = dt;
         ids[i + 1] = tok;
     }
@@ -344,7 +338,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                  N, D, (long long)N + D + 1, QWEN_MAX_CTX, D, QWEN_MAX_CTX - D - 1);
         return -1;
     }
-    double wall0 = now_s();
+    double wall0 = engine_now_s();
     char date[32];
     iso_date(date, sizeof date);
 
@@ -364,9 +358,9 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     int32_t *prompt = NULL, *ids = NULL, *warm_ids = NULL;
     double *steps = NULL;
     int rc = -1;
-    double t_load = now_s();
+    double t_load = engine_now_s();
     if (engine_open(o->model_dir, &eo, &e, err, errlen)) goto done;
-    t_load = now_s() - t_load;
+    t_load = engine_now_s() - t_load;
     const struct geometry *g = engine_geometry(e);
     const struct model *m = engine_model(e);
     const char *backend = engine_backend(e);
@@ -402,9 +396,9 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     if (seq_new(e, N + D + 1, &s, err, errlen)) goto done;
 
     double warm_prefill, prefill;
-    double tw = now_s();
+    double tw = engine_now_s();
     if (run_once(e, s, prompt, N, D, warm_ids, &warm_prefill, NULL, err, errlen)) goto done;
-    tw = now_s() - tw;
+    tw = engine_now_s() - tw;
     seq_reset(s);
     struct nvml_sample before, after;
     nvml_read(&before);
@@ -537,7 +531,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     json_object_set_new(r, "memory", mem);
     json_object_set_new(r, "telemetry", json_pack("{s:o, s:o}", "before", telemetry_json(&before), "after",
                                                   telemetry_json(&after)));
-    json_object_set_new(r, "wall_s", json_real(now_s() - wall0));
+    json_object_set_new(r, "wall_s", json_real(engine_now_s() - wall0));
     free(ms_steps);
     *out = r;
     rc = 0;

@@ -13,12 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int cmd_synth(int argc, char **argv) {
     const char *geometry = NULL, *out = NULL, *profile = "trained";
     long long seed = 0, shard_mib = 5 * 1024, threads = 0;
@@ -53,14 +47,14 @@ int cmd_synth(int argc, char **argv) {
     }
     struct synth_options so = {
         .g = g, .profile = sp, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads};
-    double t0 = now_s();
+    double t0 = engine_now_s();
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "calla synth: %s\n", err);
         return 1;
     }
     struct model_size ms = model_size_of(g);
     fprintf(stderr, "calla synth: wrote %s (%s, seed %lld, profile %s): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
-            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
+            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, engine_now_s() - t0);
     return 0;
 }
 
@@ -83,12 +77,12 @@ int cmd_info(int argc, char **argv) {
         return 2;
     }
     struct model m;
-    double t0 = now_s();
+    double t0 = engine_now_s();
     if (checkpoint_open(dir, &m, err, sizeof err)) {
         fprintf(stderr, "calla info: %s: %s\n", dir, err);
         return 1;
     }
-    double dt = now_s() - t0;
+    double dt = engine_now_s() - t0;
     const struct geometry *g = &m.g;
     struct model_size ms = model_size_of(g);
     printf("checkpoint     %s\n", dir);
@@ -229,7 +223,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out;
     }
-    double t0 = now_s();
+    double t0 = engine_now_s();
     int32_t tok;
     struct progress_line pl = {"calla run", engine_now_s()};
     const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
@@ -237,7 +231,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out_seq;
     }
-    double t1 = now_s();
+    double t1 = engine_now_s();
     int generated = 0;
     for (;;) {
         if (tok_text) {
@@ -261,7 +255,7 @@ int cmd_run(int argc, char **argv) {
         if (tokenizer_stream_flush(&ts, &piece, &len) == 0) fwrite(piece, 1, len, stdout);
     }
     printf("\n");
-    double t2 = now_s();
+    double t2 = engine_now_s();
     fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token\n",
             engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), generated,
             generated > 1 ? 1e3 * (t2 - t1) / (generated - 1) : 0.0);

@@ -10,6 +10,7 @@
 //               output), OUT/matrix.json (this run's log), OUT/report.md + SVG plots (report.c)
 //   exit        0; 1 when a run failed; 3 when preflight refused; 4 when an arm's tokens differ
 //               across rounds
+#include "engine.h"
 #include "bench.h"
 #include "commands.h"
 #include "nvml.h"
@@ -41,12 +42,6 @@ struct matrix {
     int idle_temp;           // at preflight (-1: unknown)
     json_t *log;             // matrix.json
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void iso_date(char *buf, size_t len) {
     time_t t = time(NULL);
@@ -132,21 +127,21 @@ static int preflight(struct matrix *m, json_t *pre) {
 
 // Waits between arms; records what it did.
 static void cooldown(struct matrix *m, const char *after) {
-    double t0 = now_s();
+    double t0 = engine_now_s();
     sleep_s(m->cooldown_min_s);
     struct nvml_sample s;
     nvml_read(&s);
     int t_start = s.available ? s.temp_c : -1, t_end = t_start;
     bool reached = true;
     if (s.available && m->idle_temp >= 0 && s.temp_c >= 0) {
-        while (s.temp_c > m->idle_temp + m->cooldown_margin_c && now_s() - t0 < m->cooldown_max_s) {
+        while (s.temp_c > m->idle_temp + m->cooldown_margin_c && engine_now_s() - t0 < m->cooldown_max_s) {
             sleep_s(1);
             nvml_read(&s);
         }
         t_end = s.temp_c;
         reached = s.temp_c <= m->idle_temp + m->cooldown_margin_c;
     }
-    json_t *c = json_pack("{s:s, s:f, s:b}", "after", after, "seconds", now_s() - t0, "reached_idle", reached);
+    json_t *c = json_pack("{s:s, s:f, s:b}", "after", after, "seconds", engine_now_s() - t0, "reached_idle", reached);
     if (t_start >= 0) {
         json_object_set_new(c, "temperature_start_c", json_integer(t_start));
         json_object_set_new(c, "temperature_end_c", json_integer(t_end));
@@ -173,12 +168,12 @@ static int spawn(char *const argv[], const char *out_path, int timeout_s) {
         _exit(127);
     }
     int st;
-    double t0 = now_s();
+    double t0 = engine_now_s();
     for (;;) {
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid) break;
         if (w < 0 && errno != EINTR) return -1;
-        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
+        if (timeout_s > 0 && engine_now_s() - t0 > timeout_s) {
             fprintf(stderr, "calla matrix: %s ran past %d s; stopping it\n", argv[0], timeout_s);
             kill(-pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -436,7 +431,7 @@ int cmd_matrix(int argc, char **argv) {
     json_write_file(m.log, logpath, err, sizeof err);
 
     int failures = 0, total = m.rounds * m.n_ctx * m.n_engines, done = 0;
-    double t_all = now_s();
+    double t_all = engine_now_s();
     for (int r = m.first_round; r < m.first_round + m.rounds; r++)
         for (int c = 0; c < m.n_ctx; c++)
             for (int e = 0; e < m.n_engines; e++) {
@@ -445,12 +440,12 @@ int cmd_matrix(int argc, char **argv) {
                                            json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
                 fprintf(stderr, "calla matrix: [%d/%d] round %d, %s, context %d\n", done + 1, total, r, m.engines[e],
                         m.contexts[c]);
-                double t0 = now_s();
+                double t0 = engine_now_s();
                 int rc = run_arm(&m, m.engines[e], m.contexts[c], r, file, sizeof file);
                 json_array_append_new(json_object_get(m.log, "runs"),
                                       json_pack("{s:s, s:s, s:i, s:i, s:b, s:f}", "file", file, "engine", m.engines[e],
                                                 "context", m.contexts[c], "round", r, "ok", rc == 0, "seconds",
-                                                now_s() - t0));
+                                                engine_now_s() - t0));
                 if (rc) {
                     char what[512];
                     snprintf(what, sizeof what, "%s at context %d, round %d", m.engines[e], m.contexts[c], r);
@@ -463,7 +458,7 @@ int cmd_matrix(int argc, char **argv) {
     int bad = check_determinism(&m);
     iso_date(date, sizeof date);
     json_object_set_new(m.log, "finished", json_string(date));
-    json_object_set_new(m.log, "seconds", json_real(now_s() - t_all));
+    json_object_set_new(m.log, "seconds", json_real(engine_now_s() - t_all));
     json_object_set_new(m.log, "nondeterministic_cells", json_integer(bad));
     json_write_file(m.log, logpath, err, sizeof err);
     json_decref(m.log);

@@ -186,16 +186,10 @@ static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
 }
 
 // o[t, h*D + d] = sum_s o_s e^{m_s - M} / sum_s l_s e^{m_s - M} * sigmoid(gate)
-// stride: splits per (t, h) in part; d_pos: n_split from the position (decode).
 static __global__ void attention_combine_kernel(const float *part, const float *qg, float *o, int n_heads, int D,
-                                                int n_split, int stride, const int *d_pos) {
-    pdl_wait();
-    if (d_pos) {
-        int len;
-        dec_split(*d_pos + 1, stride, &n_split, &len);
-    }
+                                                int n_split) {
     const int t = blockIdx.x, h = blockIdx.y;
-    const float *pp = part + ((size_t)t * n_heads + h) * stride * (D + 2);
+    const float *pp = part + ((size_t)t * n_heads + h) * n_split * (D + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (D + 2)]);
     float L = 0;
@@ -236,7 +230,7 @@ extern "C" int k_attention(const float *q, const float *qg, const uint16_t *kc, 
     }
     int rc = launch_status();
     if (rc) return rc;
-    attention_combine_kernel<<<dim3(T, n_heads), 128, 0, st>>>(part, qg, o, n_heads, D, n_split, n_split, nullptr);
+    attention_combine_kernel<<<dim3(T, n_heads), 128, 0, st>>>(part, qg, o, n_heads, D, n_split);
     return launch_status();
 }
 
@@ -247,7 +241,7 @@ enum { DC_GROUPS = 4, DC_THREADS = DC_GROUPS * AT_MAXD };
 static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const float *part, const float *qg, float *o,
                                                                         int n_heads, int D, int stride, const int *d_pos) {
     __shared__ float ws[AT_MAX_SPLITS];
-    __shared__ float sh[32], redm[32];
+    __shared__ float sh[32];
     __shared__ float acc_g[DC_GROUPS][AT_MAXD];
     pdl_wait();
     int n_split, len;
@@ -256,11 +250,7 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     const float *pp = part + (size_t)h * stride * (D + 2);
     float m = -INFINITY;
     for (int s = threadIdx.x; s < n_split; s += blockDim.x) m = fmaxf(m, pp[(size_t)s * (D + 2)]);
-    m = warp_max(m);
-    if (threadIdx.x % WARP_SIZE == 0) redm[threadIdx.x / WARP_SIZE] = m;
-    __syncthreads();
-    float M = -INFINITY;
-    for (int i = 0; i < (int)blockDim.x / WARP_SIZE; i++) M = fmaxf(M, redm[i]);
+    const float M = block_max(m, sh);
     float l = 0;
     for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
         const float ms = pp[(size_t)s * (D + 2)];

@@ -29,19 +29,36 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Block-wide sum; every thread gets the result. sh: >= 32 floats of shared memory.
-static __device__ __forceinline__ float block_sum(float v, float *sh) {
+// Block-wide reduction of v by warp (a warp_sum or warp_max) with identity id; every thread gets
+// the result. sh: >= 32 floats of shared memory.
+template <float (*WARP)(float)>
+static __device__ __forceinline__ float block_reduce(float v, float *sh, float id) {
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, nw = CEIL_DIV(blockDim.x, WARP_SIZE);
-    v = warp_sum(v);
+    v = WARP(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
-    float t = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(t);
+    float t = lane < nw ? sh[lane] : id;
+    return WARP(t);
 }
+static __device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<warp_sum>(v, sh, 0.0f); }
+static __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<warp_max>(v, sh, -INFINITY); }
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
+
+// out[k] = dequant(E[row, k]) for k < E.cols, by the threads of one block (an embedding row, §2.1).
+static __device__ __forceinline__ void dequant_row(const struct dqt &E, size_t row, float *out) {
+    const int K = E.cols, per = 32 / E.bits;
+    const uint32_t *w = E.w + row * (size_t)(K / per);
+    const uint16_t *s = E.scales + row * (size_t)(K / QGROUP), *b = E.biases + row * (size_t)(K / QGROUP);
+    const uint32_t mask = (1u << E.bits) - 1;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        const uint32_t q = (w[k / per] >> ((k % per) * E.bits)) & mask;
+        out[k] = bf16f(s[k / QGROUP]) * (float)q + bf16f(b[k / QGROUP]);
+    }
+}
 
 static inline int launch_status(void) { return (int)cudaGetLastError(); }
 
@@ -54,17 +71,11 @@ enum { RT_MAXE = 1024 };   // most experts route_block handles
 // Writes ids[k] and w[k] (shared or global). Every thread of the block must call it.
 static __device__ void route_block(const float *x, int E, int k, float *p, int *ids, float *w) {
     __shared__ float sh[32];
-    __shared__ float redm[32];
     __shared__ float pw[WARP_SIZE];
     __shared__ int pid[WARP_SIZE];
-    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     float mx = -INFINITY;
     for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, x[e]);
-    mx = warp_max(mx);
-    if (lane == 0) redm[wid] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int i = 0; i < CEIL_DIV(blockDim.x, WARP_SIZE); i++) mx = fmaxf(mx, redm[i]);
+    mx = block_max(mx, sh);
     float sum = 0;
     for (int e = threadIdx.x; e < E; e += blockDim.x) sum += p[e] = expf(x[e] - mx);
     sum = block_sum(sum, sh);

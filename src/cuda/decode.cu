@@ -83,6 +83,12 @@ static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const flo
     }
 }
 
+// The sum of the inputs of chunk c (xs16: sums of 16 inputs; a 4-bit chunk spans two of them).
+template <int BITS>
+static __device__ __forceinline__ float chunk_xsum(const float *xs16, int c) {
+    return BITS == 4 ? xs16[2 * c] + xs16[2 * c + 1] : xs16[c];
+}
+
 // One quantized row as pointers: codes (16-byte chunks), bf16 scales and biases per group of 64.
 struct qrow {
     const uint4 *w;
@@ -126,17 +132,16 @@ static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes
             s0[i] = bf16f(r[i].s[c0 / CPG]), b0[i] = bf16f(r[i].b[c0 / CPG]);
             s1[i] = bf16f(r[i].s[c1 / CPG]), b1[i] = bf16f(r[i].b[c1 / CPG]);
         }
-        float d0[RW] = {}, d1[RW] = {};
-        chunk_dot<BITS, RW>(q0, (const float4 *)xs, c0, d0);
-        const float xsum0 = BITS == 4 ? xs16[2 * c0] + xs16[2 * c0 + 1] : xs16[c0];
+        // acc += scale * sum(q x) + bias * sum(x), per row, for chunk c
+        auto use = [&](const uint4 (&q)[RW], const float (&s)[RW], const float (&b)[RW], int c) {
+            float d[RW] = {};
+            chunk_dot<BITS, RW>(q, (const float4 *)xs, c, d);
+            const float xsum = chunk_xsum<BITS>(xs16, c);
 #pragma unroll
-        for (int i = 0; i < RW; i++) acc[i] = fmaf(s0[i], d0[i], fmaf(b0[i], xsum0, acc[i]));
-        if (two) {
-            chunk_dot<BITS, RW>(q1, (const float4 *)xs, c1, d1);
-            const float xsum1 = BITS == 4 ? xs16[2 * c1] + xs16[2 * c1 + 1] : xs16[c1];
-#pragma unroll
-            for (int i = 0; i < RW; i++) acc[i] = fmaf(s1[i], d1[i], fmaf(b1[i], xsum1, acc[i]));
-        }
+            for (int i = 0; i < RW; i++) acc[i] = fmaf(s[i], d[i], fmaf(b[i], xsum, acc[i]));
+        };
+        use(q0, s0, b0, c0);
+        if (two) use(q1, s1, b1, c1);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -307,12 +312,15 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
 #pragma unroll
     for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, per) : 0);
     const int total = first[DV_MAXSEG];
+    auto seg_of = [&](int t) {   // the segment of task t
+        int s = 0;
+        while (t >= first[s + 1]) s++;
+        return s;
+    };
     if (d.prefetch) {   // this warp's weights: they do not depend on the predecessor
         const size_t rb = (size_t)d.K * BITS / 8;
         for (int t = gw; t < total; t += stride) {
-            int s = 0;
-            while (t >= first[s + 1]) s++;
-            const int n0 = (t - first[s]) * per, nr = min(per, d.seg[s].W.rows - n0);
+            const int s = seg_of(t), n0 = (t - first[s]) * per, nr = min(per, d.seg[s].W.rows - n0);
             prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb, (size_t)nr * rb, lane);
         }
     }
@@ -321,8 +329,7 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     stage_input(d, xs, xs16, zs);
     unsigned long long best = 0;
     for (int t = gw; t < total; t += stride) {
-        int s = 0;
-        while (t >= first[s + 1]) s++;
+        const int s = seg_of(t);
         dv_task<BITS, RW>(d, d.seg[s], (t - first[s]) * per, L, xs, xs16, &best);
     }
     if (d.best) {
@@ -355,13 +362,16 @@ static int dv_launch(const struct dv_desc *d, long tasks, void *stream) {
                     dim3(DV_THREADS), smem, stream, *d);
 }
 
+// Rows a warp covers per pass at K inputs and BITS (lanes_of's rpp, on the host).
+static int rows_per_pass(int K, int bits) {
+    const int cpr = K / (128 / bits);
+    return cpr < WARP_SIZE ? WARP_SIZE / cpr : 1;
+}
+
 static long dv_tasks(const struct dv_desc *d, int RW) {
     long t = 0;
-    for (int s = 0; s < d->n_seg; s++) {
-        const struct dqt *W = &d->seg[s].W;
-        const int cpr = d->K / (128 / W->bits), lpr = cpr < WARP_SIZE ? cpr : WARP_SIZE;
-        t += CEIL_DIV(W->rows, RW * (WARP_SIZE / lpr));
-    }
+    for (int s = 0; s < d->n_seg; s++)
+        t += CEIL_DIV(d->seg[s].W.rows, RW * rows_per_pass(d->K, d->seg[s].W.bits));
     return t;
 }
 
@@ -394,15 +404,7 @@ extern "C" int k_dv(const struct dv_desc *d, void *stream) {
 static __global__ void dv_embed_kernel(struct dqt E, const int *io, float *x, unsigned long long *best) {
     pdl_wait();
     pdl_trigger();
-    const int K = E.cols, per = 32 / E.bits;
-    const size_t row = (size_t)io[0];
-    const uint32_t *w = E.w + row * (size_t)(K / per);
-    const uint16_t *s = E.scales + row * (size_t)(K / QGROUP), *b = E.biases + row * (size_t)(K / QGROUP);
-    const uint32_t mask = (1u << E.bits) - 1;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
-        const uint32_t q = (w[k / per] >> ((k % per) * E.bits)) & mask;
-        x[k] = bf16f(s[k / QGROUP]) * (float)q + bf16f(b[k / QGROUP]);
-    }
+    dequant_row(E, (size_t)io[0], x);
     if (threadIdx.x == 0 && best) *best = 0;
 }
 
@@ -481,10 +483,10 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
         for (int j = 0; j < DN_ITEMS; j++) {
             const int it = lane + j * WARP_SIZE, e = it / cpr, c = it % cpr;
             if (it >= items) break;
-            const float xsum = xs16[(e * m.I + c * 32) / 16] + xs16[(e * m.I + c * 32) / 16 + 1];
+            const int cg = e * m.I / 32 + c;   // the chunk's index in the staged act
             float d[1] = {0};
-            chunk_dot<4, 1>(q[j], (const float4 *)xs, e * m.I / 32 + c, d);
-            acc = fmaf(wts[e], fmaf(sc[j], d[0], bi[j] * xsum), acc);
+            chunk_dot<4, 1>(q[j], (const float4 *)xs, cg, d);
+            acc = fmaf(wts[e], fmaf(sc[j], d[0], bi[j] * chunk_xsum<4>(xs16, cg)), acc);
         }
         acc = warp_sum(acc);
         if (lane == 0) m.x[n] += acc;
@@ -496,8 +498,7 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         m->gate.bits != 4 || m->up.bits != 4 || m->sgate.bits != 4 || m->sup.bits != 4 || m->sgate.rows != m->I)
         return (int)cudaErrorInvalidValue;
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
-    const int lpr = m->H / 32 < WARP_SIZE ? m->H / 32 : WARP_SIZE;
-    const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, WARP_SIZE / lpr);
+    const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));
     return launch_k(dv_gateup_kernel, dim3(grid_for_tasks<dv_gateup_kernel>(tasks, DV_THREADS, smem)),
                     dim3(DV_THREADS), smem, stream, *m);
 }
@@ -547,8 +548,7 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_COLS)
     __syncthreads();
     const float v = y[2 * (size_t)KD + (size_t)h * Dv + dv];
     const float beta = sigmoid_f(b[h]);
-    const float ax = a[h] + dt_bias[h];
-    const float alpha = expf(-expf(A_log[h]) * (ax > 20.0f ? ax : log1pf(expf(ax))));
+    const float alpha = expf(-expf(A_log[h]) * softplus_f(a[h] + dt_bias[h]));
     float m = 0;
 #pragma unroll
     for (int i = 0; i < DP; i++) {

@@ -57,7 +57,6 @@ extern "C" int k_gdn_conv(const float *xin, float *state, const float *conv_w, f
 
 // ---- the delta rule --------------------------------------------------------------------------
 
-static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // grid (Hv, Dv / RC_COLS), one warp: lane = part * RC_COLS + col owns rows
 // [part * DK / RC_PARTS, ..) of column dv = blockIdx.y * RC_COLS + col of head h's state, in

@@ -50,8 +50,6 @@ static_assert(NS == 32, "state: four 8-column n tiles per warp");
 constexpr int PREP_SMEM_FLOATS = 2 * BT * LDR + BT * BT + 2 * BT;
 constexpr int STATE_SMEM_FLOATS = 2 * BT * LDR + BT * LDK + BT * LDP + DK * LDS + 2 * BT * LDS + BT;
 
-__device__ __forceinline__ float softplus_c(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 // x0, x1 rounded to bf16 (nearest even), packed as an mma operand register: x0 in the low half.
 __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
 #ifdef GDN_HOST_EMU
@@ -161,7 +159,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
         float be = 0, gg = 0;
         if (t < T) {
             be = sigmoid_f(b[(size_t)t * Hv + h]);
-            gg = -expf(A_log[h]) * softplus_c(a[(size_t)t * Hv + h] + dt_bias[h]);
+            gg = -expf(A_log[h]) * softplus_f(a[(size_t)t * Hv + h] + dt_bias[h]);
         }
         bs[tid] = be;
         gs[tid] = gg;

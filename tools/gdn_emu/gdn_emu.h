@@ -52,33 +52,21 @@ static inline void __syncthreads() { emu_blk->bar->arrive_and_wait(); }
 static inline float *gdn_smem() { return emu_blk->smem; }
 static inline EmuWarp &emu_warp() { return emu_blk->warps[threadIdx.x / 32]; }
 
-static inline float __shfl_sync(unsigned, float v, int src) {
+// Every lane of the warp publishes v and reads lane src's value (src < 0: keeps its own v).
+static inline float emu_exchange(float v, int src) {
     EmuWarp &w = emu_warp();
-    const int lane = threadIdx.x % 32;
-    w.v[lane] = v;
+    w.v[threadIdx.x % 32] = v;
     w.bar.arrive_and_wait();
-    const float r = w.v[src & 31];
+    const float r = src < 0 ? v : w.v[src & 31];
     w.bar.arrive_and_wait();
     return r;
 }
+static inline float __shfl_sync(unsigned, float v, int src) { return emu_exchange(v, src); }
 static inline float __shfl_up_sync(unsigned, float v, int off) {
-    EmuWarp &w = emu_warp();
     const int lane = threadIdx.x % 32;
-    w.v[lane] = v;
-    w.bar.arrive_and_wait();
-    const float r = lane >= off ? w.v[lane - off] : v;
-    w.bar.arrive_and_wait();
-    return r;
+    return emu_exchange(v, lane >= off ? lane - off : -1);
 }
-static inline float __shfl_xor_sync(unsigned, float v, int m) {
-    EmuWarp &w = emu_warp();
-    const int lane = threadIdx.x % 32;
-    w.v[lane] = v;
-    w.bar.arrive_and_wait();
-    const float r = w.v[(lane ^ m) & 31];
-    w.bar.arrive_and_wait();
-    return r;
-}
+static inline float __shfl_xor_sync(unsigned, float v, int m) { return emu_exchange(v, (threadIdx.x % 32) ^ m); }
 
 static inline float emu_bf(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -150,3 +138,4 @@ static inline float warp_sum(float v) {
 }
 static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
