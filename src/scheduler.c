@@ -16,12 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // ---- jobs --------------------------------------------------------------------------------------
 
 struct job *job_new(void) {
@@ -89,7 +83,6 @@ static void job_fail(struct job *j, int status, const char *fmt, ...) {
     j->finish = NULL;
 }
 
-// Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
 // ---- constrained decoding ----------------------------------------------------------------------
 
 struct constrained {
@@ -204,6 +197,7 @@ static void prefill_progress(void *arg, int done, int total) {
     }
 }
 
+// Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
 // logits (NULL: not wanted) gets the last row's logits.
 static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
     if (job_cancelled(j)) return ENGINE_CANCELLED;
@@ -226,7 +220,7 @@ static int forward(struct server *sv, struct job *j, const int32_t *t, int n, in
 }
 
 static void run_job(struct server *sv, struct job *j) {
-    const double t0 = now_s();
+    const double t0 = engine_now_s();
     j->queue_ms = 1e3 * (t0 - j->t_queued);
     const int32_t *P = j->prompt;
     const int n = j->n_prompt;
@@ -276,7 +270,7 @@ static void run_job(struct server *sv, struct job *j) {
         }
     }
     if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
-    const double t1 = now_s();
+    const double t1 = engine_now_s();
     j->prefill_ms = 1e3 * (t1 - t0);
 
     // Decode.
@@ -330,7 +324,7 @@ static void run_job(struct server *sv, struct job *j) {
     constrained_free(&con);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);
-    const double t2 = now_s();
+    const double t2 = engine_now_s();
     j->decode_ms = 1e3 * (t2 - t1);
     j->n_gen = ng;
 
@@ -411,7 +405,7 @@ int sched_enqueue(struct server *sv, struct job *j, int fd, struct req_error *re
     j->abort = &sv->abort;
     j->model_name = sv->cfg.model_name;
     j->created = (long long)time(NULL);
-    j->t_queued = now_s();
+    j->t_queued = engine_now_s();
     pthread_mutex_lock(&sv->mu);
     if (sv->draining) {
         pthread_mutex_unlock(&sv->mu);

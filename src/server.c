@@ -598,13 +598,13 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_lock(&sv->mu);
     sv->draining = true;
     pthread_mutex_unlock(&sv->mu);
-    const double deadline = now_s() + (double)cfg.drain_seconds;
+    const double deadline = engine_now_s() + (double)cfg.drain_seconds;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
         bool idle = !sv->head && !sv->running;
         pthread_mutex_unlock(&sv->mu);
         if (idle) break;
-        double left = deadline - now_s();
+        double left = deadline - engine_now_s();
         if (left <= 0) {
             fprintf(stderr, "calla serve: drain time is up; aborting the remaining requests\n");
             break;

@@ -80,7 +80,6 @@ struct sbuf {
 
 int sbuf_add(struct sbuf *b, const void *s, size_t n);
 void sbuf_free(struct sbuf *b);
-double now_s(void);   // CLOCK_MONOTONIC seconds
 
 // ---- metrics -----------------------------------------------------------------------------------
 
