@@ -143,6 +143,9 @@ struct dv_desc {
     int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
 };
 int k_dv(const struct dv_desc *d, void *stream);
+// y [rows] = W x for a 4-bit matrix (matrix 0) on the tensor cores (tcgemv.cuh): x as bf16, codes as
+// bf16, fp32 accumulation. K = W->cols a multiple of 64, <= 8192 (shared memory <= 48 KB).
+int k_tcgemv(const struct dqt *W, const float *x, float *y, void *stream);
 // x [H] = dequant(E[io[0]]); *best = 0 (best may be NULL).
 int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, void *stream);
 // The MoE of one token (MODEL.md §2.6): k_dv_moe_gateup routes (every block, from logits [E]) and
