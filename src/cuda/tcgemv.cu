@@ -2,7 +2,7 @@
 // building block of tcgemv.cuh; tests/gpu/test_tcgemv.c checks and times it).
 #include "tcgemv.cuh"
 
-enum { TC_WARPS = 4, TC_THREADS = TC_WARPS * WARP_SIZE, TC_MIN_BLOCKS = 6, TC_MAX_SMEM = 48 * 1024 };
+enum { TC_WARPS = 4, TC_THREADS = TC_WARPS * WARP_SIZE, TC_MIN_BLOCKS = 5, TC_MAX_SMEM = 48 * 1024 };
 
 // Grid-stride over 16-row tasks, a warp a task.
 static __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)

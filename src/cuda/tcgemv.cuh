@@ -10,11 +10,18 @@
 // The register / shared-memory layout is in tcgemv_layout.h (plain C, shared with the host
 // emulation of tests/gpu/test_tcgemv.c).
 //
-// Per lane and super-step (128 codes a lane: 16 rows x 256 inputs / 32 lanes), in the loop body:
-//   16 HMMA, 112 ALU for the A fragments (per 32-bit word of 8 codes: 3 shifts + 4 LOP3),
-//   4 LDG.128 (codes), 4 LDG.U16 (2 scales, 2 biases), 8 LDS.128 (B, two mma steps each),
-//   1 LDS.128 (group sums), ~12 for the epilogue and a few address updates:
-//   about 160 instructions for 128 codes = ~1.25 per code (rows_dot: ~3.5).
+// Per lane and super-step (128 codes a lane: 16 rows x 256 inputs / 32 lanes = 64 bytes of codes),
+// the loop body of the K % 256 == 0 path as compiled (sm_90a, nvcc 13.1; 339 SASS instructions per
+// two super-steps, i.e. ~42 per 16 bytes of codes, 1.32 per code; rows_dot: ~3.5):
+//   16 HMMA.16816.F32.BF16
+//   64 LOP3 + 48 SHF for the A fragments: per 32-bit word of 8 codes 3 shifts (4, 8, 12) and 4
+//      LOP3 (w & 0x000F000F) | 0x43004300 (one LOP3 with the constants in registers: written in C
+//      the two immediates cost a second LOP3), no HADD2 / HFMA2 (the 128 is folded into the group
+//      correction), no SHFL, no PRMT
+//   6 LDG (4 LDG.128 codes, 2 LDG.32 scale / bias pairs), 9 LDS.128 (8 B, each for two mma steps,
+//      1 group sums), ~20 for the epilogue (2 FSEL, 2 FADD, 4 FFMA, 4 bf16 -> f32) and addresses.
+// The floor of this code format is 7 ALU + 1 HMMA per 8 codes (4 A registers per word, each one
+// LOP3, three of them after a shift): the rest is ~0.3 per code.
 // Loads: a quad's 4 lanes read 64 contiguous bytes of one row per LDG.128 (two full sectors); the
 // warp reads 128-byte lines of 16 rows a super-step; the next super-step's codes, scales and biases
 // are loaded before the current one is used (register double buffering: 64 bytes of codes a lane
@@ -25,6 +32,13 @@
 
 #include "common.cuh"
 #include "tcgemv_layout.h"
+
+// Dropping into decode.cu's dv_kernel in place of rows_dot: stage with the lambda form of
+// tc_stage_x reading its swizzled fp32 xs (get8(u, v): x4[swz(2u)], x4[swz(2u + 1)]) into a
+// tc_smem_bytes(K) area, then per 16-row task tc_rows16(W.w, W.scales, W.biases, W.rows, K, n0, sm)
+// and the epilogue by the lanes with lane % 2 == 0 on row n0 + tc_lane_row(lane) (< R).
+// Alignment: codes 16-byte aligned rows (K / 2 bytes, K % 64 == 0), scales / biases 4-byte aligned
+// (the K % 256 == 0 path loads them by pairs).
 
 // Stage the input for tc_rows16, by every thread of the block (blockDim.x a multiple of 32), then
 // __syncthreads(). get8(u, v) writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least
@@ -105,70 +119,116 @@ struct tc_stage {
 // with t even store it.
 static __device__ __forceinline__ int tc_lane_row(int lane) { return lane / 4 + 8 * ((lane % 4) >> 1); }
 
+// tc_a_reg in one LOP3: (w & 0x000F000F) | 0x43004300 after the shift. (Written in C, the two
+// 32-bit immediates make two LOP3: a LOP3 encodes one immediate; here the constants are registers.)
+static __device__ __forceinline__ uint32_t tc_a_dev(uint32_t w, int e, int hi) {
+    const uint32_t v = w >> (4 * (2 * e + hi)), m = 0x000F000Fu, x = 0x43004300u;
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(m), "r"(x));   // (a & b) | c
+    return r;
+}
+
+// The 16 mma steps of one super-step (the codes of st; B from bx0 / bx1, 16 i per word) into c.
+static __device__ __forceinline__ void tc_mma16(const tc_stage &st, const unsigned char *bx0, const unsigned char *bx1,
+                                                float (&c)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 xb = *(const uint4 *)((h ? bx1 : bx0) + 16 * i);
+            const uint32_t wa = tc_word(st.ga[h], i), wb = tc_word(st.gb[h], i);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t a0 = tc_a_dev(wa, e, 0), a1 = tc_a_dev(wb, e, 0);
+                const uint32_t a2 = tc_a_dev(wa, e, 1), a3 = tc_a_dev(wb, e, 1);
+                const uint32_t b0 = e ? xb.z : xb.x, b1 = e ? xb.w : xb.y;
+                if (h == 0 && i == 0 && e == 0) tc_mma<false>(c, a0, a1, a2, a3, b0, b1);
+                else tc_mma<true>(c, a0, a1, a2, a3, b0, b1);
+            }
+        }
+    }
+}
+
+// acc += s (d - 128 sum bf16(x)) + b sum(x) for this lane's two (row, group) pairs; xs = (sum x,
+// 128 sum bf16 x) of the two groups; s0 / b0 ... bf16 bits in the high half of a word.
+static __device__ __forceinline__ float tc_epilogue(float acc, const float (&c)[4], int t, float4 xs, uint32_t s0,
+                                                    uint32_t s1, uint32_t b0, uint32_t b1) {
+    const float d0 = t < 2 ? c[0] : c[2], d1 = t < 2 ? c[1] : c[3];
+    acc = fmaf(__uint_as_float(s0), d0 - xs.y, fmaf(__uint_as_float(b0), xs.x, acc));
+    return fmaf(__uint_as_float(s1), d1 - xs.w, fmaf(__uint_as_float(b1), xs.z, acc));
+}
+
 // Rows n0 .. n0 + 15 of a 4-bit matrix (codes w [R][K / 8] words, scales / biases [R][K / 64]
 // bf16) times the staged input (tc_stage_x, sm). Returns row n0 + tc_lane_row(lane)'s product in
 // every lane (the lanes t = 0, 1 and t = 2, 3 of a quad agree). Rows >= R are computed on row
-// R - 1 (skip their stores). K: a multiple of 64. Every lane of the warp must call it.
+// R - 1 (skip their stores). TAIL = false needs K % 256 == 0 (every model shape: no guard, scales
+// by pairs in one 32-bit load); TAIL = true takes any multiple of 64. Every lane must call it.
+template <bool TAIL>
 static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
                                                   const uint16_t *__restrict__ bi, int R, int K, int n0,
                                                   const unsigned char *sm) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int rowbytes = K / 2, ng = K / 64, nS = tc_nsuper(K), lim = rowbytes - 16;
     const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1), rE = t < 2 ? rA : rB;
-    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes;
-    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes;
     const int ge = 2 * (t & 1);   // first group of this lane's epilogue within a super-step
+    // running pointers (advanced a super-step at a time)
+    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t;
+    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t;
     const uint16_t *sp = sc + (size_t)rE * ng + ge, *bp = bi + (size_t)rE * ng + ge;
     const unsigned char *bx0 = sm + tc_b_byte(K, g, t, 0), *bx1 = sm + tc_b_byte(K, g, t, 1);
     const int inc0 = tc_b_real(g, t, 0) ? TC_B_STEP : 0, inc1 = tc_b_real(g, t, 1) ? TC_B_STEP : 0;
     const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1);   // (sum, 128 sum bf16) x 2 groups
 
-    auto load = [&](tc_stage &st, int S) {
-        const int o0 = min(tc_code_byte(S, 0, t), lim), o1 = min(tc_code_byte(S, 1, t), lim);
-        st.ga[0] = __ldg((const uint4 *)(pA + o0));
-        st.gb[0] = __ldg((const uint4 *)(pB + o0));
-        st.ga[1] = __ldg((const uint4 *)(pA + o1));
-        st.gb[1] = __ldg((const uint4 *)(pB + o1));
-        const int G = 4 * S + ge;
-        st.s0 = G < ng ? __ldg(sp + 4 * S) : 0u;
-        st.b0 = G < ng ? __ldg(bp + 4 * S) : 0u;
-        st.s1 = G + 1 < ng ? __ldg(sp + 4 * S + 1) : 0u;
-        st.b1 = G + 1 < ng ? __ldg(bp + 4 * S + 1) : 0u;
+    // Loads of super-step S + j (j = 0, 1, 2 relative to the pointers at S).
+    auto load = [&](tc_stage &st, int j, int S) {
+        if (!TAIL) {
+            st.ga[0] = __ldg((const uint4 *)(pA + 128 * j));
+            st.gb[0] = __ldg((const uint4 *)(pB + 128 * j));
+            st.ga[1] = __ldg((const uint4 *)(pA + 128 * j + 64));
+            st.gb[1] = __ldg((const uint4 *)(pB + 128 * j + 64));
+            const uint32_t s01 = __ldg((const unsigned int *)(sp + 4 * j)), b01 = __ldg((const unsigned int *)(bp + 4 * j));
+            st.s0 = s01 << 16, st.s1 = s01 & 0xffff0000u, st.b0 = b01 << 16, st.b1 = b01 & 0xffff0000u;
+        } else {
+            // pA / pB stay at super-step 0 (+ 16 t) in the tail path; the offsets are clamped into the row
+            const int SS = S + j;
+            const int o0 = min(tc_code_byte(SS, 0, t), lim) - 16 * t, o1 = min(tc_code_byte(SS, 1, t), lim) - 16 * t;
+            st.ga[0] = __ldg((const uint4 *)(pA + o0));
+            st.gb[0] = __ldg((const uint4 *)(pB + o0));
+            st.ga[1] = __ldg((const uint4 *)(pA + o1));
+            st.gb[1] = __ldg((const uint4 *)(pB + o1));
+            const int G = 4 * SS + ge;
+            st.s0 = G < ng ? (uint32_t)__ldg(sp + 4 * SS) << 16 : 0u;
+            st.b0 = G < ng ? (uint32_t)__ldg(bp + 4 * SS) << 16 : 0u;
+            st.s1 = G + 1 < ng ? (uint32_t)__ldg(sp + 4 * SS + 1) << 16 : 0u;
+            st.b1 = G + 1 < ng ? (uint32_t)__ldg(bp + 4 * SS + 1) << 16 : 0u;
+        }
     };
     float acc = 0.0f;
-    auto use = [&](const tc_stage &st, int S) {
+    auto use = [&](const tc_stage &st, int j, int S) {
         float c[4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const unsigned char *bx = (h ? bx1 + S * inc1 : bx0 + S * inc0);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint4 xb = *(const uint4 *)(bx + 16 * i);
-                const uint32_t wa = tc_word(st.ga[h], i), wb = tc_word(st.gb[h], i);
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const uint32_t a0 = tc_a_reg(wa, e, 0), a1 = tc_a_reg(wb, e, 0);
-                    const uint32_t a2 = tc_a_reg(wa, e, 1), a3 = tc_a_reg(wb, e, 1);
-                    const uint32_t b0 = e ? xb.z : xb.x, b1 = e ? xb.w : xb.y;
-                    if (h == 0 && i == 0 && e == 0) tc_mma<false>(c, a0, a1, a2, a3, b0, b1);
-                    else tc_mma<true>(c, a0, a1, a2, a3, b0, b1);
-                }
-            }
-        }
-        const float4 xs = xs4[2 * S];
-        const float d0 = t < 2 ? c[0] : c[2], d1 = t < 2 ? c[1] : c[3];
-        acc = fmaf(bf16f((uint16_t)st.s0), d0 - xs.y, fmaf(bf16f((uint16_t)st.b0), xs.x, acc));
-        acc = fmaf(bf16f((uint16_t)st.s1), d1 - xs.w, fmaf(bf16f((uint16_t)st.b1), xs.z, acc));
+        if (!TAIL) tc_mma16(st, bx0 + j * inc0, bx1 + j * inc1, c);
+        else tc_mma16(st, bx0 + (S + j) * inc0, bx1 + (S + j) * inc1, c);
+        acc = tc_epilogue(acc, c, t, TAIL ? xs4[2 * (S + j)] : xs4[2 * j], st.s0, st.s1, st.b0, st.b1);
     };
     // Two buffers in turn: the loads of super-step S + 1 are issued before S is used.
     tc_stage A, B;
-    load(A, 0);
+    load(A, 0, 0);
     for (int S = 0; S < nS; S += 2) {
-        if (S + 1 < nS) load(B, S + 1);
-        use(A, S);
+        if (S + 1 < nS) load(B, 1, S);
+        use(A, 0, S);
         if (S + 1 >= nS) break;
-        if (S + 2 < nS) load(A, S + 2);
-        use(B, S + 1);
+        if (S + 2 < nS) load(A, 2, S);
+        use(B, 1, S);
+        if (!TAIL) {
+            pA += 256, pB += 256, sp += 8, bp += 8, bx0 += 2 * inc0, bx1 += 2 * inc1, xs4 += 4;
+        }
     }
     return acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+}
+
+// The dispatch on K (uniform): the guard-free path when K % 256 == 0.
+static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
+                                                  const uint16_t *__restrict__ bi, int R, int K, int n0,
+                                                  const unsigned char *sm) {
+    return K % TC_SUPER ? tc_rows16<true>(w, sc, bi, R, K, n0, sm) : tc_rows16<false>(w, sc, bi, R, K, n0, sm);
 }
