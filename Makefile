@@ -90,6 +90,14 @@ gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 gpu-check: $(BUILD)/calla $(GPU_TESTS)
 	@tools/gpu_check.sh $(BUILD)
 
+# The device code of the tensor-core GEMV (src/cuda/tcgemv.cuh) run on the host, a warp as 32
+# threads (tools/tcgemv_sim.cpp): no GPU needed.
+.PHONY: tcgemv-sim
+tcgemv-sim:
+	@mkdir -p $(BUILD)/tcsim && cp src/cuda/tcgemv.cuh src/cuda/tcgemv_layout.h $(BUILD)/tcsim/ && : > $(BUILD)/tcsim/common.cuh
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
+	$(BUILD)/tcsim/sim
+
 # The session-cache benchmark (BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench

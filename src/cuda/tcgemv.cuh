@@ -33,8 +33,8 @@
 #include "common.cuh"
 #include "tcgemv_layout.h"
 
-// Dropping into decode.cu's dv_kernel in place of rows_dot: stage with the lambda form of
-// tc_stage_x reading its swizzled fp32 xs (get8(u, v): x4[swz(2u)], x4[swz(2u + 1)]) into a
+// Dropping into decode.cu's dv_kernel in place of rows_dot: stage with tc_stage_x_by (the
+// lambda form of tc_stage_x) reading its swizzled fp32 xs (get8(u, v): x4[swz(2u)], x4[swz(2u + 1)]) into a
 // tc_smem_bytes(K) area, then per 16-row task tc_rows16(W.w, W.scales, W.biases, W.rows, K, n0, sm)
 // and the epilogue by the lanes with lane % 2 == 0 on row n0 + tc_lane_row(lane) (< R).
 // Alignment: codes 16-byte aligned rows (K / 2 bytes, K % 64 == 0), scales / biases 4-byte aligned
@@ -44,7 +44,7 @@
 // __syncthreads(). get8(u, v) writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least
 // tc_smem_bytes(K) bytes of shared memory, 16-byte aligned.
 template <typename GET8>
-static __device__ __forceinline__ void tc_stage_x(GET8 get8, int K, unsigned char *sm) {
+static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned char *sm) {
     const int nc = 32 * tc_nsuper(K), kc = K / 8;
     uint4 *xb = (uint4 *)sm;
     float2 *xs = (float2 *)(sm + tc_xs_byte(K));
@@ -80,7 +80,7 @@ static __device__ __forceinline__ void tc_stage_x(GET8 get8, int K, unsigned cha
 
 // Plain fp32 input in global or shared memory (16-byte aligned).
 static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigned char *sm) {
-    tc_stage_x(
+    tc_stage_x_by(
         [&](int u, float (&v)[8]) {
             const float4 a = ((const float4 *)x)[2 * u], b = ((const float4 *)x)[2 * u + 1];
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -92,6 +92,9 @@ static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigne
 template <bool ACC>
 static __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t b0, uint32_t b1) {
+#ifdef TC_HOST_SIM   // tools/tcgemv_sim.cpp: the warp on 32 host threads
+    tc_sim_mma(c, a0, a1, a2, a3, b0, b1, ACC);
+#else
     if (ACC)
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
@@ -102,6 +105,7 @@ static __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32
             "{%10,%10,%10,%10};\n"
             : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+#endif
 }
 
 static __device__ __forceinline__ uint32_t tc_word(const uint4 &v, int i) {
@@ -124,7 +128,11 @@ static __device__ __forceinline__ int tc_lane_row(int lane) { return lane / 4 + 
 static __device__ __forceinline__ uint32_t tc_a_dev(uint32_t w, int e, int hi) {
     const uint32_t v = w >> (4 * (2 * e + hi)), m = 0x000F000Fu, x = 0x43004300u;
     uint32_t r;
+#ifdef TC_HOST_SIM
+    r = (v & m) | x;
+#else
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(m), "r"(x));   // (a & b) | c
+#endif
     return r;
 }
 
