@@ -16,7 +16,10 @@
 // first version's kernels, kept for A/B measurement); CALLA_PDL=0 turns dependent launch off.
 // Prefill runs the DeltaNet layers as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with
 // operands split hi + lo (CALLA_PREFILL_FAST=1: bf16 operands; CALLA_PREFILL_GDN=recurrent: the
-// token-by-token kernel).
+// token-by-token kernel). CALLA_PREFILL_FAST=1 also runs the prefill products in their fast mode
+// (issue 12): each product's input is converted once to bf16 (k_to_bf16) and read by
+// k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, exact weights); the router and the
+// shared-expert gate (257 outputs per token) and the lm_head stay on the exact kernel.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -51,6 +54,7 @@ struct scratch {
     int32_t *tokens;                         // [T]
     int *rows;                               // [T + 1] wanted rows
     float *gdn_ws;                           // the chunked delta rule's workspace (NULL: recurrent)
+    uint16_t *xh, *xa;                       // fast products' bf16 inputs: [T, max(H, QD, VD)], [T * max(S, k I)]
     int32_t *h_tokens;                       // pinned [T]
     int *h_rows;                             // pinned [T + 1]
 };
@@ -86,7 +90,7 @@ struct cuda_engine {
     long part_floats;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
-    int prefill_exact;                       // chunked delta rule: 1 operands split hi + lo, 0 bf16
+    int prefill_exact;                       // chunked delta rule and products: 1 operands split hi + lo, 0 bf16
 };
 
 struct cuda_seq {
@@ -221,6 +225,8 @@ static void free_scratch(struct scratch *s) {
     cudaFree(s->ids);
     cudaFree(s->slots);
     cudaFree(s->gdn_ws);
+    cudaFree(s->xh);
+    cudaFree(s->xa);
     cudaFree(s->tokens);
     cudaFree(s->rows);
     cudaFreeHost(s->h_tokens);
@@ -276,6 +282,16 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         const size_t bytes = (size_t)k_gdn_chunked_ws_floats(T, g->lin_v_heads, g->lin_k_dim) * sizeof(float);
         if (cudaMalloc((void **)&s->gdn_ws, bytes) != cudaSuccess) {
             snprintf(err, errlen, "cudaMalloc of %zu bytes of DeltaNet workspace for %d tokens failed", bytes, T);
+            cudaGetLastError();
+            free_scratch(s);
+            return -1;
+        }
+    }
+    if (!ce->prefill_exact && T > 1) {   // the fast products' bf16 inputs
+        const size_t w = H > QD ? (H > VD ? H : VD) : (QD > VD ? QD : VD), a2 = S > K * I ? S : K * I;
+        if (cudaMalloc((void **)&s->xh, t * w * 2) != cudaSuccess ||
+            cudaMalloc((void **)&s->xa, t * a2 * 2) != cudaSuccess) {
+            snprintf(err, errlen, "cudaMalloc of the bf16 product inputs for %d tokens failed", T);
             cudaGetLastError();
             free_scratch(s);
             return -1;
@@ -513,6 +529,17 @@ static int mm(const struct dqt *W, const float *x, int T, float *y, void *st) {
     if (T == 1) return k_qmatvec(*W, NULL, x, W->cols, 1, y, W->rows, 1, st);
     return k_qmatmul(*W, x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
+// The same from the bf16 copy xb of x when there is one (the fast prefill products), else mm.
+static int mmb(const struct dqt *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
+    if (!xb || T == 1) return mm(W, x, T, y, st);
+    return k_qmatmul_bf16(*W, xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
+}
+// xb = bf16(x) [n] when fast, and the copy to read (NULL: the exact products on x).
+static uint16_t *to_bf16(int fast, const float *x, uint16_t *xb, long n, void *st, int *rc) {
+    if (!fast) return NULL;
+    *rc = k_to_bf16(x, xb, n, st);
+    return xb;
+}
 
 // ---- decode -----------------------------------------------------------------------------------
 
@@ -667,6 +694,8 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const int H = g->hidden, p0 = s->pos, E = g->n_experts, K = g->n_experts_used, I = g->moe_inter;
     const int S = g->shared_inter, D = g->head_dim;
     const float eps = (float)g->rms_eps;
+    const int fast = !ce->prefill_exact && T > 1 && b->xh && b->xa;   // bf16 inputs to the products
+    int rc = 0;
     // Decode splits the keys into blocks of DECODE_SPLIT with partials; prefill (T > 1) runs
     // FlashAttention with keys in fixed tiles from position 0, so a query's result does not depend
     // on how the prompt was cut into chunks (the session cache continues a snapshot with the rest
@@ -681,10 +710,12 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     for (int i = 0; i < g->n_layers; i++) {
         const struct cuda_layer *L = &ce->L[i];
         KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
+        const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
+        KL(rc);
         if (geom_is_attn(g, i)) {
-            KL(mm(&L->q_proj, b->u, T, b->qg, st));
-            KL(mm(&L->k_proj, b->u, T, b->kb, st));
-            KL(mm(&L->v_proj, b->u, T, b->vb, st));
+            KL(mmb(&L->q_proj, b->u, ub, T, b->qg, st));
+            KL(mmb(&L->k_proj, b->u, ub, T, b->kb, st));
+            KL(mmb(&L->v_proj, b->u, ub, T, b->vb, st));
             KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                            g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
             if (T == 1)
@@ -693,12 +724,14 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             else
                 KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
                                      g->n_kv_heads, D, st));
-            KL(mm(&L->o_proj, b->o, T, b->d, st));
+            const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
+            KL(rc);
+            KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
         } else {
-            KL(mm(&L->in_qkv, b->u, T, b->xin, st));
-            KL(mm(&L->in_z, b->u, T, b->z, st));
-            KL(mm(&L->in_b, b->u, T, b->bb, st));
-            KL(mm(&L->in_a, b->u, T, b->aa, st));
+            KL(mmb(&L->in_qkv, b->u, ub, T, b->xin, st));
+            KL(mmb(&L->in_z, b->u, ub, T, b->z, st));
+            KL(mmb(&L->in_b, b->u, ub, T, b->bb, st));
+            KL(mmb(&L->in_a, b->u, ub, T, b->aa, st));
             KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                           g->lin_k_dim, st));
             if (b->gdn_ws && T > 1)   // chunks of 64 tokens on the tensor cores (this model's heads)
@@ -708,18 +741,24 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             else
                 KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
                                    g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
-            KL(mm(&L->out_proj, b->og, T, b->d, st));
+            const uint16_t *gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
+            KL(rc);
+            KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
         }
         KL(k_add(b->x, b->d, (long)T * H, st));
         KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
-        // MoE
+        // MoE (the router and the shared-expert gate read the fp32 input in both modes)
+        const uint16_t *mb = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
+        KL(rc);
         KL(mm(&L->router, b->u, T, b->rl, st));
         KL(mm(&L->shared_gate, b->u, T, b->sg, st));
         KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
-        KL(mm(&L->se_gate, b->u, T, b->sgt, st));
-        KL(mm(&L->se_up, b->u, T, b->sup, st));
+        KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
+        KL(mmb(&L->se_up, b->u, mb, T, b->sup, st));
         KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
-        KL(mm(&L->se_down, b->sact, T, b->shout, st));
+        const uint16_t *sb = to_bf16(fast, b->sact, b->xa, (long)T * S, st, &rc);
+        KL(rc);
+        KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
         if (T == 1) {
             KL(k_qmatvec(L->ex_gate, b->ids, b->u, H, K, b->eg, I, K, st));
             KL(k_qmatvec(L->ex_up, b->ids, b->u, H, K, b->eu, I, K, st));
@@ -727,10 +766,19 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
             KL(k_qmatvec(L->ex_down, b->ids, b->ea, I, 1, b->ye, H, K, st));
         } else {
             KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-            KL(k_qmatmul(L->ex_gate, b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul(L->ex_up, b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-            KL(k_qmatmul(L->ex_down, b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
+            if (mb) {   // fast: mb still holds bf16(u); the expert activations are converted into xa
+                KL(k_qmatmul_bf16(L->ex_gate, mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul_bf16(L->ex_up, mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+                KL(k_to_bf16(b->ea, b->xa, (long)T * K * I, st));
+                KL(k_qmatmul_bf16(L->ex_down, b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
+                                  st));
+            } else {
+                KL(k_qmatmul(L->ex_gate, b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul(L->ex_up, b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+                KL(k_qmatmul(L->ex_down, b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
+            }
         }
         KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
         KL(k_add(b->x, b->d, (long)T * H, st));

@@ -78,11 +78,26 @@ struct mctx {
     int T;
     const int *xmap, *ymap, *counts, *offs;
     int xdiv, maxrows;
+    const uint16_t *xb;   // the fast mode's bf16 x
 };
 static int run_mm(void *c) {
     struct mctx *m = c;
     return k_qmatmul(m->W, m->x, m->W.cols, m->xmap, m->xdiv, m->y, m->W.rows, m->ymap, m->T, m->counts, m->offs,
                      m->maxrows, NULL);
+}
+static int run_mmb(void *c) {
+    struct mctx *m = c;
+    return k_qmatmul_bf16(m->W, m->xb, m->W.cols, m->xmap, m->xdiv, m->y, m->W.rows, m->ymap, m->T, m->counts,
+                          m->offs, m->maxrows, NULL);
+}
+struct cctx {
+    const float *x;
+    uint16_t *y;
+    long n;
+};
+static int run_cvt(void *c) {
+    struct cctx *v = c;
+    return k_to_bf16(v->x, v->y, v->n, NULL);
 }
 struct gctx {
     float *y, *b, *a, *z, *Al, *dtb, *gn, *S, *o;
@@ -120,18 +135,34 @@ int main(int argc, char **argv) {
     const int H = QWEN_HIDDEN, E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, I = QWEN_MOE_INTER;
     const int C = 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM;
     float *x = dev_random((size_t)T * K * I * 4 > (size_t)T * 4096 * 4 ? (size_t)T * K * I * 4 : (size_t)T * 4096 * 4, 1);
+    const size_t nxb = (size_t)T * K * I > (size_t)T * 4096 ? (size_t)T * K * I : (size_t)T * 4096;
+    uint16_t *xb = dev_random(nxb * 2, 0);   // bf16 x for the fast mode
     float *y;
     cudaMalloc((void **)&y, (size_t)T * K * H * 4);
     struct {
         const char *name;
         int rows, cols, bits;
-    } dense[] = {{"in_qkv", C, H, 4}, {"out_proj", H, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4}, {"router", E, H, 8}};
-    for (int i = 0; i < 3; i++) {
-        struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0};
-        double ms = time_ms(run_mm, &m);
-        double flop = 2.0 * T * dense[i].rows * dense[i].cols;
-        printf("qmatmul %-8s [%5d x %4d] %d-bit: %8.3f ms  %6.1f TFLOP/s\n", dense[i].name, dense[i].rows,
-               dense[i].cols, dense[i].bits, ms, flop / ms / 1e9);
+    } dense[] = {{"in_qkv", C, H, 4},
+                 {"out_proj", H, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4},
+                 {"router", E, H, 8},
+                 {"q_proj", 2 * QWEN_HEADS * QWEN_HEAD_DIM, H, 4},
+                 {"o_proj", H, QWEN_HEADS * QWEN_HEAD_DIM, 4},
+                 {"se_gate", QWEN_SHARED_INTER, H, 4}};
+    for (int i = 0; i < 6; i++) {
+        struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0, xb};
+        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m);
+        const double flop = 2.0 * T * dense[i].rows * dense[i].cols;
+        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s\n",
+               dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms, flop / ms / 1e9, msf, flop / msf / 1e9);
+        cudaFree((void *)m.W.w), cudaFree((void *)m.W.scales), cudaFree((void *)m.W.biases);
+    }
+    {   // the fast mode's conversions of the product inputs: [T, 2048] (normed hidden) and [8T, 512]
+        const long ns[2] = {(long)T * H, (long)T * K * I};
+        for (int i = 0; i < 2; i++) {
+            struct cctx v = {x, xb, ns[i]};
+            const double ms = time_ms(run_cvt, &v);
+            printf("to_bf16 %9ld values: %8.3f ms  %6.1f GB/s\n", ns[i], ms, 6.0 * ns[i] / ms / 1e6);
+        }
     }
     int *counts = malloc(sizeof(int) * E), *offs = malloc(sizeof(int) * E), *slots = malloc(sizeof(int) * T * K);
     for (int e = 0; e < E; e++) counts[e] = 0;
@@ -145,14 +176,16 @@ int main(int argc, char **argv) {
     cudaMemcpy(dc, counts, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
-    struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T};
-    double ms = time_ms(run_mm, &g);
-    printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: %8.3f ms  %6.1f TFLOP/s\n", I, H, T * K, ms,
-           2.0 * T * K * I * H / ms / 1e9);
-    struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T};
+    struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb};
+    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g);
+    const double eflop = 2.0 * T * K * I * H;
+    printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
+           "%6.1f TFLOP/s\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
+    struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb};
     ms = time_ms(run_mm, &dn);
-    printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: %8.3f ms  %6.1f TFLOP/s\n", H, I, T * K, ms,
-           2.0 * T * K * I * H / ms / 1e9);
+    msf = time_ms(run_mmb, &dn);
+    printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
+           "%6.1f TFLOP/s\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
     // the DeltaNet recurrence over one chunk
     const int Hv = QWEN_LIN_V_HEADS, VD = Hv * QWEN_LIN_V_DIM;
     struct gctx gd = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)T * Hv * 4, 1), dev_random((size_t)T * Hv * 4, 1),

@@ -105,6 +105,90 @@ static void cpu_mm(const struct qtensor *W, int mat, const float *x, float *y) {
     free(row);
 }
 
+// ---- the fast products (k_qmatmul_bf16 on x converted by k_to_bf16) ---------------------------
+//
+// Two CPU twins per output:
+//  (a) the fp32 formula on the bf16-rounded x, xr = bf16(x). The kernel computes exactly that
+//      product: the codes are exact in bf16, the scale and bias are applied in fp32 once per group,
+//      and the bias multiplies the sum of the same bf16 x; only the fp32 accumulation order differs,
+//      so the normalised error is held to 1e-5, as for the exact kernel. A layout or pipeline bug
+//      gives O(1) here.
+//  (b) the fp32 formula on the fp32 x, elementwise: rounding to bf16 (nearest even, 8 significant
+//      bits) moves each x_k by at most 2^-9 |x_k|, so |y_n - y'_n| = |sum_k W_nk (x_k - xr_k)|
+//      <= 2^-9 sum_k |W_nk x_k|. The test allows |err_n| <= 2^-8 sum_k |W_nk x_k| + 1e-6: twice the
+//      rounding bound, the rest covering the fp32 accumulation (~K 2^-24 sum |W x|, K <= 4096).
+static void cpu_mm2(const struct qtensor *W, int mat, const float *x, const float *xr, float *y, float *yr,
+                    float *yabs) {   // one row of x: y = W x, yr = W xr, yabs = sum |W x|
+    float *row = malloc(sizeof(float) * W->cols);
+    for (int n = 0; n < W->rows; n++) {
+        deq_row(W, mat, n, row);
+        double s = 0, sr = 0, sa = 0;
+        for (int k = 0; k < W->cols; k++) {
+            s += (double)row[k] * x[k];
+            sr += (double)row[k] * xr[k];
+            sa += fabs((double)row[k] * x[k]);
+        }
+        y[n] = (float)s;
+        yr[n] = (float)sr;
+        yabs[n] = (float)sa;
+    }
+    free(row);
+}
+static void report_bound(const char *name, const char *shape, const float *g, const float *c, const float *cabs,
+                         size_t n) {
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)g[i] - c[i]), b = ldexp((double)cabs[i], -8) + 1e-6;
+        if (!(d <= b)) bad++;   // NaN too
+        if (d / b > worst) worst = d / b;
+    }
+    checks++;
+    fails += bad > 0;
+    printf("%-22s %-34s err/bound max %.3f, %zu over  %s\n", name, shape, worst, bad, bad ? "FAIL" : "PASS");
+}
+// x [n] fp32 on the device -> bf16 by k_to_bf16, checked bit for bit against f32_to_bf16; returns the
+// device copy and fills xr (host, bf16 values as fp32).
+static uint16_t *to_bf16_checked(const float *x, const float *dx, size_t n, float *xr) {
+    uint16_t *dxb = poisoned(n * 2), *h = malloc(n * 2);
+    k_to_bf16(dx, dxb, (long)n, NULL);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        fprintf(stderr, "CUDA error in k_to_bf16\n");
+        exit(1);
+    }
+    cudaMemcpy(h, dxb, n * 2, cudaMemcpyDeviceToHost);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t want = f32_to_bf16(x[i]);
+        diff += h[i] != want;
+        xr[i] = bf16_to_f32(want);
+    }
+    checks++;
+    fails += diff > 0;
+    printf("%-22s %-34s %zu of %zu differ  %s\n", "to_bf16", "(product input)", diff, n, diff ? "FAIL" : "PASS");
+    free(h);
+    return dxb;
+}
+static void test_matmul_fast(int T, int rows, int cols, int bits, const char *name) {
+    struct hq q = make_q(0, rows, cols, bits);
+    const size_t nx = (size_t)T * cols, ny = (size_t)T * rows;
+    float *x = randv(nx, 1), *xr = malloc(nx * 4), *dx = dup_d(x, nx * 4), *dy = poisoned(ny * 4);
+    uint16_t *dxb = to_bf16_checked(x, dx, nx, xr);
+    const int rc = k_qmatmul_bf16(q.d, dxb, cols, NULL, 1, dy, rows, NULL, T, NULL, NULL, 0, NULL);
+    float *yc = malloc(ny * 4), *ycr = malloc(ny * 4), *yabs = malloc(ny * 4);
+    for (int t = 0; t < T; t++)
+        cpu_mm2(&q.h, 0, x + (size_t)t * cols, xr + (size_t)t * cols, yc + (size_t)t * rows, ycr + (size_t)t * rows,
+                yabs + (size_t)t * rows);
+    float *yg = back(dy, ny);
+    char sh[64], nm[64];
+    snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit%s", T, rows, cols, bits, rc ? " LAUNCH FAILED" : "");
+    snprintf(nm, sizeof nm, "%s bf16", name);
+    report(nm, sh, yg, ycr, ny, 1e-5);
+    report_bound(nm, "vs fp32 x", yg, yc, yabs, ny);
+    free(x), free(xr), free(yc), free(ycr), free(yabs), free(yg);
+    cudaFree(dx), cudaFree(dy), cudaFree(dxb);
+}
+
 static void test_matvec(int rows, int cols, int bits, const char *name) {
     struct hq q = make_q(0, rows, cols, bits);
     float *x = randv(cols, 1), *yc = malloc(sizeof(float) * rows);
@@ -178,6 +262,39 @@ static void test_moe(int T) {
     char sh[64];
     snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped", T, E, I, H);
     report("dispatch+grouped mm", sh, ygs, yc, (size_t)T * K * I, 1e-5);
+    {   // the same grouped gate product in the fast mode (x gathered by slot), then the grouped down
+        // product (rows in expert order, y scattered by slot), each against both twins
+        const size_t nx = (size_t)T * H, ny = (size_t)T * K * I, nd = (size_t)T * K * H;
+        float *xr = malloc(nx * 4), *yr = malloc(ny * 4), *yab = malloc(ny * 4);
+        uint16_t *dxb = to_bf16_checked(x, dx, nx, xr);
+        float *dyf = poisoned(ny * 4);
+        int rc = k_qmatmul_bf16(g.d, dxb, H, slots, K, dyf, I, NULL, 0, counts, offs, T, NULL);
+        float *yf = back(dyf, ny);
+        for (int r = 0; r < T * K; r++) memcpy(ygs + (size_t)hs[r] * I, yf + (size_t)r * I, sizeof(float) * I);
+        for (int sl = 0; sl < T * K; sl++)
+            cpu_mm2(&g.h, ids[sl], x + (size_t)(sl / K) * H, xr + (size_t)(sl / K) * H, yc + (size_t)sl * I,
+                    yr + (size_t)sl * I, yab + (size_t)sl * I);
+        snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, I, H, rc ? " LAUNCH FAILED" : "");
+        report("grouped mm bf16", sh, ygs, yr, ny, 1e-5);
+        report_bound("grouped mm bf16", "vs fp32 x", ygs, yc, yab, ny);
+        // down: act rows r in expert order (as the swiglu of the grouped gate/up leaves them)
+        struct hq dq = make_q(E, H, I, 4);
+        float *act = randv(ny, 1), *actr = malloc(ny * 4), *dact = dup_d(act, ny * 4), *ddn = poisoned(nd * 4);
+        uint16_t *dab = to_bf16_checked(act, dact, ny, actr);
+        rc = k_qmatmul_bf16(dq.d, dab, I, NULL, 1, ddn, H, slots, 0, counts, offs, T, NULL);
+        float *yd = back(ddn, nd), *dc = malloc(nd * 4), *dr = malloc(nd * 4), *da = malloc(nd * 4);
+        int *hc = (int *)back(counts, E), *ho = (int *)back(offs, E);
+        for (int e = 0; e < E; e++)
+            for (int r = ho[e]; r < ho[e] + hc[e]; r++)
+                cpu_mm2(&dq.h, e, act + (size_t)r * I, actr + (size_t)r * I, dc + (size_t)hs[r] * H,
+                        dr + (size_t)hs[r] * H, da + (size_t)hs[r] * H);
+        snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, H, I, rc ? " LAUNCH FAILED" : "");
+        report("grouped down bf16", sh, yd, dr, nd, 1e-5);
+        report_bound("grouped down bf16", "vs fp32 x", yd, dc, da, nd);
+        free(xr), free(yr), free(yab), free(yf), free(act), free(actr), free(yd), free(dc), free(dr);
+        free(da), free(hc), free(ho);
+        cudaFree(dxb), cudaFree(dyf), cudaFree(dact), cudaFree(ddn), cudaFree(dab);
+    }
     // decode: gathered matvec over the 8 experts of token 0 (down projection)
     struct hq dn = make_q(E, H, I, 4);
     float *a = randv((size_t)K * I, 1), *da = dup_d(a, (size_t)K * I * 4), *dye = poisoned((size_t)K * H * 4);
@@ -403,6 +520,13 @@ int main(int argc, char **argv) {
     test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
     test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
     test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+    test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4,
+                     "qmatmul in_qkv");
+    test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+    test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+    test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+    test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
+    test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
     test_rmsnorm_embed();
     test_swiglu();
     test_moe(64);
