@@ -98,6 +98,14 @@ tcgemv-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
+# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh) run on the host, a block as 256
+# threads (tools/qmatmul_sim.cpp): no GPU needed.
+.PHONY: qmatmul-sim
+qmatmul-sim:
+	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh $(BUILD)/qbsim/ && : > $(BUILD)/qbsim/mma.cuh
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
+	$(BUILD)/qbsim/sim
+
 # The session-cache benchmark (BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench

@@ -1,0 +1,272 @@
+// qmatmul_bf16.cuh: the fast-mode kernel of qmatmul.cu (x in bf16), in a header of its own so that
+// tools/qmatmul_sim.cpp can run the same device code on the host (make qmatmul-sim).
+#pragma once
+
+#include "mma.cuh"
+
+// Fast mode: x already in bf16 (issue 12).
+//
+// y[r, n] = sum_g s_g[n] * sum_{k in g} q[n, k] xb[r, k]  +  b_g[n] * sum_{k in g} xb[r, k]
+// with xb the bf16 activations (written once by k_to_bf16 or by their producer): one MMA per
+// product, fp32 accumulation, the weights exact as in the exact kernel. The sum of x for the bias
+// term is taken from the same bf16 tile in shared memory, so the result is the exact product of the
+// dequantized weights with the bf16-rounded x, to fp32 rounding (the test checks it against that
+// CPU twin at 1e-5, and against the fp32 x within the bf16 rounding bound).
+//
+// Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as 2 (rows) x 4 (features),
+// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). 4-stage cp.async pipeline (16-byte copies straight
+// into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte chunks) and
+// the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are dequantized once
+// per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into 0x4300 | q = 128 + q
+// and one exact bf16x2 fma of -128, 8-bit ones by I2F), double-buffered, one step ahead of the
+// products, together with the 128 row sums of x (a thread pair per row). One barrier per step:
+//   wait for step kt + 1's copies; barrier; issue step kt + 3's copies and its scale / bias loads;
+//   dequantize step kt + 1; ldmatrix + mma of step kt into a per-group accumulator, folded into the
+//   result with the group's fp32 scale and bias; store step kt + 3's scale / bias to its stage.
+// So the tensor cores of one warp overlap the dequantization of another, and global loads run
+// three steps ahead. 240 registers (8-bit) / 232 (4-bit), no spills: one block of 8 warps per SM;
+// dynamic shared memory 117 KB (4-bit) / 133 KB (8-bit).
+// The grid and the grouped (per-expert) form are those of qmatmul_kernel.
+// tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
+// once or as late as their wait_group allows.
+enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 4 };
+static_assert(QB_BK == QGROUP, "one quantization group per K step");
+
+template <int BITS>
+struct qb_layout {   // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
+    static constexpr int WPR = QB_BK * BITS / 32;                                     // words per row per group
+    static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
+    static constexpr size_t WC = X + (size_t)QB_STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
+    static constexpr size_t WB = WC + (size_t)QB_STAGES * QB_BN * WPR * 4;            // [2][BN * BK] bf16
+    static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;                  // [STAGES][BN] float
+    static constexpr size_t BI = SC + (size_t)QB_STAGES * QB_BN * 4;                  // [STAGES][BN] float
+    static constexpr size_t XS = BI + (size_t)QB_STAGES * QB_BN * 4;                  // [2][BM] float
+    static constexpr size_t BYTES = XS + (size_t)2 * QB_BM * 4;
+};
+
+#ifndef QB_HOST_SIM
+// bf16x2 {lo, hi} = {128 + q0, 128 + q1} -> {q0, q1}, exact (an fma of 1 and -128).
+static __device__ __forceinline__ uint32_t bf2_minus128(uint32_t v) {
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC300C300u));
+    return r;
+}
+#define QB_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 256: exact in bf16
+    return __float_as_uint((float)q) >> 16;
+}
+
+template <int BITS>
+static __global__ void __launch_bounds__(QB_THREADS, 1)
+    qmatmul_bf16_kernel(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
+                        const int *ymap, int M, const int *counts, const int *offs) {
+    using L = qb_layout<BITS>;
+    constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
+    constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
+    QB_DYNAMIC_SMEM(qb_smem);
+    uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
+    uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
+    uint16_t *const Wb = (uint16_t *)(qb_smem + L::WB);
+    float *const Sc = (float *)(qb_smem + L::SC), *const Bi = (float *)(qb_smem + L::BI);
+    float *const Xsum = (float *)(qb_smem + L::XS);
+    __shared__ int xrow[QB_BM], yrow[QB_BM];
+
+    const int e = blockIdx.z;
+    int base = 0, cnt = M;
+    if (counts) {
+        base = offs[e];
+        cnt = counts[e];
+    }
+    const int r0 = blockIdx.y * QB_BM;
+    if (r0 >= cnt) return;
+    const int n0 = blockIdx.x * QB_BN;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
+    if (tid < QB_BM) {
+        int r = r0 + tid;
+        if (r < cnt) {
+            r += base;
+            xrow[tid] = xmap ? xmap[r] / xdiv : r;
+            yrow[tid] = ymap ? ymap[r] : r;
+        } else {
+            xrow[tid] = -1;
+            yrow[tid] = -1;
+        }
+    }
+    const size_t mat = counts ? (size_t)e : 0;
+    const int wpr = K / PER, ng = K / QB_BK;
+    const bool has_sc = tid < QB_BN && n0 + tid < N;
+    const size_t sgrow = has_sc ? (mat * N + n0 + tid) * (size_t)ng : 0;
+    __syncthreads();
+
+    // Copies of step kt into stage st (one commit group per call, empty past the end).
+    auto load_tile = [&](int kt, int st) {
+        if (kt < ng) {
+            const int k0 = kt * QB_BK;
+            uint16_t *X = Xt + st * XT;
+#pragma unroll
+            for (int i = 0; i < QB_BM * 8 / QB_THREADS; i++) {   // 4 chunks of 8 x values
+                const int id = tid + i * QB_THREADS, r = id / 8, ch = id % 8, xr = xrow[r];
+                const uint16_t *src = xr >= 0 ? x + (size_t)xr * ldx + k0 + ch * 8 : x;
+                cp_async16(&X[r * QB_BK + swz(r, ch) * 8], src, xr >= 0 ? 16 : 0);
+            }
+            uint32_t *Wd = Wc + st * WT;
+#pragma unroll
+            for (int i = 0; i < QB_BN * WCH / QB_THREADS; i++) {   // 1 (4-bit) or 2 (8-bit) chunks of codes
+                const int id = tid + i * QB_THREADS, n = id / WCH, ch = id % WCH;
+                const bool ok = n0 + n < N;
+                const uint32_t *src = ok ? W.w + (mat * N + n0 + n) * (size_t)wpr + (size_t)kt * WPR + ch * 4 : W.w;
+                cp_async16(&Wd[n * WPR + ch * 4], src, ok ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    auto load_sb = [&](int kt, float &sv, float &bv) {
+        sv = 0;
+        bv = 0;
+        if (has_sc && kt < ng) {
+            sv = bf16f(W.scales[sgrow + kt]);
+            bv = bf16f(W.biases[sgrow + kt]);
+        }
+    };
+
+    // Dequantize the codes of step kt (stage kt % STAGES) into Wb[kt % 2] (bf16, swizzled as the x
+    // tile), and the row sums of its x into Xsum[kt % 2].
+    auto dequant = [&](int kt) {
+        if (kt >= ng) return;
+        {
+            const int st = kt % QB_STAGES;
+            const uint32_t *Wd = Wc + st * WT;
+            uint16_t *Wo = Wb + (kt % 2) * (QB_BN * QB_BK);
+#pragma unroll
+            for (int i = 0; i < QB_BN * 8 / QB_THREADS; i++) {   // 4 chunks of 8 codes
+                const int id = tid + i * QB_THREADS, n = id / 8, ch = id % 8;
+                uint32_t o[4];
+                if constexpr (BITS == 4) {
+                    const uint32_t w = Wd[n * WPR + ch];   // codes 8 ch .. 8 ch + 7, code j at bits 4 j
+#pragma unroll
+                    for (int p = 0; p < 4; p++) {
+                        const uint32_t t = w >> (8 * p);
+                        o[p] = bf2_minus128((t & 0xFu) | ((t & 0xF0u) << 12) | 0x43004300u);
+                    }
+                } else {
+                    static_assert(BITS == 8, "4 or 8 bits");
+                    const uint2 w = *(const uint2 *)&Wd[n * WPR + ch * 2];   // code j at bits 8 (j % 4) of word j / 4
+#pragma unroll
+                    for (int p = 0; p < 4; p++) {
+                        const uint32_t t = (p < 2 ? w.x : w.y) >> (16 * (p % 2));
+                        o[p] = bf16_of_code(t & 0xFFu) | (bf16_of_code((t >> 8) & 0xFFu) << 16);
+                    }
+                }
+                *(uint4 *)&Wo[n * QB_BK + swz(n, ch) * 8] = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+            const uint16_t *X = Xt + st * XT;
+            const int r = tid / 2, h = tid % 2;
+            float sum = 0;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint4 v = *(const uint4 *)&X[r * QB_BK + swz(r, h * 4 + q) * 8];
+                const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) sum += __uint_as_float(u[j] << 16) + __uint_as_float(u[j] & 0xffff0000u);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);   // the other half of the row
+            if (!h) Xsum[(kt % 2) * QB_BM + r] = sum;
+        }
+    };
+
+    for (int kt = 0; kt < QB_STAGES - 1; kt++) load_tile(kt, kt);
+    if (tid < QB_BN) {
+#pragma unroll
+        for (int kt = 0; kt < QB_STAGES - 1; kt++) {
+            float sv, bv;
+            load_sb(kt, sv, bv);
+            Sc[kt * QB_BN + tid] = sv;
+            Bi[kt * QB_BN + tid] = bv;
+        }
+    }
+    cp_async_wait<QB_STAGES - 2>();   // step 0 has landed (this thread's copies)
+    __syncthreads();
+    dequant(0);
+
+    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32, g = lane / 4, c4 = lane % 4;
+    float acc[4][4][4] = {};
+    for (int kt = 0; kt < ng; kt++) {
+        const int st = kt % QB_STAGES;
+        cp_async_wait<QB_STAGES - 3>();   // this thread's copies of step kt + 1 have landed
+        // Everyone's have; Wb / Xsum of step kt are written; every thread is done with step kt - 1,
+        // so its stage, its Wb / Xsum and its scales are free.
+        __syncthreads();
+        load_tile(kt + QB_STAGES - 1, (kt + QB_STAGES - 1) % QB_STAGES);
+        float nsv, nbv;
+        load_sb(kt + QB_STAGES - 1, nsv, nbv);
+        dequant(kt + 1);   // one step ahead: no barrier between it and this step's products
+        const uint16_t *Wk = Wb + (kt % 2) * (QB_BN * QB_BK);
+        const float *Xk = Xsum + (kt % 2) * QB_BM;
+        const uint16_t *X = Xt + st * XT;
+        float tmp[4][4][4];
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) tmp[mi][ni][j] = 0;
+#pragma unroll
+        for (int kk = 0; kk < QB_BK / 16; kk++) {
+            uint32_t bq[4][2];
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const int n = wn + p * 16 + lane % 8 + 8 * (lane / 16), c = kk * 2 + (lane / 8) % 2;
+                uint32_t r4[4];
+                ldsm_x4(r4, &Wk[n * QB_BK + swz(n, c) * 8]);
+                bq[2 * p][0] = r4[0];
+                bq[2 * p][1] = r4[1];
+                bq[2 * p + 1][0] = r4[2];
+                bq[2 * p + 1][1] = r4[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++) {
+                const int r = wm + mi * 16 + lane % 16, c = kk * 2 + lane / 16;
+                uint32_t a[4];
+                ldsm_x4(a, &X[r * QB_BK + swz(r, c) * 8]);
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) mma_bf16(tmp[mi][ni], a, bq[ni][0], bq[ni][1]);
+            }
+        }
+        const float *S = Sc + st * QB_BN, *B = Bi + st * QB_BN;
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const int c = wn + ni * 8 + 2 * c4;
+            const float2 s2 = *(const float2 *)&S[c], b2 = *(const float2 *)&B[c];
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++) {
+                const int r = wm + mi * 16 + g;
+                const float xa = Xk[r], xb = Xk[r + 8];
+                acc[mi][ni][0] += s2.x * tmp[mi][ni][0] + b2.x * xa;
+                acc[mi][ni][1] += s2.y * tmp[mi][ni][1] + b2.y * xa;
+                acc[mi][ni][2] += s2.x * tmp[mi][ni][2] + b2.x * xb;
+                acc[mi][ni][3] += s2.y * tmp[mi][ni][3] + b2.y * xb;
+            }
+        }
+        if (tid < QB_BN) {   // stage (kt + 3) % 4 was last read in step kt - 1
+            Sc[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nsv;
+            Bi[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nbv;
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int yr = yrow[wm + mi * 16 + g + 8 * h];
+            if (yr < 0) continue;
+            float *yp = y + (size_t)yr * ldy;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = n0 + wn + ni * 8 + 2 * c4;
+                if (n < N) yp[n] = acc[mi][ni][2 * h];
+                if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
+            }
+        }
+}
+

@@ -1,0 +1,227 @@
+// qmatmul_sim.cpp: runs the device code of src/cuda/qmatmul_bf16.cuh (the fast-mode qmatmul kernel)
+// on the host, a block as 256 threads: __syncthreads is a block barrier; ldmatrix, mma and shuffles
+// are warp-collective exchanges through shared arrays between warp barriers, by the PTX ISA fragment
+// layouts (ldmatrix .x4: lanes 8j..8j+7 give the row addresses of matrix j, lane l receives row l / 4,
+// columns 2 (l % 4), +1 of each; mma.m16n8k16.row.col bf16 with fp32 accumulation). cp.async copies
+// at once (the pipeline's timing is not simulated, its index math is). Checks the dense and grouped
+// forms (xmap / xdiv, ymap, empty experts, row and feature tails, 4 and 8 bits) against a double
+// reference on the same bf16 x.
+//
+//   make qmatmul-sim
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "cuda/kernels.h"
+
+// ---- the shim ----------------------------------------------------------------------------------------
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(...)
+#define __shared__ static
+#define QB_HOST_SIM 1
+#define WARP_SIZE 32
+#define QGROUP 64
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+#define QB_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[qb_layout<BITS>::BYTES]
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+struct float2 { float x, y; };
+static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+struct dim3s { unsigned x, y, z; };
+static thread_local dim3s threadIdx;
+static dim3s blockIdx;
+static std::barrier<> *g_bar, *g_wbar[8];
+static void __syncthreads() { g_bar->arrive_and_wait(); }
+static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
+static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static uint16_t f2bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static int swz(int r, int c) { return c ^ (r & 7); }
+static float g_slot[8][32];
+static float __shfl_xor_sync(unsigned, float v, int o) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_slot[w][l] = v;
+    wsync();
+    const float r = g_slot[w][l ^ o];
+    wsync();
+    return r;
+}
+static const void *g_addr[8][32];
+static void ldsm_x4(uint32_t r[4], const void *p) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_addr[w][l] = p;
+    wsync();
+    for (int j = 0; j < 4; j++) memcpy(&r[j], (const char *)g_addr[w][8 * j + l / 4] + 4 * (l % 4), 4);
+    wsync();
+}
+static uint32_t g_a[8][32][4], g_b[8][32][2];
+static void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; i++) g_a[w][l][i] = a[i];
+    g_b[w][l][0] = b0, g_b[w][l][1] = b1;
+    wsync();
+    double A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const int gg = ln / 4, tt = ln % 4;
+        for (int r = 0; r < 4; r++)   // a_r = (row g + 8 (r % 2), k 2t + 8 (r / 2), +1)
+            for (int h = 0; h < 2; h++) A[gg + 8 * (r & 1)][2 * tt + h + 8 * (r >> 1)] = bf16f((uint16_t)(g_a[w][ln][r] >> (16 * h)));
+        for (int r = 0; r < 2; r++)   // b_r = (k 2t + 8 r, +1; col g)
+            for (int h = 0; h < 2; h++) B[2 * tt + h + 8 * r][gg] = bf16f((uint16_t)(g_b[w][ln][r] >> (16 * h)));
+    }
+    wsync();
+    for (int r = 0; r < 4; r++) {   // c_r = (row g + 8 (r / 2), col 2t + r % 2)
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += A[g + 8 * (r >> 1)][k] * B[k][2 * t + (r & 1)];
+        c[r] = (float)(c[r] + s);
+    }
+}
+// cp.async, two ways: at once (g_defer 0: a copy that lands early, over data still being read, shows),
+// or as late as allowed (g_defer 1: held per thread until a wait_group lets its group complete, so
+// data read before its wait shows).
+struct cp_rec { void *dst; const void *src; int bytes; };
+static int g_defer;
+static thread_local std::vector<std::vector<cp_rec>> t_groups;
+static thread_local std::vector<cp_rec> t_open;
+static void cp_do(const cp_rec &c) {
+    if (c.bytes == 16) memcpy(c.dst, c.src, 16);
+    else memset(c.dst, 0, 16);
+}
+static void cp_async16(void *dst, const void *src, int src_bytes) {
+    if (g_defer) t_open.push_back({dst, src, src_bytes});
+    else cp_do({dst, src, src_bytes});
+}
+static void cp_async_commit() {
+    t_groups.push_back(t_open);
+    t_open.clear();
+}
+template <int N> static void cp_async_wait() {
+    while (t_groups.size() > (size_t)N) {
+        for (auto &c : t_groups.front()) cp_do(c);
+        t_groups.erase(t_groups.begin());
+    }
+}
+static uint32_t bf2_minus128(uint32_t v) {   // fma.rn.bf16x2 v * 1 + (-128): exact for 128 + q
+    const uint16_t lo = f2bf16(bf16f((uint16_t)v) - 128.0f), hi = f2bf16(bf16f((uint16_t)(v >> 16)) - 128.0f);
+    return lo | (uint32_t)hi << 16;
+}
+#include "qmatmul_bf16.cuh"
+
+// ---- the check -----------------------------------------------------------------------------------------
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
+static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+template <int BITS>
+static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
+                   const int *ymap, int M, const int *counts, const int *offs) {
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = {bx, by, bz};
+                std::barrier<> bar(QB_THREADS);
+                for (int w = 0; w < 8; w++) g_wbar[w] = new std::barrier<>(32);
+                g_bar = &bar;
+                std::vector<std::thread> th;
+                for (int t = 0; t < QB_THREADS; t++)
+                    th.emplace_back([&, t] {
+                        threadIdx = {(unsigned)t, 0, 0};
+                        t_groups.clear();
+                        t_open.clear();
+                        qmatmul_bf16_kernel<BITS>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+                    });
+                for (auto &h : th) h.join();
+                for (int w = 0; w < 8; w++) delete g_wbar[w];
+            }
+}
+
+static int fails;
+// One case: n_mat matrices [N, K]; dense (counts empty) over M rows, or grouped with counts.
+static void run_case(const char *name, int bits, int N, int K, int M, std::vector<int> counts, int xdiv, bool use_xmap,
+                     bool use_ymap) {
+    const bool grouped = !counts.empty();
+    const int E = grouped ? (int)counts.size() : 1, per = 32 / bits, wpr = K / per, gpr = K / 64;
+    std::vector<int> offs(E, 0);
+    int R = M, maxrows = 0;
+    if (grouped) {
+        R = 0;
+        for (int e = 0; e < E; e++) offs[e] = R, R += counts[e], maxrows = counts[e] > maxrows ? counts[e] : maxrows;
+    }
+    const int xrows = use_xmap ? (R + xdiv - 1) / xdiv + 3 : R, ldx = K + 8, ldy = N + 3;
+    std::vector<uint32_t> w((size_t)E * N * wpr);
+    std::vector<uint16_t> sc((size_t)E * N * gpr), bi((size_t)E * N * gpr);
+    for (auto &v : w) v = rnd() ^ (rnd() << 16);
+    for (size_t i = 0; i < sc.size(); i++) sc[i] = f2bf16(0.01f * (1.5f + frand())), bi[i] = f2bf16(-0.05f + 0.02f * frand());
+    std::vector<uint16_t> xb((size_t)xrows * ldx + 64);
+    uint16_t *x = (uint16_t *)(((uintptr_t)xb.data() + 15) & ~(uintptr_t)15);
+    for (int i = 0; i < xrows * ldx; i++) x[i] = f2bf16(frand());
+    std::vector<int> xmap(R), ymap(R);
+    for (int r = 0; r < R; r++) xmap[r] = (int)(rnd() % (uint32_t)(xrows * xdiv));   // any x row
+    const int yrows = use_ymap ? R + 5 : R;
+    for (int r = 0; r < R; r++) ymap[r] = r;
+    if (use_ymap)
+        for (int r = R - 1; r > 0; r--) std::swap(ymap[r], ymap[rnd() % (r + 1)]);   // a permutation
+    std::vector<float> y((size_t)yrows * ldy, NAN);
+    struct dqt W = {w.data(), sc.data(), bi.data(), grouped ? E : 0, N, K, bits};
+    const int rows = grouped ? maxrows : M;
+    dim3s grid = {(unsigned)CEIL_DIV(N, QB_BN), (unsigned)CEIL_DIV(rows, QB_BM), (unsigned)(grouped ? E : 1)};
+    if (rows > 0) {
+        if (bits == 4) launch<4>(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
+                                 use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
+        else launch<8>(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
+                       use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
+    }
+    // reference: y[yrow] = W[e] x[xrow], and every other element of y untouched (NaN)
+    std::vector<char> written((size_t)yrows * ldy, 0);
+    double worst = 0;
+    long bad = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = offs[e]; r < offs[e] + (grouped ? counts[e] : M); r++) {
+            const int xr = use_xmap ? xmap[r] / xdiv : r, yr = use_ymap ? ymap[r] : r;
+            for (int n = 0; n < N; n++) {
+                const size_t row = (size_t)e * N + n;
+                double s = 0, sa = 0;
+                for (int k = 0; k < K; k++) {
+                    const uint32_t q = (w[row * wpr + k / per] >> ((k % per) * bits)) & ((1u << bits) - 1);
+                    const double wk = (double)bf16f(sc[row * gpr + k / 64]) * q + bf16f(bi[row * gpr + k / 64]);
+                    s += wk * bf16f(x[(size_t)xr * ldx + k]);
+                    sa += fabs(wk * bf16f(x[(size_t)xr * ldx + k]));
+                }
+                const float g = y[(size_t)yr * ldy + n];
+                written[(size_t)yr * ldy + n] = 1;
+                const double err = fabs(g - s) / (sa * 1e-6 + 1e-30);
+                if (!(err <= 1)) bad++;
+                if (err > worst) worst = err;
+            }
+        }
+    long stray = 0;
+    for (size_t i = 0; i < y.size(); i++) stray += !written[i] && !std::isnan(y[i]);
+    const bool ok = !bad && !stray;
+    fails += !ok;
+    printf("%-34s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray  %s\n", name, bits, N, K,
+           R, worst, bad, stray, ok ? "PASS" : "FAIL");
+}
+
+int main() {
+    for (g_defer = 0; g_defer < 2; g_defer++) {
+    printf("# cp.async %s\n", g_defer ? "deferred to its wait_group" : "at once");
+    run_case("dense, row and feature tails", 4, 200, 256, 150, {}, 1, false, false);
+    run_case("dense, 3 groups", 8, 130, 192, 37, {}, 1, false, false);
+    run_case("dense, 1 group, 1 feature", 8, 1, 64, 5, {}, 1, false, false);
+    run_case("grouped gate (xmap / 2), empty expert", 4, 72, 128, 0, {5, 0, 140, 1}, 2, true, false);
+    run_case("grouped down (ymap), empty expert", 4, 136, 320, 0, {3, 129, 0}, 1, false, true);
+    }
+    printf("qmatmul-sim: %s\n", fails ? "FAIL" : "PASS");
+    return fails ? 1 : 0;
+}
