@@ -110,9 +110,9 @@ static void cpu_mm(const struct qtensor *W, int mat, const float *x, float *y) {
 // Two CPU twins per output:
 //  (a) the fp32 formula on the bf16-rounded x, xr = bf16(x). The kernel computes exactly that
 //      product: the codes are exact in bf16, the scale and bias are applied in fp32 once per group,
-//      and the bias multiplies the sum of the same bf16 x; only the fp32 accumulation order differs,
-//      so the normalised error is held to 1e-5, as for the exact kernel. A layout or pipeline bug
-//      gives O(1) here.
+//      and the bias multiplies the sum of the same bf16 x; only the fp32 accumulation differs (the
+//      tensor cores' and the per-group folding, as in the exact kernel, which measures ~5e-6 against
+//      its twin), so the normalised error is held to 2e-5. A layout or pipeline bug gives O(1).
 //  (b) the fp32 formula on the fp32 x, elementwise: rounding to bf16 (nearest even, 8 significant
 //      bits) moves each x_k by at most 2^-9 |x_k|, so |y_n - y'_n| = |sum_k W_nk (x_k - xr_k)|
 //      <= 2^-9 sum_k |W_nk x_k|. The test allows |err_n| <= 2^-8 sum_k |W_nk x_k| + 1e-6: twice the
@@ -183,7 +183,7 @@ static void test_matmul_fast(int T, int rows, int cols, int bits, const char *na
     char sh[64], nm[64];
     snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit%s", T, rows, cols, bits, rc ? " LAUNCH FAILED" : "");
     snprintf(nm, sizeof nm, "%s bf16", name);
-    report(nm, sh, yg, ycr, ny, 1e-5);
+    report(nm, sh, yg, ycr, ny, 2e-5);
     report_bound(nm, "vs fp32 x", yg, yc, yabs, ny);
     free(x), free(xr), free(yc), free(ycr), free(yabs), free(yg);
     cudaFree(dx), cudaFree(dy), cudaFree(dxb);
@@ -275,7 +275,7 @@ static void test_moe(int T) {
             cpu_mm2(&g.h, ids[sl], x + (size_t)(sl / K) * H, xr + (size_t)(sl / K) * H, yc + (size_t)sl * I,
                     yr + (size_t)sl * I, yab + (size_t)sl * I);
         snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, I, H, rc ? " LAUNCH FAILED" : "");
-        report("grouped mm bf16", sh, ygs, yr, ny, 1e-5);
+        report("grouped mm bf16", sh, ygs, yr, ny, 2e-5);
         report_bound("grouped mm bf16", "vs fp32 x", ygs, yc, yab, ny);
         // down: act rows r in expert order (as the swiglu of the grouped gate/up leaves them)
         struct hq dq = make_q(E, H, I, 4);
@@ -289,7 +289,7 @@ static void test_moe(int T) {
                 cpu_mm2(&dq.h, e, act + (size_t)r * I, actr + (size_t)r * I, dc + (size_t)hs[r] * H,
                         dr + (size_t)hs[r] * H, da + (size_t)hs[r] * H);
         snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, H, I, rc ? " LAUNCH FAILED" : "");
-        report("grouped down bf16", sh, yd, dr, nd, 1e-5);
+        report("grouped down bf16", sh, yd, dr, nd, 2e-5);
         report_bound("grouped down bf16", "vs fp32 x", yd, dc, da, nd);
         free(xr), free(yr), free(yab), free(yf), free(act), free(actr), free(yd), free(dc), free(dr);
         free(da), free(hc), free(ho);
