@@ -29,7 +29,10 @@ CFLAGS  += -DCALLA_GIT_COMMIT='"$(GIT_COMMIT)"' -DCALLA_GIT_DIRTY=$(GIT_DIRTY)
 
 SRCS    := $(wildcard src/*.c)
 OBJS    := $(SRCS:src/%.c=$(BUILD)/%.o)
-LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS))
+LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS)) $(BUILD)/web_files.o
+
+# The chat page (src/web/: HTML, CSS, JavaScript as they are) compiled in as byte arrays.
+WEB_FILES := $(sort $(wildcard src/web/*))
 
 # CUDA backend: compiled in when nvcc exists (CUDA=0 turns it off).
 CUDA    ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
@@ -55,6 +58,13 @@ $(BUILD)/calla: $(BUILD)/main.o $(LIBOBJS)
 
 $(BUILD)/%.o: src/%.c
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/web_files.c: $(WEB_FILES) tools/embed.sh
+	@mkdir -p $(dir $@)
+	sh tools/embed.sh $@ $(WEB_FILES)
+
+$(BUILD)/web_files.o: $(BUILD)/web_files.c src/web.h
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/cuda/%.o: src/cuda/%.cu
