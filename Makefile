@@ -3,6 +3,7 @@
 #   make              build/calla (CUDA backend compiled in when nvcc is found)
 #   make test         unit + golden + server tests (what CI runs)
 #   make fuzz         bounded libFuzzer runs of the checkpoint parsers (clang)
+#   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
 #   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
 #   make format       clang-format every C/CUDA source
 #   make CUDA=0       force a CPU-only build
@@ -83,6 +84,13 @@ $(BUILD)/tokenizer/tokenizer.json:
 # Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
 test: $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
 	@tests/run.sh $(BUILD) $(TESTS)
+
+# The chat page in a real browser: headless chromium driven by Selenium against `calla serve` on the
+# tiny geometry (tests/test_browser.py; skipped without chromium outside CI, a failure under CI=true).
+# Its screenshots go to $(BUILD)/screenshots (docs/ has the committed ones).
+.PHONY: browser-test
+browser-test: $(BUILD)/calla $(BUILD)/tokenizer/tokenizer.json
+	@python3 tests/test_browser.py --bin $(BUILD)/calla --screenshots $(BUILD)/screenshots
 
 fuzz: $(BUILD)/calla
 	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-30}
