@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "commands.h"
 #include "options.h"
+#include "web.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,7 +29,7 @@
 #include <unistd.h>
 
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
-                                                     "health", "metrics", "other"};
+                                                     "health", "metrics", "page", "other"};
 static const int status_codes[] = {200, 400, 401, 403, 404, 405, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
@@ -39,6 +40,7 @@ _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STAT
 struct request {
     enum endpoint ep;
     const char *model_id;   // GET /v1/models/{id}: the id (in MHD's url), else NULL
+    const struct web_file *file;   // EP_PAGE: the file of the chat page
     bool post;
     struct sbuf body;
     bool too_large;
@@ -48,8 +50,17 @@ struct request {
     struct job *job;        // once queued
 };
 
-static enum endpoint route(const char *url, const char **model_id) {
+// The chat page's file at this URL path ("/" is index.html), or NULL.
+static const struct web_file *web_find(const char *url) {
+    if (!strcmp(url, "/")) url = "/index.html";
+    for (const struct web_file *f = web_files; f->path; f++)
+        if (!strcmp(f->path, url)) return f;
+    return NULL;
+}
+
+static enum endpoint route(const char *url, const char **model_id, const struct web_file **file) {
     *model_id = NULL;
+    if ((*file = web_find(url))) return EP_PAGE;
     if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
     if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
     if (!strcmp(url, "/v1/models")) return EP_MODELS;
@@ -303,6 +314,37 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     return send_json(sv, c, rq->ep, 200, o);
 }
 
+// The chat page: same-origin only (its scripts, styles and requests come from this server; no
+// inline script, no eval, no frames), never sniffed, never cached stale across an upgrade.
+static const char page_csp[] = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'";
+
+static const char *web_type(const char *path) {
+    static const char *const types[][2] = {{".html", "text/html; charset=utf-8"},
+                                           {".js", "text/javascript; charset=utf-8"},
+                                           {".css", "text/css; charset=utf-8"},
+                                           {".svg", "image/svg+xml"}};
+    const char *dot = strrchr(path, '.');
+    for (size_t i = 0; dot && i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(dot, types[i][0])) return types[i][1];
+    return "application/octet-stream";
+}
+
+static enum MHD_Result send_page(struct server *sv, struct MHD_Connection *c, const struct web_file *f) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(f->len, (void *)f->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", web_type(f->path));
+    MHD_add_response_header(r, "Content-Security-Policy", page_csp);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_request(sv, EP_PAGE, 200);
+    return ret;
+}
+
 // A CORS preflight: 204 with the allowances for an origin in --cors-origin, else 403.
 static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *c, enum endpoint ep) {
     if (!cors_origin(sv, c))
@@ -327,13 +369,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {   // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url, &rq->model_id);
+        rq->ep = route(url, &rq->model_id, &rq->file);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
         rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
         if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
         else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
-        else if (rq->ep != EP_HEALTH && !rq->preflight &&   // a preflight carries no credentials
+        else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight &&   // the page asks for the key itself;
+                                                                                  // a preflight carries no credentials
                  !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
             rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
         if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
@@ -375,8 +418,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int depth = sv->depth, running = sv->running != NULL;
         pthread_mutex_unlock(&sv->mu);
         return send_json(sv, c, EP_HEALTH, draining ? 503 : 200,
-                         json_pack("{s:s, s:i, s:i}", "status", draining ? "draining" : "ok", "queue_depth", depth,
-                                   "running", running));
+                         json_pack("{s:s, s:i, s:i, s:b}", "status", draining ? "draining" : "ok", "queue_depth", depth,
+                                   "running", running, "api_key_required", sv->auth.n > 0));
     }
     case EP_MODELS: {
         json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
@@ -388,6 +431,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     case EP_METRICS:
         return send_metrics(sv, c);
+    case EP_PAGE:
+        return send_page(sv, c, rq->file);
     default:
         return handle_generate(sv, c, rq);
     }
@@ -484,7 +529,8 @@ int cmd_serve(int argc, char **argv) {
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
-    const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
+    const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                          "/metrics, and a chat page at /";
     if (opts_wants_help(argc, argv)) {
         opts_usage(stdout, "serve", summary, opts, nopts);
         return 0;
@@ -588,6 +634,9 @@ int cmd_serve(int argc, char **argv) {
             addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
             di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), cfg.context, cfg.queue,
             cfg.cache_entries, cfg.cache_boundaries);
+    fprintf(stderr, "calla serve: chat page: http://%s%s%s:%u/ (API: /v1, metrics: /metrics)\n",
+            addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
+            di ? di->port : (unsigned)cfg.port);
     fflush(stderr);
 
     // Wait for a signal, then drain: no new work; queued and running requests may finish for

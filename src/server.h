@@ -9,6 +9,7 @@
 //   toolcall.c   tools: Python-exact tojson for the template, the incremental tool-call parser
 //   constrain.c  structured output: JSON Schema subset (and the tool-call grammar) -> a matcher
 //   auth.c       API keys
+//   web/         the chat page served at / (HTML, CSS, JavaScript; compiled in, see web.h)
 //
 // A job is shared by its connection and the worker (reference counted, one mutex each).
 #pragma once
@@ -83,7 +84,7 @@ void sbuf_free(struct sbuf *b);
 
 // ---- metrics -----------------------------------------------------------------------------------
 
-enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
+enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT };
 enum { N_STATUS = 10 };   // the statuses counted one by one (server.c: status_codes)
 
 struct metrics {

@@ -186,6 +186,7 @@ def test_endpoints(port):
     st, _, b = request(port, "GET", "/v1/models")
     j = json.loads(b)
     check("GET /v1/models lists one model", st == 200 and j["object"] == "list" and len(j["data"]) == 1, b)
+    check_page(port)
     st, h, b = request(port, "GET", "/metrics")
     check("GET /metrics is Prometheus text", st == 200 and b"# TYPE calla_requests_total counter" in b
           and h.get("content-type", "").startswith("text/plain"), b[:300])
@@ -242,6 +243,41 @@ def test_endpoints(port):
                     temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
                     logit_bias={}, logprobs=False, max_completion_tokens=1))
     check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+
+
+def check_page(port):
+    """The chat page's files (src/web/, compiled in); its behaviour in a browser: tests/test_browser.py."""
+    st, h, b = request(port, "GET", "/")
+    csp = h.get("content-security-policy", "")
+    check("GET / -> the chat page, HTML with a strict CSP, not sniffed, not framed",
+          st == 200 and h.get("content-type") == "text/html; charset=utf-8" and b"<textarea" in b
+          and "default-src 'self'" in csp and "'unsafe-inline'" not in csp and "'unsafe-eval'" not in csp
+          and "frame-ancestors 'none'" in csp and h.get("x-content-type-options") == "nosniff", (st, h))
+    st2, _, b2 = request(port, "GET", "/index.html")
+    check("GET /index.html is the same page", st2 == 200 and b2 == b)
+    for path, ctype, marker in (("/app.js", "text/javascript; charset=utf-8", b"renderMarkdown"),
+                                ("/app.css", "text/css; charset=utf-8", b"prefers-color-scheme")):
+        st, h, b = request(port, "GET", path)
+        check(f"GET {path}: {ctype}", st == 200 and h.get("content-type") == ctype and marker in b, (st, h))
+    web = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "web")
+    same = True
+    for name in sorted(os.listdir(web)):
+        with open(os.path.join(web, name), "rb") as f:
+            same = same and request(port, "GET", "/" + name)[2] == f.read()
+    check("the page served is src/web/ as it is (each file compiled in byte for byte)", same)
+    st, h, b = request(port, "HEAD", "/")
+    check("HEAD / -> 200, no body", st == 200 and b == b"" and h.get("content-type", "").startswith("text/html"), (st, h))
+    st, h, _ = request(port, "POST", "/", b"{}")
+    check("POST / -> 405, Allow: GET, HEAD", st == 405 and h.get("allow") == "GET, HEAD", (st, h))
+    for path in ("/app.js/", "/web.h", "/../src/web/app.js", "/index.htm"):
+        st, _, _ = request(port, "GET", path)
+        check(f"GET {path} -> 404", st == 404, st)
+    st, _, b = request(port, "GET", "/", headers={"Host": "evil.example"})
+    check("GET / with a foreign Host -> 403 (no DNS rebinding to the page)", st == 403, st)
+    st, _, b = request(port, "GET", "/metrics")
+    check("metrics count the page", b'calla_requests_total{endpoint="page",status="200"}' in b, b[:2000])
+    st, _, b = request(port, "GET", "/health")
+    check("/health: api_key_required false without --api-key", st == 200 and json.loads(b)["api_key_required"] is False, b)
 
 
 def check_chat_logprobs(name, lp, ids, k):
@@ -849,8 +885,12 @@ def test_auth(binary, model, tmpdir):
                  "--api-key", "k-two", "--api-key-file", keyfile)
     try:
         port = srv.port
-        st, _, _ = request(port, "GET", "/health")
-        check("auth: /health stays open", st == 200, st)
+        st, _, b = request(port, "GET", "/health")
+        check("auth: /health stays open and says a key is needed (the page asks for it)",
+              st == 200 and json.loads(b)["api_key_required"] is True, (st, b))
+        for path in ("/", "/app.js", "/app.css"):
+            st, _, _ = request(port, "GET", path)
+            check(f"auth: the page's {path} loads without a key", st == 200, st)
         body = {"prompt": [1, 2], "max_tokens": 1}
         for name, hdr in [("no header", {}), ("wrong key", {"Authorization": "Bearer k-on"}),
                           ("longer key", {"Authorization": "Bearer k-one1"}), ("not Bearer", {"Authorization": "Basic k-one"}),
