@@ -235,12 +235,13 @@ def main():
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--queue", type=int, default=8, help="per replica (= HAProxy maxconn)")
     ap.add_argument("--cache-entries", type=int, default=0,
-                    help="session-cache entries per replica (0: --conversations, so every conversation fits)")
+                    help="session-cache entries per replica (0: 2 x --conversations + 1, at most 64: a turn stores "
+                         "its new state while the previous one is still in the LRU)")
     ap.add_argument("--no-thinking", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json")
     a = ap.parse_args()
-    a.cache_entries = a.cache_entries or a.conversations
+    a.cache_entries = a.cache_entries or min(64, 2 * a.conversations + 1)
     configs = []
     for c in a.configs.split(","):
         m = re.fullmatch(r"(\d+):(\w+)", c.strip())
