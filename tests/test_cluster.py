@@ -331,6 +331,9 @@ def main():
         check("cluster.sh: 2 replicas and HAProxy up", all(alive(p) for p in cl.pids), cl.pids)
         st, _, j = request(cl.port, "GET", "/health")
         check("GET /health through HAProxy", st == 200 and j["status"] == "ok", j)
+        st, _, j = request(cl.port, "POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 1},
+                           headers={"Host": "api.example.com"})
+        check("a client's own Host name passes the balancer (replicas on loopback get localhost)", st == 200, j)
         test_affinity(cl)
         test_concurrent(cl)
         test_failover(cl)
