@@ -122,6 +122,7 @@ static void cors_headers(const struct server *sv, struct MHD_Connection *c, stru
     const char *origin = cors_origin(sv, c);
     if (!origin) return;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Session-Id");
     MHD_add_response_header(r, "Vary", "Origin");
 }
 
@@ -334,7 +335,7 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     if (!r) return MHD_NO;
     cors_headers(sv, c, r);
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     enum MHD_Result ret = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);

@@ -1022,12 +1022,14 @@ def test_hardening(binary, model, port):
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, **ch))
         check("CORS: preflight from a --cors-origin origin -> 204 with the allowances (no key needed)",
               st == 204 and h.get("access-control-allow-origin") == "https://app.example"
-              and "Authorization" in h.get("access-control-allow-headers", ""), (st, h))
+              and "Authorization" in h.get("access-control-allow-headers", "")
+              and "X-Session-Id" in h.get("access-control-allow-headers", ""), (st, h))
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin="https://evil.example", **ch))
         check("CORS: preflight from another origin -> 403", st == 403 and "access-control-allow-origin" not in h, (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://app.example", Authorization="Bearer k"))
-        check("CORS: a request from the origin carries Access-Control-Allow-Origin",
-              st == 200 and h.get("access-control-allow-origin") == "https://app.example", (st, h))
+        check("CORS: a request from the origin carries Access-Control-Allow-Origin (and exposes X-Session-Id)",
+              st == 200 and h.get("access-control-allow-origin") == "https://app.example"
+              and h.get("access-control-expose-headers") == "X-Session-Id", (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://evil.example", Authorization="Bearer k"))
         check("CORS: from another origin, no Access-Control-Allow-Origin", "access-control-allow-origin" not in h, (st, h))
         st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})

@@ -8,7 +8,7 @@
 # Flags: --model DIR (required)  --backend cpu|cuda (default cuda)  --port P (HAProxy's; default
 # 8080, 0: a free one)  --queue Q (per replica; default 8)  --maxconn M (HAProxy's per replica;
 # default Q: the excess waits in HAProxy; larger only to test a full replica's 503)  --threads T (CPU)
-# --balance ALGO (default: deploy/haproxy.cfg's consistent hash; `roundrobin` for comparisons)
+# --balance ALGO (default: deploy/haproxy.cfg's consistent hash; `random`: no affinity, to compare)
 # --dir DIR (logs, config, cluster.env; default a new /tmp/calla_cluster_XXXXXX)  --bin PATH
 # (default build/calla); anything after `--` goes to every `calla serve`.
 #

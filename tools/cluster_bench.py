@@ -12,13 +12,15 @@ with X-Session-Id and `user` set to the conversation's id), and reports per conf
   - which replica served each request (HAProxy's X-Calla-Replica header), and the conversations
     that moved between replicas.
 Configurations (--configs): `1:hash` one replica; `2:hash` two, consistent hash on the session
-(deploy/haproxy.cfg as shipped); `2:roundrobin` two, no affinity.  Each starts fresh, and each
-replica gets one warm-up request directly before the timed run.  The JSON (--json) holds every
+(deploy/haproxy.cfg as shipped); `2:random` two, no affinity (HAProxy's `balance random`; not
+roundrobin, whose strict alternation can keep lock-stepped conversations on one replica by
+chance).  Each starts fresh, and each replica gets one warm-up request directly before the timed
+run.  The JSON (--json) holds every
 request's figures.  Python 3 standard library only; talks to 127.0.0.1 only.
 
 The lead's run on a 2-GPU machine (item 5 of issue 15):
     python3 tools/cluster_bench.py --model ~/models/qwen3.6-35b-a3b-4bit --backend cuda \\
-        --configs 1:hash,2:hash,2:roundrobin --json bench/results/DATE-h200x2-cluster.json
+        --configs 1:hash,2:hash,2:random --json bench/results/DATE-h200x2-cluster.json
 CPU smoke test (tiny geometry):
     python3 tools/cluster_bench.py --model DIR --backend cpu --threads 1 --turns 3 --words 20 \\
         --max-tokens 4 --context 2048
@@ -225,9 +227,9 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", default="cuda", help="cuda (replica i on GPU i) or cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU backend threads per replica (0: all cores)")
-    ap.add_argument("--configs", default="1:hash,2:hash,2:roundrobin",
+    ap.add_argument("--configs", default="1:hash,2:hash,2:random",
                     help="REPLICAS:BALANCE,... (hash: deploy/haproxy.cfg's consistent hash; or an HAProxy "
-                         "balance algorithm such as roundrobin)")
+                         "balance algorithm such as random or roundrobin)")
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--words", type=int, default=300, help="words per user message (~1.3 tokens each)")
