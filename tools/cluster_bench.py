@@ -30,6 +30,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +169,10 @@ def run_config(a, replicas, balance):
     finally:
         stop_cluster(p)
     good = [r for r in rows if "error" not in r]
+    if len(good) == len(rows):
+        shutil.rmtree(d, ignore_errors=True)   # the replicas' and HAProxy's logs stay only after an error
+    else:
+        print(f"# errors: the logs are in {d}", file=sys.stderr)
     gen = sum(r["usage"]["completion_tokens"] for r in good)
     prompt = sum(r["usage"]["prompt_tokens"] for r in good)
     cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in good)
