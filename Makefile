@@ -1,7 +1,8 @@
 # Calla build.  `make` builds build/calla; `make test` builds and runs every test.
 #
 #   make              build/calla (CUDA backend compiled in when nvcc is found)
-#   make test         unit + golden + server tests (what CI runs)
+#   make test         unit + golden + server + cluster (HAProxy) tests (what CI runs)
+#   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
 #   make fuzz         bounded libFuzzer runs of the checkpoint parsers (clang)
 #   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
 #   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
@@ -123,6 +124,14 @@ session-bench: $(BUILD)/calla
 	@d=$$(mktemp -d /tmp/calla_sb_XXXXXX) && $(BUILD)/calla synth --geometry tiny --seed 1 --out $$d >/dev/null && \
 	python3 tools/session_bench.py --bin $(BUILD)/calla --model $$d --backend cpu --threads 2 --turns 10 \
 	    --words 40 --max-tokens 8 --context 8192; rc=$$?; rm -rf $$d; exit $$rc
+
+# The cluster benchmark (docs/SCALING.md) as a smoke test: 8 conversations through HAProxy, one
+# replica, then two with and without affinity, tiny geometry on the CPU (needs haproxy).
+.PHONY: cluster-bench
+cluster-bench: $(BUILD)/calla
+	@d=$$(mktemp -d /tmp/calla_cb_XXXXXX) && $(BUILD)/calla synth --geometry tiny --seed 1 --out $$d >/dev/null && \
+	python3 tools/cluster_bench.py --bin $(BUILD)/calla --model $$d --backend cpu --threads 1 --turns 3 --words 20 \
+	    --max-tokens 4 --context 2048; rc=$$?; rm -rf $$d; exit $$rc
 
 # The server suite (unit + loopback) under AddressSanitizer and UBSan, CPU only, in build-asan/.
 .PHONY: asan-server

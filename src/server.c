@@ -133,6 +133,7 @@ static void cors_headers(const struct server *sv, struct MHD_Connection *c, stru
     const char *origin = cors_origin(sv, c);
     if (!origin) return;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Session-Id");
     MHD_add_response_header(r, "Vary", "Origin");
 }
 
@@ -165,11 +166,13 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     if (status == 400 || status == 403 || status == 413) MHD_add_response_header(r, "Connection", "close");
 }
 
-static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                const char *type, const char *body, size_t len) {
+// session: the X-Session-Id to mirror (a generation's session key), or NULL.
+static enum MHD_Result send_buf_session(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                        const char *type, const char *body, size_t len, const char *session) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    if (session) MHD_add_response_header(r, "X-Session-Id", session);
     status_headers(r, ep, status);
     cors_headers(sv, c, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
@@ -178,14 +181,24 @@ static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enu
     return ret;
 }
 
-static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                 json_t *body) {
+static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                const char *type, const char *body, size_t len) {
+    return send_buf_session(sv, c, ep, status, type, body, len, NULL);
+}
+
+static enum MHD_Result send_json_session(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                         json_t *body, const char *session) {
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
+    enum MHD_Result ret = send_buf_session(sv, c, ep, status, "application/json", s, strlen(s), session);
     free(s);
     return ret;
+}
+
+static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                 json_t *body) {
+    return send_json_session(sv, c, ep, status, body, NULL);
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
@@ -277,8 +290,17 @@ static void sse_free(void *cls) {
 }
 
 
+// A generation's session key, for a balancer's affinity: the X-Session-Id header, else the body's
+// `user`.  Calla itself needs none (its cache matches prompts by prefix); it mirrors the key into
+// the answer's X-Session-Id so that a balancer or a client can learn it.
 static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection *c, struct request *rq) {
     struct req_error re = {0};
+    const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    if (sid && !session_id_valid(sid, strlen(sid))) {
+        sbuf_free(&rq->body);
+        return send_error(sv, c, rq->ep, 400, NULL,
+                          "X-Session-Id must be 1 to 128 visible ASCII characters (no spaces or control characters)");
+    }
     struct job *j = openai_parse_request(&sv->oc, rq->ep, rq->body.p ? rq->body.p : "", rq->body.len, &re);
     sbuf_free(&rq->body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -287,6 +309,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
+    const char *session = sid ? sid : j->session[0] ? j->session : NULL;
     pthread_mutex_lock(&sv->mu);
     sv->open_jobs++;
     pthread_mutex_unlock(&sv->mu);
@@ -299,6 +322,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        if (session) MHD_add_response_header(r, "X-Session-Id", session);
         cors_headers(sv, c, r);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
@@ -311,7 +335,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg);
     json_t *o = completion_json(j);
     if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
-    return send_json(sv, c, rq->ep, 200, o);
+    return send_json_session(sv, c, rq->ep, 200, o, session);
 }
 
 // The chat page: same-origin only (its scripts, styles and requests come from this server; no
@@ -353,7 +377,7 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     if (!r) return MHD_NO;
     cors_headers(sv, c, r);
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     enum MHD_Result ret = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);
@@ -499,7 +523,7 @@ int cmd_serve(int argc, char **argv) {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
-        .prefill_chunk = QWEN_PREFILL_CHUNK,
+        .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -507,6 +531,8 @@ int cmd_serve(int argc, char **argv) {
         {"port", OPT_INT, &cfg.port, 0, 65535, "TCP port (default 8080; 0: any free port, printed at start)"},
         {"backend", OPT_STR, &cfg.backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
         {"threads", OPT_INT, &cfg.threads, 0, 1024, "CPU backend threads (0: all cores)"},
+        {"device", OPT_INT, &cfg.device, 0, 255, "the GPU (CUDA backend; numbered within CUDA_VISIBLE_DEVICES; default 0); "
+                                                 "refused when missing or busy: one replica per GPU"},
         {"model-name", OPT_STR, &cfg.model_name, 0, 0, "model id in responses (default: the directory name)"},
         {"context", OPT_INT, &cfg.context, 16, QWEN_MAX_CTX, "tokens per sequence: prompt + max_tokens + 1 must fit (default 262144)"},
         {"queue", OPT_INT, &cfg.queue, 0, 4096, "requests that may wait behind the running one; past it 503 (default 16)"},
@@ -545,6 +571,11 @@ int cmd_serve(int argc, char **argv) {
         opts_usage(stderr, "serve", summary, opts, nopts);
         return 2;
     }
+    if (cfg.device >= 0 && cfg.backend && strcmp(cfg.backend, "cuda")) {
+        fprintf(stderr, "calla serve: --device is for the CUDA backend (--backend %s has no devices)\n", cfg.backend);
+        return 2;
+    }
+    if (cfg.device >= 0 && !cfg.backend) cfg.backend = "cuda";   // a GPU was asked for: no quiet fall-back to the CPU
     char name[256];
     if (!cfg.model_name) {
         size_t l = strlen(cfg.model_dir);
@@ -587,9 +618,14 @@ int cmd_serve(int argc, char **argv) {
     if (!sv->auth.n && !sv->loopback)
         fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
                         "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
-    struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
+    struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads,
+                                .device = cfg.device >= 0 ? (int)cfg.device : 0, .gpu_exclusive = true};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (cvd && (!cfg.backend || !strcmp(cfg.backend, "cuda")))
+            fprintf(stderr, "HINT: CUDA_VISIBLE_DEVICES=\"%s\": CUDA sees only the GPUs it lists, numbered from 0, "
+                            "and --device counts among them\n", cvd);
         goto out_engine;
     }
     sv->vocab = engine_geometry(sv->e)->vocab;
@@ -629,10 +665,12 @@ int cmd_serve(int argc, char **argv) {
         goto out_worker;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(sv->d, MHD_DAEMON_INFO_BIND_PORT);
+    char gpu_name[32] = "";
+    if (strcmp(engine_backend(sv->e), "cpu")) snprintf(gpu_name, sizeof gpu_name, " on GPU %d", eo.device);
     fprintf(stderr,
-            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s, context %lld, queue %lld, cache %lld+%lld)\n",
+            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s%s, context %lld, queue %lld, cache %lld+%lld)\n",
             addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
-            di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), cfg.context, cfg.queue,
+            di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), gpu_name, cfg.context, cfg.queue,
             cfg.cache_entries, cfg.cache_boundaries);
     fprintf(stderr, "calla serve: chat page: http://%s%s%s:%u/ (API: /v1, metrics: /metrics)\n",
             addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",

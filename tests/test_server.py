@@ -180,6 +180,34 @@ def chat_body(messages, max_tokens=4, **kw):
 
 # ---- tests -----------------------------------------------------------------------------------
 
+def test_session_key(port):
+    """X-Session-Id (or the body's `user`) comes back in the answer's X-Session-Id (balancer affinity)."""
+    body = chat_body([{"role": "user", "content": "session"}], max_tokens=1)
+    st, h, _ = post(port, "/v1/chat/completions", body, headers={"X-Session-Id": "conv-42"})
+    check("X-Session-Id mirrored", st == 200 and h.get("x-session-id") == "conv-42", h)
+    st, h, _ = post(port, "/v1/chat/completions", dict(body, user="user-7"))
+    check("user mirrored as X-Session-Id", st == 200 and h.get("x-session-id") == "user-7", h)
+    st, h, _ = post(port, "/v1/chat/completions", dict(body, user="user-7"), headers={"X-Session-Id": "hdr"})
+    check("X-Session-Id header wins over user", st == 200 and h.get("x-session-id") == "hdr", h)
+    st, h, _ = post(port, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1, "user": "u c"})
+    check("user that cannot be a header: served, not mirrored", st == 200 and "x-session-id" not in h, h)
+    st, h, _ = post(port, "/v1/chat/completions", body)
+    check("no session key: no X-Session-Id", st == 200 and "x-session-id" not in h, h)
+    st, _, j = post(port, "/v1/chat/completions", dict(body, user=7))
+    check("user not a string -> 400", st == 400 and j["error"]["param"] == "user", j)
+    st, _, j = post(port, "/v1/chat/completions", body, headers={"X-Session-Id": "x" * 129})
+    check("X-Session-Id too long -> 400", st == 400 and "X-Session-Id" in j["error"]["message"], j)
+    c = http.client.HTTPConnection(HOST, port, timeout=TIMEOUT)
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)).encode(),
+                  headers={"Content-Type": "application/json", "X-Session-Id": "s-stream"})
+        r = c.getresponse()
+        r.read()
+        check("X-Session-Id mirrored on a stream", r.status == 200 and r.getheader("X-Session-Id") == "s-stream")
+    finally:
+        c.close()
+
+
 def test_endpoints(port):
     st, _, b = request(port, "GET", "/health")
     check("GET /health 200", st == 200 and json.loads(b)["status"] == "ok", b)
@@ -1034,12 +1062,14 @@ def test_hardening(binary, model, port):
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, **ch))
         check("CORS: preflight from a --cors-origin origin -> 204 with the allowances (no key needed)",
               st == 204 and h.get("access-control-allow-origin") == "https://app.example"
-              and "Authorization" in h.get("access-control-allow-headers", ""), (st, h))
+              and "Authorization" in h.get("access-control-allow-headers", "")
+              and "X-Session-Id" in h.get("access-control-allow-headers", ""), (st, h))
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin="https://evil.example", **ch))
         check("CORS: preflight from another origin -> 403", st == 403 and "access-control-allow-origin" not in h, (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://app.example", Authorization="Bearer k"))
-        check("CORS: a request from the origin carries Access-Control-Allow-Origin",
-              st == 200 and h.get("access-control-allow-origin") == "https://app.example", (st, h))
+        check("CORS: a request from the origin carries Access-Control-Allow-Origin (and exposes X-Session-Id)",
+              st == 200 and h.get("access-control-allow-origin") == "https://app.example"
+              and h.get("access-control-expose-headers") == "X-Session-Id", (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://evil.example", Authorization="Bearer k"))
         check("CORS: from another origin, no Access-Control-Allow-Origin", "access-control-allow-origin" not in h, (st, h))
         st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})
@@ -1188,6 +1218,7 @@ def main():
     nocache = Server(a.bin, a.model, *common, "--cache-entries", 0, "--cache-boundaries", 0, "--quiet")
     try:
         test_endpoints(main_srv.port)
+        test_session_key(main_srv.port)
         n_bad = test_bad_input(main_srv.port, max_body)
         print(f"bad-input cases: {n_bad}", flush=True)
         test_mutations(main_srv.port, 100 if a.quick else 300)
