@@ -1,8 +1,10 @@
 # Calla build.  `make` builds build/calla; `make test` builds and runs every test.
 #
 #   make              build/calla (CUDA backend compiled in when nvcc is found)
-#   make test         unit + golden + server tests (what CI runs)
+#   make test         unit + golden + server + cluster (HAProxy) tests (what CI runs)
+#   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
 #   make fuzz         bounded libFuzzer runs of the checkpoint parsers (clang)
+#   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
 #   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
 #   make format       clang-format every C/CUDA source
 #   make CUDA=0       force a CPU-only build
@@ -29,7 +31,10 @@ CFLAGS  += -DCALLA_GIT_COMMIT='"$(GIT_COMMIT)"' -DCALLA_GIT_DIRTY=$(GIT_DIRTY)
 
 SRCS    := $(wildcard src/*.c)
 OBJS    := $(SRCS:src/%.c=$(BUILD)/%.o)
-LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS))
+LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS)) $(BUILD)/web_files.o
+
+# The chat page (src/web/: HTML, CSS, JavaScript as they are) compiled in as byte arrays.
+WEB_FILES := $(sort $(wildcard src/web/*))
 
 # CUDA backend: compiled in when nvcc exists (CUDA=0 turns it off).
 CUDA    ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
@@ -57,6 +62,13 @@ $(BUILD)/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+$(BUILD)/web_files.c: $(WEB_FILES) tools/embed.sh
+	@mkdir -p $(dir $@)
+	sh tools/embed.sh $@ $(WEB_FILES)
+
+$(BUILD)/web_files.o: $(BUILD)/web_files.c src/web.h
+	$(CC) $(CFLAGS) -c -o $@ $<
+
 $(BUILD)/cuda/%.o: src/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
@@ -73,6 +85,13 @@ $(BUILD)/tokenizer/tokenizer.json:
 # Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
 test: $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
 	@tests/run.sh $(BUILD) $(TESTS)
+
+# The chat page in a real browser: headless chromium driven by Selenium against `calla serve` on the
+# tiny geometry (tests/test_browser.py; skipped without chromium outside CI, a failure under CI=true).
+# Its screenshots go to $(BUILD)/screenshots (docs/ has the committed ones).
+.PHONY: browser-test
+browser-test: $(BUILD)/calla $(BUILD)/tokenizer/tokenizer.json
+	@python3 tests/test_browser.py --bin $(BUILD)/calla --screenshots $(BUILD)/screenshots
 
 fuzz: $(BUILD)/calla
 	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-30}
@@ -113,6 +132,14 @@ session-bench: $(BUILD)/calla
 	@d=$$(mktemp -d /tmp/calla_sb_XXXXXX) && $(BUILD)/calla synth --geometry tiny --seed 1 --out $$d >/dev/null && \
 	python3 tools/session_bench.py --bin $(BUILD)/calla --model $$d --backend cpu --threads 2 --turns 10 \
 	    --words 40 --max-tokens 8 --context 8192; rc=$$?; rm -rf $$d; exit $$rc
+
+# The cluster benchmark (docs/SCALING.md) as a smoke test: 8 conversations through HAProxy, one
+# replica, then two with and without affinity, tiny geometry on the CPU (needs haproxy).
+.PHONY: cluster-bench
+cluster-bench: $(BUILD)/calla
+	@d=$$(mktemp -d /tmp/calla_cb_XXXXXX) && $(BUILD)/calla synth --geometry tiny --seed 1 --out $$d >/dev/null && \
+	python3 tools/cluster_bench.py --bin $(BUILD)/calla --model $$d --backend cpu --threads 1 --turns 3 --words 20 \
+	    --max-tokens 4 --context 2048; rc=$$?; rm -rf $$d; exit $$rc
 
 # The server suite (unit + loopback) under AddressSanitizer and UBSan, CPU only, in build-asan/.
 .PHONY: asan-server

@@ -13,7 +13,11 @@
 // device memory, so the whole step is captured once per sequence as a CUDA graph and replayed:
 // one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
-// first version's kernels, kept for A/B measurement); CALLA_PDL=0 turns dependent launch off.
+// first version's kernels, kept for A/B measurement); CALLA_DECODE_EXACT=1: every decode product in
+// fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
+// tensor cores with bf16 inputs); CALLA_PDL=1 turns programmatic dependent launch on;
+// CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
+// an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill runs the DeltaNet layers as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with
 // operands split hi + lo (CALLA_PREFILL_FAST=1: bf16 operands; CALLA_PREFILL_GDN=recurrent: the
 // token-by-token kernel). CALLA_PREFILL_FAST=1 also runs the prefill products in their fast mode
@@ -90,6 +94,7 @@ struct cuda_engine {
     long part_floats;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
+    int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
     int prefill_exact;                       // chunked delta rule and products: 1 operands split hi + lo, 0 bf16
 };
 
@@ -421,7 +426,15 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     if (dec_alloc(e, err, errlen)) goto fail_msg;
     const char *pdl = getenv("CALLA_PDL");
     ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
-    k_set_pdl(!(pdl && !strcmp(pdl, "0")));
+    k_set_pdl(pdl && !strcmp(pdl, "1"));   // off by default: measured 1-2% slower on (bench/NOTES.md)
+    const char *da = getenv("CALLA_DEC_ATTN");
+    k_set_dec_attn(!da ? 2 : !strcmp(da, "split") ? 0 : !strcmp(da, "warps") ? 1 : 2);
+    const char *ex = getenv("CALLA_DECODE_EXACT");
+    k_set_decode_exact(ex && !strcmp(ex, "1"));
+    const char *dvp = getenv("CALLA_DV_PREFETCH");
+    ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
+    const char *occ = getenv("CALLA_DV_OCC");
+    k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *fast = getenv("CALLA_PREFILL_FAST");
     ce->prefill_exact = !(fast && !strcmp(fast, "1"));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
@@ -543,9 +556,8 @@ static uint16_t *to_bf16(int fast, const float *x, uint16_t *xb, long n, void *s
 
 // ---- decode -----------------------------------------------------------------------------------
 
-static int dec_splits(int cap) {
-    const int n = (cap + 63) / 64;
-    return n < 1 ? 1 : n > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : n;
+static int dec_splits(const struct geometry *g, int cap) {
+    return k_dec_attn_splits(cap, g->n_heads, g->n_kv_heads, g->head_dim, DEC_MAX_SPLITS);
 }
 
 // Enqueues one decode step of sequence s on the engine's stream: reads (token, position) from
@@ -558,7 +570,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     void *st = ce->stream;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    const int pf = k_pdl();
+    const int pf = k_pdl() && ce->dv_prefetch;
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
     KL(k_dv_embed(ce->embed, d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
@@ -572,7 +584,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             KL(k_dv(&in, st));
             KL(k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
                                g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            KL(k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(s->cap), s->cap,
+            KL(k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(g, s->cap), s->cap,
                                g->n_heads, g->n_kv_heads, D, st));
             struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
             out.seg[0] = (struct dv_seg){L->o_proj, d->x, DV_OUT_ADD};
@@ -588,11 +600,10 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             in.C = geom_conv_dim(g);
             in.KW = g->conv_kernel;
             KL(k_dv(&in, st));
-            KL(k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->og, g->lin_k_heads, g->lin_v_heads,
-                        g->lin_k_dim, g->lin_v_dim, st));
-            struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_GATED,
-                                  .norm_w = L->gdn_norm, .eps = eps, .z = d->z, .Hv = g->lin_v_heads,
-                                  .Dv = g->lin_v_dim, .prefetch = pf, .n_seg = 1};
+            KL(k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->z, L->gdn_norm, eps, d->og,
+                        g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, st));
+            struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf,
+                                  .n_seg = 1};
             out.seg[0] = (struct dv_seg){L->out_proj, d->x, DV_OUT_ADD};
             KL(k_dv(&out, st));
         }

@@ -1,6 +1,8 @@
 // engine.c: backend selection, sequences, and chunked forward over the backend interface.
 #include "engine.h"
 
+#include "gpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,13 @@ int engine_open(const char *model_dir, const struct engine_options *o, struct en
     e->ops = ops;
     e->opts = *o;
     if (checkpoint_open(model_dir, &e->model, err, errlen)) {
+        free(e);
+        return -1;
+    }
+    // A GPU that is taken fails here, with which GPU and why, not in a cudaMalloc half-way.
+    if (ops != &backend_cpu &&
+        gpu_check_free(o->device, model_size_of(&e->model.g).bytes, o->gpu_exclusive, err, errlen)) {
+        checkpoint_close(&e->model);
         free(e);
         return -1;
     }

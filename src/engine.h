@@ -22,6 +22,7 @@ struct engine_options {
     int threads;           // CPU backend threads (0: all cores)
     bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
     int device;            // GPU index for a GPU backend (0: the first); the CPU backend ignores it
+    bool gpu_exclusive;    // GPU backend: refuse a GPU that another process computes on (serve: one replica per GPU)
 };
 
 struct forward_opts {

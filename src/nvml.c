@@ -31,6 +31,7 @@ static struct {
     nvml_return (*init)(void);
     const char *(*error_string)(nvml_return);
     nvml_return (*handle_by_index)(unsigned, nvml_device *);
+    nvml_return (*handle_by_pci)(const char *, nvml_device *);
     nvml_return (*name)(nvml_device, char *, unsigned);
     nvml_return (*uuid)(nvml_device, char *, unsigned);
     nvml_return (*driver)(char *, unsigned);
@@ -67,6 +68,8 @@ int nvml_open(char *msg, size_t msglen) {
             nv.error_string = (const char *(*)(nvml_return))sym("nvmlErrorString", NULL);
             nv.handle_by_index = (nvml_return(*)(unsigned, nvml_device *))sym("nvmlDeviceGetHandleByIndex_v2",
                                                                                 "nvmlDeviceGetHandleByIndex");
+            nv.handle_by_pci = (nvml_return(*)(const char *, nvml_device *))sym("nvmlDeviceGetHandleByPciBusId_v2",
+                                                                                 "nvmlDeviceGetHandleByPciBusId");
             nv.name = (nvml_return(*)(nvml_device, char *, unsigned))sym("nvmlDeviceGetName", NULL);
             nv.uuid = (nvml_return(*)(nvml_device, char *, unsigned))sym("nvmlDeviceGetUUID", NULL);
             nv.driver = (nvml_return(*)(char *, unsigned))sym("nvmlSystemGetDriverVersion", NULL);
@@ -171,6 +174,22 @@ int nvml_memory_used(long long *used, long long pid, long long *pid_used) {
                 if ((long long)p[i].pid == pid) *pid_used = (long long)p[i].used_gpu_memory;
     }
     return 0;
+}
+
+int nvml_other_processes(const char *pci_bus_id, long long self_pid, long long *pid, long long *mem) {
+    *pid = *mem = -1;
+    nvml_device d;
+    if (nvml_open(NULL, 0) || !nv.handle_by_pci || !nv.processes || nv.handle_by_pci(pci_bus_id, &d)) return -1;
+    struct nvml_process p[64];
+    unsigned n = 64;
+    if (nv.processes(d, &n, p)) return -1;
+    int others = 0;
+    for (unsigned i = 0; i < n && i < 64; i++)
+        if ((long long)p[i].pid != self_pid && !others++) {
+            *pid = p[i].pid;
+            *mem = (long long)p[i].used_gpu_memory;
+        }
+    return others;
 }
 
 void nvml_reason_names(long long bits, char *buf, size_t len) {

@@ -51,6 +51,10 @@ void nvml_read(struct nvml_sample *s);
 // Device memory in use (bytes) and the memory of one process (bytes, -1 when unknown). Fast
 // enough to poll every few milliseconds. 0, or -1 when unavailable.
 int nvml_memory_used(long long *used, long long pid, long long *pid_used);
+// Compute processes other than self_pid on the GPU with this PCI bus id ("0000:1B:00.0", as
+// cudaDeviceGetPCIBusId writes it): their count, and the first one's pid and memory (bytes, -1
+// when unknown).  -1 when NVML cannot tell (absent, or the call failed).
+int nvml_other_processes(const char *pci_bus_id, long long self_pid, long long *pid, long long *mem);
 // "gpu_idle,sw_power_cap" into buf for the reason bits.
 void nvml_reason_names(long long bits, char *buf, size_t len);
 // Peak DRAM bandwidth in GB/s from the max memory clock and bus width (DDR: 2 transfers per

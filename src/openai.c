@@ -245,6 +245,13 @@ static int parse_response_format(const json_t *v, struct job *j, struct req_erro
     return 0;
 }
 
+bool session_id_valid(const char *s, size_t len) {
+    if (len < 1 || len > MAX_SESSION_ID) return false;
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e) return false;
+    return true;
+}
+
 // Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
@@ -252,6 +259,11 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
     j->tok = oc->tok;
     const json_t *v;
     if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
+    // OpenAI's `user`: a stable end-user id.  Mirrored as X-Session-Id so a balancer can keep the
+    // conversation on this replica; an id that cannot be a header value is accepted, not mirrored.
+    if (get_opt(body, "user", JSON_STRING, &v, re)) return -1;
+    if (v && session_id_valid(json_string_value(v), json_string_length(v)))
+        memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
     *max_tokens = 0;   // 0: not given
     static const char *const mt_names[] = {"max_tokens", "max_completion_tokens"};
     for (int i = 0; i < 2; i++) {

@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "commands.h"
 #include "options.h"
+#include "web.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,7 +29,7 @@
 #include <unistd.h>
 
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
-                                                     "health", "metrics", "other"};
+                                                     "health", "metrics", "page", "other"};
 static const int status_codes[] = {200, 400, 401, 403, 404, 405, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
@@ -39,6 +40,7 @@ _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STAT
 struct request {
     enum endpoint ep;
     const char *model_id;   // GET /v1/models/{id}: the id (in MHD's url), else NULL
+    const struct web_file *file;   // EP_PAGE: the file of the chat page
     bool post;
     struct sbuf body;
     bool too_large;
@@ -48,8 +50,17 @@ struct request {
     struct job *job;        // once queued
 };
 
-static enum endpoint route(const char *url, const char **model_id) {
+// The chat page's file at this URL path ("/" is index.html), or NULL.
+static const struct web_file *web_find(const char *url) {
+    if (!strcmp(url, "/")) url = "/index.html";
+    for (const struct web_file *f = web_files; f->path; f++)
+        if (!strcmp(f->path, url)) return f;
+    return NULL;
+}
+
+static enum endpoint route(const char *url, const char **model_id, const struct web_file **file) {
     *model_id = NULL;
+    if ((*file = web_find(url))) return EP_PAGE;
     if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
     if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
     if (!strcmp(url, "/v1/models")) return EP_MODELS;
@@ -122,6 +133,7 @@ static void cors_headers(const struct server *sv, struct MHD_Connection *c, stru
     const char *origin = cors_origin(sv, c);
     if (!origin) return;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Session-Id");
     MHD_add_response_header(r, "Vary", "Origin");
 }
 
@@ -154,11 +166,13 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     if (status == 400 || status == 403 || status == 413) MHD_add_response_header(r, "Connection", "close");
 }
 
-static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                const char *type, const char *body, size_t len) {
+// session: the X-Session-Id to mirror (a generation's session key), or NULL.
+static enum MHD_Result send_buf_session(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                        const char *type, const char *body, size_t len, const char *session) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    if (session) MHD_add_response_header(r, "X-Session-Id", session);
     status_headers(r, ep, status);
     cors_headers(sv, c, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
@@ -167,14 +181,24 @@ static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enu
     return ret;
 }
 
-static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                 json_t *body) {
+static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                const char *type, const char *body, size_t len) {
+    return send_buf_session(sv, c, ep, status, type, body, len, NULL);
+}
+
+static enum MHD_Result send_json_session(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                         json_t *body, const char *session) {
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14);
-    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
+    enum MHD_Result ret = send_buf_session(sv, c, ep, status, "application/json", s, strlen(s), session);
     free(s);
     return ret;
+}
+
+static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                 json_t *body) {
+    return send_json_session(sv, c, ep, status, body, NULL);
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
@@ -266,8 +290,17 @@ static void sse_free(void *cls) {
 }
 
 
+// A generation's session key, for a balancer's affinity: the X-Session-Id header, else the body's
+// `user`.  Calla itself needs none (its cache matches prompts by prefix); it mirrors the key into
+// the answer's X-Session-Id so that a balancer or a client can learn it.
 static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection *c, struct request *rq) {
     struct req_error re = {0};
+    const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    if (sid && !session_id_valid(sid, strlen(sid))) {
+        sbuf_free(&rq->body);
+        return send_error(sv, c, rq->ep, 400, NULL,
+                          "X-Session-Id must be 1 to 128 visible ASCII characters (no spaces or control characters)");
+    }
     struct job *j = openai_parse_request(&sv->oc, rq->ep, rq->body.p ? rq->body.p : "", rq->body.len, &re);
     sbuf_free(&rq->body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -276,6 +309,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
+    const char *session = sid ? sid : j->session[0] ? j->session : NULL;
     pthread_mutex_lock(&sv->mu);
     sv->open_jobs++;
     pthread_mutex_unlock(&sv->mu);
@@ -288,6 +322,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        if (session) MHD_add_response_header(r, "X-Session-Id", session);
         cors_headers(sv, c, r);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
@@ -300,7 +335,38 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg);
     json_t *o = completion_json(j);
     if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
-    return send_json(sv, c, rq->ep, 200, o);
+    return send_json_session(sv, c, rq->ep, 200, o, session);
+}
+
+// The chat page: same-origin only (its scripts, styles and requests come from this server; no
+// inline script, no eval, no frames), never sniffed, never cached stale across an upgrade.
+static const char page_csp[] = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'";
+
+static const char *web_type(const char *path) {
+    static const char *const types[][2] = {{".html", "text/html; charset=utf-8"},
+                                           {".js", "text/javascript; charset=utf-8"},
+                                           {".css", "text/css; charset=utf-8"},
+                                           {".svg", "image/svg+xml"}};
+    const char *dot = strrchr(path, '.');
+    for (size_t i = 0; dot && i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(dot, types[i][0])) return types[i][1];
+    return "application/octet-stream";
+}
+
+static enum MHD_Result send_page(struct server *sv, struct MHD_Connection *c, const struct web_file *f) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(f->len, (void *)f->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", web_type(f->path));
+    MHD_add_response_header(r, "Content-Security-Policy", page_csp);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_request(sv, EP_PAGE, 200);
+    return ret;
 }
 
 // A CORS preflight: 204 with the allowances for an origin in --cors-origin, else 403.
@@ -311,7 +377,7 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     if (!r) return MHD_NO;
     cors_headers(sv, c, r);
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     enum MHD_Result ret = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);
@@ -327,13 +393,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {   // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url, &rq->model_id);
+        rq->ep = route(url, &rq->model_id, &rq->file);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
         rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
         if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
         else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
-        else if (rq->ep != EP_HEALTH && !rq->preflight &&   // a preflight carries no credentials
+        else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight &&   // the page asks for the key itself;
+                                                                                  // a preflight carries no credentials
                  !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
             rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
         if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
@@ -375,8 +442,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int depth = sv->depth, running = sv->running != NULL;
         pthread_mutex_unlock(&sv->mu);
         return send_json(sv, c, EP_HEALTH, draining ? 503 : 200,
-                         json_pack("{s:s, s:i, s:i}", "status", draining ? "draining" : "ok", "queue_depth", depth,
-                                   "running", running));
+                         json_pack("{s:s, s:i, s:i, s:b}", "status", draining ? "draining" : "ok", "queue_depth", depth,
+                                   "running", running, "api_key_required", sv->auth.n > 0));
     }
     case EP_MODELS: {
         json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
@@ -388,6 +455,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     case EP_METRICS:
         return send_metrics(sv, c);
+    case EP_PAGE:
+        return send_page(sv, c, rq->file);
     default:
         return handle_generate(sv, c, rq);
     }
@@ -454,7 +523,7 @@ int cmd_serve(int argc, char **argv) {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
-        .prefill_chunk = QWEN_PREFILL_CHUNK,
+        .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -462,6 +531,8 @@ int cmd_serve(int argc, char **argv) {
         {"port", OPT_INT, &cfg.port, 0, 65535, "TCP port (default 8080; 0: any free port, printed at start)"},
         {"backend", OPT_STR, &cfg.backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
         {"threads", OPT_INT, &cfg.threads, 0, 1024, "CPU backend threads (0: all cores)"},
+        {"device", OPT_INT, &cfg.device, 0, 255, "the GPU (CUDA backend; numbered within CUDA_VISIBLE_DEVICES; default 0); "
+                                                 "refused when missing or busy: one replica per GPU"},
         {"model-name", OPT_STR, &cfg.model_name, 0, 0, "model id in responses (default: the directory name)"},
         {"context", OPT_INT, &cfg.context, 16, QWEN_MAX_CTX, "tokens per sequence: prompt + max_tokens + 1 must fit (default 262144)"},
         {"queue", OPT_INT, &cfg.queue, 0, 4096, "requests that may wait behind the running one; past it 503 (default 16)"},
@@ -484,7 +555,8 @@ int cmd_serve(int argc, char **argv) {
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
-    const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics";
+    const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                          "/metrics, and a chat page at /";
     if (opts_wants_help(argc, argv)) {
         opts_usage(stdout, "serve", summary, opts, nopts);
         return 0;
@@ -499,6 +571,11 @@ int cmd_serve(int argc, char **argv) {
         opts_usage(stderr, "serve", summary, opts, nopts);
         return 2;
     }
+    if (cfg.device >= 0 && cfg.backend && strcmp(cfg.backend, "cuda")) {
+        fprintf(stderr, "calla serve: --device is for the CUDA backend (--backend %s has no devices)\n", cfg.backend);
+        return 2;
+    }
+    if (cfg.device >= 0 && !cfg.backend) cfg.backend = "cuda";   // a GPU was asked for: no quiet fall-back to the CPU
     char name[256];
     if (!cfg.model_name) {
         size_t l = strlen(cfg.model_dir);
@@ -541,9 +618,14 @@ int cmd_serve(int argc, char **argv) {
     if (!sv->auth.n && !sv->loopback)
         fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
                         "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
-    struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads};
+    struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads,
+                                .device = cfg.device >= 0 ? (int)cfg.device : 0, .gpu_exclusive = true};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (cvd && (!cfg.backend || !strcmp(cfg.backend, "cuda")))
+            fprintf(stderr, "HINT: CUDA_VISIBLE_DEVICES=\"%s\": CUDA sees only the GPUs it lists, numbered from 0, "
+                            "and --device counts among them\n", cvd);
         goto out_engine;
     }
     sv->vocab = engine_geometry(sv->e)->vocab;
@@ -583,11 +665,16 @@ int cmd_serve(int argc, char **argv) {
         goto out_worker;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(sv->d, MHD_DAEMON_INFO_BIND_PORT);
+    char gpu_name[32] = "";
+    if (strcmp(engine_backend(sv->e), "cpu")) snprintf(gpu_name, sizeof gpu_name, " on GPU %d", eo.device);
     fprintf(stderr,
-            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s, context %lld, queue %lld, cache %lld+%lld)\n",
+            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s%s, context %lld, queue %lld, cache %lld+%lld)\n",
             addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
-            di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), cfg.context, cfg.queue,
+            di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), gpu_name, cfg.context, cfg.queue,
             cfg.cache_entries, cfg.cache_boundaries);
+    fprintf(stderr, "calla serve: chat page: http://%s%s%s:%u/ (API: /v1, metrics: /metrics)\n",
+            addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
+            di ? di->port : (unsigned)cfg.port);
     fflush(stderr);
 
     // Wait for a signal, then drain: no new work; queued and running requests may finish for

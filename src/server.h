@@ -9,6 +9,7 @@
 //   toolcall.c   tools: Python-exact tojson for the template, the incremental tool-call parser
 //   constrain.c  structured output: JSON Schema subset (and the tool-call grammar) -> a matcher
 //   auth.c       API keys
+//   web/         the chat page served at / (HTML, CSS, JavaScript; compiled in, see web.h)
 //
 // A job is shared by its connection and the worker (reference counted, one mutex each).
 #pragma once
@@ -37,6 +38,7 @@ enum {
     RETRY_AFTER_S = 1,        // Retry-After on 503 queue full
     MAX_TOP_LOGPROBS = 20,    // OpenAI's limit on top_logprobs
     MAX_TOOLS = 128,          // OpenAI's limit on tools
+    MAX_SESSION_ID = 128,     // X-Session-Id / `user` bytes mirrored into the response (balancer affinity)
 };
 
 // The log-probability of a generated token and of the most likely alternatives.
@@ -69,6 +71,7 @@ struct server_config {
     struct opt_strs cors_origins;  // --cors-origin, repeatable
     long long max_per_ip;         // connections from one address
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
+    long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
 };
 
 // ---- a growable byte buffer --------------------------------------------------------------------
@@ -83,7 +86,7 @@ void sbuf_free(struct sbuf *b);
 
 // ---- metrics -----------------------------------------------------------------------------------
 
-enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
+enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT };
 enum { N_STATUS = 10 };   // the statuses counted one by one (server.c: status_codes)
 
 struct metrics {
@@ -136,6 +139,7 @@ struct job {
     size_t stop_len[MAX_STOPS];
     int n_stops;
     char id[48];
+    char session[MAX_SESSION_ID + 1];   // the request's `user`, when it can be a header value ("": none)
     long long created;
     const char *model_name;
     double t_queued;
@@ -202,6 +206,9 @@ int openai_render_chat(const json_t *body, struct job *j, char **out, unsigned c
                        size_t *boundary, struct req_error *re);
 // Starts the job's tool-call parser (j->tools set): the answer channel's text goes through it.
 void openai_job_tools(struct job *j);
+// Can s be a session key (X-Session-Id, or `user` mirrored into it)?  1 to MAX_SESSION_ID visible
+// ASCII characters: a header value as it is, and a key a balancer hashes the same everywhere.
+bool session_id_valid(const char *s, size_t len);
 // A request body -> a job ready to queue (prompt tokens, limits, stops), or NULL and re.
 struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, const char *data, size_t len,
                                  struct req_error *re);

@@ -180,12 +180,41 @@ def chat_body(messages, max_tokens=4, **kw):
 
 # ---- tests -----------------------------------------------------------------------------------
 
+def test_session_key(port):
+    """X-Session-Id (or the body's `user`) comes back in the answer's X-Session-Id (balancer affinity)."""
+    body = chat_body([{"role": "user", "content": "session"}], max_tokens=1)
+    st, h, _ = post(port, "/v1/chat/completions", body, headers={"X-Session-Id": "conv-42"})
+    check("X-Session-Id mirrored", st == 200 and h.get("x-session-id") == "conv-42", h)
+    st, h, _ = post(port, "/v1/chat/completions", dict(body, user="user-7"))
+    check("user mirrored as X-Session-Id", st == 200 and h.get("x-session-id") == "user-7", h)
+    st, h, _ = post(port, "/v1/chat/completions", dict(body, user="user-7"), headers={"X-Session-Id": "hdr"})
+    check("X-Session-Id header wins over user", st == 200 and h.get("x-session-id") == "hdr", h)
+    st, h, _ = post(port, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1, "user": "u c"})
+    check("user that cannot be a header: served, not mirrored", st == 200 and "x-session-id" not in h, h)
+    st, h, _ = post(port, "/v1/chat/completions", body)
+    check("no session key: no X-Session-Id", st == 200 and "x-session-id" not in h, h)
+    st, _, j = post(port, "/v1/chat/completions", dict(body, user=7))
+    check("user not a string -> 400", st == 400 and j["error"]["param"] == "user", j)
+    st, _, j = post(port, "/v1/chat/completions", body, headers={"X-Session-Id": "x" * 129})
+    check("X-Session-Id too long -> 400", st == 400 and "X-Session-Id" in j["error"]["message"], j)
+    c = http.client.HTTPConnection(HOST, port, timeout=TIMEOUT)
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)).encode(),
+                  headers={"Content-Type": "application/json", "X-Session-Id": "s-stream"})
+        r = c.getresponse()
+        r.read()
+        check("X-Session-Id mirrored on a stream", r.status == 200 and r.getheader("X-Session-Id") == "s-stream")
+    finally:
+        c.close()
+
+
 def test_endpoints(port):
     st, _, b = request(port, "GET", "/health")
     check("GET /health 200", st == 200 and json.loads(b)["status"] == "ok", b)
     st, _, b = request(port, "GET", "/v1/models")
     j = json.loads(b)
     check("GET /v1/models lists one model", st == 200 and j["object"] == "list" and len(j["data"]) == 1, b)
+    check_page(port)
     st, h, b = request(port, "GET", "/metrics")
     check("GET /metrics is Prometheus text", st == 200 and b"# TYPE calla_requests_total counter" in b
           and h.get("content-type", "").startswith("text/plain"), b[:300])
@@ -242,6 +271,41 @@ def test_endpoints(port):
                     temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
                     logit_bias={}, logprobs=False, max_completion_tokens=1))
     check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+
+
+def check_page(port):
+    """The chat page's files (src/web/, compiled in); its behaviour in a browser: tests/test_browser.py."""
+    st, h, b = request(port, "GET", "/")
+    csp = h.get("content-security-policy", "")
+    check("GET / -> the chat page, HTML with a strict CSP, not sniffed, not framed",
+          st == 200 and h.get("content-type") == "text/html; charset=utf-8" and b"<textarea" in b
+          and "default-src 'self'" in csp and "'unsafe-inline'" not in csp and "'unsafe-eval'" not in csp
+          and "frame-ancestors 'none'" in csp and h.get("x-content-type-options") == "nosniff", (st, h))
+    st2, _, b2 = request(port, "GET", "/index.html")
+    check("GET /index.html is the same page", st2 == 200 and b2 == b)
+    for path, ctype, marker in (("/app.js", "text/javascript; charset=utf-8", b"renderMarkdown"),
+                                ("/app.css", "text/css; charset=utf-8", b"prefers-color-scheme")):
+        st, h, b = request(port, "GET", path)
+        check(f"GET {path}: {ctype}", st == 200 and h.get("content-type") == ctype and marker in b, (st, h))
+    web = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "web")
+    same = True
+    for name in sorted(os.listdir(web)):
+        with open(os.path.join(web, name), "rb") as f:
+            same = same and request(port, "GET", "/" + name)[2] == f.read()
+    check("the page served is src/web/ as it is (each file compiled in byte for byte)", same)
+    st, h, b = request(port, "HEAD", "/")
+    check("HEAD / -> 200, no body", st == 200 and b == b"" and h.get("content-type", "").startswith("text/html"), (st, h))
+    st, h, _ = request(port, "POST", "/", b"{}")
+    check("POST / -> 405, Allow: GET, HEAD", st == 405 and h.get("allow") == "GET, HEAD", (st, h))
+    for path in ("/app.js/", "/web.h", "/../src/web/app.js", "/index.htm"):
+        st, _, _ = request(port, "GET", path)
+        check(f"GET {path} -> 404", st == 404, st)
+    st, _, b = request(port, "GET", "/", headers={"Host": "evil.example"})
+    check("GET / with a foreign Host -> 403 (no DNS rebinding to the page)", st == 403, st)
+    st, _, b = request(port, "GET", "/metrics")
+    check("metrics count the page", b'calla_requests_total{endpoint="page",status="200"}' in b, b[:2000])
+    st, _, b = request(port, "GET", "/health")
+    check("/health: api_key_required false without --api-key", st == 200 and json.loads(b)["api_key_required"] is False, b)
 
 
 def check_chat_logprobs(name, lp, ids, k):
@@ -849,8 +913,12 @@ def test_auth(binary, model, tmpdir):
                  "--api-key", "k-two", "--api-key-file", keyfile)
     try:
         port = srv.port
-        st, _, _ = request(port, "GET", "/health")
-        check("auth: /health stays open", st == 200, st)
+        st, _, b = request(port, "GET", "/health")
+        check("auth: /health stays open and says a key is needed (the page asks for it)",
+              st == 200 and json.loads(b)["api_key_required"] is True, (st, b))
+        for path in ("/", "/app.js", "/app.css"):
+            st, _, _ = request(port, "GET", path)
+            check(f"auth: the page's {path} loads without a key", st == 200, st)
         body = {"prompt": [1, 2], "max_tokens": 1}
         for name, hdr in [("no header", {}), ("wrong key", {"Authorization": "Bearer k-on"}),
                           ("longer key", {"Authorization": "Bearer k-one1"}), ("not Bearer", {"Authorization": "Basic k-one"}),
@@ -994,12 +1062,14 @@ def test_hardening(binary, model, port):
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, **ch))
         check("CORS: preflight from a --cors-origin origin -> 204 with the allowances (no key needed)",
               st == 204 and h.get("access-control-allow-origin") == "https://app.example"
-              and "Authorization" in h.get("access-control-allow-headers", ""), (st, h))
+              and "Authorization" in h.get("access-control-allow-headers", "")
+              and "X-Session-Id" in h.get("access-control-allow-headers", ""), (st, h))
         st, h, _ = request(p, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin="https://evil.example", **ch))
         check("CORS: preflight from another origin -> 403", st == 403 and "access-control-allow-origin" not in h, (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://app.example", Authorization="Bearer k"))
-        check("CORS: a request from the origin carries Access-Control-Allow-Origin",
-              st == 200 and h.get("access-control-allow-origin") == "https://app.example", (st, h))
+        check("CORS: a request from the origin carries Access-Control-Allow-Origin (and exposes X-Session-Id)",
+              st == 200 and h.get("access-control-allow-origin") == "https://app.example"
+              and h.get("access-control-expose-headers") == "X-Session-Id", (st, h))
         st, h, _ = request(p, "GET", "/v1/models", headers=dict(ch, Origin="https://evil.example", Authorization="Bearer k"))
         check("CORS: from another origin, no Access-Control-Allow-Origin", "access-control-allow-origin" not in h, (st, h))
         st, _, _ = request(p, "GET", "/health", headers={"Host": "calla.internal:%d" % p})
@@ -1148,6 +1218,7 @@ def main():
     nocache = Server(a.bin, a.model, *common, "--cache-entries", 0, "--cache-boundaries", 0, "--quiet")
     try:
         test_endpoints(main_srv.port)
+        test_session_key(main_srv.port)
         n_bad = test_bad_input(main_srv.port, max_body)
         print(f"bad-input cases: {n_bad}", flush=True)
         test_mutations(main_srv.port, 100 if a.quick else 300)

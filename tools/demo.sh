@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo on a fresh Debian machine: install the build dependencies if missing, build, write a
-# small synthetic model (test geometry "small") and generate from it, on the GPU when an sm_90
-# GPU is present, else on the CPU.
+# small synthetic model (test geometry "small"), generate from it, then serve it: the chat page,
+# the OpenAI API and the metrics at http://127.0.0.1:8080/ (DEMO_PORT to change) until Ctrl-C.
+# On the GPU when an sm_90 GPU is present, else on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! pkg-config --exists jansson libmicrohttpd libpcre2-8 libutf8proc 2>/dev/null; then
@@ -19,3 +20,12 @@ echo "--- calla run --chat (random weights: the text is gibberish, the machinery
 build/calla run --model "$model" --chat "Write a haiku about the sea." --max-tokens 24
 echo "--- calla run --prompt-tokens"
 build/calla run --model "$model" --prompt-tokens 760,3841,13477,37550 --max-tokens 16
+port=${DEMO_PORT:-8080}
+cat <<EOF
+--- calla serve: the whole product on the demo model (Ctrl-C stops it)
+    chat page: http://127.0.0.1:$port/
+    API:       curl -s http://127.0.0.1:$port/v1/chat/completions -H 'Content-Type: application/json' \\
+                   -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
+    metrics:   curl -s http://127.0.0.1:$port/metrics
+EOF
+exec build/calla serve --model "$model" --port "$port" --context 32768 --default-max-tokens 256

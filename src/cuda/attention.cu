@@ -274,6 +274,384 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     }
 }
 
+// ---- decode attention, all warps busy -----------------------------------------------------------
+//
+// For GQA groups of G = D / 32 heads (this model: G = 8, D = 256; the test geometries too): a block
+// (split, kv head) of 16 warps, NW = 16 / G warps per head, each taking its own tile of 32 keys of
+// the block's KI = 32 NW keys an iteration (one key a lane for the scores, then P V with the weights
+// broadcast), with its own online softmax; the NW partial softmaxes of a head merge at the end.
+// K/V of the next iteration are loaded into registers while this one computes; the first
+// iteration's keys before the current position are loaded before waiting on the predecessor (they
+// were written by earlier steps). K rows sit in shared memory with 16-byte chunks XOR-swizzled by
+// the row, so a warp reading chunk c of 32 rows touches every bank.
+enum { DA_WARPS = 16, DA_THREADS = DA_WARPS * WARP_SIZE };
+static int g_dec_attn = 2;
+extern "C" void k_set_dec_attn(int v) { g_dec_attn = v; }
+
+template <int D>
+static __global__ void __launch_bounds__(DA_THREADS, 1)
+    dec_attn_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos, int cap,
+                    int n_heads) {
+    constexpr int G = D / 32, NW = DA_WARPS / G, KI = 32 * NW, CH = D / 8;   // CH: 16-byte chunks a row
+    constexpr int PT = KI * CH / DA_THREADS;                                   // chunks a thread loads, K and V each
+    static_assert(PT * DA_THREADS == KI * CH, "tile loads");
+    extern __shared__ __align__(16) uint4 da_smem[];
+    uint4 *Ks = da_smem, *Vs = da_smem + KI * CH;
+    __shared__ __align__(16) float qs[G][D];
+    const int kvh = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int hw = warp % G, pw = warp / G, h = kvh * G + hw;
+    const int pos = *d_pos;   // written before the step's first kernel (see below)
+    int n, split_len;
+    dec_split(pos + 1, gridDim.x, &n, &split_len);
+    if ((int)blockIdx.x >= n) return;
+    split_len = CEIL_DIV(split_len, KI) * KI;
+    const int kb = blockIdx.x * split_len, ke = min(kb + split_len, pos + 1);
+    const uint4 *kbase = (const uint4 *)(kc + (size_t)kvh * cap * D), *vbase = (const uint4 *)(vc + (size_t)kvh * cap * D);
+    uint4 kr[PT], vr[PT];
+    // rows [k0, k0 + KI) below `below` into registers (zeros elsewhere)
+    auto load = [&](int k0, int below) {
+#pragma unroll
+        for (int j = 0; j < PT; j++) {
+            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
+            kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+            if (k0 + r < below) {
+                kr[j] = __ldg(kbase + (size_t)(k0 + r) * CH + c);
+                vr[j] = __ldg(vbase + (size_t)(k0 + r) * CH + c);
+            }
+        }
+    };
+    // This kernel runs only once its predecessor (attn_prep) has passed its own wait, so everything
+    // before attn_prep (the position copy, earlier steps' K/V) is complete: keys < pos need no wait.
+    load(kb, min(ke, pos));
+    pdl_wait();
+    pdl_trigger();
+    if (kb <= pos && pos < kb + KI) {   // the current key: written by attn_prep
+#pragma unroll
+        for (int j = 0; j < PT; j++) {
+            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
+            if (kb + r == pos) kr[j] = __ldg(kbase + (size_t)pos * CH + c), vr[j] = __ldg(vbase + (size_t)pos * CH + c);
+        }
+    }
+    for (int d = threadIdx.x; d < G * D; d += DA_THREADS) qs[d / D][d % D] = q[(size_t)kvh * G * D + d];
+    float m = -INFINITY, l = 0, o[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) o[i] = 0;
+    const float scale = rsqrtf((float)D);
+    for (int k0 = kb; k0 < ke; k0 += KI) {
+        __syncthreads();   // the previous iteration's readers are done
+#pragma unroll
+        for (int j = 0; j < PT; j++) {
+            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
+            Ks[r * CH + (c ^ (r & 7))] = kr[j];
+            Vs[i] = vr[j];
+        }
+        __syncthreads();
+        if (k0 + KI < ke) load(k0 + KI, ke);   // in flight while this iteration computes
+        const int t0 = k0 + pw * 32;            // this warp's tile
+        if (t0 >= ke) continue;
+        const int r = pw * 32 + lane, key = t0 + lane;
+        float s = -INFINITY;
+        if (key < ke) {
+            float acc = 0;
+            const float4 *q4 = (const float4 *)qs[hw];
+#pragma unroll 4
+            for (int c = 0; c < CH; c++) {
+                const uint4 w = Ks[r * CH + (c ^ (r & 7))];
+                const float4 a = q4[2 * c], b = q4[2 * c + 1];
+                acc += a.x * __uint_as_float(w.x << 16) + a.y * __uint_as_float(w.x & 0xffff0000u) +
+                       a.z * __uint_as_float(w.y << 16) + a.w * __uint_as_float(w.y & 0xffff0000u) +
+                       b.x * __uint_as_float(w.z << 16) + b.y * __uint_as_float(w.z & 0xffff0000u) +
+                       b.z * __uint_as_float(w.w << 16) + b.w * __uint_as_float(w.w & 0xffff0000u);
+            }
+            s = acc * scale;
+        }
+        const float m_new = fmaxf(m, warp_max(s));
+        const float pj = key < ke ? expf(s - m_new) : 0.0f;
+        const float corr = expf(m - m_new);
+        l = l * corr + warp_sum(pj);
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) o[i] *= corr;
+        const int nv = min(32, ke - t0);
+        const uint32_t *vw = (const uint32_t *)(Vs + pw * 32 * CH);
+        for (int jj = 0; jj < nv; jj++) {
+            const float pv = __shfl_sync(0xffffffffu, pj, jj);
+#pragma unroll
+            for (int i = 0; i < D / 64; i++) {   // dims 2 (lane + 32 i), + 1
+                const uint32_t w = vw[jj * (D / 2) + lane + WARP_SIZE * i];
+                o[2 * i] += pv * __uint_as_float(w << 16);
+                o[2 * i + 1] += pv * __uint_as_float(w & 0xffff0000u);
+            }
+        }
+        m = m_new;
+    }
+    // merge the NW partial softmaxes of each head (scratch in the K/V tiles)
+    __syncthreads();
+    float *scr = (float *)da_smem + (size_t)warp * (D + 2);
+    if (lane == 0) scr[0] = m, scr[1] = l;
+#pragma unroll
+    for (int i = 0; i < D / 64; i++) ((float2 *)(scr + 2))[lane + WARP_SIZE * i] = make_float2(o[2 * i], o[2 * i + 1]);
+    __syncthreads();
+    if (pw) return;
+    float M = -INFINITY;
+    for (int p = 0; p < NW; p++) M = fmaxf(M, ((float *)da_smem)[(size_t)(p * G + hw) * (D + 2)]);
+    float L = 0, wt[NW];
+#pragma unroll
+    for (int p = 0; p < NW; p++) {
+        const float *sp = (float *)da_smem + (size_t)(p * G + hw) * (D + 2);
+        wt[p] = sp[0] == -INFINITY ? 0.0f : expf(sp[0] - M);
+        L += sp[1] * wt[p];
+    }
+    float *pp = part + ((size_t)h * gridDim.x + blockIdx.x) * (D + 2);
+    if (lane == 0) pp[0] = M, pp[1] = L;
+    for (int d = lane; d < D; d += WARP_SIZE) {
+        float acc = 0;
+#pragma unroll
+        for (int p = 0; p < NW; p++) acc += ((float *)da_smem)[(size_t)(p * G + hw) * (D + 2) + 2 + d] * wt[p];
+        pp[2 + d] = acc;
+    }
+}
+
+// ---- decode attention on the tensor cores ---------------------------------------------------------
+//
+// The prefill kernel's arithmetic (below) for one token: a block (split, kv head) of 4 warps; the
+// G <= 16 query heads of the kv head are the rows of one 16-row A tile (rows past G are zeros and
+// never stored); the block streams its keys in tiles of 64 through a two-stage cp.async pipeline and
+// warp w takes keys 16 w .. 16 w + 15 of every tile with its own online softmax; the four merge at
+// the end into the split's partial (m in natural-log units, l, o) for dec_combine_kernel. Q and P go
+// to the tensor cores as hi + lo bf16 (fp32-level error, as in prefill). Keys before the current
+// position are requested before waiting on the predecessor (earlier steps wrote them).
+enum { DT_WARPS = 4, DT_THREADS = DT_WARPS * WARP_SIZE, DT_BN = 64 };
+static size_t dec_tc_smem(int D) { return (size_t)(2 * 16 + 4 * DT_BN) * D * sizeof(uint16_t); }
+
+template <int D>
+static __global__ void __launch_bounds__(DT_THREADS, 1)
+    dec_attn_tc_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos, int cap,
+                       int n_heads, int n_kv) {
+    constexpr int CH = D / 8;
+    extern __shared__ __align__(16) uint16_t dt_smem[];
+    uint16_t *Qh = dt_smem, *Ql = Qh + 16 * D, *Kb = Ql + 16 * D, *Vb = Kb + 2 * DT_BN * D;   // K, V: [2][64][D]
+    const int G = n_heads / n_kv, kvh = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
+    const int pos = *d_pos;   // see dec_attn_kernel: written before the step's first kernel
+    int n, split_len;
+    dec_split(pos + 1, gridDim.x, &n, &split_len);
+    if ((int)blockIdx.x >= n) return;
+    split_len = CEIL_DIV(split_len, DT_BN) * DT_BN;
+    const int kb = blockIdx.x * split_len, ke = min(kb + split_len, pos + 1);
+    const int n_tiles = ke > kb ? CEIL_DIV(ke - kb, DT_BN) : 0;
+    const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
+    // tile j's keys below `below` (zeros past ke; the row `below` .. ke - 1 is left for later)
+    auto load_tile = [&](int j, int below) {
+        uint16_t *Kd = Kb + (j & 1) * DT_BN * D, *Vd = Vb + (j & 1) * DT_BN * D;
+        for (int i = tid; i < DT_BN * CH; i += DT_THREADS) {
+            const int r = i / CH, c = i % CH, key = kb + j * DT_BN + r;
+            if (key >= below && key < ke) continue;
+            const bool ok = key < ke;
+            const size_t at = (size_t)(ok ? key : 0) * D + c * 8;
+            cp_async16(Kd + r * D + swz(r, c) * 8, kbase + at, ok ? 16 : 0);
+            cp_async16(Vd + r * D + swz(r, c) * 8, vbase + at, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (n_tiles) load_tile(0, min(ke, pos));
+    pdl_wait();
+    pdl_trigger();
+    if (n_tiles && pos - kb < DT_BN && pos >= kb) {   // the current key, written by attn_prep
+        const int r = pos - kb;
+        for (int c = tid; c < CH; c += DT_THREADS) {
+            *(uint4 *)(Kb + r * D + swz(r, c) * 8) = *(const uint4 *)(kbase + (size_t)pos * D + c * 8);
+            *(uint4 *)(Vb + r * D + swz(r, c) * 8) = *(const uint4 *)(vbase + (size_t)pos * D + c * 8);
+        }
+    }
+    for (int i = tid; i < 16 * CH; i += DT_THREADS) {   // Q rows -> hi/lo bf16
+        const int r = i / CH, c = i % CH;
+        float v[8] = {};
+        if (r < G) {
+            const float4 *src = (const float4 *)(q + ((size_t)kvh * G + r) * D + c * 8);
+            const float4 a = src[0], b = src[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        uint16_t hi[8], lo[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) split_bf16(v[e], &hi[e], &lo[e]);
+        const int at = r * D + swz(r, c) * 8;
+        *(uint4 *)(Qh + at) = make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
+        *(uint4 *)(Ql + at) = make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
+    }
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
+    float acc[D / 8][4] = {};
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    for (int j = 0; j < n_tiles; j++) {
+        if (j + 1 < n_tiles) {
+            load_tile(j + 1, ke);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *Kt = Kb + (j & 1) * DT_BN * D, *Vt = Vb + (j & 1) * DT_BN * D;
+        float s[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t ah[4], al[4], b[4];
+            const int qr = lane % 16, qc = ks * 2 + lane / 16;
+            ldsm_x4(ah, Qh + qr * D + swz(qr, qc) * 8);
+            ldsm_x4(al, Ql + qr * D + swz(qr, qc) * 8);
+            const int kr = warp * 16 + lane % 8 + 8 * (lane / 16), kcn = ks * 2 + (lane / 8) % 2;
+            ldsm_x4(b, Kt + kr * D + swz(kr, kcn) * 8);
+            mma_bf16(s[0], ah, b[0], b[1]);
+            mma_bf16(s[0], al, b[0], b[1]);
+            mma_bf16(s[1], ah, b[2], b[3]);
+            mma_bf16(s[1], al, b[2], b[3]);
+        }
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + j * DT_BN + warp * 16 + ni * 8 + 2 * c4 + (e & 1);
+                const float v = key < ke ? s[ni][e] * sl2 : -INFINITY;
+                s[ni][e] = v;
+                if (e < 2) mx_a = fmaxf(mx_a, v);
+                else mx_b = fmaxf(mx_b, v);
+            }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+        }
+        // a warp's keys can all lie past ke (the split's last tile): nothing changes then
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        const float corr_a = mn_a == -INFINITY ? 1.0f : exp2f(m_a - mn_a);
+        const float corr_b = mn_b == -INFINITY ? 1.0f : exp2f(m_b - mn_b);
+        m_a = mn_a;
+        m_b = mn_b;
+        float rs_a = 0, rs_b = 0;
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mn = e < 2 ? mn_a : mn_b;
+                const float p = s[ni][e] == -INFINITY ? 0.0f : exp2f(s[ni][e] - mn);
+                s[ni][e] = p;
+                if (e < 2) rs_a += p;
+                else rs_b += p;
+            }
+        l_a = l_a * corr_a + rs_a;
+        l_b = l_b * corr_b + rs_b;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            acc[dn][0] *= corr_a;
+            acc[dn][1] *= corr_a;
+            acc[dn][2] *= corr_b;
+            acc[dn][3] *= corr_b;
+        }
+        uint32_t ph[4], pl[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float *sv = &s[r / 2][2 * (r % 2)];
+            uint16_t h0, l0, h1, l1;
+            split_bf16(sv[0], &h0, &l0);
+            split_bf16(sv[1], &h1, &l1);
+            ph[r] = pack2(h0, h1);
+            pl[r] = pack2(l0, l1);
+        }
+#pragma unroll
+        for (int p = 0; p < D / 16; p++) {
+            uint32_t b[4];
+            const int vr = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2), vcn = p * 2 + lane / 16;
+            ldsm_x4_t(b, Vt + vr * D + swz(vr, vcn) * 8);
+            mma_bf16(acc[2 * p], ph, b[0], b[1]);
+            mma_bf16(acc[2 * p], pl, b[0], b[1]);
+            mma_bf16(acc[2 * p + 1], ph, b[2], b[3]);
+            mma_bf16(acc[2 * p + 1], pl, b[2], b[3]);
+        }
+        __syncthreads();   // every warp is done with stage j & 1 before it is loaded again
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    // merge the 4 warps: rows r < G of each warp as (m, l, o[D]) in scratch over the K/V stages
+    float *scr = (float *)Kb;
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = g + 8 * half;
+        if (r >= G) continue;
+        float *sp = scr + (size_t)(warp * 16 + r) * (D + 2);
+        if (c4 == 0) sp[0] = half ? m_b : m_a, sp[1] = half ? l_b : l_a;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *(float2 *)(sp + 2 + dn * 8 + 2 * c4) = make_float2(acc[dn][2 * half], acc[dn][2 * half + 1]);
+    }
+    __syncthreads();
+    for (int r = warp; r < G; r += DT_WARPS) {
+        float M = -INFINITY, wt[DT_WARPS], L = 0;
+#pragma unroll
+        for (int w = 0; w < DT_WARPS; w++) M = fmaxf(M, scr[(size_t)(w * 16 + r) * (D + 2)]);
+#pragma unroll
+        for (int w = 0; w < DT_WARPS; w++) {
+            const float *sp = scr + (size_t)(w * 16 + r) * (D + 2);
+            wt[w] = sp[0] == -INFINITY ? 0.0f : exp2f(sp[0] - M);
+            L += sp[1] * wt[w];
+        }
+        float *pp = part + ((size_t)(kvh * G + r) * gridDim.x + blockIdx.x) * (D + 2);
+        if (lane == 0) pp[0] = M * 0.6931471805599453f, pp[1] = L;   // natural-log units, as the split kernels
+        for (int d = lane; d < D; d += WARP_SIZE) {
+            float o = 0;
+#pragma unroll
+            for (int w = 0; w < DT_WARPS; w++) o += scr[(size_t)(w * 16 + r) * (D + 2) + 2 + d] * wt[w];
+            pp[2 + d] = o;
+        }
+    }
+}
+
+template <int D>
+static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
+                         int ns_max, int cap, int n_heads, int n_kv, void *stream) {
+    static bool attr;
+    if (!attr) {
+        const cudaError_t e = cudaFuncSetAttribute(dec_attn_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)dec_tc_smem(D));
+        if (e != cudaSuccess) return (int)e;
+        attr = true;
+    }
+    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), stream, q, kc, vc, part,
+                    d_pos, cap, n_heads, n_kv);
+}
+
+// Key splits for a decode grid over sequences of up to cap keys: at least AT_MIN_SPLIT keys a split,
+// and for dec_attn_kernel no more blocks than fit on the GPU at once (each iterates over its keys).
+extern "C" int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most) {
+    int n = CEIL_DIV(cap, AT_MIN_SPLIT);
+    if (n > most) n = most;
+    if ((g_dec_attn == 2 && n_kv > 0 && n_heads / n_kv <= 16) || (g_dec_attn == 1 && n_kv > 0 && (n_heads / n_kv) * 32 == D)) {
+        int dev = 0, sms = 1;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        const int fit = sms / n_kv;   // one 512-thread block an SM
+        if (n > fit) n = fit;
+    }
+    return n < 1 ? 1 : n;
+}
+
+template <int D>
+static int dec_attn_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
+                           int ns_max, int cap, int n_heads, int n_kv, void *stream) {
+    constexpr int CH = D / 8, KI = 32 * (DA_WARPS / (D / 32));
+    const size_t smem = 2 * (size_t)KI * CH * sizeof(uint4);
+    static bool attr;
+    if (!attr) {
+        const cudaError_t e = cudaFuncSetAttribute(dec_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        attr = true;
+    }
+    return launch_k(dec_attn_kernel<D>, dim3(ns_max, n_kv), dim3(DA_THREADS), smem, stream, q, kc, vc, part, d_pos, cap,
+                    n_heads);
+}
+
 extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                float *part, const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D,
                                void *stream) {
@@ -281,8 +659,16 @@ extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *
     if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS)
         return (int)cudaErrorInvalidValue;
     const dim3 grid(ns_max, n_kv, 1), threads(G * tokens_per_block(G) * WARP_SIZE);
-    int rc;
-    switch (D) {
+    int rc = -1;
+    if (g_dec_attn == 2 && G <= 16 && (D == 256 || D == 128 || D == 64)) {
+        rc = D == 256 ? dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
+           : D == 128 ? dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
+                      : dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream);
+    } else if (g_dec_attn && G * 32 == D && (D == 256 || D == 128 || D == 64)) {
+        rc = D == 256 ? dec_attn_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
+           : D == 128 ? dec_attn_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
+                      : dec_attn_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream);
+    } else switch (D) {
     case 256: rc = launch_k(attention_kernel<256>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
     case 128: rc = launch_k(attention_kernel<128>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
     case 64: rc = launch_k(attention_kernel<64>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;

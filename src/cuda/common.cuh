@@ -101,6 +101,57 @@ static __device__ void route_block(const float *x, int E, int k, float *p, int *
     __syncthreads();
 }
 
+enum { RW_MAXE = 256 };   // most experts route_warp handles (8 a lane)
+
+// The same routing by one warp (E <= RW_MAXE), a few microseconds sooner than route_block: lane l
+// holds experts l, l + 32, ...; the top k by k rounds of a warp-wide max over 64-bit keys
+// (probability, then the lower id), the weights renormalised by their sum in rank order.
+// Writes ids[0..k) and w[0..k) from lanes 0..k-1.
+static __device__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    float v[RW_MAXE / WARP_SIZE];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
+        const int e = lane + WARP_SIZE * j;
+        v[j] = e < E ? x[e] : -INFINITY;
+        mx = fmaxf(mx, v[j]);
+    }
+    mx = warp_max(mx);
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
+        v[j] = lane + WARP_SIZE * j < E ? expf(v[j] - mx) : 0.0f;
+        sum += v[j];
+    }
+    sum = warp_sum(sum);
+    unsigned long long key[RW_MAXE / WARP_SIZE];   // 0: padding or taken
+#pragma unroll
+    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
+        const uint32_t e = lane + WARP_SIZE * j;
+        key[j] = e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e) : 0ull;
+    }
+    float top = 0, my_p = 0;
+    int my_e = 0;
+    for (int i = 0; i < k; i++) {
+        unsigned long long b = 0;
+#pragma unroll
+        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) b = key[j] > b ? key[j] : b;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long t = __shfl_xor_sync(0xffffffffu, b, o);
+            b = t > b ? t : b;
+        }
+#pragma unroll
+        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++)
+            if (key[j] == b) key[j] = 0;
+        const float p = __uint_as_float((uint32_t)(b >> 32));
+        top += p;
+        if (lane == i) my_e = (int)(0xFFFFFFFFu - (uint32_t)b), my_p = p;
+    }
+    if (lane < k) ids[lane] = my_e, w[lane] = my_p / top;
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while its
 // predecessor finishes; it must wait before reading what the predecessor wrote. Both are no-ops
 // for a kernel launched without the attribute.

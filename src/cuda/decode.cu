@@ -3,27 +3,38 @@
 // A decode step streams ~1.9 GB of 4-bit weights and does ~6 GFLOP: every kernel here is a
 // matrix-vector product with its neighbours fused into it, so that a layer is 6 launches
 // (DeltaNet) or 8 (attention), each reading its weights once with 16-byte loads:
-//   k_dv            input staging (plain, RMSNorm, or the DeltaNet gated norm) + up to 4 matrices
+//   k_dv            input staging (plain or RMSNorm) + up to 4 matrices
 //                   in one grid + an epilogue per matrix: store, add into the residual, the causal
 //                   conv + SiLU of the DeltaNet channels, or store + argmax (lm_head)
 //   k_dv_moe_gateup routing (softmax, top-k) in every block, then gate and up of the k routed
-//                   experts and the shared expert with SwiGLU
+//                   experts and the shared expert with SwiGLU (fast mode: on the tensor cores)
 //   k_dv_moe_down   the down products of the k + 1 experts, weighted, added into the residual
-//   k_dv_gdn        the gated delta rule step of one value head slice (state in registers)
-// Activations stay fp32 (the exact formula: per group of 64, scale * sum(q x) + bias * sum(x)),
-// and codes become floats without conversion instructions: byte-permute a code under the exponent
-// of 2^23, subtract 2^23.
+//   k_dv_gdn        the gated delta rule step of one value head (state in registers) + its gated norm
+// Exact mode: activations stay fp32 (per group of 64, scale * sum(q x) + bias * sum(x)), and codes
+// become floats without conversion instructions: byte-permute a code under the exponent of 2^23,
+// subtract 2^23. Fast mode (the default) runs the products of 8,192 rows or more (the DeltaNet and
+// attention input projections, lm_head) and the experts' gate and up on the tensor cores with the
+// input rounded to bf16 (tcgemv.cuh): ~1.3 instructions per code instead of ~3.5.
 // The position is read on the device and no kernel depends on the host, so the whole step is one
-// CUDA graph; with programmatic dependent launch each kernel starts while its predecessor drains,
-// prefetches its own weights into L2, and waits only before reading the predecessor's output.
+// CUDA graph; with programmatic dependent launch (CALLA_PDL=1) each kernel starts while its
+// predecessor drains, prefetches its own weights into L2, and waits only before reading the
+// predecessor's output.
 #include "common.cuh"
+#include "tcgemv.cuh"
 
 // 4 warps a block, at least 8 blocks an SM (64 registers): 32 warps of loads in flight per SM.
-enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_TASK_TARGET = 1024 };
+// DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
+enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1;
+static int g_pdl = 0, g_dv_occ = 0, g_exact = 0;
+// Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
+// large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
+extern "C" void k_set_decode_exact(int on) { g_exact = on; }
 extern "C" void k_set_pdl(int on) { g_pdl = on; }
 extern "C" int k_pdl(void) { return g_pdl; }
+// At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
+// next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
+extern "C" void k_set_dv_occupancy(int blocks_per_sm) { g_dv_occ = blocks_per_sm; }
 
 static int sm_count(void) {
     static int n;
@@ -112,36 +123,39 @@ static __device__ __forceinline__ lanes lanes_of(int K) {
 }
 
 // Dot products of RW rows with the staged input xs [K] (xs16: sums of 16 inputs), each row by a
-// group of lanes; every lane of the group gets its row's sum. Two chunks per row are loaded before
-// either is used (2 * RW 16-byte loads in flight per lane, scales and biases with them).
+// group of lanes; every lane of the group gets its row's sum. NB chunks per row are loaded before
+// any is used (4 16-byte loads in flight per lane, scales and biases with them): a
+// row of up to 4 chunks a lane (K <= 4096 at 4 bits) is one round trip (2 chunks a row for RW = 2).
 template <int BITS, int RW>
 static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes &L, const float *xs, const float *xs16,
                                                 float (&acc)[RW]) {
     constexpr int CODES = 128 / BITS, CPG = QGROUP / CODES;   // chunks per group
+    constexpr int NB = RW == 1 ? 4 : 2;
 #pragma unroll
     for (int i = 0; i < RW; i++) acc[i] = 0;
-    for (int j = 0; j < L.cpl; j += 2) {
-        const bool two = j + 1 < L.cpl;
-        const int c0 = L.sub + j * L.lpr, c1 = two ? c0 + L.lpr : c0;
-        uint4 q0[RW], q1[RW];
-        float s0[RW], b0[RW], s1[RW], b1[RW];
+    for (int j = 0; j < L.cpl; j += NB) {
+        uint4 q[NB][RW];
+        float sc[NB][RW], bi[NB][RW];
+        int c[NB];
 #pragma unroll
-        for (int i = 0; i < RW; i++) {
-            q0[i] = __ldg(r[i].w + c0);
-            q1[i] = __ldg(r[i].w + c1);
-            s0[i] = bf16f(r[i].s[c0 / CPG]), b0[i] = bf16f(r[i].b[c0 / CPG]);
-            s1[i] = bf16f(r[i].s[c1 / CPG]), b1[i] = bf16f(r[i].b[c1 / CPG]);
+        for (int b = 0; b < NB; b++) {
+            c[b] = L.sub + min(j + b, L.cpl - 1) * L.lpr;
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                q[b][i] = __ldg(r[i].w + c[b]);
+                sc[b][i] = bf16f(r[i].s[c[b] / CPG]), bi[b][i] = bf16f(r[i].b[c[b] / CPG]);
+            }
         }
         // acc += scale * sum(q x) + bias * sum(x), per row, for chunk c
-        auto use = [&](const uint4 (&q)[RW], const float (&s)[RW], const float (&b)[RW], int c) {
-            float d[RW] = {};
-            chunk_dot<BITS, RW>(q, (const float4 *)xs, c, d);
-            const float xsum = chunk_xsum<BITS>(xs16, c);
 #pragma unroll
-            for (int i = 0; i < RW; i++) acc[i] = fmaf(s[i], d[i], fmaf(b[i], xsum, acc[i]));
-        };
-        use(q0, s0, b0, c0);
-        if (two) use(q1, s1, b1, c1);
+        for (int b = 0; b < NB; b++) {
+            if (b > 0 && j + b >= L.cpl) continue;
+            float d[RW] = {};
+            chunk_dot<BITS, RW>(q[b], (const float4 *)xs, c[b], d);
+            const float xsum = chunk_xsum<BITS>(xs16, c[b]);
+#pragma unroll
+            for (int i = 0; i < RW; i++) acc[i] = fmaf(sc[b][i], d[i], fmaf(bi[b][i], xsum, acc[i]));
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -161,29 +175,32 @@ static __device__ __forceinline__ void prefetch_range(const void *p, size_t n, i
 // For each float4 i < n4 of src (global, 16-byte aligned): f(i, src[i]), with 8 loads in flight per
 // thread before the first f. (A plain `dst[i] = src[i]` loop serialises: the compiler cannot move
 // the next load above a store through a generic pointer, so each iteration would wait a round trip.)
+// Threads tid of nt take the float4s in turn (by default the whole block).
 template <typename F>
-static __device__ __forceinline__ void for_float4(const float *__restrict__ src, int n4, F f) {
+static __device__ __forceinline__ void for_float4(const float *__restrict__ src, int n4, F f, int tid = threadIdx.x,
+                                                  int nt = blockDim.x) {
     const float4 *s4 = (const float4 *)src;
-    for (int base = 0; base < n4; base += 8 * (int)blockDim.x) {
+    for (int base = 0; base < n4; base += 8 * nt) {
         float4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int i = base + j * nt + tid;
             if (i < n4) v[j] = __ldg(s4 + i);
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int i = base + j * nt + tid;
             if (i < n4) f(i, v[j]);
         }
     }
 }
 
-// Copy n floats (n % 4 == 0) from global to shared memory, swizzled (SWZ) or not.
+// Copy n floats (n % 4 == 0) from global to shared memory, swizzled (SWZ) or not, by threads tid of nt.
 template <bool SWZ>
-static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n) {
+static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n,
+                                                    int tid = threadIdx.x, int nt = blockDim.x) {
     float4 *d4 = (float4 *)dst;
-    for_float4(src, n / 4, [&](int i, float4 v) { d4[SWZ ? swz(i) : i] = v; });
+    for_float4(src, n / 4, [&](int i, float4 v) { d4[SWZ ? swz(i) : i] = v; }, tid, nt);
 }
 
 // xs[i] *= r * w[i] over n floats (n % 4 == 0; xs swizzled).
@@ -205,37 +222,17 @@ static __device__ __forceinline__ void sums16(const float *xs, float *xs16, int 
 }
 
 // Stage the input vector into shared memory: xs [K] fp32 with the input transform applied, xs16
-// [K / 16] the sums of 16; zs [K] scratch for the gate of DV_IN_GATED.
-static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs16, float *zs) {
+// [K / 16] the sums of 16.
+static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs16) {
     __shared__ float sh[32];
     const int K = d.K;
     copy_to_smem<true>(xs, d.x, K);
-    if (d.in_mode == DV_IN_GATED) copy_to_smem<false>(zs, d.z, K);
     __syncthreads();
     if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, MODEL.md §2.2)
         float ss = 0;
         for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
         ss = block_sum(ss, sh);
         smem_scale(xs, d.norm_w, 1.0f / sqrtf(ss / (float)K + d.eps), K);
-    } else if (d.in_mode == DV_IN_GATED) {   // per head: w * (o * rsqrt(mean(o^2) + eps)) * silu(z)
-        const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, nw = blockDim.x / WARP_SIZE;
-        float4 *x4 = (float4 *)xs;
-        const float4 *z4 = (const float4 *)zs, *w4 = (const float4 *)d.norm_w;
-        const int U = d.Dv / 4;   // units per head
-        for (int h = warp; h < d.Hv; h += nw) {
-            float ss = 0;
-            for (int i = lane; i < U; i += WARP_SIZE) {
-                const float4 o = x4[swz(h * U + i)];
-                ss += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
-            }
-            ss = warp_sum(ss);
-            const float r = 1.0f / sqrtf(ss / (float)d.Dv + d.eps);
-            for (int i = lane; i < U; i += WARP_SIZE) {
-                const float4 o = x4[swz(h * U + i)], z = z4[h * U + i], w = __ldg(w4 + i);
-                x4[swz(h * U + i)] = make_float4(w.x * (o.x * r) * silu_f(z.x), w.y * (o.y * r) * silu_f(z.y),
-                                                 w.z * (o.z * r) * silu_f(z.z), w.w * (o.w * r) * silu_f(z.w));
-            }
-        }
     }
     __syncthreads();
     sums16(xs, xs16, K);
@@ -251,7 +248,44 @@ static __device__ __forceinline__ unsigned long long argmax_key(float v, int n) 
     return ((unsigned long long)u << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)n);
 }
 
+// The block's best argmax key into *best (every lane holds its own).
+static __device__ __forceinline__ void best_reduce(unsigned long long best, unsigned long long *out) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
+        best = b > best ? b : best;
+    }
+    if (threadIdx.x % WARP_SIZE == 0 && best) atomicMax(out, best);
+}
+
 // ---- k_dv: staged input x up to 4 matrices ----------------------------------------------------
+
+// The epilogue of output row `row` of segment s with product v.
+static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const struct dv_seg &s, int row, float v,
+                                              unsigned long long *best) {
+    switch (s.mode) {
+    case DV_OUT_STORE: s.y[row] = v; break;
+    case DV_OUT_ADD: s.y[row] += v; break;
+    case DV_OUT_CONV: {   // channel row: y = silu(sum_j w_j xe_j) over xe = (state rows | v); shift
+        const int C = d.C, KW = d.KW;
+        const float *w = d.conv_w + (size_t)row * KW;
+        float *st = d.conv_state + row;
+        float acc_c = 0;
+        for (int j = 0; j < KW - 1; j++) acc_c += w[j] * st[(size_t)j * C];
+        acc_c += w[KW - 1] * v;
+        for (int j = 0; j + 1 < KW - 1; j++) st[(size_t)j * C] = st[(size_t)(j + 1) * C];
+        st[(size_t)(KW - 2) * C] = v;
+        s.y[row] = silu_f(acc_c);
+        break;
+    }
+    case DV_OUT_ARGMAX: {
+        s.y[row] = v;
+        const unsigned long long k = argmax_key(v, row);
+        if (k > *best) *best = k;
+        break;
+    }
+    }
+}
 
 // Rows of segment s at [n0, n0 + RW * rpp): lane group rip takes rows n0 + i * rpp + rip.
 template <int BITS, int RW>
@@ -269,40 +303,15 @@ static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const st
     rows_dot<BITS, RW>(r, L, xs, xs16, acc);
     if (L.sub) return;
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
-        const int row = n[i];
-        if (row >= R) continue;
-        const float v = acc[i];
-        switch (s.mode) {
-        case DV_OUT_STORE: s.y[row] = v; break;
-        case DV_OUT_ADD: s.y[row] += v; break;
-        case DV_OUT_CONV: {   // channel row: y = silu(sum_j w_j xe_j) over xe = (state rows | v); shift
-            const int C = d.C, KW = d.KW;
-            const float *w = d.conv_w + (size_t)row * KW;
-            float *st = d.conv_state + row;
-            float acc_c = 0;
-            for (int j = 0; j < KW - 1; j++) acc_c += w[j] * st[(size_t)j * C];
-            acc_c += w[KW - 1] * v;
-            for (int j = 0; j + 1 < KW - 1; j++) st[(size_t)j * C] = st[(size_t)(j + 1) * C];
-            st[(size_t)(KW - 2) * C] = v;
-            s.y[row] = silu_f(acc_c);
-            break;
-        }
-        case DV_OUT_ARGMAX: {
-            s.y[row] = v;
-            const unsigned long long k = argmax_key(v, row);
-            if (k > *best) *best = k;
-            break;
-        }
-        }
-    }
+    for (int i = 0; i < RW; i++)
+        if (n[i] < R) dv_out(d, s, n[i], acc[i], best);
 }
 
 // All segments have BITS-bit codes; RW row-passes per task.
 template <int BITS, int RW>
 static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(const struct dv_desc d) {
     extern __shared__ __align__(16) float dv_smem[];
-    float *xs = dv_smem, *xs16 = dv_smem + d.K, *zs = xs16 + d.K / 16;
+    float *xs = dv_smem, *xs16 = dv_smem + d.K;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
     const lanes L = lanes_of<BITS>(d.K);
@@ -326,20 +335,61 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     }
     pdl_wait();
     pdl_trigger();
-    stage_input(d, xs, xs16, zs);
+    stage_input(d, xs, xs16);
     unsigned long long best = 0;
     for (int t = gw; t < total; t += stride) {
         const int s = seg_of(t);
         dv_task<BITS, RW>(d, d.seg[s], (t - first[s]) * per, L, xs, xs16, &best);
     }
-    if (d.best) {
+    if (d.best) best_reduce(best, d.best);
+}
+
+// k_dv on the tensor cores (fast mode, 4-bit segments): the input staged as k_dv's, then again as
+// bf16 in tcgemv.cuh's layout; tasks of 16 rows of one segment (tc_rows16), each lane finishing
+// one row (lanes t = 0 and 2 of a quad store).
+enum { DV_TC_MIN_BLOCKS = 4, DV_TC_MIN_ROWS = 8192 };
+static __global__ void __launch_bounds__(DV_THREADS, DV_TC_MIN_BLOCKS) dv_tc_kernel(const struct dv_desc d) {
+    extern __shared__ __align__(16) float dv_smem[];
+    float *xs = dv_smem, *xs16 = dv_smem + d.K;
+    unsigned char *tsm = (unsigned char *)(xs16 + d.K / 16);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
+    int first[DV_MAXSEG + 1];
+    first[0] = 0;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-            best = b > best ? b : best;
+    for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, TC_ROWS) : 0);
+    const int total = first[DV_MAXSEG];
+    auto seg_of = [&](int t) {
+        int s = 0;
+        while (t >= first[s + 1]) s++;
+        return s;
+    };
+    if (d.prefetch) {
+        const size_t rb = (size_t)d.K / 2;
+        for (int t = gw; t < total; t += stride) {
+            const int s = seg_of(t), n0 = (t - first[s]) * TC_ROWS, nr = min(TC_ROWS, d.seg[s].W.rows - n0);
+            prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb, (size_t)nr * rb, lane);
         }
-        if (lane == 0 && best) atomicMax(d.best, best);
     }
+    pdl_wait();
+    pdl_trigger();
+    stage_input(d, xs, xs16);
+    const float4 *x4 = (const float4 *)xs;
+    tc_stage_x_by(
+        [&](int u, float (&v)[8]) {
+            const float4 a = x4[swz(2 * u)], b = x4[swz(2 * u + 1)];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        },
+        d.K, tsm);
+    unsigned long long best = 0;
+    for (int t = gw; t < total; t += stride) {
+        const int s = seg_of(t), n0 = (t - first[s]) * TC_ROWS;
+        const struct dqt &W = d.seg[s].W;
+        const float v = tc_rows16(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm);
+        const int row = n0 + tc_lane_row(lane);
+        if (!(lane & 1) && row < W.rows) dv_out(d, d.seg[s], row, v, &best);
+    }
+    if (d.best) best_reduce(best, d.best);
 }
 
 // Blocks for a grid-stride kernel: enough for the tasks, at most what fits on the GPU at once.
@@ -351,13 +401,15 @@ static int grid_for_tasks(long tasks, int threads, size_t smem) {
     if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERN, threads, smem) != cudaSuccess ||
                     per_sm < 1))
         per_sm = 1;
-    const long want = CEIL_DIV(tasks, threads / WARP_SIZE), cap = (long)per_sm * sm_count();
+    const int occ = g_dv_occ > 0 && g_dv_occ < per_sm ? g_dv_occ : per_sm;
+    const long want = CEIL_DIV(tasks, threads / WARP_SIZE), cap = (long)occ * sm_count();
     return (int)(want < cap ? (want > 0 ? want : 1) : cap);
 }
 
+static size_t dv_smem_bytes(const struct dv_desc *d);
 template <int BITS, int RW>
 static int dv_launch(const struct dv_desc *d, long tasks, void *stream) {
-    const size_t smem = (size_t)(d->K + d->K / 16 + (d->in_mode == DV_IN_GATED ? d->K : 0)) * sizeof(float);
+    const size_t smem = dv_smem_bytes(d);
     return launch_k(dv_kernel<BITS, RW>, dim3(grid_for_tasks<dv_kernel<BITS, RW>>(tasks, DV_THREADS, smem)),
                     dim3(DV_THREADS), smem, stream, *d);
 }
@@ -375,10 +427,29 @@ static long dv_tasks(const struct dv_desc *d, int RW) {
     return t;
 }
 
+static size_t dv_smem_bytes(const struct dv_desc *d) {
+    return (size_t)(d->K + d->K / 16) * sizeof(float);
+}
+
+// The tensor-core form where it pays: fast mode, 4-bit, enough rows to fill the GPU with 16-row tasks.
+static int dv_tc_launch(const struct dv_desc *d, void *stream) {
+    long tasks = 0;
+    for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
+    const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
+    return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
+                    stream, *d);
+}
+
 template <int BITS>
 static int dv_pick(const struct dv_desc *d, void *stream) {
-    // Two rows per pass keep x reads shared and registers low; one where the rows are few.
-    if (dv_tasks(d, 2) >= DV_TASK_TARGET) return dv_launch<BITS, 2>(d, dv_tasks(d, 2), stream);
+    if (BITS == 4 && !g_exact) {
+        long rows = 0;
+        for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
+        if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, stream);
+    }
+    // Two rows per pass keep x reads shared; one row (and all four of its chunks a lane in flight
+    // at once) where one-row tasks still fit on the GPU in one wave.
+    if (dv_tasks(d, 1) > DV_ONE_WAVE) return dv_launch<BITS, 2>(d, dv_tasks(d, 2), stream);
     return dv_launch<BITS, 1>(d, dv_tasks(d, 1), stream);
 }
 
@@ -394,7 +465,7 @@ extern "C" int k_dv(const struct dv_desc *d, void *stream) {
             return (int)cudaErrorInvalidValue;
         if (d->seg[s].mode == DV_OUT_ARGMAX && !d->best) return (int)cudaErrorInvalidValue;
     }
-    if (d->in_mode == DV_IN_GATED && (!d->z || d->Hv * d->Dv != d->K)) return (int)cudaErrorInvalidValue;
+    if (d->in_mode != DV_IN_PLAIN && d->in_mode != DV_IN_RMS) return (int)cudaErrorInvalidValue;
     return bits == 4 ? dv_pick<4>(d, stream) : dv_pick<8>(d, stream);
 }
 
@@ -422,26 +493,67 @@ static __device__ void stage_plain(const float *v, int n, float *xs, float *xs16
     __syncthreads();
 }
 
-// Routing in every block (the logits are 1 KB), then tasks of one (gate, up) row pair of one expert
-// e < k + 1 (e == k: the shared expert): act[e, n] = silu(gate_e[n] u) * (up_e[n] u).
-// Block 0 writes ids[0..k) and w[0..k], w[k] = sigmoid(shared gate logit), for k_dv_moe_down.
+// Prefetch into L2, by all threads of the grid, the down matrices (codes, scales, biases) of the
+// k routed experts ids[] and the shared expert: k_dv_moe_down then reads them from L2 instead of
+// waiting a DRAM round trip per row.
+static __device__ void prefetch_down(const struct dv_moe &m, const int *ids) {
+    const size_t wb = (size_t)m.H * m.I * m.down.bits / 8, sb = (size_t)m.H * (m.I / QGROUP) * 2;
+    const size_t lines_w = CEIL_DIV(wb, 128), lines_s = CEIL_DIV(sb, 128), per_e = lines_w + 2 * lines_s;
+    const size_t n = (m.k + 1) * per_e, nt = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nt) {
+        const int e = (int)(i / per_e);
+        size_t r = i % per_e;
+        const bool shared = e == m.k;
+        const struct dqt &D = shared ? m.sdown : m.down;
+        const size_t mat = shared ? 0 : (size_t)ids[e];
+        const char *p;
+        if (r < lines_w) p = (const char *)D.w + mat * wb + r * 128;
+        else if ((r -= lines_w) < lines_s) p = (const char *)D.scales + mat * sb + r * 128;
+        else p = (const char *)D.biases + mat * sb + (r - lines_s) * 128;
+        prefetch_l2(p);
+    }
+}
+
+// Routing in every block by warp 0 (route_warp; route_block past RW_MAXE experts) while the other
+// warps stage u, then tasks of one (gate, up) row pair of one expert e < k + 1 (e == k: the shared
+// expert): act[e, n] = silu(gate_e[n] u) * (up_e[n] u). Block 0 writes ids[0..k) and w[0..k],
+// w[k] = sigmoid(shared gate logit), for k_dv_moe_down; every block prefetches its share of the
+// down matrices it will read. The shared expert's rows are prefetched before the wait.
 static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) float mg_smem[];
     float *xs = mg_smem, *xs16 = xs + m.H, *p = xs16 + m.H / 16;
     __shared__ int ids[WARP_SIZE];
     __shared__ float wts[WARP_SIZE];
-    const int warp = threadIdx.x / WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const lanes L = lanes_of<4>(m.H);
+    const int tasks_e = CEIL_DIV(m.I, L.rpp), total = (m.k + 1) * tasks_e;
+    const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
+    const size_t rb = (size_t)m.H * 4 / 8;   // bytes of codes a row
+    for (int t = gw; t < total; t += stride) {
+        if (t < m.k * tasks_e) continue;
+        const int n0 = (t % tasks_e) * L.rpp, nr = min(L.rpp, m.I - n0);
+        prefetch_range((const char *)m.sgate.w + n0 * rb, nr * rb, lane);
+        prefetch_range((const char *)m.sup.w + n0 * rb, nr * rb, lane);
+    }
     pdl_wait();
     pdl_trigger();
-    route_block(m.logits, m.E, m.k, p, ids, wts);
+    if (m.E <= RW_MAXE) {
+        if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
+        else copy_to_smem<true>(xs, m.u, m.H, threadIdx.x - WARP_SIZE, blockDim.x - WARP_SIZE);
+        __syncthreads();
+    } else {
+        route_block(m.logits, m.E, m.k, p, ids, wts);
+        copy_to_smem<true>(xs, m.u, m.H);
+        __syncthreads();
+    }
+    sums16(xs, xs16, m.H);
     if (blockIdx.x == 0 && threadIdx.x <= m.k) {
         m.ids[threadIdx.x] = threadIdx.x < m.k ? ids[threadIdx.x] : -1;
         m.w[threadIdx.x] = threadIdx.x < m.k ? wts[threadIdx.x] : sigmoid_f(m.shared_logit[0]);
     }
-    stage_plain(m.u, m.H, xs, xs16);
-    const lanes L = lanes_of<4>(m.H);
-    const int tasks_e = CEIL_DIV(m.I, L.rpp), total = (m.k + 1) * tasks_e;
-    for (int t = blockIdx.x * DV_WARPS + warp; t < total; t += gridDim.x * DV_WARPS) {
+    prefetch_down(m, ids);
+    __syncthreads();
+    for (int t = gw; t < total; t += stride) {
         const int e = t / tasks_e, n = (t % tasks_e) * L.rpp + L.rip;
         const bool shared = e == m.k;
         const size_t row = (shared ? 0 : (size_t)ids[e] * m.I) + (size_t)min(n, m.I - 1);
@@ -449,6 +561,44 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
         float acc[2];
         rows_dot<4, 2>(r, L, xs, xs16, acc);
         if (!L.sub && n < m.I) m.act[(size_t)e * m.I + n] = silu_f(acc[0]) * acc[1];
+    }
+}
+
+// Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while every thread stages
+// u as bf16 (tcgemv.cuh); then a pair of warps takes a 16-row tile of one expert, one warp the gate
+// rows and the other the up rows, and the gate warp writes silu(gate) * up. Block 0 writes ids / w
+// for k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
+static __device__ __forceinline__ void pair_sync(int pair) {   // named barrier 1 or 2, the pair's 64 threads
+    if (pair) asm volatile("bar.sync 2, 64;\n" ::: "memory");
+    else asm volatile("bar.sync 1, 64;\n" ::: "memory");
+}
+static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(const struct dv_moe m) {
+    extern __shared__ __align__(16) unsigned char gt_smem[];
+    __shared__ int ids[WARP_SIZE];
+    __shared__ float wts[WARP_SIZE], up_v[DV_WARPS / 2][WARP_SIZE];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, pair = warp / 2, mat = warp % 2;
+    const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = (m.k + 1) * tiles_e;
+    pdl_wait();
+    pdl_trigger();
+    if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
+    tc_stage_x(m.u, m.H, gt_smem);   // (its closing barrier publishes ids and wts too)
+    if (blockIdx.x == 0 && threadIdx.x <= m.k) {
+        m.ids[threadIdx.x] = threadIdx.x < m.k ? ids[threadIdx.x] : -1;
+        m.w[threadIdx.x] = threadIdx.x < m.k ? wts[threadIdx.x] : sigmoid_f(m.shared_logit[0]);
+    }
+    prefetch_down(m, ids);
+    const size_t wpr = (size_t)m.H / 8, gpr = (size_t)m.H / QGROUP;
+    for (int t = blockIdx.x * (DV_WARPS / 2) + pair; t < total; t += gridDim.x * (DV_WARPS / 2)) {
+        const int e = t / tiles_e, n0 = (t % tiles_e) * TC_ROWS;
+        const bool shared = e == m.k;
+        const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
+        const size_t base = shared ? 0 : (size_t)ids[e] * m.I;
+        const float v = tc_rows16(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem);
+        if (mat) up_v[pair][lane] = v;
+        pair_sync(pair);
+        const int row = n0 + tc_lane_row(lane);
+        if (!mat && !(lane & 1) && row < m.I) m.act[(size_t)e * m.I + row] = silu_f(v) * up_v[pair][lane];
+        pair_sync(pair);   // up_v is read before the next tile writes it
     }
 }
 
@@ -497,6 +647,13 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->E > RT_MAXE || m->H % 64 || m->H > DV_MAXK || m->I % 64 ||
         m->gate.bits != 4 || m->up.bits != 4 || m->sgate.bits != 4 || m->sup.bits != 4 || m->sgate.rows != m->I)
         return (int)cudaErrorInvalidValue;
+    if (!g_exact && m->E <= RW_MAXE) {
+        const size_t tsmem = (size_t)tc_smem_bytes(m->H);
+        const long pairs = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block takes DV_WARPS / 2 tiles
+        return launch_k(dv_gateup_tc_kernel,
+                        dim3(grid_for_tasks<dv_gateup_tc_kernel>(pairs * 2, DV_THREADS, tsmem)), dim3(DV_THREADS),
+                        tsmem, stream, *m);
+    }
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
     const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));
     return launch_k(dv_gateup_kernel, dim3(grid_for_tasks<dv_gateup_kernel>(tasks, DV_THREADS, smem)),
@@ -515,22 +672,22 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
 
 // ---- the gated delta rule step -------------------------------------------------------------------
 
-// Block (value head h, slice of 32 value columns); thread (part, col) keeps rows
-// [part * DK / 8, ..) of column col of the head's state in registers. Reads the conv output y
-// [C] = (q heads | k heads | v heads) after SiLU; L2-normalises q and k (q also by 1/sqrt(DK));
-// S = alpha S; m = S^T k; S += k (beta (v - m))^T; o = S^T q (before the gated norm, which the
-// out_proj kernel applies while staging its input).
-enum { GD_PARTS = 8, GD_COLS = 32 };
+// Block = value head h; thread (part, col) keeps rows [part * DK / 8, ..) of column col of the
+// head's state in registers. Reads the conv output y [C] = (q heads | k heads | v heads) after
+// SiLU; L2-normalises q and k (q also by 1/sqrt(DK)); S = alpha S; m = S^T k; S += k (beta (v - m))^T;
+// o = S^T q; then the gated norm of the head (MODEL.md §2.5): out = w * (o * rsqrt(mean(o^2) + eps))
+// * silu(z), so that the out_proj kernel stages a plain input.
+enum { GD_PARTS = 8, GD_MAXDV = 128 };
 template <int DK>
-static __global__ void __launch_bounds__(GD_PARTS *GD_COLS)
+static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     dv_gdn_kernel(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
-                  float *o, int Hk, int Hv, int Dv) {
+                  const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dv) {
     constexpr int DP = DK / GD_PARTS;
-    __shared__ float qs[DK], ks[DK], red[GD_PARTS][GD_COLS];
+    __shared__ float qs[DK], ks[DK], red[GD_PARTS][GD_MAXDV];
     __shared__ float sh[32];
-    const int h = blockIdx.x, col = threadIdx.x % GD_COLS, part = threadIdx.x / GD_COLS;
-    const int dv = blockIdx.y * GD_COLS + col, kh = h / (Hv / Hk), KD = Hk * DK;
-    float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + dv;
+    const int h = blockIdx.x, col = threadIdx.x % Dv, part = threadIdx.x / Dv;
+    const int kh = h / (Hv / Hk), KD = Hk * DK;
+    float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + col;
     float st[DP];
 #pragma unroll
     for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];   // this step's own state: no wait needed
@@ -546,7 +703,7 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_COLS)
         ks[threadIdx.x] = kv * rk;
     }
     __syncthreads();
-    const float v = y[2 * (size_t)KD + (size_t)h * Dv + dv];
+    const float v = y[2 * (size_t)KD + (size_t)h * Dv + col];
     const float beta = sigmoid_f(b[h]);
     const float alpha = expf(-expf(A_log[h]) * softplus_f(a[h] + dt_bias[h]));
     float m = 0;
@@ -570,24 +727,27 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_COLS)
     __syncthreads();
     red[part][col] = out;
     __syncthreads();
-    if (part == 0) {
-        out = 0;
+    out = 0;
 #pragma unroll
-        for (int p = 0; p < GD_PARTS; p++) out += red[p][col];
-        o[(size_t)h * Dv + dv] = out;
+    for (int p = 0; p < GD_PARTS; p++) out += red[p][col];   // every part has the column's output
+    const float ss = block_sum(part == 0 ? out * out : 0.0f, sh);
+    if (part == 0) {
+        const float r = 1.0f / sqrtf(ss / (float)Dv + eps), zz = z[(size_t)h * Dv + col];
+        o[(size_t)h * Dv + col] = norm_w[col] * (out * r) * silu_f(zz);
     }
 #pragma unroll
     for (int i = 0; i < DP; i++) Sh[(size_t)i * Dv] = st[i];
 }
 
 extern "C" int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias,
-                        float *S, float *o, int Hk, int Hv, int Dk, int Dv, void *stream) {
-    if (Dv % GD_COLS || Hv % Hk) return (int)cudaErrorInvalidValue;
-    const dim3 grid(Hv, Dv / GD_COLS), block(GD_PARTS * GD_COLS);
+                        float *S, const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk,
+                        int Dv, void *stream) {
+    if (Dv % WARP_SIZE || Dv > GD_MAXDV || Hv % Hk || Dk > GD_PARTS * Dv) return (int)cudaErrorInvalidValue;
+    const dim3 grid(Hv), block(GD_PARTS * Dv);
     switch (Dk) {
-    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, o, Hk, Hv, Dv);
-    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, o, Hk, Hv, Dv);
-    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, o, Hk, Hv, Dv);
+    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
     default: return (int)cudaErrorInvalidValue;
     }
 }

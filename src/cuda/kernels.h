@@ -119,7 +119,7 @@ void k_set_pdl(int on);
 int k_pdl(void);
 
 enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
-enum { DV_IN_PLAIN, DV_IN_RMS, DV_IN_GATED };                    // input transform
+enum { DV_IN_PLAIN, DV_IN_RMS };                                 // input transform
 enum { DV_OUT_STORE, DV_OUT_ADD, DV_OUT_CONV, DV_OUT_ARGMAX };   // per-matrix epilogue
 struct dv_seg {
     struct dqt W;            // [rows, K], one matrix (n_mat ignored: matrix 0)
@@ -127,8 +127,7 @@ struct dv_seg {
     int mode;                // DV_OUT_*
 };
 // y_s = epilogue_s(W_s xs) for each segment s, xs = transform(x):
-//   DV_IN_PLAIN xs = x; DV_IN_RMS xs = rmsnorm(x) * norm_w; DV_IN_GATED x is [Hv, Dv] and each head
-//   becomes norm_w * rmsnorm(x_h) * silu(z_h) (the DeltaNet gated norm).
+//   DV_IN_PLAIN xs = x; DV_IN_RMS xs = rmsnorm(x) * norm_w.
 //   DV_OUT_STORE y = v; DV_OUT_ADD y += v; DV_OUT_CONV (channel n) y = silu(conv over the KW-1 rows
 //   of conv_state [KW-1, C] and v), conv_state shifted by one row; DV_OUT_ARGMAX y = v and *best =
 //   max(*best, key(v, n)) where the key orders by value, then by the lower row (the host decodes
@@ -139,10 +138,8 @@ struct dv_desc {
     const float *x;          // [K]
     int K;                   // multiple of 64, <= DV_MAXK
     int in_mode;
-    const float *norm_w;     // [K], or [Dv] for DV_IN_GATED
+    const float *norm_w;     // [K]
     float eps;
-    const float *z;          // DV_IN_GATED: [Hv, Dv]
-    int Hv, Dv;
     float *x_out;            // when set: the transformed input is stored here ([K])
     const float *conv_w;     // DV_OUT_CONV: [C, KW]
     float *conv_state;       // DV_OUT_CONV: [KW - 1, C], oldest row first
@@ -172,15 +169,23 @@ struct dv_moe {
 int k_dv_moe_gateup(const struct dv_moe *m, void *stream);
 int k_dv_moe_down(const struct dv_moe *m, void *stream);
 // One gated delta rule step for every value head: y [C] the conv output (after SiLU), b/a [Hv],
-// S [Hv, Dk, Dv] updated, o [Hv * Dv] = S^T q (before the gated norm).
+// S [Hv, Dk, Dv] updated, o [Hv * Dv] = the gated norm of S^T q: w * rmsnorm_head(S^T q) * silu(z)
+// with z [Hv * Dv], w = norm_w [Dv]. Dv a multiple of 32, at most 128.
 int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
-             float *o, int Hk, int Hv, int Dk, int Dv, void *stream);
+             const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk, int Dv, void *stream);
 // Attention of one token at position *d_pos: prep (norms, RoPE, K/V into the cache at *d_pos) and
 // the split attention over ns_max key splits (the first ones used, by the key count) + combine.
 // part holds n_heads * ns_max * (D + 2) floats.
 int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
                     float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
                     int rope_dim, double theta, float eps, void *stream);
+// Decode attention kernel: 2 (default) on the tensor cores, 1 the all-warps CUDA-core kernel where
+// the GQA group is head_dim / 32 heads, 0 the first split kernel (A/B); the key splits its grid
+// should have for sequences of up to cap keys (at most `most`).
+void k_set_decode_exact(int on);   // 1: decode products in fp32 on the CUDA cores (verification)
+void k_set_dv_occupancy(int blocks_per_sm);   // GEMV blocks an SM at most (0: all that fit)
+void k_set_dec_attn(int v);
+int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most);
 int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
                     const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, void *stream);
 

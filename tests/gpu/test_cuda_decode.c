@@ -105,15 +105,17 @@ static double hq_dot(const struct hq *m, int row, const double *x) {
 }
 
 // One k_dv configuration: rows of each segment, K, bits, input and output modes.
+static int lab_exact;   // the mode k_dv runs in (k_set_decode_exact)
+
 struct lab_case {
     const char *name;
     int K, n_seg, rows[DV_MAXSEG], bits[DV_MAXSEG], in_mode, out_mode;
 };
 
 static void lab_run(const struct lab_case *c, FILE *table) {
-    const int K = c->K, Hv = 32, Dv = K / 32;
-    float *x = malloc(sizeof(float) * K), *nw = malloc(sizeof(float) * K), *z = malloc(sizeof(float) * K);
-    for (int i = 0; i < K; i++) x[i] = frand() * 3, nw[i] = 1 + 0.2f * frand(), z[i] = frand() * 2;
+    const int K = c->K;
+    float *x = malloc(sizeof(float) * K), *nw = malloc(sizeof(float) * K);
+    for (int i = 0; i < K; i++) x[i] = frand() * 3, nw[i] = 1 + 0.2f * frand();
     // The reference input transform (double).
     double *xs = malloc(sizeof(double) * K);
     const float eps = 1e-6f;
@@ -121,21 +123,11 @@ static void lab_run(const struct lab_case *c, FILE *table) {
         double ss = 0;
         for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
         for (int i = 0; i < K; i++) xs[i] = x[i] / sqrt(ss / K + eps) * nw[i];
-    } else if (c->in_mode == DV_IN_GATED) {
-        for (int h = 0; h < Hv; h++) {
-            double ss = 0;
-            for (int i = 0; i < Dv; i++) ss += (double)x[h * Dv + i] * x[h * Dv + i];
-            for (int i = 0; i < Dv; i++) {
-                const double zz = z[h * Dv + i];
-                xs[h * Dv + i] = nw[i] * (x[h * Dv + i] / sqrt(ss / Dv + eps)) * (zz / (1 + exp(-zz)));
-            }
-        }
     } else {
         for (int i = 0; i < K; i++) xs[i] = x[i];
     }
     struct dv_desc d = {.n_seg = c->n_seg, .x = to_dev(x, 4 * (size_t)K), .K = K, .in_mode = c->in_mode,
-                        .norm_w = to_dev(nw, 4 * (size_t)K), .eps = eps, .z = to_dev(z, 4 * (size_t)K), .Hv = Hv,
-                        .Dv = Dv};
+                        .norm_w = to_dev(nw, 4 * (size_t)K), .eps = eps};
     struct hq m[DV_MAXSEG];
     size_t bytes = 0;
     int maxrows = 0;
@@ -207,8 +199,13 @@ static void lab_run(const struct lab_case *c, FILE *table) {
         free(ref);
         free(got);
     }
-    // The bound: fp32 sums of K products, ~sqrt(K) * 2^-24 relative, with headroom.
-    const double tol = 1e-5;
+    // The bound. Exact mode: fp32 sums of K products, ~sqrt(K) * 2^-24 relative, with headroom.
+    // Fast mode (the large 4-bit products on the tensor cores, input rounded to bf16): each input
+    // carries a relative error up to 2^-9, so a product's error is up to 2^-9 sum_k |W_nk x_k|
+    // (test_tcgemv checks that per row); over random rows that is ~2^-9 / sqrt(3) of |y| on
+    // average with |y| ~ sum |W x| / sqrt(K)-scale cancellation: 1e-2 of the normalised error
+    // holds that with headroom and still fails on a wrong layout (errors of order 1).
+    const double tol = lab_exact ? 1e-5 : 1e-2;
     checks++;
     if (!(worst <= tol)) fails++;
     // Time it: 50 launches in a graph-free loop after a warm-up, restoring nothing (the conv state
@@ -224,32 +221,35 @@ static void lab_run(const struct lab_case *c, FILE *table) {
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     const double us = 1000.0 * ms / reps;
-    fprintf(table, "%-28s %-6s %9.2e  %7.2f MB %8.2f us %7.0f GB/s\n", c->name, worst <= tol ? "PASS" : "FAIL", worst,
+    fprintf(table, "%-28s %-5s %-6s %9.2e  %7.2f MB %8.2f us %7.0f GB/s\n", c->name, lab_exact ? "exact" : "fast",
+            worst <= tol ? "PASS" : "FAIL", worst,
             bytes / 1e6, us, bytes / (us * 1e-6) / 1e9);
     for (int s = 0; s < c->n_seg; s++) {
         hq_free(&m[s]);
         cudaFree(d.seg[s].y);
     }
-    cudaFree((void *)d.x), cudaFree((void *)d.norm_w), cudaFree((void *)d.z), cudaFree(dbest);
+    cudaFree((void *)d.x), cudaFree((void *)d.norm_w), cudaFree(dbest);
     if (d.conv_w) cudaFree((void *)d.conv_w), cudaFree(d.conv_state);
-    free(x), free(nw), free(z), free(xs), free(cw), free(cst), free(y0);
+    free(x), free(nw), free(xs), free(cw), free(cst), free(y0);
 }
 
 static int lab(int only) {
     const struct lab_case cases[] = {
         {"gdn in: qkv conv|z|b|a", 2048, 4, {8192, 4096, 32, 32}, {4, 4, 4, 4}, DV_IN_RMS, DV_OUT_CONV},
         {"attn in: q|k|v", 2048, 3, {8192, 512, 512}, {4, 4, 4}, DV_IN_RMS, DV_OUT_STORE},
-        {"out_proj + residual (gated)", 4096, 1, {2048}, {4}, DV_IN_GATED, DV_OUT_ADD},
         {"o_proj + residual", 4096, 1, {2048}, {4}, DV_IN_PLAIN, DV_OUT_ADD},
         {"router|shared gate (8-bit)", 2048, 2, {256, 1}, {8, 8}, DV_IN_RMS, DV_OUT_STORE},
         {"expert down shape 2048x512", 512, 1, {2048}, {4}, DV_IN_PLAIN, DV_OUT_STORE},
         {"lm_head + argmax", 2048, 1, {248320}, {4}, DV_IN_RMS, DV_OUT_ARGMAX},
         {"tiny geometry 128", 128, 2, {320, 8}, {4, 4}, DV_IN_RMS, DV_OUT_STORE},
-        {"tiny 8-bit 128", 128, 2, {8, 1}, {8, 8}, DV_IN_GATED, DV_OUT_ADD},
+        {"tiny 8-bit 128", 128, 2, {8, 1}, {8, 8}, DV_IN_PLAIN, DV_OUT_ADD},
     };
-    printf("%-28s %-6s %9s  %10s %11s %12s\n", "k_dv case", "check", "nerr", "bytes", "time", "bandwidth");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (only < 0 || (size_t)only == i) lab_run(&cases[i], stdout);
+    printf("%-28s %-5s %-6s %9s  %10s %11s %12s\n", "k_dv case", "mode", "check", "nerr", "bytes", "time", "bandwidth");
+    for (lab_exact = 1; lab_exact >= 0; lab_exact--) {
+        k_set_decode_exact(lab_exact);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            if (only < 0 || (size_t)only == i) lab_run(&cases[i], stdout);
+    }
     return 0;
 }
 
@@ -301,7 +301,10 @@ static int e2e(const char *dir, int n, int steps) {
     int32_t *tok[5];
     double ms[5] = {0};
     for (int m = 0; m < 5; m++) lg[m] = malloc(sizeof(float) * (size_t)steps * V), tok[m] = malloc(4 * (size_t)steps);
-    // Path 0 runs greedily; the others are fed its tokens, so rows stay aligned.
+    // Exact mode for the comparison of paths (fast mode is checked per kernel by the lab and
+    // test_tcgemv, and reported against exact mode below). Path 0 runs greedily; the others are
+    // fed its tokens, so rows stay aligned.
+    k_set_decode_exact(1);
     for (int m = 0; m < 4; m++) {
         backend_cuda_set_decode(e, modes[m], pdl[m]);
         if (run(e, n, steps, m ? tok[0] : NULL, lg[m], tok[m], &ms[m])) return 2;
@@ -360,6 +363,47 @@ static int e2e(const char *dir, int n, int steps) {
         printf("FAIL graph path tokens differ between two runs\n");
     }
     printf("graph+pdl again: %.3f ms/step, tokens %s\n", ms2, bad ? "-" : "identical");
+    // Fast mode (the default): fed the exact path's tokens, its logits against exact mode's
+    // (reported: the fast mode's bound is per kernel, not end to end), then greedy twice:
+    // deterministic.
+    k_set_decode_exact(0);
+    backend_cuda_set_decode(e, "graph", 1);
+    float *lf = malloc(sizeof(float) * (size_t)steps * V);
+    int32_t *tf = malloc(4 * (size_t)steps), *g1 = malloc(4 * (size_t)steps), *g2 = malloc(4 * (size_t)steps);
+    double msf, msg;
+    if (run(e, n, steps, tok[0], lf, tf, &msf) || run(e, n, steps, NULL, NULL, g1, &msg) ||
+        run(e, n, steps, NULL, NULL, g2, &msg))
+        return 2;
+    double fmean = 0, fmax = 0;
+    int fflip = 0;
+    for (int k = 0; k < steps; k++) {
+        const double ne = nerr_f(lg[0] + (size_t)k * V, lf + (size_t)k * V, (size_t)V);
+        fmean += ne / steps;
+        if (ne > fmax) fmax = ne;
+        float mg, m0;
+        const int tm = argmax_margin(lf + (size_t)k * V, V, &mg), t0 = argmax_margin(lg[0] + (size_t)k * V, V, &m0);
+        if (t0 != tm && mg > 0.5f) fflip++;
+    }
+    // The bound is loose on purpose: fast mode's rounding is bounded per kernel (the lab,
+    // test_tcgemv); end to end it measured 4.7e-3 mean, 9.8e-3 max at the full shape (2026-11-30).
+    // 0.1 leaves 10x headroom for other checkpoints and still fails on a wrong layout, expert or
+    // row (errors of order 1). Clear-margin flips are reported, not bounded.
+    printf("%-11s %9.3f %12.3e %12.3e %9d   (fast mode vs exact, bound 1e-1)\n", "fast graph", msg, fmean, fmax,
+           fflip);
+    checks++;
+    if (!(fmax <= 0.1)) {
+        fails++;
+        bad = 1;
+        printf("FAIL fast mode: nerr max %.3e against exact mode\n", fmax);
+    }
+    checks++;
+    if (memcmp(g1, g2, 4 * (size_t)steps)) {
+        fails++;
+        bad = 1;
+        printf("FAIL fast mode: greedy tokens differ between two runs\n");
+    }
+    k_set_decode_exact(1);
+    free(lf), free(tf), free(g1), free(g2);
     engine_close(e);
     return bad;
 }
