@@ -4,9 +4,11 @@
 //   vocab hash         raw bytes -> id (open addressing, FNV-1a)
 //   merge hash         (left id, right id) -> (rank, merged id)
 //   added tokens       cut out of the raw text before anything else
-//   pre                the split regex, compiled by PCRE2 with UTF + UCP and JIT
+//   pre                the split regex, compiled by PCRE2 with UTF + UCP and JIT, its \p{L},
+//                      \p{M}, \p{N} and \s spelled out as Unicode 16.0 ranges (unicode_tables.h)
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "unicode_tables.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -312,6 +314,121 @@ fail:
     return NULL;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The split regex's Unicode classes
+//
+// HF `tokenizers` matches the split regex with Oniguruma 6.9.10 (Unicode 16.0); PCRE2 10.42 knows
+// Unicode 14, so letters, marks and digits assigned since (U+0CF3, U+1D2C0 KAKTOVIK NUMERAL
+// ZERO, ...) would split differently: " " U+1D2C0 became 78449,233,222 where HF gives
+// 220,54362,233,222; and PCRE2's \s takes U+180E, Oniguruma's (White_Space) does not.  So
+// \p{L}, \p{M}, \p{N} and \s are replaced by the ranges of unicode_tables.h before PCRE2 sees
+// the pattern: inside a class by the merged ranges of every such item in it, elsewhere by a
+// class of its own (\S by the negated class).  Other escapes (\r, \n, ...) are left to PCRE2.
+
+// Appends to o, recording a failed allocation in *oom.
+static void rx_put(struct buf *o, bool *oom, const char *s, size_t n) {
+    if (!*oom && buf_put(o, s, n)) *oom = true;
+}
+
+enum { UCLASS_L = 1, UCLASS_M = 2, UCLASS_N = 4, UCLASS_S = 8 };
+
+// \p{L}, \p{M}, \p{N} or \s at s: its UCLASS_ bit and its length in *len, else 0.
+static int rx_uclass(const char *s, size_t *len) {
+    if (s[0] != '\\') return 0;
+    if (s[1] == 's') return *len = 2, UCLASS_S;
+    if (s[1] != 'p' || s[2] != '{' || !s[3] || s[4] != '}') return 0;
+    *len = 5;
+    return s[3] == 'L' ? UCLASS_L : s[3] == 'M' ? UCLASS_M : s[3] == 'N' ? UCLASS_N : 0;
+}
+
+static int range_cmp(const void *a, const void *b) {
+    const struct ucd_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+// Appends the union of the classes in mask as "\x{lo}-\x{hi}" items (no brackets).
+static void rx_put_ranges(struct buf *o, bool *oom, int mask) {
+    static const struct {
+        int bit;
+        const struct ucd_range *r;
+        size_t n;
+    } tabs[] = {
+        {UCLASS_L, ucd_letter, sizeof ucd_letter / sizeof ucd_letter[0]},
+        {UCLASS_M, ucd_mark, sizeof ucd_mark / sizeof ucd_mark[0]},
+        {UCLASS_N, ucd_number, sizeof ucd_number / sizeof ucd_number[0]},
+        {UCLASS_S, ucd_space, sizeof ucd_space / sizeof ucd_space[0]},
+    };
+    struct ucd_range all[sizeof ucd_letter / sizeof ucd_letter[0] + sizeof ucd_mark / sizeof ucd_mark[0] +
+                         sizeof ucd_number / sizeof ucd_number[0] + sizeof ucd_space / sizeof ucd_space[0]];
+    size_t n = 0;
+    for (size_t k = 0; k < sizeof tabs / sizeof tabs[0]; k++)
+        if (mask & tabs[k].bit) memcpy(all + n, tabs[k].r, tabs[k].n * sizeof *all), n += tabs[k].n;
+    qsort(all, n, sizeof *all, range_cmp);
+    for (size_t i = 0; i < n;) {
+        uint32_t lo = all[i].lo, hi = all[i].hi;
+        for (i++; i < n && all[i].lo <= hi + 1; i++)
+            if (all[i].hi > hi) hi = all[i].hi;
+        char item[40];
+        int l = lo == hi ? snprintf(item, sizeof item, "\\x{%X}", lo) : snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", lo, hi);
+        rx_put(o, oom, item, (size_t)l);
+    }
+}
+
+// The pattern with its Unicode classes spelled out; malloc'd, NULL when out of memory.
+static char *expand_unicode_classes(const char *rx) {
+    struct buf o = {0};
+    bool oom = false;
+    rx_put(&o, &oom, "", 0);
+    for (const char *s = rx; *s;) {
+        size_t ul;
+        int u = rx_uclass(s, &ul);
+        if (u) {  // outside a class
+            rx_put(&o, &oom, "[", 1), rx_put_ranges(&o, &oom, u), rx_put(&o, &oom, "]", 1);
+            s += ul;
+        } else if (s[0] == '\\' && s[1] == 'S') {   // not white space
+            rx_put(&o, &oom, "[^", 2), rx_put_ranges(&o, &oom, UCLASS_S), rx_put(&o, &oom, "]", 1);
+            s += 2;
+        } else if (*s == '\\' && s[1]) {
+            rx_put(&o, &oom, s, 2);
+            s += 2;
+        } else if (*s == '[') {  // a class: copy it without its \p{L|M|N}, then their ranges before ']'
+            const char *c = s + 1;
+            int mask = 0;
+            rx_put(&o, &oom, "[", 1);
+            if (*c == '^') rx_put(&o, &oom, "^", 1), c++;
+            if (*c == ']') rx_put(&o, &oom, "]", 1), c++;   // a leading ']' is literal
+            while (*c && *c != ']') {
+                size_t cl;
+                int cu = rx_uclass(c, &cl);
+                if (cu) {
+                    mask |= cu;
+                    c += cl;
+                } else if (*c == '[' && c[1] == ':') {   // [:alpha:] and the like
+                    const char *e = strstr(c + 2, ":]");
+                    size_t l = e ? (size_t)(e + 2 - c) : 1;
+                    rx_put(&o, &oom, c, l);
+                    c += l;
+                } else {
+                    size_t l = *c == '\\' && c[1] ? 2 : 1;
+                    rx_put(&o, &oom, c, l);
+                    c += l;
+                }
+            }
+            rx_put_ranges(&o, &oom, mask);
+            if (*c) rx_put(&o, &oom, "]", 1), c++;
+            s = c;
+        } else {
+            rx_put(&o, &oom, s, 1);
+            s++;
+        }
+    }
+    if (oom) {
+        free(o.p);
+        return NULL;
+    }
+    return o.p;
+}
+
 static int check_byte_level_decoder(json_t *dec, char *err, size_t errlen) {
     const char *type = jstr(dec, "type");
     if (type && !strcmp(type, "ByteLevel")) return 0;
@@ -502,11 +619,14 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
 
     int rc;
     PCRE2_SIZE eoff;
-    t->re = pcre2_compile((PCRE2_SPTR)rx, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &rc, &eoff, NULL);
+    char *urx = expand_unicode_classes(rx);
+    if (!urx) FAIL("%s: out of memory", path);
+    t->re = pcre2_compile((PCRE2_SPTR)urx, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &rc, &eoff, NULL);
+    free(urx);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        FAIL("%s: pre-tokenizer regex at offset %zu: %s", path, (size_t)eoff, (char *)msg);
+        FAIL("%s: pre-tokenizer regex (its Unicode classes spelled out) at offset %zu: %s", path, (size_t)eoff, (char *)msg);
     }
     pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // without JIT, pcre2_match interprets
 
@@ -716,6 +836,40 @@ static int bpe_piece(struct encoder *e, const unsigned char *s, size_t n) {
     return 0;
 }
 
+// Splits s[0..len) with the pre-tokenizer regex and calls piece() on each piece, in order (the
+// text between matches is a piece too, as HF's Isolated split makes it).
+static int split_pieces(const struct tokenizer *t, pcre2_match_data *md, pcre2_match_context *mc,
+                        const unsigned char *s, size_t len, int (*piece)(void *arg, const unsigned char *p, size_t n),
+                        void *arg, char *err, size_t errlen) {
+    size_t at = 0;
+    while (at < len) {
+        int rc = pcre2_match(t->re, s, len, at, PCRE2_NO_UTF_CHECK, md, mc);
+        size_t ms = len, me = len;
+        if (rc >= 0) {
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            ms = ov[0], me = ov[1];
+        } else if (rc != PCRE2_ERROR_NOMATCH) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            FAIL("pre-tokenizer regex failed at byte %zu: %s", at, (char *)msg);
+        }
+        if (ms > at && piece(arg, s + at, ms - at)) FAIL("out of memory");  // text between matches
+        if (me > ms && piece(arg, s + ms, me - ms)) FAIL("out of memory");
+        if (me == ms && ms < len) {  // an empty match: step over one character
+            size_t l;
+            utf8_classify(s + ms, len - ms, &l);
+            if (piece(arg, s + ms, l)) FAIL("out of memory");
+            me = ms + l;
+        }
+        at = me;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_piece(e, s, n); }
+
 // Normalises one segment (between added tokens), splits it with the regex, BPEs each piece.
 static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_context *mc, const char *seg,
                           size_t len, char *err, size_t errlen) {
@@ -731,33 +885,38 @@ static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_c
             s = norm, len = (size_t)r;
         }
     }
-    size_t at = 0;
-    while (at < len) {
-        int rc = pcre2_match(t->re, s, len, at, PCRE2_NO_UTF_CHECK, md, mc);
-        size_t ms = len, me = len;
-        if (rc >= 0) {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            ms = ov[0], me = ov[1];
-        } else if (rc != PCRE2_ERROR_NOMATCH) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            FAIL("pre-tokenizer regex failed at byte %zu: %s", at, (char *)msg);
-        }
-        if (ms > at && bpe_piece(e, s + at, ms - at)) FAIL("out of memory");  // text between matches
-        if (me > ms && bpe_piece(e, s + ms, me - ms)) FAIL("out of memory");
-        if (me == ms && ms < len) {  // an empty match: step over one character
-            size_t l;
-            utf8_classify(s + ms, len - ms, &l);
-            if (bpe_piece(e, s + ms, l)) FAIL("out of memory");
-            me = ms + l;
-        }
-        at = me;
-    }
+    if (split_pieces(t, md, mc, s, len, bpe_piece_cb, e, err, errlen)) goto fail;
     free(norm);
     return 0;
 fail:
     free(norm);
     return -1;
+}
+
+struct piece_ends {
+    size_t *ends, cap, n;
+    const unsigned char *base;
+};
+
+static int piece_end_cb(void *arg, const unsigned char *p, size_t n) {
+    struct piece_ends *pe = arg;
+    if (pe->n < pe->cap) pe->ends[pe->n] = (size_t)(p + n - pe->base);
+    pe->n++;
+    return 0;
+}
+
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
+                          size_t *n, char *err, size_t errlen) {
+    struct piece_ends pe = {.ends = ends, .cap = cap, .base = (const unsigned char *)text};
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    int rc = -1;
+    *n = 0;
+    if (!md) FAIL("out of memory");
+    rc = split_pieces(t, md, NULL, (const unsigned char *)text, len, piece_end_cb, &pe, err, errlen);
+    *n = pe.n;
+fail:
+    pcre2_match_data_free(md);
+    return rc;
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, char *err,

