@@ -8,6 +8,6 @@ int cmd_bench(int argc, char **argv);     // bench.c
 int cmd_matrix(int argc, char **argv);    // matrix.c
 int cmd_report(int argc, char **argv);    // report.c
 int cmd_adapt_llama_bench(int argc, char **argv);   // adapt.c
-int cmd_tokenize(int argc, char **argv);   // tokenizer.c
+int cmd_tokenize(int argc, char **argv);   // cli.c
 int cmd_serve(int argc, char **argv);     // server.c
 int cmd_score(int argc, char **argv);     // score.c

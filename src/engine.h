@@ -66,10 +66,9 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
 // is a terminal and the call spans more than one chunk. arg: a struct progress_line.
 struct progress_line {
     const char *who;   // "calla run", "calla bench"
-    double t0;         // CLOCK_MONOTONIC seconds at the start
+    double t0;         // now_s() at the start (util.h)
 };
 void progress_line(void *arg, int done, int total);
-double engine_now_s(void);   // CLOCK_MONOTONIC seconds
 
 // ---- backend interface -------------------------------------------------------------------------
 

@@ -35,28 +35,6 @@ void random_hex(char *out, int nbytes) {
     for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
 }
 
-// ---- a growable byte buffer --------------------------------------------------------------------
-
-int sbuf_add(struct sbuf *b, const void *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-void sbuf_free(struct sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 // ---- errors ----------------------------------------------------------------------------------
 
 json_t *error_body(int status, const char *param, const char *msg) {

@@ -859,16 +859,9 @@ int cmd_report(int argc, char **argv) {
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "write report.md, decode_ms.svg and prefill_tps.svg for a results folder";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            opts_usage(stdout, "report", summary, opts, n);
-            return 0;
-        }
+    int b = opts_begin(argc, argv, "report", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla report: %s\n", err);
-        return 2;
-    }
     if (!dir) {
         fprintf(stderr, "calla report: --results is required\n");
         return 2;

@@ -20,6 +20,7 @@
 #include "tokenizer.h"
 #include "constrain.h"
 #include "toolcall.h"
+#include "util.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -70,16 +71,6 @@ struct server_config {
     long long max_per_ip;         // connections from one address
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
 };
-
-// ---- a growable byte buffer --------------------------------------------------------------------
-
-struct sbuf {
-    char *p;
-    size_t len, cap;
-};
-
-int sbuf_add(struct sbuf *b, const void *s, size_t n);
-void sbuf_free(struct sbuf *b);
 
 // ---- metrics -----------------------------------------------------------------------------------
 

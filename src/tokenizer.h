@@ -93,15 +93,5 @@ int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t le
 // malloc'd NUL-terminated string.  Exposed for tests.
 int utf8_sanitize(const char *src, size_t len, char **out, size_t *out_len);
 
-// Puts tokenizer.json + tokenizer_config.json into a synthetic checkpoint directory.  Source, in
-// order: $CALLA_TOKENIZER_JSON (a tokenizer.json; a tokenizer_config.json beside it is copied
-// too); build/tokenizer/tokenizer.json under the working directory or beside the running
-// binary (made by tools/make_tokenizer_json.py from the real Qwen3.6 vocabulary); otherwise a
-// small byte-level vocabulary generated here (256 bytes, a few hundred English merges, the 33
-// added tokens at 248044..248076).
-int tokenizer_write_for_synth(const char *out_dir, char *err, size_t errlen);
-// Writes only the generated small tokenizer (what tests use to be independent of the build).
-int tokenizer_write_synthetic(const char *out_dir, char *err, size_t errlen);
-
-// `calla tokenize --model DIR [--text TEXT | --file F] [--decode 1,2,3]`
-int cmd_tokenize(int argc, char **argv);
+// GPT-2's byte -> code point map, in which byte-level vocabulary strings are written.
+void tokenizer_bytelevel_map(uint32_t b2u[256]);
