@@ -58,6 +58,9 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 // Consumes tokens[0..n) at positions seq_pos.., in chunks. *next = argmax of the last row's
 // logits (lowest id on ties). Refuses (ENGINE_ERROR, state unchanged) if the sequence would
 // pass its capacity or a token id is outside the vocabulary.
+// A backend that runs out of memory returns ENGINE_ERROR with a message, never aborts; seq_pos
+// then counts the chunks done, but the failed chunk may have changed some layers' state, so
+// reset the sequence (or seq_copy into it) before using it again.
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
 
