@@ -18,9 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "harness/bench.h"
 #include "commands.h"
-#include "report.h"
+#include "harness/report.h"
 #include "synth.h"
 
 static char g_tmp[1024];      // per-run scratch folder

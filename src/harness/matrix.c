@@ -284,7 +284,8 @@ int cmd_matrix(int argc, char **argv) {
     long long first_round = 1, decode = 64, rounds = 2, threads = 0;
     long long cmin = 10, cmax = 300, margin = 5, busy = 5, run_timeout = 3600;
     const char *reference = NULL, *default_reference = "bench/reference/lily_m5.json";
-    bool no_reference = false;
+    const char *targets = NULL, *default_targets = "bench/targets/h200.json";
+    bool no_reference = false, no_targets = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &m.model, 0, 0, "checkpoint directory"},
         {"engines", OPT_STR, &engines, 0, 0, "comma list of cuda, cpu, llama-bench (default cuda)"},
@@ -308,6 +309,9 @@ int cmd_matrix(int argc, char **argv) {
         {"reference", OPT_STR, &reference, 0, 0,
          "reference table for ratio tables (default bench/reference/lily_m5.json)"},
         {"no-reference", OPT_FLAG, &no_reference, 0, 0, "no reference table"},
+        {"targets", OPT_STR, &targets, 0, 0,
+         "targets the report checks, copied into matrix.json (default bench/targets/h200.json)"},
+        {"no-targets", OPT_FLAG, &no_targets, 0, 0, "no targets"},
         {"compare", OPT_STR, &m.compare, 0, 0, "another results folder for ratio tables"},
         {"title", OPT_STR, &m.title, 0, 0, "report heading"},
     };
@@ -368,6 +372,11 @@ int cmd_matrix(int argc, char **argv) {
         fprintf(stderr, "calla matrix: cannot read reference %s\n", reference);
         return 2;
     } else m.reference = reference ? reference : !access(default_reference, R_OK) ? default_reference : NULL;
+    if (no_targets) targets = NULL;
+    else if (targets && access(targets, R_OK)) {
+        fprintf(stderr, "calla matrix: cannot read targets %s\n", targets);
+        return 2;
+    } else if (!targets && !access(default_targets, R_OK)) targets = default_targets;
     static char self[4096];
     if (!m.calla) {
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -400,6 +409,16 @@ int cmd_matrix(int argc, char **argv) {
     for (int i = 0; i < m.n_ctx; i++)
         json_array_append_new(json_object_get(m.log, "contexts"), json_integer(m.contexts[i]));
     json_object_set_new(m.log, "runs", json_array());
+    if (targets) {   // the report reads them there
+        json_error_t je;
+        json_t *t = json_load_file(targets, 0, &je);
+        if (!t) {
+            fprintf(stderr, "calla matrix: %s: %s (line %d)\n", targets, je.text, je.line);
+            json_decref(m.log);
+            return 2;
+        }
+        json_object_set_new(m.log, "targets", t);
+    }
     char logpath[4096];
     snprintf(logpath, sizeof logpath, "%s/matrix.json", m.out);
 
