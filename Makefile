@@ -92,7 +92,7 @@ gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 gpu-check: $(BUILD)/calla $(GPU_TESTS)
 	@tools/gpu_check.sh $(BUILD)
 
-# The session-cache benchmark (BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
+# The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench
 session-bench: $(BUILD)/calla

@@ -1,4 +1,4 @@
-// backend_cpu.c: the reference forward pass (MODEL.md §2) in portable C11, fp32 throughout.
+// backend_cpu.c: the reference forward pass (docs/MODEL.md §2) in portable C11, fp32 throughout.
 //
 // This is the oracle for every GPU test, so it stays obviously correct rather than fast:
 // weights stay 4/8-bit and are dequantized row by row (w = scale * q + bias), every op is the

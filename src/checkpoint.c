@@ -1,4 +1,4 @@
-// checkpoint.c: config.json + index + shard validation and weight binding (MODEL.md §1, §5).
+// checkpoint.c: config.json + index + shard validation and weight binding (docs/MODEL.md §1, §5).
 #include "checkpoint.h"
 #include "util.h"
 
@@ -351,7 +351,7 @@ static int bind_quant(struct model *m, const struct name_map *map, const struct 
     for (int k = 1; k < 3; k++)
         if (t[k]->dtype != ST_BF16)
             FAIL("tensor %s: expected dtype BF16, got %s", name[k], st_dtype_name(t[k]->dtype));
-    // Bits from the shapes (MODEL.md §5.2): K = scales[-1] * 64, bits = weight[-1] * 32 / K.
+    // Bits from the shapes (docs/MODEL.md §5.2): K = scales[-1] * 64, bits = weight[-1] * 32 / K.
     int nd = s->ndim;
     int64_t rows = s->dims[nd - 2], cols = s->dims[nd - 1];
     if (t[1]->ndim == nd && t[0]->ndim == nd && t[1]->shape[nd - 1] > 0) {

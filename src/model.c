@@ -1,4 +1,4 @@
-// model.c: the named geometries and the expected tensor table (MODEL.md §1, §5.2).
+// model.c: the named geometries and the expected tensor table (docs/MODEL.md §1, §5.2).
 #include "model.h"
 
 #include <stdio.h>

@@ -1,7 +1,7 @@
 // openai.c: the OpenAI protocol of `calla serve`, as functions without sockets.
 //
 //   requests:  a JSON body -> a job (the rendered and tokenized prompt, max_tokens, stop strings,
-//              stream flags), or a 4xx naming the parameter (STYLE §14: reject, never clamp)
+//              stream flags), or a 4xx naming the parameter (reject, never clamp: the rule of options.h)
 //   results:   a finished job -> the chat.completion / text_completion object; while streaming,
 //              text -> channels (stop strings, hold-back) -> SSE chunks in the job's buffer
 //
@@ -75,7 +75,7 @@ int bad(struct req_error *re, int status, const char *param, const char *fmt, ..
 }
 
 // Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (STYLE §14: reject, never clamp).
+// parameter.  One table, checked in order (reject, never clamp: the rule of options.h).
 enum greedy_kind {
     GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
     GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)

@@ -449,7 +449,7 @@ static const char *const added_names[TOKEN_ADDED_COUNT] = {
     "<tts_text_bos_single>", "<|audio_pad|>",
 };
 
-// The Qwen3.5 split regex (spec §6), in tokenizer.json's (Oniguruma) form.
+// The Qwen3.5 split regex (docs/MODEL.md §6), in tokenizer.json's (Oniguruma) form.
 static const char qwen35_regex[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
     "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";

@@ -24,7 +24,7 @@
 
 struct tokenizer;
 
-// Qwen3.5/3.6 ids (spec §6).
+// Qwen3.5/3.6 ids (docs/MODEL.md §6).
 enum {
     TOKEN_THINK = 248068,      // <think>
     TOKEN_THINK_END = 248069,  // </think>

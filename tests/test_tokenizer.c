@@ -293,7 +293,7 @@ static void test_spec_goldens(void **state) {
     assert_int_equal(tokenizer_token_id(real, "</think>", 8), TOKEN_THINK_END);
 }
 
-// The chat prompt as the model sees it (spec §6 template pieces).
+// The chat prompt as the model sees it (docs/MODEL.md §6 template pieces).
 static void test_chat_tokens(void **state) {
     need_real();
     int32_t *ids;

@@ -1,4 +1,4 @@
-// decode.cu: the decode step (one token) as a few fused, memory-bound kernels (MODEL.md §2).
+// decode.cu: the decode step (one token) as a few fused, memory-bound kernels (docs/MODEL.md §2).
 //
 // A decode step streams ~1.9 GB of 4-bit weights and does ~6 GFLOP: every kernel here is a
 // matrix-vector product with its neighbours fused into it, so that a layer is 6 launches
@@ -212,7 +212,7 @@ static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs
     copy_to_smem<true>(xs, d.x, K);
     if (d.in_mode == DV_IN_GATED) copy_to_smem<false>(zs, d.z, K);
     __syncthreads();
-    if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, MODEL.md §2.2)
+    if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, docs/MODEL.md §2.2)
         float ss = 0;
         for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
         ss = block_sum(ss, sh);

@@ -1,4 +1,4 @@
-// bench.c: `calla bench`, the reference report's protocol in one fresh process (BENCH.md).
+// bench.c: `calla bench`, the reference report's protocol in one fresh process (docs/BENCH.md).
 //
 //   1. load the checkpoint; print the device line and the model line (stderr)
 //   2. prompt: token i = (i * 2654435761) mod 2^32 mod vocab
@@ -600,7 +600,7 @@ int cmd_bench(int argc, char **argv) {
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default calla-<backend>)"},
     };
     const int n = sizeof opts / sizeof opts[0];
-    const char *summary = "one benchmark measurement (BENCH.md protocol) in this process; writes a JSON record";
+    const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
     int b = opts_begin(argc, argv, "bench", summary, opts, n);
     if (b) return b > 0 ? 0 : 2;
     char err[1024];

@@ -1,4 +1,4 @@
-// matrix.c: `calla matrix`, engines x contexts x rounds (BENCH.md "The matrix runner").
+// matrix.c: `calla matrix`, engines x contexts x rounds (docs/BENCH.md "The matrix runner").
 //
 //   preflight   refuse to start when the GPU is busy (utilization, other compute processes) or
 //               reports a throttle reason other than idle; the verdict and reason are recorded

@@ -1,4 +1,4 @@
-// report.c: a results folder of bench records -> report.md + two SVG plots (BENCH.md "matrix").
+// report.c: a results folder of bench records -> report.md + two SVG plots (docs/BENCH.md "The matrix runner").
 //
 // Records are grouped into cells (arm label x prompt tokens); each figure in a table is the
 // median over the cell's rounds with its spread (min–max). Baselines are other arms in the same
@@ -835,7 +835,7 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         goto out;
     }
     fprintf(f, "# %s\n\n", o->title ? o->title : "Calla benchmark");
-    fprintf(f, "Protocol: BENCH.md (the reference report's harness). Each figure is the median over rounds, "
+    fprintf(f, "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
                "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
                "of "
                "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "

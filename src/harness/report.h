@@ -1,4 +1,4 @@
-// report.h: report.md and SVG plots from a results folder of bench records (BENCH.md "matrix").
+// report.h: report.md and SVG plots from a results folder of bench records (docs/BENCH.md "The matrix runner").
 #pragma once
 
 #include <stddef.h>
