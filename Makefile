@@ -30,7 +30,7 @@ GIT_DIRTY  := $(shell test -n "$$(git status --porcelain --untracked-files=no 2>
 CFLAGS  += -DCALLA_GIT_COMMIT='"$(GIT_COMMIT)"' -DCALLA_GIT_DIRTY=$(GIT_DIRTY)
 
 # src/: the product (engine, backends, tokenizer, server); src/harness/: the benchmark tooling
-# (bench, matrix, report, adapt, nvml), linked into the same binary.
+# (bench, matrix, report, adapt), linked into the same binary.
 SRCS    := $(wildcard src/*.c src/harness/*.c)
 OBJS    := $(SRCS:src/%.c=$(BUILD)/%.o)
 LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS)) $(BUILD)/web_files.o
