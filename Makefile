@@ -29,7 +29,9 @@ GIT_COMMIT := $(shell git rev-parse --verify -q HEAD 2>/dev/null || echo unknown
 GIT_DIRTY  := $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo 1 || echo 0)
 CFLAGS  += -DCALLA_GIT_COMMIT='"$(GIT_COMMIT)"' -DCALLA_GIT_DIRTY=$(GIT_DIRTY)
 
-SRCS    := $(wildcard src/*.c)
+# src/: the product (engine, backends, tokenizer, server); src/harness/: the benchmark tooling
+# (bench, matrix, report, adapt), linked into the same binary.
+SRCS    := $(wildcard src/*.c src/harness/*.c)
 OBJS    := $(SRCS:src/%.c=$(BUILD)/%.o)
 LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS)) $(BUILD)/web_files.o
 
@@ -125,7 +127,7 @@ qmatmul-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
-# The session-cache benchmark (BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
+# The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench
 session-bench: $(BUILD)/calla
@@ -148,7 +150,7 @@ asan-server:
 	CALLA_SERVER_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/tests/test_server
 
 format:
-	clang-format -i src/*.c src/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true
+	clang-format -i src/*.c src/*.h src/harness/*.c src/harness/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)

@@ -1,10 +1,15 @@
-// backend_cpu.c: the reference forward pass (MODEL.md §2) in portable C11, fp32 throughout.
+// backend_cpu.c: the reference forward pass (docs/MODEL.md §2) in portable C11, fp32 throughout.
 //
 // This is the oracle for every GPU test, so it stays obviously correct rather than fast:
 // weights stay 4/8-bit and are dequantized row by row (w = scale * q + bias), every op is the
 // formula from the spec, and the DeltaNet runs the token-by-token delta rule (§2.5) for prefill
 // and decode alike. Threads (OpenMP) split matrix rows and heads, never a reduction, so results
 // do not depend on the thread count.
+//
+// Out of memory is an error, never an abort: every function that allocates returns 0 or -1, and
+// forward_chunk turns -1 into "out of memory" for the caller (the server answers 500 and goes on).
+// A chunk that fails part way may have advanced some layers' DeltaNet state: the caller resets or
+// copies into the sequence before using it again (engine.h).
 //
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
@@ -53,13 +58,12 @@ static void qmatmul(const struct qtensor *W, int mat, const float *x, int T, flo
     const int N = W->rows, K = W->cols;
 #pragma omp parallel
     {
-        float *row = malloc(sizeof(float) * (size_t)K);
+        float row[K];   // one dequantized row: at most q_dim (4,096) floats
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             dequant_row(W, mat, n, row);
             for (int t = 0; t < T; t++) y[(size_t)t * N + n] = dot(row, x + (size_t)t * K, K);
         }
-        free(row);
     }
 }
 
@@ -75,14 +79,11 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "calla: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
+// Scratch allocations of the forward pass. CALLA_CPU_ALLOC_LIMIT=BYTES (a test hook, read at load)
+// makes every one larger than BYTES fail, as if memory had run out.
+static size_t alloc_limit;
+
+static void *scratch(size_t n) { return alloc_limit && n > alloc_limit ? NULL : malloc(n ? n : 1); }
 
 // ---- full attention (§2.4) --------------------------------------------------------------------
 
@@ -107,12 +108,15 @@ static void rope(float *x, int rope_dim, double theta, int p) {
     }
 }
 
-static void attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
-                      int cap, int p0, const float *u, int T, float *out) {
+static int attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
+                     int cap, int p0, const float *u, int T, float *out) {
     const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
-    float *qg = xmalloc(sizeof(float) * (size_t)T * 2 * QD);
-    float *k = xmalloc(sizeof(float) * (size_t)T * KVD), *v = xmalloc(sizeof(float) * (size_t)T * KVD);
-    float *o = xmalloc(sizeof(float) * (size_t)T * QD);
+    float *qg = scratch(sizeof(float) * (size_t)T * 2 * QD);
+    float *k = scratch(sizeof(float) * (size_t)T * KVD), *v = scratch(sizeof(float) * (size_t)T * KVD);
+    float *o = scratch(sizeof(float) * (size_t)T * QD);
+    int rc = -1;
+    bool failed = false;
+    if (!qg || !k || !v || !o) goto out;
     qmatmul(&L->q_proj, 0, u, T, qg);
     qmatmul(&L->k_proj, 0, u, T, k);
     qmatmul(&L->v_proj, 0, u, T, v);
@@ -131,11 +135,16 @@ static void attention(const struct geometry *g, const struct layer_weights *L, s
     const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
-        float *q = xmalloc(sizeof(float) * (size_t)D);
-        float *sc = xmalloc(sizeof(float) * (size_t)(p0 + T));
+        float q[D];
+        float *sc = scratch(sizeof(float) * (size_t)(p0 + T));
+        if (!sc) {
+#pragma omp atomic write
+            failed = true;
+        }
 #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++) {
+                if (!sc) continue;   // this thread is out of memory: the call fails
                 const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D;   // [query | gate] per head
                 const float *gate = qh + D;
                 rmsnorm(q, qh, L->q_norm, D, (float)g->rms_eps);
@@ -159,27 +168,32 @@ static void attention(const struct geometry *g, const struct layer_weights *L, s
                 }
                 for (int d = 0; d < D; d++) oh[d] *= sigmoid(gate[d]);
             }
-        free(q);
         free(sc);
     }
+    if (failed) goto out;
     qmatmul(&L->o_proj, 0, o, T, out);
+    rc = 0;
+out:
     free(qg);
     free(k);
     free(v);
     free(o);
+    return rc;
 }
 
 // ---- Gated DeltaNet (§2.5) --------------------------------------------------------------------
 
-static void deltanet(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
-                     const float *u, int T, float *out) {
+static int deltanet(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
+                    const float *u, int T, float *out) {
     const int C = geom_conv_dim(g), KD = geom_lin_key_dim(g), VD = geom_lin_value_dim(g);
     const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, Dk = g->lin_k_dim, Dv = g->lin_v_dim, KW = g->conv_kernel;
-    float *xe = xmalloc(sizeof(float) * (size_t)(T + KW - 1) * C);   // conv window rows, then this chunk
-    float *y = xmalloc(sizeof(float) * (size_t)T * C);
-    float *z = xmalloc(sizeof(float) * (size_t)T * VD);
-    float *b = xmalloc(sizeof(float) * (size_t)T * Hv), *a = xmalloc(sizeof(float) * (size_t)T * Hv);
-    float *o = xmalloc(sizeof(float) * (size_t)T * VD);
+    float *xe = scratch(sizeof(float) * (size_t)(T + KW - 1) * C);   // conv window rows, then this chunk
+    float *y = scratch(sizeof(float) * (size_t)T * C);
+    float *z = scratch(sizeof(float) * (size_t)T * VD);
+    float *b = scratch(sizeof(float) * (size_t)T * Hv), *a = scratch(sizeof(float) * (size_t)T * Hv);
+    float *o = scratch(sizeof(float) * (size_t)T * VD);
+    int rc = -1;
+    if (!xe || !y || !z || !b || !a || !o) goto out;   // before any state changes
     memcpy(xe, cs->conv[layer], sizeof(float) * (size_t)(KW - 1) * C);
     qmatmul(&L->in_qkv, 0, u, T, xe + (size_t)(KW - 1) * C);
     qmatmul(&L->in_z, 0, u, T, z);
@@ -236,12 +250,15 @@ static void deltanet(const struct geometry *g, const struct layer_weights *L, st
         }
     }
     qmatmul(&L->out_proj, 0, o, T, out);
+    rc = 0;
+out:
     free(xe);
     free(y);
     free(z);
     free(b);
     free(a);
     free(o);
+    return rc;
 }
 
 // ---- MoE (§2.6) -------------------------------------------------------------------------------
@@ -317,24 +334,34 @@ static void trace_route(FILE *f, int layer, int pos, const struct route_stats *s
 }
 
 // out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x) over the rows of x (one expert's tokens).
-static void mlp(const struct qtensor *gate, const struct qtensor *up, const struct qtensor *down, int mat,
-                const float *x, int T, float *out) {
+static int mlp(const struct qtensor *gate, const struct qtensor *up, const struct qtensor *down, int mat,
+               const float *x, int T, float *out) {
     const int I = gate->rows;
-    float *a = xmalloc(sizeof(float) * (size_t)T * I), *b = xmalloc(sizeof(float) * (size_t)T * I);
-    qmatmul(gate, mat, x, T, a);
-    qmatmul(up, mat, x, T, b);
-    for (size_t i = 0; i < (size_t)T * I; i++) a[i] = silu(a[i]) * b[i];
-    qmatmul(down, mat, a, T, out);
+    float *a = scratch(sizeof(float) * (size_t)T * I), *b = scratch(sizeof(float) * (size_t)T * I);
+    int rc = -1;
+    if (a && b) {
+        qmatmul(gate, mat, x, T, a);
+        qmatmul(up, mat, x, T, b);
+        for (size_t i = 0; i < (size_t)T * I; i++) a[i] = silu(a[i]) * b[i];
+        qmatmul(down, mat, a, T, out);
+        rc = 0;
+    }
     free(a);
     free(b);
+    return rc;
 }
 
-static void moe(const struct geometry *g, const struct layer_weights *L, int layer, int p0, const float *u, int T,
-                float *out) {
+static int moe(const struct geometry *g, const struct layer_weights *L, int layer, int p0, const float *u, int T,
+               float *out) {
     const int H = g->hidden, E = g->n_experts, K = g->n_experts_used;
-    float *rl = xmalloc(sizeof(float) * (size_t)T * E), *sg = xmalloc(sizeof(float) * (size_t)T);
-    int *ids = xmalloc(sizeof(int) * (size_t)T * K);
-    float *w = xmalloc(sizeof(float) * (size_t)T * K);
+    float *rl = scratch(sizeof(float) * (size_t)T * E), *sg = scratch(sizeof(float) * (size_t)T);
+    int *ids = scratch(sizeof(int) * (size_t)T * K);
+    float *w = scratch(sizeof(float) * (size_t)T * K);
+    float *xe = scratch(sizeof(float) * (size_t)T * H), *ye = scratch(sizeof(float) * (size_t)T * H);
+    int *tok = scratch(sizeof(int) * (size_t)T);
+    float *tw = scratch(sizeof(float) * (size_t)T);
+    int rc = -1;
+    if (!rl || !sg || !ids || !w || !xe || !ye || !tok || !tw) goto out;
     qmatmul(&L->router, 0, u, T, rl);
     qmatmul(&L->shared_gate, 0, u, T, sg);
     FILE *trace = router_trace();
@@ -344,13 +371,10 @@ static void moe(const struct geometry *g, const struct layer_weights *L, int lay
         if (trace) trace_route(trace, layer, p0 + t, &st, ids + (size_t)t * K, K);
     }
     // Shared expert, scaled by sigmoid of its gate.
-    mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out);
+    if (mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out)) goto out;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < H; i++) out[(size_t)t * H + i] *= sigmoid(sg[t]);
     // Routed experts: gather each expert's tokens, run them together, scatter-add.
-    float *xe = xmalloc(sizeof(float) * (size_t)T * H), *ye = xmalloc(sizeof(float) * (size_t)T * H);
-    int *tok = xmalloc(sizeof(int) * (size_t)T);
-    float *tw = xmalloc(sizeof(float) * (size_t)T);
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -362,10 +386,12 @@ static void moe(const struct geometry *g, const struct layer_weights *L, int lay
                     n++;
                 }
         if (!n) continue;
-        mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye);
+        if (mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye)) goto out;
         for (int j = 0; j < n; j++)
             for (int i = 0; i < H; i++) out[(size_t)tok[j] * H + i] += tw[j] * ye[(size_t)j * H + i];
     }
+    rc = 0;
+out:
     free(rl);
     free(sg);
     free(ids);
@@ -374,12 +400,15 @@ static void moe(const struct geometry *g, const struct layer_weights *L, int lay
     free(ye);
     free(tok);
     free(tw);
+    return rc;
 }
 
 // ---- the backend ------------------------------------------------------------------------------
 
 static int cpu_load(struct engine *e, char *err, size_t errlen) {
     if (e->opts.threads > 0) omp_set_num_threads(e->opts.threads);
+    const char *lim = getenv("CALLA_CPU_ALLOC_LIMIT");
+    alloc_limit = lim && *lim ? (size_t)strtoull(lim, NULL, 10) : 0;
     e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
     return 0;
 }
@@ -476,34 +505,38 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
     const struct weights *W = &e->model.w;
     struct cpu_seq *cs = s->impl;
     const int H = g->hidden, p0 = s->pos;
-    float *x = xmalloc(sizeof(float) * (size_t)T * H), *u = xmalloc(sizeof(float) * (size_t)T * H);
-    float *d = xmalloc(sizeof(float) * (size_t)T * H);
+    // The rows whose final norm and lm_head are wanted: the asked ones and the last.
+    int want[n_rows + 1], nw = 0;
+    for (int r = 0; r < n_rows; r++) want[nw++] = rows[r];
+    if (!nw || want[nw - 1] != T - 1) want[nw++] = T - 1;
+    float *x = scratch(sizeof(float) * (size_t)T * H), *u = scratch(sizeof(float) * (size_t)T * H);
+    float *d = scratch(sizeof(float) * (size_t)T * H);
+    float *hn = scratch(sizeof(float) * (size_t)nw * H), *lg = scratch(sizeof(float) * (size_t)nw * g->vocab);
+    int rc = -1;
+    if (!x || !u || !d || !hn || !lg) goto out;
     for (int t = 0; t < T; t++) dequant_row(&W->embed, 0, tokens[t], x + (size_t)t * H);
     for (int i = 0; i < g->n_layers; i++) {
         const struct layer_weights *L = &W->layers[i];
         for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
-        if (geom_is_attn(g, i)) attention(g, L, cs, i, s->cap, p0, u, T, d);
-        else deltanet(g, L, cs, i, u, T, d);
+        if (geom_is_attn(g, i) ? attention(g, L, cs, i, s->cap, p0, u, T, d) : deltanet(g, L, cs, i, u, T, d)) goto out;
         for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
         for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
-        moe(g, L, i, p0, u, T, d);
+        if (moe(g, L, i, p0, u, T, d)) goto out;
         for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
     }
-    // Final norm and lm_head for the wanted rows and the last row.
-    int want[n_rows + 1], nw = 0;
-    for (int r = 0; r < n_rows; r++) want[nw++] = rows[r];
-    if (!nw || want[nw - 1] != T - 1) want[nw++] = T - 1;
-    float *hn = xmalloc(sizeof(float) * (size_t)nw * H), *lg = xmalloc(sizeof(float) * (size_t)nw * g->vocab);
     for (int r = 0; r < nw; r++) rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
     qmatmul(&W->lm_head, 0, hn, nw, lg);
     if (logits) memcpy(logits, lg, sizeof(float) * (size_t)n_rows * g->vocab);
     *next = argmax(lg + (size_t)(nw - 1) * g->vocab, g->vocab);
+    rc = 0;
+out:
+    if (rc) snprintf(err, errlen, "out of memory in the CPU forward pass (%d tokens at position %d)", T, p0);
     free(hn);
     free(lg);
     free(x);
     free(u);
     free(d);
-    return 0;
+    return rc;
 }
 
 static int cpu_available(int device, char *msg, size_t msglen) { return 1; }

@@ -1,5 +1,6 @@
-// checkpoint.c: config.json + index + shard validation and weight binding (MODEL.md §1, §5).
+// checkpoint.c: config.json + index + shard validation and weight binding (docs/MODEL.md §1, §5).
 #include "checkpoint.h"
+#include "util.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -48,12 +49,6 @@ char *read_small_file(const char *path, size_t *len, char *err, size_t errlen) {
     buf[n] = 0;
     *len = n;
     return buf;
-}
-
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
 }
 
 // ---- config.json -----------------------------------------------------------------------------
@@ -288,7 +283,7 @@ struct name_map {
     int *shard;
 };
 
-static uint64_t str_hash(const char *s) { return fnv1a(0xcbf29ce484222325ull, s, strlen(s)); }
+static uint64_t str_hash(const char *s) { return fnv1a64(FNV1A64_INIT, s, strlen(s)); }
 
 static const struct st_tensor *map_get(const struct name_map *m, const char *name, int *shard) {
     for (size_t i = str_hash(name) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
@@ -356,7 +351,7 @@ static int bind_quant(struct model *m, const struct name_map *map, const struct 
     for (int k = 1; k < 3; k++)
         if (t[k]->dtype != ST_BF16)
             FAIL("tensor %s: expected dtype BF16, got %s", name[k], st_dtype_name(t[k]->dtype));
-    // Bits from the shapes (MODEL.md §5.2): K = scales[-1] * 64, bits = weight[-1] * 32 / K.
+    // Bits from the shapes (docs/MODEL.md §5.2): K = scales[-1] * 64, bits = weight[-1] * 32 / K.
     int nd = s->ndim;
     int64_t rows = s->dims[nd - 2], cols = s->dims[nd - 1];
     if (t[1]->ndim == nd && t[0]->ndim == nd && t[1]->shape[nd - 1] > 0) {
@@ -455,7 +450,7 @@ static int open_shards(struct model *m, json_t **index_out, char *err, size_t er
         *index_out = NULL;
         return 0;
     }
-    m->identity = fnv1a(m->identity, text, len);
+    m->identity = fnv1a64(m->identity, text, len);
     json_error_t je;
     index = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     free(text);
@@ -510,14 +505,14 @@ int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen) 
     json_t *index = NULL;
     char path[4096];
     m->dir = strdup(dir);
-    m->identity = 0xcbf29ce484222325ull;
+    m->identity = FNV1A64_INIT;
     if (!m->dir) FAIL("out of memory");
 
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
     char *cfg = read_small_file(path, &len, err, errlen);
     if (!cfg) goto fail;
-    m->identity = fnv1a(m->identity, cfg, len);
+    m->identity = fnv1a64(m->identity, cfg, len);
     int rc = checkpoint_parse_config(cfg, len, &m->g, err, errlen);
     free(cfg);
     if (rc) goto fail;

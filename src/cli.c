@@ -1,4 +1,4 @@
-// cli.c: the model-file subcommands: `calla synth` and `calla info`.
+// cli.c: the model-file subcommands: `calla synth`, `calla info`, `calla run` and `calla tokenize`.
 #include "checkpoint.h"
 #include "chat.h"
 #include "engine.h"
@@ -6,7 +6,10 @@
 #include "commands.h"
 #include "options.h"
 #include "synth.h"
+#include "util.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,14 +50,14 @@ int cmd_synth(int argc, char **argv) {
     }
     struct synth_options so = {
         .g = g, .profile = sp, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads};
-    double t0 = engine_now_s();
+    double t0 = now_s();
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "calla synth: %s\n", err);
         return 1;
     }
     struct model_size ms = model_size_of(g);
     fprintf(stderr, "calla synth: wrote %s (%s, seed %lld, profile %s): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
-            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, engine_now_s() - t0);
+            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
     return 0;
 }
 
@@ -62,27 +65,23 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     const struct opt opts[] = {{"model", OPT_STR, &dir, 0, 0, "checkpoint directory"}};
     const char *summary = "validate a checkpoint and print its geometry and sizes";
-    if (opts_wants_help(argc, argv)) {
-        opts_usage(stdout, "info", summary, opts, 1);
-        return 0;
+    if (argc == 2 && strncmp(argv[1], "--", 2)) dir = argv[1];   // `calla info DIR`
+    else {
+        int b = opts_begin(argc, argv, "info", summary, opts, 1);
+        if (b) return b > 0 ? 0 : 2;
     }
     char err[1024];
-    if (argc == 2 && strncmp(argv[1], "--", 2)) dir = argv[1];   // `calla info DIR`
-    else if (opts_parse(argc, argv, opts, 1, err, sizeof err)) {
-        fprintf(stderr, "calla info: %s\n", err);
-        return 2;
-    }
     if (!dir) {
         fprintf(stderr, "calla info: give the checkpoint directory (calla info DIR)\n");
         return 2;
     }
     struct model m;
-    double t0 = engine_now_s();
+    double t0 = now_s();
     if (checkpoint_open(dir, &m, err, sizeof err)) {
         fprintf(stderr, "calla info: %s: %s\n", dir, err);
         return 1;
     }
-    double dt = engine_now_s() - t0;
+    double dt = now_s() - t0;
     const struct geometry *g = &m.g;
     struct model_size ms = model_size_of(g);
     printf("checkpoint     %s\n", dir);
@@ -223,15 +222,15 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out;
     }
-    double t0 = engine_now_s();
+    double t0 = now_s();
     int32_t tok;
-    struct progress_line pl = {"calla run", engine_now_s()};
+    struct progress_line pl = {"calla run", now_s()};
     const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
     if (engine_forward(e, s, prompt, n_prompt, &fo, &tok, err, sizeof err)) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out_seq;
     }
-    double t1 = engine_now_s();
+    double t1 = now_s();
     int generated = 0;
     for (;;) {
         if (tok_text) {
@@ -255,7 +254,7 @@ int cmd_run(int argc, char **argv) {
         if (tokenizer_stream_flush(&ts, &piece, &len) == 0) fwrite(piece, 1, len, stdout);
     }
     printf("\n");
-    double t2 = engine_now_s();
+    double t2 = now_s();
     fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token\n",
             engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), generated,
             generated > 1 ? 1e3 * (t2 - t1) / (generated - 1) : 0.0);
@@ -269,5 +268,139 @@ out:
     }
     engine_close(e);
     free(prompt);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// calla tokenize
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    struct sbuf b = {0};
+    char chunk[1 << 16];
+    size_t n;
+    if (!f) return NULL;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (sbuf_add(&b, chunk, n)) break;
+    if (f != stdin) fclose(f);
+    if (!b.p) b.p = calloc(1, 1);
+    *len = b.len;
+    return b.p;
+}
+
+static void print_c_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') printf("\\n");
+        else if (c == '\t') printf("\\t");
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *text = NULL, *file = NULL, *decode = NULL;
+    bool tokens = false, timing = false;
+    const struct opt opts[] = {
+        {"model", OPT_STR, &model, 0, 0, "checkpoint (or any directory) holding tokenizer.json"},
+        {"text", OPT_STR, &text, 0, 0, "encode TEXT (added tokens such as <|im_start|> are recognised)"},
+        {"file", OPT_STR, &file, 0, 0, "encode the bytes of file F (- for standard input)"},
+        {"decode", OPT_STR, &decode, 0, 0, "decode comma- or space-separated ids and print the text"},
+        {"tokens", OPT_FLAG, &tokens, 0, 0, "print one line per token: id, then its bytes as a C string"},
+        {"time", OPT_FLAG, &timing, 0, 0, "report encode time and throughput on stderr"},
+    };
+    const int n_opts = sizeof opts / sizeof opts[0];
+    const char *summary = "print the token ids of a text (--text or --file), or decode ids (--decode)";
+    int ob = opts_begin(argc, argv, "tokenize", summary, opts, n_opts);
+    if (ob) return ob > 0 ? 0 : 2;
+    char err[512];
+    if (!model || (!text && !file && !decode) || (text && file)) {
+        fprintf(stderr, "calla tokenize: --model and one of --text, --file (or --decode) are required\n");
+        opts_usage(stderr, "tokenize", summary, opts, n_opts);
+        return 2;
+    }
+    struct tokenizer *t;
+    if (tokenizer_load(model, &t, err, sizeof err)) {
+        fprintf(stderr, "calla tokenize: %s\n", err);
+        return 1;
+    }
+    int rc = 0;
+    if (decode) {
+        size_t n = 0, cap = 16;
+        int32_t *ids = malloc(cap * sizeof *ids);
+        for (const char *p = decode; ids && *p;) {
+            char *end;
+            if (*p == ',' || *p == ' ' || *p == '[' || *p == ']' || *p == '\n') {
+                p++;
+                continue;
+            }
+            long v = strtol(p, &end, 10);
+            if (end == p || v < INT32_MIN || v > INT32_MAX) {
+                fprintf(stderr, "calla tokenize: bad id list at \"%s\"\n", p);
+                free(ids);
+                tokenizer_free(t);
+                return 2;
+            }
+            if (n == cap) {
+                int32_t *q = realloc(ids, (cap *= 2) * sizeof *ids);
+                if (!q) break;
+                ids = q;
+            }
+            ids[n++] = (int32_t)v;
+            p = end;
+        }
+        char *out;
+        size_t len;
+        if (!ids || tokenizer_decode(t, ids, n, 0, &out, &len, err, sizeof err)) {
+            fprintf(stderr, "calla tokenize: %s\n", ids ? err : "out of memory");
+            rc = 1;
+        } else {
+            fwrite(out, 1, len, stdout);
+            putchar('\n');
+            free(out);
+        }
+        free(ids);
+    }
+    if (text || file) {
+        size_t len = text ? strlen(text) : 0;
+        char *data = text ? NULL : read_all(file, &len);
+        if (file && !data) {
+            fprintf(stderr, "calla tokenize: %s: %s\n", file, strerror(errno));
+            tokenizer_free(t);
+            return 1;
+        }
+        int32_t *ids;
+        size_t n;
+        double t0 = now_s();
+        int erc = tokenizer_encode(t, text ? text : data, len, &ids, &n, err, sizeof err);
+        double s = now_s() - t0;
+        if (erc) {
+            fprintf(stderr, "calla tokenize: %s\n", err);
+            rc = 1;
+        } else {
+            if (tokens) {
+                for (size_t i = 0; i < n; i++) {
+                    size_t l;
+                    const char *b = tokenizer_token_bytes(t, ids[i], &l);
+                    printf("%d\t", ids[i]);
+                    print_c_string(b, l);
+                    putchar('\n');
+                }
+            } else {
+                for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+                putchar('\n');
+            }
+            if (timing) {
+                fprintf(stderr, "# encode: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s, %.0f tokens/s)\n", len, n, s,
+                        (double)len / s / 1e6, (double)n / s);
+            }
+            free(ids);
+        }
+        free(data);
+    }
+    tokenizer_free(t);
     return rc;
 }

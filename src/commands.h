@@ -4,10 +4,10 @@
 int cmd_synth(int argc, char **argv);     // cli.c
 int cmd_info(int argc, char **argv);      // cli.c
 int cmd_run(int argc, char **argv);       // cli.c
-int cmd_bench(int argc, char **argv);     // bench.c
-int cmd_matrix(int argc, char **argv);    // matrix.c
-int cmd_report(int argc, char **argv);    // report.c
-int cmd_adapt_llama_bench(int argc, char **argv);   // adapt.c
-int cmd_tokenize(int argc, char **argv);   // tokenizer.c
+int cmd_bench(int argc, char **argv);     // harness/bench.c
+int cmd_matrix(int argc, char **argv);    // harness/matrix.c
+int cmd_report(int argc, char **argv);    // harness/report.c
+int cmd_adapt_llama_bench(int argc, char **argv);   // harness/adapt.c
+int cmd_tokenize(int argc, char **argv);   // cli.c
 int cmd_serve(int argc, char **argv);     // server.c
 int cmd_score(int argc, char **argv);     // score.c

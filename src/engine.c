@@ -1,12 +1,12 @@
 // engine.c: backend selection, sequences, and chunked forward over the backend interface.
 #include "engine.h"
+#include "util.h"
 
 #include "gpu.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 // The backends in order of preference when none is named (a GPU backend first, when built).
@@ -127,17 +127,11 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
     return 0;
 }
 
-double engine_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void progress_line(void *arg, int done, int total) {
     const struct progress_line *p = arg;
     if (total <= QWEN_PREFILL_CHUNK || !isatty(STDERR_FILENO)) return;
     fprintf(stderr, "\r%s: prefill %d / %d tokens (%d%%), %.1f s%s", p->who, done, total,
-            (int)(100.0 * done / total), engine_now_s() - p->t0, done == total ? "\n" : "");
+            (int)(100.0 * done / total), now_s() - p->t0, done == total ? "\n" : "");
     fflush(stderr);
 }
 

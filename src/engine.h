@@ -59,6 +59,9 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 // Consumes tokens[0..n) at positions seq_pos.., in chunks. *next = argmax of the last row's
 // logits (lowest id on ties). Refuses (ENGINE_ERROR, state unchanged) if the sequence would
 // pass its capacity or a token id is outside the vocabulary.
+// A backend that runs out of memory returns ENGINE_ERROR with a message, never aborts; seq_pos
+// then counts the chunks done, but the failed chunk may have changed some layers' state, so
+// reset the sequence (or seq_copy into it) before using it again.
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
 
@@ -67,10 +70,9 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
 // is a terminal and the call spans more than one chunk. arg: a struct progress_line.
 struct progress_line {
     const char *who;   // "calla run", "calla bench"
-    double t0;         // CLOCK_MONOTONIC seconds at the start
+    double t0;         // now_s() at the start (util.h)
 };
 void progress_line(void *arg, int done, int total);
-double engine_now_s(void);   // CLOCK_MONOTONIC seconds
 
 // ---- backend interface -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// model.c: the named geometries and the expected tensor table (MODEL.md §1, §5.2).
+// model.c: the named geometries and the expected tensor table (docs/MODEL.md §1, §5.2).
 #include "model.h"
 
 #include <stdio.h>
@@ -44,20 +44,6 @@ const struct geometry *geometry_find(const char *name) {
     for (int i = 0; i < geometry_count(); i++)
         if (!strcmp(geometries[i].name, name)) return &geometries[i];
     return NULL;
-}
-
-bool geometry_equal(const struct geometry *a, const struct geometry *b, char *what, size_t whatlen) {
-#define CMP(f)                                                                                     \
-    if (a->f != b->f) {                                                                            \
-        snprintf(what, whatlen, "%s: expected %g, got %g", #f, (double)b->f, (double)a->f);      \
-        return false;                                                                              \
-    }
-    CMP(vocab) CMP(hidden) CMP(n_layers) CMP(n_heads) CMP(n_kv_heads) CMP(head_dim) CMP(rope_dim)
-    CMP(lin_k_heads) CMP(lin_v_heads) CMP(lin_k_dim) CMP(lin_v_dim) CMP(conv_kernel) CMP(n_experts)
-    CMP(n_experts_used) CMP(moe_inter) CMP(shared_inter) CMP(attn_interval) CMP(max_ctx)
-    CMP(rope_theta) CMP(rms_eps)
-#undef CMP
-    return true;
 }
 
 // ---- the tensor table ----------------------------------------------------------------------

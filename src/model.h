@@ -84,7 +84,6 @@ const struct geometry *geometry_find(const char *name);
 const struct geometry *geometry_real(void);
 int geometry_count(void);
 const struct geometry *geometry_at(int i);
-bool geometry_equal(const struct geometry *a, const struct geometry *b, char *what, size_t whatlen);
 
 // ---- weights --------------------------------------------------------------------------------
 

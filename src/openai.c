@@ -1,7 +1,7 @@
 // openai.c: the OpenAI protocol of `calla serve`, as functions without sockets.
 //
 //   requests:  a JSON body -> a job (the rendered and tokenized prompt, max_tokens, stop strings,
-//              stream flags), or a 4xx naming the parameter (STYLE §14: reject, never clamp)
+//              stream flags), or a 4xx naming the parameter (reject, never clamp: the rule of options.h)
 //   results:   a finished job -> the chat.completion / text_completion object; while streaming,
 //              text -> channels (stop strings, hold-back) -> SSE chunks in the job's buffer
 //
@@ -33,28 +33,6 @@ void random_hex(char *out, int nbytes) {
         for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
     }
     for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
-}
-
-// ---- a growable byte buffer --------------------------------------------------------------------
-
-int sbuf_add(struct sbuf *b, const void *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-void sbuf_free(struct sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
 }
 
 // ---- errors ----------------------------------------------------------------------------------
@@ -97,7 +75,7 @@ int bad(struct req_error *re, int status, const char *param, const char *fmt, ..
 }
 
 // Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (STYLE §14: reject, never clamp).
+// parameter.  One table, checked in order (reject, never clamp: the rule of options.h).
 enum greedy_kind {
     GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
     GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)

@@ -177,9 +177,3 @@ void st_close(struct st_file *f) {
     free(f->path);
     memset(f, 0, sizeof *f);
 }
-
-const struct st_tensor *st_find(const struct st_file *f, const char *name) {
-    for (int i = 0; i < f->n; i++)
-        if (!strcmp(f->t[i].name, name)) return &f->t[i];
-    return NULL;
-}

@@ -43,4 +43,3 @@ int st_parse(const uint8_t *buf, size_t len, const char *what, struct st_file *o
 // mmaps path and parses it. 0 or -1 with a message.
 int st_open(const char *path, struct st_file *out, char *err, size_t errlen);
 void st_close(struct st_file *f);
-const struct st_tensor *st_find(const struct st_file *f, const char *name);

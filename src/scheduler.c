@@ -220,7 +220,7 @@ static int forward(struct server *sv, struct job *j, const int32_t *t, int n, in
 }
 
 static void run_job(struct server *sv, struct job *j) {
-    const double t0 = engine_now_s();
+    const double t0 = now_s();
     j->queue_ms = 1e3 * (t0 - j->t_queued);
     const int32_t *P = j->prompt;
     const int n = j->n_prompt;
@@ -270,7 +270,7 @@ static void run_job(struct server *sv, struct job *j) {
         }
     }
     if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
-    const double t1 = engine_now_s();
+    const double t1 = now_s();
     j->prefill_ms = 1e3 * (t1 - t0);
 
     // Decode.
@@ -324,7 +324,7 @@ static void run_job(struct server *sv, struct job *j) {
     constrained_free(&con);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);
-    const double t2 = engine_now_s();
+    const double t2 = now_s();
     j->decode_ms = 1e3 * (t2 - t1);
     j->n_gen = ng;
 
@@ -405,7 +405,7 @@ int sched_enqueue(struct server *sv, struct job *j, int fd, struct req_error *re
     j->abort = &sv->abort;
     j->model_name = sv->cfg.model_name;
     j->created = (long long)time(NULL);
-    j->t_queued = engine_now_s();
+    j->t_queued = now_s();
     pthread_mutex_lock(&sv->mu);
     if (sv->draining) {
         pthread_mutex_unlock(&sv->mu);

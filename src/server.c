@@ -557,15 +557,9 @@ int cmd_serve(int argc, char **argv) {
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
                           "/metrics, and a chat page at /";
-    if (opts_wants_help(argc, argv)) {
-        opts_usage(stdout, "serve", summary, opts, nopts);
-        return 0;
-    }
+    int ob = opts_begin(argc, argv, "serve", summary, opts, nopts);
+    if (ob) return ob > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, nopts, err, sizeof err)) {
-        fprintf(stderr, "calla serve: %s\n", err);
-        return 2;
-    }
     if (!cfg.model_dir) {
         fprintf(stderr, "calla serve: --model is required\n");
         opts_usage(stderr, "serve", summary, opts, nopts);
@@ -685,13 +679,13 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_lock(&sv->mu);
     sv->draining = true;
     pthread_mutex_unlock(&sv->mu);
-    const double deadline = engine_now_s() + (double)cfg.drain_seconds;
+    const double deadline = now_s() + (double)cfg.drain_seconds;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
         bool idle = !sv->head && !sv->running;
         pthread_mutex_unlock(&sv->mu);
         if (idle) break;
-        double left = deadline - engine_now_s();
+        double left = deadline - now_s();
         if (left <= 0) {
             fprintf(stderr, "calla serve: drain time is up; aborting the remaining requests\n");
             break;

@@ -21,6 +21,7 @@
 #include "tokenizer.h"
 #include "constrain.h"
 #include "toolcall.h"
+#include "util.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -73,16 +74,6 @@ struct server_config {
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
     long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
 };
-
-// ---- a growable byte buffer --------------------------------------------------------------------
-
-struct sbuf {
-    char *p;
-    size_t len, cap;
-};
-
-int sbuf_add(struct sbuf *b, const void *s, size_t n);
-void sbuf_free(struct sbuf *b);
 
 // ---- metrics -----------------------------------------------------------------------------------
 

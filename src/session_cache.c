@@ -26,10 +26,6 @@ void scache_free(struct session_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-void scache_clear(struct session_cache *c) {
-    for (int i = 0; i < c->n; i++) c->ent[i].used = 0;
-}
-
 static bool is_prefix(const struct cache_entry *en, const int32_t *p, int n) {
     return en->used && en->n <= n && !memcmp(en->tokens, p, sizeof *p * (size_t)en->n);
 }

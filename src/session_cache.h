@@ -46,5 +46,3 @@ int scache_store_copy(struct session_cache *c, const struct seq *src, const int3
 // or a fresh sequence; nothing is cached.
 int scache_store_swap(struct session_cache *c, struct seq **w, const int32_t *p, int n, int32_t next,
                       char *err, size_t errlen);
-// Drops every entry (keeps the allocations).
-void scache_clear(struct session_cache *c);

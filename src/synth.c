@@ -4,7 +4,7 @@
 // group 64, 8-bit overrides for every mlp.gate and mlp.shared_expert_gate) duplicated as
 // quantization_config; model-0000k-of-0000N.safetensors shards cut before they pass the shard
 // limit (5 GiB), metadata {"format": "mlx"}; model.safetensors.index.json; generation_config.json;
-// tokenizer.json + tokenizer_config.json (tokenizer_write_for_synth says which vocabulary);
+// tokenizer.json + tokenizer_config.json (synth_write_tokenizer says which vocabulary);
 // calla_synth.json {geometry, seed, profile}: which generator wrote it (the loader never reads it,
 // so validation is the same for synthetic and real checkpoints).
 // Inside a shard U32 tensors come first, then F32, then BF16, so every tensor is naturally aligned.
@@ -24,17 +24,20 @@
 #include "checkpoint.h"
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 struct stored {
     char name[160];
@@ -70,9 +73,7 @@ struct job {
 enum { CHUNK = 8 << 20 };
 
 static uint64_t name_key(uint64_t seed, const char *name) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-    return synth_mix64(synth_mix64(seed) ^ h);
+    return synth_mix64(synth_mix64(seed) ^ fnv1a64(FNV1A64_INIT, name, strlen(name)));
 }
 
 // One quantized matrix's scale for (row, group) index i; biases recompute it.
@@ -411,7 +412,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
     r = write_json(o->out_dir, "calla_synth.json", who, err, errlen);
     json_decref(who);
     if (r) goto out;
-    if (tokenizer_write_for_synth(o->out_dir, err, errlen)) goto out;
+    if (synth_write_tokenizer(o->out_dir, err, errlen)) goto out;
     rc = 0;
 out:
     for (int s = 0; sh && s < n_sh; s++)
@@ -425,4 +426,178 @@ out:
     json_decref(cfg);
     json_decref(index);
     return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tokenizer of a synthetic checkpoint
+//
+// The generated tokenizer.json has 448 model tokens (ids 0..447) and the 33 added tokens at
+// their real ids 248044..248076, so the engine's stop ids and chat template work unchanged.
+// Calla honours those ids; Hugging Face `tokenizers` ignores the ids of added tokens that are
+// not in the model vocabulary and numbers them right after it, so HF would call <|im_end|> 450 (448 + 2)
+// here.  Apart from that renumbering HF and this encoder agree on the whole golden corpus with
+// this vocabulary too (checked while writing it).  The real vocabulary (contiguous 0..248043)
+// has no such gap.
+
+static const char *const added_names[TOKEN_ADDED_COUNT] = {
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>", "<|audio_pad|>",
+};
+
+// The Qwen3.5 split regex (docs/MODEL.md §6), in tokenizer.json's (Oniguruma) form.
+static const char qwen35_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// Words whose every prefix becomes a token (a merge chain per word), so the synthetic
+// vocabulary has real multi-step merges.  A leading space is GPT-2's "Ġ".
+static const char *const synth_words[] = {
+    " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", "The", " a", " and", " of",
+    " to", " in", " is", " that", " it", " for", " you", " with", " on", " as", " are", " this", " be",
+    "Hello", " world", " Hello", ",", ".", "\n", "\n\n", "  ", "    ", "ing", "ed", "er", " what",
+    " is", " your", " name", " model", " answer", " question", " think", " user", " assistant",
+    " system", " antidisestablishmentarianism", " internationalization", "你好", "世界", " こんにちは",
+};
+
+static json_t *synthetic_tokenizer_json(void) {
+    uint32_t b2u[256];
+    tokenizer_bytelevel_map(b2u);
+    json_t *vocab = json_object(), *merges = json_array(), *added = json_array();
+    // Ids 0..255: bytes in the same order as the real vocabulary (printable bytes first).
+    int32_t next = 0;
+    char key[512];
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 256; b++)
+            if ((b2u[b] == (uint32_t)b) == (pass == 0)) {
+                key[utf8proc_encode_char((utf8proc_int32_t)b2u[b], (utf8proc_uint8_t *)key)] = 0;
+                json_object_set_new(vocab, key, json_integer(next++));
+            }
+    for (size_t w = 0; w < sizeof synth_words / sizeof synth_words[0]; w++) {
+        const unsigned char *s = (const unsigned char *)synth_words[w];
+        char left[512] = "";
+        size_t left_n = 0;
+        for (size_t i = 0; s[i]; i++) {
+            char ch[8];
+            ch[utf8proc_encode_char((utf8proc_int32_t)b2u[s[i]], (utf8proc_uint8_t *)ch)] = 0;
+            if (i > 0) {
+                snprintf(key, sizeof key, "%s%s", left, ch);
+                if (!json_object_get(vocab, key)) {
+                    char m[520];
+                    snprintf(m, sizeof m, "%s %s", left, ch);
+                    json_array_append_new(merges, json_string(m));
+                    json_object_set_new(vocab, key, json_integer(next++));
+                }
+            }
+            left_n += (size_t)snprintf(left + left_n, sizeof left - left_n, "%s", ch);
+        }
+    }
+    for (int i = 0; i < TOKEN_ADDED_COUNT; i++) {
+        const char *name = added_names[i];
+        int special = strcmp(name, "<think>") && strcmp(name, "</think>") && strcmp(name, "<tool_call>") &&
+                      strcmp(name, "</tool_call>") && strcmp(name, "<tool_response>") && strcmp(name, "</tool_response>");
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", TOKEN_ADDED_FIRST + i,
+                                               "content", name, "single_word", 0, "lstrip", 0, "rstrip", 0,
+                                               "normalized", 0, "special", special));
+    }
+    json_t *bytelevel = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
+                                  "use_regex", 0);
+    return json_pack(
+        "{s:s, s:n, s:n, s:o, s:{s:s}, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, O]}, s:O, s:o,"
+        " s:{s:s, s:n, s:n, s:s, s:s, s:b, s:b, s:b, s:o, s:o}}",
+        "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "NFC", "pre_tokenizer",
+        "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", qwen35_regex, "behavior", "Isolated",
+        "invert", 0, bytelevel, "post_processor", bytelevel, "decoder", bytelevel, "model", "type", "BPE", "dropout",
+        "unk_token", "continuing_subword_prefix", "", "end_of_word_suffix", "", "fuse_unk", 0, "byte_fallback", 0,
+        "ignore_merges", 0, "vocab", vocab, "merges", merges);
+}
+
+static int write_config(const char *out_dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
+    json_t *cfg = json_pack("{s:b, s:b, s:n, s:s, s:s, s:n, s:s, s:i, s:s, s:b}", "add_bos_token", 0,
+                            "add_prefix_space", 0, "bos_token", "eos_token", "<|im_end|>", "pad_token",
+                            "<|endoftext|>", "unk_token", "errors", "replace", "model_max_length", 262144,
+                            "tokenizer_class", "Qwen2Tokenizer", "split_special_tokens", 0);
+    int rc = cfg ? json_dump_file(cfg, path, JSON_INDENT(2)) : -1;
+    json_decref(cfg);
+    if (rc) snprintf(err, errlen, "%s: cannot write", path);
+    return rc ? -1 : 0;
+}
+
+int synth_write_small_tokenizer(const char *out_dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+    json_t *tj = synthetic_tokenizer_json();
+    int rc = tj ? json_dump_file(tj, path, JSON_COMPACT | JSON_ENSURE_ASCII) : -1;
+    json_decref(tj);
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot write", path);
+        return -1;
+    }
+    return write_config(out_dir, err, errlen);
+}
+
+static int copy_file(const char *from, const char *to, char *err, size_t errlen) {
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[1 << 16];
+    size_t n;
+    int rc = 0;
+    if (!in || !out) {
+        snprintf(err, errlen, "%s: %s", in ? to : from, strerror(errno));
+        rc = -1;
+    }
+    while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) {
+            snprintf(err, errlen, "%s: write failed", to);
+            rc = -1;
+        }
+    if (in) fclose(in);
+    if (out && fclose(out) && !rc) {
+        snprintf(err, errlen, "%s: write failed", to);
+        rc = -1;
+    }
+    return rc;
+}
+
+static bool is_file(const char *p) {
+    struct stat st;
+    return !stat(p, &st) && S_ISREG(st.st_mode);
+}
+
+int synth_write_tokenizer(const char *out_dir, char *err, size_t errlen) {
+    char src[4096] = "", dst[4096];
+    const char *env = getenv("CALLA_TOKENIZER_JSON");
+    if (env && *env) {
+        if (!is_file(env)) {
+            snprintf(err, errlen, "CALLA_TOKENIZER_JSON=%s: not a file", env);
+            return -1;
+        }
+        snprintf(src, sizeof src, "%s", env);
+    } else if (is_file("build/tokenizer/tokenizer.json")) {
+        snprintf(src, sizeof src, "build/tokenizer/tokenizer.json");
+    } else {
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+        if (n > 0) {
+            exe[n] = 0;
+            char *slash = strrchr(exe, '/');
+            if (slash) {
+                strcpy(slash, "/tokenizer/tokenizer.json");
+                if (is_file(exe)) snprintf(src, sizeof src, "%s", exe);
+            }
+        }
+    }
+    if (!*src) return synth_write_small_tokenizer(out_dir, err, errlen);
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", out_dir);
+    if (copy_file(src, dst, err, errlen)) return -1;
+    char *slash = strrchr(src, '/');
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%.*stokenizer_config.json", slash ? (int)(slash - src + 1) : 0, src);
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", out_dir);
+    return is_file(cfg) ? copy_file(cfg, dst, err, errlen) : write_config(out_dir, err, errlen);
 }

@@ -40,6 +40,16 @@ struct synth_options {
 
 int synth_write(const struct synth_options *o, char *err, size_t errlen);
 
+// Puts tokenizer.json + tokenizer_config.json into a synthetic checkpoint directory.  Source, in
+// order: $CALLA_TOKENIZER_JSON (a tokenizer.json; a tokenizer_config.json beside it is copied
+// too); build/tokenizer/tokenizer.json under the working directory or beside the running
+// binary (made by tools/make_tokenizer_json.py from the real Qwen3.6 vocabulary); otherwise a
+// small byte-level vocabulary generated here (256 bytes, a few hundred English merges, the 33
+// added tokens at 248044..248076).
+int synth_write_tokenizer(const char *out_dir, char *err, size_t errlen);
+// Writes only the generated small tokenizer (what tests use to be independent of the build).
+int synth_write_small_tokenizer(const char *out_dir, char *err, size_t errlen);
+
 // The generator behind every synthetic value: SplitMix64's finaliser used as a counter-based
 // hash, so any element can be computed independently (threads) and identically everywhere.
 static inline uint64_t synth_mix64(uint64_t z) {

@@ -4,20 +4,19 @@
 //   vocab hash         raw bytes -> id (open addressing, FNV-1a)
 //   merge hash         (left id, right id) -> (rank, merged id)
 //   added tokens       cut out of the raw text before anything else
-//   pre                the split regex, compiled by PCRE2 with UTF + UCP and JIT
+//   pre                the split regex, compiled by PCRE2 with UTF + UCP and JIT, its \p{L},
+//                      \p{M}, \p{N} and \s spelled out as Unicode 16.0 ranges (unicode_tables.h)
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "unicode_tables.h"
+#include "util.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 #include <utf8proc.h>
 
 #define FAIL(...)                                                                                  \
@@ -89,32 +88,9 @@ static int utf8_classify(const unsigned char *s, size_t n, size_t *len) {
     return U8_OK;
 }
 
-struct buf {
-    char *p;
-    size_t n, cap;
-};
-
-static int buf_reserve(struct buf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return -1;
-    b->p = p, b->cap = cap;
-    return 0;
-}
-
-static int buf_put(struct buf *b, const void *s, size_t n) {
-    if (buf_reserve(b, n)) return -1;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
 // Appends s[0..n) with invalid sequences replaced by U+FFFD.  With hold, a valid but incomplete
 // tail is not emitted; *used says how many bytes were consumed.
-static int utf8_lossy(struct buf *b, const unsigned char *s, size_t n, int hold, size_t *used) {
+static int utf8_lossy(struct sbuf *b, const unsigned char *s, size_t n, int hold, size_t *used) {
     size_t i = 0;
     while (i < n) {
         size_t run = i;  // copy ASCII and valid runs in one go
@@ -125,49 +101,37 @@ static int utf8_lossy(struct buf *b, const unsigned char *s, size_t n, int hold,
             if (utf8_classify(s + run, n - run, &l) != U8_OK) break;
             run += l;
         }
-        if (run > i && buf_put(b, s + i, run - i)) return -1;
+        if (run > i && sbuf_add(b, s + i, run - i)) return -1;
         i = run;
         if (i >= n) break;
         size_t l;
         int k = utf8_classify(s + i, n - i, &l);
         if (k == U8_SHORT && hold) break;
-        if (buf_put(b, "\xEF\xBF\xBD", 3)) return -1;
+        if (sbuf_add(b, "\xEF\xBF\xBD", 3)) return -1;
         i += l;
     }
     if (used) *used = i;
-    if (buf_reserve(b, 0)) return -1;
-    b->p[b->n] = 0;
+    if (sbuf_reserve(b, 0)) return -1;
+    b->p[b->len] = 0;
     return 0;
 }
 
 int utf8_sanitize(const char *src, size_t len, char **out, size_t *out_len) {
-    struct buf b = {0};
+    struct sbuf b = {0};
     if (utf8_lossy(&b, (const unsigned char *)src, len, 0, NULL)) {
         free(b.p);
         return -1;
     }
     *out = b.p;
-    *out_len = b.n;
+    *out_len = b.len;
     return 0;
-}
-
-static size_t utf8_put(char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | (cp >> 6 & 63)), o[2] = (char)(0x80 | (cp & 63));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | (cp >> 12 & 63));
-    o[2] = (char)(0x80 | (cp >> 6 & 63)), o[3] = (char)(0x80 | (cp & 63));
-    return 4;
 }
 
 // ---------------------------------------------------------------------------------------------
 // GPT-2's byte <-> unicode map: printable Latin-1 bytes map to themselves, the other 68 bytes to
 // U+0100.. in byte order.  Vocabulary strings are written in these code points.
 
-static void byte_unicode_table(uint32_t b2u[256]) {
+void tokenizer_bytelevel_map(uint32_t b2u[256]) {
     uint32_t next = 256;
     for (uint32_t b = 0; b < 256; b++) {
         bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
@@ -178,7 +142,7 @@ static void byte_unicode_table(uint32_t b2u[256]) {
 // The inverse map: code point (< 324) -> byte, -1 for code points outside the map.
 static void unicode_byte_table(int16_t u2b[324]) {
     uint32_t b2u[256];
-    byte_unicode_table(b2u);
+    tokenizer_bytelevel_map(b2u);
     for (int i = 0; i < 324; i++) u2b[i] = -1;
     for (int b = 0; b < 256; b++) u2b[b2u[b]] = (int16_t)b;
 }
@@ -201,13 +165,6 @@ static long bytelevel_decode(const int16_t u2b[324], const char *s, size_t n, ch
 // ---------------------------------------------------------------------------------------------
 // Hash tables
 
-static uint64_t fnv1a(const void *p, size_t n) {
-    const unsigned char *s = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static uint32_t cap_for(size_t n) {
     uint32_t cap = 16;
     while (cap < 2 * n + 16) cap *= 2;
@@ -216,7 +173,7 @@ static uint32_t cap_for(size_t n) {
 
 int32_t tokenizer_token_id(const struct tokenizer *t, const char *s, size_t len) {
     uint32_t mask = t->vocab_cap - 1;
-    for (uint32_t h = (uint32_t)fnv1a(s, len) & mask;; h = (h + 1) & mask) {
+    for (uint32_t h = (uint32_t)fnv1a64(FNV1A64_INIT, s, len) & mask;; h = (h + 1) & mask) {
         int32_t id = t->vocab_slots[h];
         if (id < 0) return -1;
         if (t->tok_off[id + 1] - t->tok_off[id] == len && !memcmp(t->tok_bytes + t->tok_off[id], s, len))
@@ -229,7 +186,7 @@ static void vocab_insert(struct tokenizer *t, int32_t id) {
     const char *s = t->tok_bytes + t->tok_off[id];
     size_t len = t->tok_off[id + 1] - t->tok_off[id];
     uint32_t mask = t->vocab_cap - 1;
-    for (uint32_t h = (uint32_t)fnv1a(s, len) & mask;; h = (h + 1) & mask) {
+    for (uint32_t h = (uint32_t)fnv1a64(FNV1A64_INIT, s, len) & mask;; h = (h + 1) & mask) {
         int32_t o = t->vocab_slots[h];
         if (o < 0 || (t->tok_off[o + 1] - t->tok_off[o] == len && !memcmp(t->tok_bytes + t->tok_off[o], s, len))) {
             t->vocab_slots[h] = id;
@@ -310,6 +267,115 @@ static const char *find_split_regex(json_t *pre, char *err, size_t errlen) {
     FAIL("tokenizer.json: unsupported pre_tokenizer type %s", type);
 fail:
     return NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The split regex's Unicode classes
+//
+// HF `tokenizers` matches the split regex with Oniguruma 6.9.10 (Unicode 16.0); PCRE2 10.42 knows
+// Unicode 14, so letters, marks and digits assigned since (U+0CF3, U+1D2C0 KAKTOVIK NUMERAL
+// ZERO, ...) would split differently: " " U+1D2C0 became 78449,233,222 where HF gives
+// 220,54362,233,222; and PCRE2's \s takes U+180E, Oniguruma's (White_Space) does not.  So
+// \p{L}, \p{M}, \p{N} and \s are replaced by the ranges of unicode_tables.h before PCRE2 sees
+// the pattern: inside a class by the merged ranges of every such item in it, elsewhere by a
+// class of its own (\S by the negated class).  Other escapes (\r, \n, ...) are left to PCRE2.
+
+enum { UCLASS_L = 1, UCLASS_M = 2, UCLASS_N = 4, UCLASS_S = 8 };
+
+// \p{L}, \p{M}, \p{N} or \s at s: its UCLASS_ bit and its length in *len, else 0.
+static int rx_uclass(const char *s, size_t *len) {
+    if (s[0] != '\\') return 0;
+    if (s[1] == 's') return *len = 2, UCLASS_S;
+    if (s[1] != 'p' || s[2] != '{' || !s[3] || s[4] != '}') return 0;
+    *len = 5;
+    return s[3] == 'L' ? UCLASS_L : s[3] == 'M' ? UCLASS_M : s[3] == 'N' ? UCLASS_N : 0;
+}
+
+static int range_cmp(const void *a, const void *b) {
+    const struct ucd_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+// Appends the union of the classes in mask as "\x{lo}-\x{hi}" items (no brackets).
+static void rx_put_ranges(struct sbuf *o, int mask) {
+    static const struct {
+        int bit;
+        const struct ucd_range *r;
+        size_t n;
+    } tabs[] = {
+        {UCLASS_L, ucd_letter, sizeof ucd_letter / sizeof ucd_letter[0]},
+        {UCLASS_M, ucd_mark, sizeof ucd_mark / sizeof ucd_mark[0]},
+        {UCLASS_N, ucd_number, sizeof ucd_number / sizeof ucd_number[0]},
+        {UCLASS_S, ucd_space, sizeof ucd_space / sizeof ucd_space[0]},
+    };
+    struct ucd_range all[sizeof ucd_letter / sizeof ucd_letter[0] + sizeof ucd_mark / sizeof ucd_mark[0] +
+                         sizeof ucd_number / sizeof ucd_number[0] + sizeof ucd_space / sizeof ucd_space[0]];
+    size_t n = 0;
+    for (size_t k = 0; k < sizeof tabs / sizeof tabs[0]; k++)
+        if (mask & tabs[k].bit) memcpy(all + n, tabs[k].r, tabs[k].n * sizeof *all), n += tabs[k].n;
+    qsort(all, n, sizeof *all, range_cmp);
+    for (size_t i = 0; i < n;) {
+        uint32_t lo = all[i].lo, hi = all[i].hi;
+        for (i++; i < n && all[i].lo <= hi + 1; i++)
+            if (all[i].hi > hi) hi = all[i].hi;
+        char item[40];
+        int l = lo == hi ? snprintf(item, sizeof item, "\\x{%X}", lo) : snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", lo, hi);
+        sbuf_add(o, item, (size_t)l);
+    }
+}
+
+// The pattern with its Unicode classes spelled out; malloc'd, NULL when out of memory.
+static char *expand_unicode_classes(const char *rx) {
+    struct sbuf o = {0};
+    sbuf_add(&o, "", 0);
+    for (const char *s = rx; *s;) {
+        size_t ul;
+        int u = rx_uclass(s, &ul);
+        if (u) {  // outside a class
+            sbuf_add(&o, "[", 1), rx_put_ranges(&o, u), sbuf_add(&o, "]", 1);
+            s += ul;
+        } else if (s[0] == '\\' && s[1] == 'S') {   // not white space
+            sbuf_add(&o, "[^", 2), rx_put_ranges(&o, UCLASS_S), sbuf_add(&o, "]", 1);
+            s += 2;
+        } else if (*s == '\\' && s[1]) {
+            sbuf_add(&o, s, 2);
+            s += 2;
+        } else if (*s == '[') {  // a class: copy it without its \p{L|M|N}, then their ranges before ']'
+            const char *c = s + 1;
+            int mask = 0;
+            sbuf_add(&o, "[", 1);
+            if (*c == '^') sbuf_add(&o, "^", 1), c++;
+            if (*c == ']') sbuf_add(&o, "]", 1), c++;   // a leading ']' is literal
+            while (*c && *c != ']') {
+                size_t cl;
+                int cu = rx_uclass(c, &cl);
+                if (cu) {
+                    mask |= cu;
+                    c += cl;
+                } else if (*c == '[' && c[1] == ':') {   // [:alpha:] and the like
+                    const char *e = strstr(c + 2, ":]");
+                    size_t l = e ? (size_t)(e + 2 - c) : 1;
+                    sbuf_add(&o, c, l);
+                    c += l;
+                } else {
+                    size_t l = *c == '\\' && c[1] ? 2 : 1;
+                    sbuf_add(&o, c, l);
+                    c += l;
+                }
+            }
+            rx_put_ranges(&o, mask);
+            if (*c) sbuf_add(&o, "]", 1), c++;
+            s = c;
+        } else {
+            sbuf_add(&o, s, 1);
+            s++;
+        }
+    }
+    if (o.oom) {
+        free(o.p);
+        return NULL;
+    }
+    return o.p;
 }
 
 static int check_byte_level_decoder(json_t *dec, char *err, size_t errlen) {
@@ -502,11 +568,14 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
 
     int rc;
     PCRE2_SIZE eoff;
-    t->re = pcre2_compile((PCRE2_SPTR)rx, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &rc, &eoff, NULL);
+    char *urx = expand_unicode_classes(rx);
+    if (!urx) FAIL("%s: out of memory", path);
+    t->re = pcre2_compile((PCRE2_SPTR)urx, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &rc, &eoff, NULL);
+    free(urx);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        FAIL("%s: pre-tokenizer regex at offset %zu: %s", path, (size_t)eoff, (char *)msg);
+        FAIL("%s: pre-tokenizer regex (its Unicode classes spelled out) at offset %zu: %s", path, (size_t)eoff, (char *)msg);
     }
     pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // without JIT, pcre2_match interprets
 
@@ -666,7 +735,7 @@ static int bpe_piece(struct encoder *e, const unsigned char *s, size_t n) {
     if (n == 1) return t->byte_id[s[0]] >= 0 ? ids_push(e, t->byte_id[s[0]]) : 0;
     struct cache_entry *ce = NULL;
     if (n <= CACHE_MAX_BYTES && e->cache) {
-        ce = &e->cache[fnv1a(s, n) & (CACHE_SLOTS - 1)];
+        ce = &e->cache[fnv1a64(FNV1A64_INIT, s, n) & (CACHE_SLOTS - 1)];
         if (ce->len == n && !memcmp(ce->bytes, s, n)) {
             for (int i = 0; i < ce->n_ids; i++)
                 if (ids_push(e, ce->ids[i])) return -1;
@@ -716,6 +785,40 @@ static int bpe_piece(struct encoder *e, const unsigned char *s, size_t n) {
     return 0;
 }
 
+// Splits s[0..len) with the pre-tokenizer regex and calls piece() on each piece, in order (the
+// text between matches is a piece too, as HF's Isolated split makes it).
+static int split_pieces(const struct tokenizer *t, pcre2_match_data *md, pcre2_match_context *mc,
+                        const unsigned char *s, size_t len, int (*piece)(void *arg, const unsigned char *p, size_t n),
+                        void *arg, char *err, size_t errlen) {
+    size_t at = 0;
+    while (at < len) {
+        int rc = pcre2_match(t->re, s, len, at, PCRE2_NO_UTF_CHECK, md, mc);
+        size_t ms = len, me = len;
+        if (rc >= 0) {
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            ms = ov[0], me = ov[1];
+        } else if (rc != PCRE2_ERROR_NOMATCH) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            FAIL("pre-tokenizer regex failed at byte %zu: %s", at, (char *)msg);
+        }
+        if (ms > at && piece(arg, s + at, ms - at)) FAIL("out of memory");  // text between matches
+        if (me > ms && piece(arg, s + ms, me - ms)) FAIL("out of memory");
+        if (me == ms && ms < len) {  // an empty match: step over one character
+            size_t l;
+            utf8_classify(s + ms, len - ms, &l);
+            if (piece(arg, s + ms, l)) FAIL("out of memory");
+            me = ms + l;
+        }
+        at = me;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_piece(e, s, n); }
+
 // Normalises one segment (between added tokens), splits it with the regex, BPEs each piece.
 static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_context *mc, const char *seg,
                           size_t len, char *err, size_t errlen) {
@@ -731,33 +834,38 @@ static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_c
             s = norm, len = (size_t)r;
         }
     }
-    size_t at = 0;
-    while (at < len) {
-        int rc = pcre2_match(t->re, s, len, at, PCRE2_NO_UTF_CHECK, md, mc);
-        size_t ms = len, me = len;
-        if (rc >= 0) {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            ms = ov[0], me = ov[1];
-        } else if (rc != PCRE2_ERROR_NOMATCH) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            FAIL("pre-tokenizer regex failed at byte %zu: %s", at, (char *)msg);
-        }
-        if (ms > at && bpe_piece(e, s + at, ms - at)) FAIL("out of memory");  // text between matches
-        if (me > ms && bpe_piece(e, s + ms, me - ms)) FAIL("out of memory");
-        if (me == ms && ms < len) {  // an empty match: step over one character
-            size_t l;
-            utf8_classify(s + ms, len - ms, &l);
-            if (bpe_piece(e, s + ms, l)) FAIL("out of memory");
-            me = ms + l;
-        }
-        at = me;
-    }
+    if (split_pieces(t, md, mc, s, len, bpe_piece_cb, e, err, errlen)) goto fail;
     free(norm);
     return 0;
 fail:
     free(norm);
     return -1;
+}
+
+struct piece_ends {
+    size_t *ends, cap, n;
+    const unsigned char *base;
+};
+
+static int piece_end_cb(void *arg, const unsigned char *p, size_t n) {
+    struct piece_ends *pe = arg;
+    if (pe->n < pe->cap) pe->ends[pe->n] = (size_t)(p + n - pe->base);
+    pe->n++;
+    return 0;
+}
+
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
+                          size_t *n, char *err, size_t errlen) {
+    struct piece_ends pe = {.ends = ends, .cap = cap, .base = (const unsigned char *)text};
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    int rc = -1;
+    *n = 0;
+    if (!md) FAIL("out of memory");
+    rc = split_pieces(t, md, NULL, (const unsigned char *)text, len, piece_end_cb, &pe, err, errlen);
+    *n = pe.n;
+fail:
+    pcre2_match_data_free(md);
+    return rc;
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, char *err,
@@ -823,19 +931,19 @@ fail:
 
 int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out,
                      size_t *len, char *err, size_t errlen) {
-    struct buf raw = {0}, b = {0};
+    struct sbuf raw = {0}, b = {0};
     *out = NULL, *len = 0;
     for (size_t i = 0; i < n; i++) {
         size_t l;
         const char *s = tokenizer_token_bytes(t, ids[i], &l);
         if (!s) FAIL("token id %d is not in the vocabulary", ids[i]);
         if (skip_special && tokenizer_is_special(t, ids[i])) continue;
-        if (buf_put(&raw, s, l)) FAIL("out of memory");
+        if (sbuf_add(&raw, s, l)) FAIL("out of memory");
     }
-    if (utf8_lossy(&b, (const unsigned char *)raw.p, raw.n, 0, NULL)) FAIL("out of memory");
+    if (utf8_lossy(&b, (const unsigned char *)raw.p, raw.len, 0, NULL)) FAIL("out of memory");
     free(raw.p);
     *out = b.p ? b.p : calloc(1, 1);
-    *len = b.n;
+    *len = b.len;
     return *out ? 0 : -1;
 fail:
     free(raw.p), free(b.p);
@@ -850,19 +958,19 @@ void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *t
 
 static int stream_emit(struct tokenizer_stream *s, const char *add, size_t add_len, int final, const char **text,
                        size_t *len) {
-    struct buf in = {0}, out = {.p = s->buf, .n = 0, .cap = s->cap};
+    struct sbuf in = {0}, out = {.p = s->buf, .len = 0, .cap = s->cap};
     size_t used;
     int rc = -1;
-    if (buf_put(&in, s->pend, s->n_pend) || buf_put(&in, add, add_len)) goto done;
-    if (utf8_lossy(&out, (const unsigned char *)in.p, in.n, !final, &used)) goto done;
-    s->n_pend = in.n - used;  // at most 3 bytes: an incomplete sequence
+    if (sbuf_add(&in, s->pend, s->n_pend) || sbuf_add(&in, add, add_len)) goto done;
+    if (utf8_lossy(&out, (const unsigned char *)in.p, in.len, !final, &used)) goto done;
+    s->n_pend = in.len - used;  // at most 3 bytes: an incomplete sequence
     memcpy(s->pend, in.p + used, s->n_pend);
     rc = 0;
 done:
     s->buf = out.p, s->cap = out.cap;
     free(in.p);
     *text = s->buf ? s->buf : "";
-    *len = rc ? 0 : out.n;
+    *len = rc ? 0 : out.len;
     return rc;
 }
 
@@ -890,330 +998,4 @@ int tokenizer_stream_flush(struct tokenizer_stream *s, const char **text, size_t
 void tokenizer_stream_free(struct tokenizer_stream *s) {
     free(s->buf);
     s->buf = NULL, s->cap = 0, s->n_pend = 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tokenizers for synthetic checkpoints
-//
-// The generated tokenizer.json has 448 model tokens (ids 0..447) and the 33 added tokens at
-// their real ids 248044..248076, so the engine's stop ids and chat template work unchanged.
-// Calla honours those ids; Hugging Face `tokenizers` ignores the ids of added tokens that are
-// not in the model vocabulary and numbers them right after it, so HF would call <|im_end|> 450 (448 + 2)
-// here.  Apart from that renumbering HF and this encoder agree on the whole golden corpus with
-// this vocabulary too (checked while writing it).  The real vocabulary (contiguous 0..248043)
-// has no such gap.
-
-static const char *const added_names[TOKEN_ADDED_COUNT] = {
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<tts_text_bos_single>", "<|audio_pad|>",
-};
-
-// The Qwen3.5 split regex (spec §6), in tokenizer.json's (Oniguruma) form.
-static const char qwen35_regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
-    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
-// Words whose every prefix becomes a token (a merge chain per word), so the synthetic
-// vocabulary has real multi-step merges.  A leading space is GPT-2's "Ġ".
-static const char *const synth_words[] = {
-    " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", "The", " a", " and", " of",
-    " to", " in", " is", " that", " it", " for", " you", " with", " on", " as", " are", " this", " be",
-    "Hello", " world", " Hello", ",", ".", "\n", "\n\n", "  ", "    ", "ing", "ed", "er", " what",
-    " is", " your", " name", " model", " answer", " question", " think", " user", " assistant",
-    " system", " antidisestablishmentarianism", " internationalization", "你好", "世界", " こんにちは",
-};
-
-static json_t *synthetic_tokenizer_json(void) {
-    uint32_t b2u[256];
-    byte_unicode_table(b2u);
-    json_t *vocab = json_object(), *merges = json_array(), *added = json_array();
-    // Ids 0..255: bytes in the same order as the real vocabulary (printable bytes first).
-    int32_t next = 0;
-    char key[512];
-    for (int pass = 0; pass < 2; pass++)
-        for (int b = 0; b < 256; b++)
-            if ((b2u[b] == (uint32_t)b) == (pass == 0)) {
-                key[utf8_put(key, b2u[b])] = 0;
-                json_object_set_new(vocab, key, json_integer(next++));
-            }
-    for (size_t w = 0; w < sizeof synth_words / sizeof synth_words[0]; w++) {
-        const unsigned char *s = (const unsigned char *)synth_words[w];
-        char left[512] = "";
-        size_t left_n = 0;
-        for (size_t i = 0; s[i]; i++) {
-            char ch[8];
-            ch[utf8_put(ch, b2u[s[i]])] = 0;
-            if (i > 0) {
-                snprintf(key, sizeof key, "%s%s", left, ch);
-                if (!json_object_get(vocab, key)) {
-                    char m[520];
-                    snprintf(m, sizeof m, "%s %s", left, ch);
-                    json_array_append_new(merges, json_string(m));
-                    json_object_set_new(vocab, key, json_integer(next++));
-                }
-            }
-            left_n += (size_t)snprintf(left + left_n, sizeof left - left_n, "%s", ch);
-        }
-    }
-    for (int i = 0; i < TOKEN_ADDED_COUNT; i++) {
-        const char *name = added_names[i];
-        int special = strcmp(name, "<think>") && strcmp(name, "</think>") && strcmp(name, "<tool_call>") &&
-                      strcmp(name, "</tool_call>") && strcmp(name, "<tool_response>") && strcmp(name, "</tool_response>");
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", TOKEN_ADDED_FIRST + i,
-                                               "content", name, "single_word", 0, "lstrip", 0, "rstrip", 0,
-                                               "normalized", 0, "special", special));
-    }
-    json_t *bytelevel = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
-                                  "use_regex", 0);
-    return json_pack(
-        "{s:s, s:n, s:n, s:o, s:{s:s}, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, O]}, s:O, s:o,"
-        " s:{s:s, s:n, s:n, s:s, s:s, s:b, s:b, s:b, s:o, s:o}}",
-        "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "NFC", "pre_tokenizer",
-        "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", qwen35_regex, "behavior", "Isolated",
-        "invert", 0, bytelevel, "post_processor", bytelevel, "decoder", bytelevel, "model", "type", "BPE", "dropout",
-        "unk_token", "continuing_subword_prefix", "", "end_of_word_suffix", "", "fuse_unk", 0, "byte_fallback", 0,
-        "ignore_merges", 0, "vocab", vocab, "merges", merges);
-}
-
-static int write_config(const char *out_dir, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
-    json_t *cfg = json_pack("{s:b, s:b, s:n, s:s, s:s, s:n, s:s, s:i, s:s, s:b}", "add_bos_token", 0,
-                            "add_prefix_space", 0, "bos_token", "eos_token", "<|im_end|>", "pad_token",
-                            "<|endoftext|>", "unk_token", "errors", "replace", "model_max_length", 262144,
-                            "tokenizer_class", "Qwen2Tokenizer", "split_special_tokens", 0);
-    int rc = cfg ? json_dump_file(cfg, path, JSON_INDENT(2)) : -1;
-    json_decref(cfg);
-    if (rc) snprintf(err, errlen, "%s: cannot write", path);
-    return rc ? -1 : 0;
-}
-
-int tokenizer_write_synthetic(const char *out_dir, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
-    json_t *tj = synthetic_tokenizer_json();
-    int rc = tj ? json_dump_file(tj, path, JSON_COMPACT | JSON_ENSURE_ASCII) : -1;
-    json_decref(tj);
-    if (rc) {
-        snprintf(err, errlen, "%s: cannot write", path);
-        return -1;
-    }
-    return write_config(out_dir, err, errlen);
-}
-
-static int copy_file(const char *from, const char *to, char *err, size_t errlen) {
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[1 << 16];
-    size_t n;
-    int rc = 0;
-    if (!in || !out) {
-        snprintf(err, errlen, "%s: %s", in ? to : from, strerror(errno));
-        rc = -1;
-    }
-    while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) {
-            snprintf(err, errlen, "%s: write failed", to);
-            rc = -1;
-        }
-    if (in) fclose(in);
-    if (out && fclose(out) && !rc) {
-        snprintf(err, errlen, "%s: write failed", to);
-        rc = -1;
-    }
-    return rc;
-}
-
-static bool is_file(const char *p) {
-    struct stat st;
-    return !stat(p, &st) && S_ISREG(st.st_mode);
-}
-
-int tokenizer_write_for_synth(const char *out_dir, char *err, size_t errlen) {
-    char src[4096] = "", dst[4096];
-    const char *env = getenv("CALLA_TOKENIZER_JSON");
-    if (env && *env) {
-        if (!is_file(env)) {
-            snprintf(err, errlen, "CALLA_TOKENIZER_JSON=%s: not a file", env);
-            return -1;
-        }
-        snprintf(src, sizeof src, "%s", env);
-    } else if (is_file("build/tokenizer/tokenizer.json")) {
-        snprintf(src, sizeof src, "build/tokenizer/tokenizer.json");
-    } else {
-        char exe[4096];
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
-        if (n > 0) {
-            exe[n] = 0;
-            char *slash = strrchr(exe, '/');
-            if (slash) {
-                strcpy(slash, "/tokenizer/tokenizer.json");
-                if (is_file(exe)) snprintf(src, sizeof src, "%s", exe);
-            }
-        }
-    }
-    if (!*src) return tokenizer_write_synthetic(out_dir, err, errlen);
-    snprintf(dst, sizeof dst, "%s/tokenizer.json", out_dir);
-    if (copy_file(src, dst, err, errlen)) return -1;
-    char *slash = strrchr(src, '/');
-    char cfg[4096];
-    snprintf(cfg, sizeof cfg, "%.*stokenizer_config.json", slash ? (int)(slash - src + 1) : 0, src);
-    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", out_dir);
-    return is_file(cfg) ? copy_file(cfg, dst, err, errlen) : write_config(out_dir, err, errlen);
-}
-
-// ---------------------------------------------------------------------------------------------
-// calla tokenize
-
-static void tokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: calla tokenize --model DIR [--text TEXT | --file F] [--decode 1,2,3] [--tokens] [--time]\n"
-            "  --model DIR    checkpoint (or any directory) holding tokenizer.json\n"
-            "  --text TEXT    encode TEXT (added tokens such as <|im_start|> are recognised)\n"
-            "  --file F       encode the bytes of file F (- for standard input)\n"
-            "  --decode IDS   decode comma- or space-separated ids and print the text\n"
-            "  --tokens       print one line per token: id, then its bytes as a C string\n"
-            "  --time         report encode time and throughput on stderr\n");
-}
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    struct buf b = {0};
-    char chunk[1 << 16];
-    size_t n;
-    if (!f) return NULL;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if (buf_put(&b, chunk, n)) break;
-    if (f != stdin) fclose(f);
-    if (!b.p) b.p = calloc(1, 1);
-    *len = b.n;
-    return b.p;
-}
-
-static void print_c_string(const char *s, size_t n) {
-    putchar('"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') printf("\\n");
-        else if (c == '\t') printf("\\t");
-        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
-int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *file = NULL, *decode = NULL;
-    int tokens = 0, timing = 0;
-    char err[512];
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            tokenize_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--model") && has) model = argv[++i];
-        else if (!strcmp(a, "--text") && has) text = argv[++i];
-        else if (!strcmp(a, "--file") && has) file = argv[++i];
-        else if (!strcmp(a, "--decode") && has) decode = argv[++i];
-        else if (!strcmp(a, "--tokens")) tokens = 1;
-        else if (!strcmp(a, "--time")) timing = 1;
-        else {
-            fprintf(stderr, "calla tokenize: unknown or incomplete flag %s\n", a);
-            tokenize_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model || (!text && !file && !decode) || (text && file)) {
-        tokenize_usage(stderr);
-        return 2;
-    }
-    struct tokenizer *t;
-    if (tokenizer_load(model, &t, err, sizeof err)) {
-        fprintf(stderr, "calla tokenize: %s\n", err);
-        return 1;
-    }
-    int rc = 0;
-    if (decode) {
-        size_t n = 0, cap = 16;
-        int32_t *ids = malloc(cap * sizeof *ids);
-        for (const char *p = decode; ids && *p;) {
-            char *end;
-            if (*p == ',' || *p == ' ' || *p == '[' || *p == ']' || *p == '\n') {
-                p++;
-                continue;
-            }
-            long v = strtol(p, &end, 10);
-            if (end == p || v < INT32_MIN || v > INT32_MAX) {
-                fprintf(stderr, "calla tokenize: bad id list at \"%s\"\n", p);
-                free(ids);
-                tokenizer_free(t);
-                return 2;
-            }
-            if (n == cap) {
-                int32_t *q = realloc(ids, (cap *= 2) * sizeof *ids);
-                if (!q) break;
-                ids = q;
-            }
-            ids[n++] = (int32_t)v;
-            p = end;
-        }
-        char *out;
-        size_t len;
-        if (!ids || tokenizer_decode(t, ids, n, 0, &out, &len, err, sizeof err)) {
-            fprintf(stderr, "calla tokenize: %s\n", ids ? err : "out of memory");
-            rc = 1;
-        } else {
-            fwrite(out, 1, len, stdout);
-            putchar('\n');
-            free(out);
-        }
-        free(ids);
-    }
-    if (text || file) {
-        size_t len = text ? strlen(text) : 0;
-        char *data = text ? NULL : read_all(file, &len);
-        if (file && !data) {
-            fprintf(stderr, "calla tokenize: %s: %s\n", file, strerror(errno));
-            tokenizer_free(t);
-            return 1;
-        }
-        int32_t *ids;
-        size_t n;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int erc = tokenizer_encode(t, text ? text : data, len, &ids, &n, err, sizeof err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        if (erc) {
-            fprintf(stderr, "calla tokenize: %s\n", err);
-            rc = 1;
-        } else {
-            if (tokens) {
-                for (size_t i = 0; i < n; i++) {
-                    size_t l;
-                    const char *b = tokenizer_token_bytes(t, ids[i], &l);
-                    printf("%d\t", ids[i]);
-                    print_c_string(b, l);
-                    putchar('\n');
-                }
-            } else {
-                for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
-                putchar('\n');
-            }
-            if (timing) {
-                double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-                fprintf(stderr, "# encode: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s, %.0f tokens/s)\n", len, n, s,
-                        (double)len / s / 1e6, (double)n / s);
-            }
-            free(ids);
-        }
-        free(data);
-    }
-    tokenizer_free(t);
-    return rc;
 }

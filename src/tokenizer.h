@@ -6,7 +6,8 @@
 //   2. added tokens (<|im_start|>, <think>, ...) are cut out of the raw text, leftmost first and
 //      longest at a position; they are never split or normalised;
 //   3. each remaining segment is NFC-normalised (utf8proc);
-//   4. split by the pre-tokenizer regex from tokenizer.json (PCRE2, UTF + UCP, JIT);
+//   4. split by the pre-tokenizer regex from tokenizer.json (PCRE2, UTF + UCP, JIT; its \p{L},
+//      \p{M}, \p{N} and \s as the Unicode 16.0 ranges HF's Oniguruma uses, unicode_tables.h);
 //   5. each piece's bytes become byte tokens (GPT-2 byte<->unicode map) and are merged by BPE,
 //      lowest merge rank first, leftmost among equal ranks.
 // Decoding concatenates token bytes; invalid UTF-8 in the result decodes to U+FFFD like Rust's
@@ -23,7 +24,7 @@
 
 struct tokenizer;
 
-// Qwen3.5/3.6 ids (spec §6).
+// Qwen3.5/3.6 ids (docs/MODEL.md §6).
 enum {
     TOKEN_THINK = 248068,      // <think>
     TOKEN_THINK_END = 248069,  // </think>
@@ -83,19 +84,14 @@ int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **t
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **text, size_t *len);
 void tokenizer_stream_free(struct tokenizer_stream *s);
 
+// The pre-tokenizer alone (step 4, no added tokens, no NFC) on valid UTF-8: the end offset of
+// each piece into ends[0..cap), *n their count (which may exceed cap).  For tests.
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
+                          size_t *n, char *err, size_t errlen);
+
 // Replaces invalid UTF-8 in src with U+FFFD (maximal subparts, as Python and Rust do) into a
 // malloc'd NUL-terminated string.  Exposed for tests.
 int utf8_sanitize(const char *src, size_t len, char **out, size_t *out_len);
 
-// Puts tokenizer.json + tokenizer_config.json into a synthetic checkpoint directory.  Source, in
-// order: $CALLA_TOKENIZER_JSON (a tokenizer.json; a tokenizer_config.json beside it is copied
-// too); build/tokenizer/tokenizer.json under the working directory or beside the running
-// binary (made by tools/make_tokenizer_json.py from the real Qwen3.6 vocabulary); otherwise a
-// small byte-level vocabulary generated here (256 bytes, a few hundred English merges, the 33
-// added tokens at 248044..248076).
-int tokenizer_write_for_synth(const char *out_dir, char *err, size_t errlen);
-// Writes only the generated small tokenizer (what tests use to be independent of the build).
-int tokenizer_write_synthetic(const char *out_dir, char *err, size_t errlen);
-
-// `calla tokenize --model DIR [--text TEXT | --file F] [--decode 1,2,3]`
-int cmd_tokenize(int argc, char **argv);
+// GPT-2's byte -> code point map, in which byte-level vocabulary strings are written.
+void tokenizer_bytelevel_map(uint32_t b2u[256]);

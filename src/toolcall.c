@@ -9,26 +9,11 @@
 
 // ---- tojson: Python's json.dumps(x, ensure_ascii=False) ----------------------------------------
 
-static void tput(struct tool_text *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 128;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
+static void tput(struct sbuf *b, const char *s, size_t n) { sbuf_add(b, s, n); }   // failures: b->oom
 
-static void tputs(struct tool_text *b, const char *s) { tput(b, s, strlen(s)); }
+static void tputs(struct sbuf *b, const char *s) { sbuf_adds(b, s); }
 
-static void dump_string(struct tool_text *b, const char *s, size_t n) {
+static void dump_string(struct sbuf *b, const char *s, size_t n) {
     tputs(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -55,7 +40,7 @@ static void dump_string(struct tool_text *b, const char *s, size_t n) {
 
 // Python's repr of a float: the shortest text that reads back the same; exponent form when the
 // exponent is below -4 or at least 16; integral values end in ".0".
-static void dump_real(struct tool_text *b, double d) {
+static void dump_real(struct sbuf *b, double d) {
     char s[40];
     if (isnan(d)) {
         tputs(b, "NaN");
@@ -96,7 +81,7 @@ static void dump_real(struct tool_text *b, double d) {
     }
 }
 
-static void dump(struct tool_text *b, const json_t *v, int depth) {
+static void dump(struct sbuf *b, const json_t *v, int depth) {
     char s[32];
     if (depth > 512) {   // the request parser limits nesting long before this
         b->oom = true;
@@ -142,7 +127,7 @@ static void dump(struct tool_text *b, const json_t *v, int depth) {
 }
 
 char *tool_tojson(const json_t *v) {
-    struct tool_text b = {0};
+    struct sbuf b = {0};
     dump(&b, v, 0);
     if (b.oom || !b.p) {
         free(b.p);
@@ -273,8 +258,8 @@ void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_si
 }
 
 static void buf_drop(struct tool_parser *p, size_t k) {
-    memmove(p->buf.p, p->buf.p + k, p->buf.n - k);
-    p->buf.n -= k;
+    memmove(p->buf.p, p->buf.p + k, p->buf.len - k);
+    p->buf.len -= k;
 }
 
 static void content(struct tool_parser *p, const char *s, size_t n) {
@@ -293,13 +278,13 @@ static size_t open_prefix(const char *s, size_t n) {
 static void flush_text(struct tool_parser *p) {
     if (p->after_call) {
         size_t a = 0;
-        while (a < p->buf.n && isspace((unsigned char)p->buf.p[a])) a++;
+        while (a < p->buf.len && isspace((unsigned char)p->buf.p[a])) a++;
         buf_drop(p, a);
-        if (p->buf.n) p->after_call = false;
+        if (p->buf.len) p->after_call = false;
     }
-    const char *open = find(p->buf.p, p->buf.p + p->buf.n, CALL_OPEN);
-    size_t upto = open ? (size_t)(open - p->buf.p) : p->buf.n;
-    size_t keep = open ? 0 : open_prefix(p->buf.p, p->buf.n);
+    const char *open = find(p->buf.p, p->buf.p + p->buf.len, CALL_OPEN);
+    size_t upto = open ? (size_t)(open - p->buf.p) : p->buf.len;
+    size_t keep = open ? 0 : open_prefix(p->buf.p, p->buf.len);
     size_t text = upto - keep, ws = text;
     while (ws > 0 && isspace((unsigned char)p->buf.p[ws - 1])) ws--;   // whitespace before a call is dropped
     content(p, p->buf.p, ws);
@@ -332,7 +317,7 @@ void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
     if (p->buf.oom) return;
     for (;;) {
         if (p->in_call) {
-            const char *close = find(p->buf.p, p->buf.p + p->buf.n, CALL_CLOSE);
+            const char *close = find(p->buf.p, p->buf.p + p->buf.len, CALL_CLOSE);
             if (!close) return;
             end_call(p, close);
         } else {
@@ -345,15 +330,15 @@ void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
 void tool_parser_finish(struct tool_parser *p) {
     if (p->in_call) {   // never closed: the model stopped mid-call
         content(p, CALL_OPEN, CALL_OPEN_LEN);
-        content(p, p->buf.p, p->buf.n);
+        content(p, p->buf.p, p->buf.len);
     } else if (!p->n_calls) {   // held whitespace and a partial "<tool_c" are text after all
-        content(p, p->buf.p, p->buf.n);
+        content(p, p->buf.p, p->buf.len);
     } else {   // after calls, trailing whitespace is dropped
-        size_t b = p->buf.n;
+        size_t b = p->buf.len;
         while (b > 0 && isspace((unsigned char)p->buf.p[b - 1])) b--;
         content(p, p->buf.p, b);
     }
-    p->buf.n = 0;
+    p->buf.len = 0;
     p->in_call = false;
 }
 

@@ -13,6 +13,8 @@
 // parsed as JSON when it can be (42 -> 42, true -> true, {"a": 1} -> an object), else text.
 #pragma once
 
+#include "util.h"
+
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,12 +22,6 @@
 // malloc'd NUL-terminated text, or NULL when out of memory.
 char *tool_tojson(const json_t *v);
 
-// A growable text buffer.
-struct tool_text {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
 
 struct tool_sink {
     void (*content)(void *arg, const char *s, size_t n);
@@ -37,7 +33,7 @@ struct tool_sink {
 struct tool_parser {
     const json_t *tools;      // the request's "tools" array (borrowed)
     struct tool_sink sink;
-    struct tool_text buf;     // held-back text, or the call being read
+    struct sbuf buf;          // held-back text, or the call being read
     bool in_call;             // buf holds text after "<tool_call>"
     bool after_call;          // a call just ended: leading whitespace is dropped
     int n_calls;              // calls handed over so far

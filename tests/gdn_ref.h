@@ -1,4 +1,4 @@
-// gdn_ref.h: CPU references for the gated delta rule (MODEL.md §2.5 and §4), shared by the CPU
+// gdn_ref.h: CPU references for the gated delta rule (docs/MODEL.md §2.5 and §4), shared by the CPU
 // test tests/test_gdn_chunked.c and the GPU test tests/gpu/test_gdn_chunked.c. Header-only.
 //
 // Layouts as the CUDA kernels: y [T, C] (C = 2 Hk Dk + Hv Dv: q heads | k heads | v heads, q and

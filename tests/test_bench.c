@@ -1,7 +1,7 @@
 // test_bench.c: the CI smoke run of the benchmark harness (issue 7). Checks structure, never timings:
-//   - the byte and FLOP models at the real geometry against BENCH.md's arithmetic
+//   - the byte and FLOP models at the real geometry against docs/BENCH.md's arithmetic
 //   - the prompt rule and the context limit (refused with the numbers)
-//   - one in-process bench record at the tiny geometry: every field BENCH.md lists
+//   - one in-process bench record at the tiny geometry: every field docs/BENCH.md lists
 //   - the llama-bench adapter on a llama-bench JSON sample
 //   - `calla matrix` on the CPU (tiny geometry, contexts 64 and 128, 4 steps, 2 rounds): raw
 //     records, matrix.json, report.md sections, the two SVG plots, ratio tables with --compare
@@ -18,9 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "harness/bench.h"
 #include "commands.h"
-#include "report.h"
+#include "harness/report.h"
 #include "synth.h"
 
 static char g_tmp[1024];      // per-run scratch folder
@@ -64,7 +64,7 @@ static char *slurp(const char *path) {
 
 static void test_models(void **state) {
     const struct geometry *g = geometry_real();
-    // BENCH.md: decode reads ~1.88 GB at 4K, ~3.14 GB at 64K, ~7.16 GB at 256K.
+    // docs/BENCH.md: decode reads ~1.88 GB at 4K, ~3.14 GB at 64K, ~7.16 GB at 256K.
     struct bench_bytes b4 = bench_decode_bytes(g, 4096), b64 = bench_decode_bytes(g, 65536),
                        b256 = bench_decode_bytes(g, 262144);
     assert_true(fabs(b4.total / 1e9 - 1.88) < 0.02);

@@ -144,7 +144,7 @@ static void test_accepts_every_test_geometry(void **state) {
 }
 
 static void test_real_geometry_tensor_count(void **state) {
-    // MODEL.md §5.2: 7 global + 30 x 45 + 10 x 40 = 1757 stored text tensors.
+    // docs/MODEL.md §5.2: 7 global + 30 x 45 + 10 x 40 = 1757 stored text tensors.
     struct model_size ms = model_size_of(geometry_real());
     assert_int_equal(ms.n_tensors, 1757);
     assert_true(ms.params > 34600000000LL && ms.params < 34700000000LL);

@@ -1,7 +1,7 @@
 // test_engine.c: properties of the CPU engine that the golden fixtures do not cover: prefill then
 // decode equals one longer prefill; chunked equals unchunked; snapshots (seq_copy) continue
 // identically; results do not depend on the thread count; bad input is refused without touching
-// the state.
+// the state; running out of memory is an error, not an abort.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -172,6 +172,40 @@ static void test_bad_input_refused_state_unchanged(void **state) {
     seq_free(ref);
 }
 
+// Out of memory in the CPU forward pass is an error with a message, never an abort (the server
+// answers 500 and goes on serving). CALLA_CPU_ALLOC_LIMIT, read when a CPU engine loads, makes
+// every scratch allocation above it fail; the limit is process-wide, so the test loads an engine
+// without it afterwards.
+static void test_out_of_memory_is_an_error(void **state) {
+    enum { LONG = 1000 };
+    int32_t t[LONG], a, b;
+    char err[256];
+    prompt(t, LONG, 31);
+    struct engine *lim, *plain;
+    struct engine_options eo = {.backend = "cpu"};
+    // Above one row of logits (993,280 bytes at this vocabulary), below the first DeltaNet layer's
+    // conv input for 1,000 tokens (1,027,072 bytes): the long call fails before any work.
+    setenv("CALLA_CPU_ALLOC_LIMIT", "1000000", 1);
+    int rc = engine_open(dir, &eo, &lim, err, sizeof err);
+    unsetenv("CALLA_CPU_ALLOC_LIMIT");
+    assert_int_equal(rc, 0);
+    struct seq *s;
+    assert_int_equal(seq_new(lim, LONG, &s, err, sizeof err), 0);
+    assert_int_equal(engine_forward(lim, s, t, LONG, NULL, &a, err, sizeof err), ENGINE_ERROR);
+    assert_non_null(strstr(err, "out of memory"));
+    assert_int_equal(seq_pos(s), 0);
+    seq_reset(s);
+    assert_int_equal(engine_forward(lim, s, t, 8, NULL, &a, err, sizeof err), ENGINE_OK);   // small steps still run
+    seq_free(s);
+    engine_close(lim);
+    assert_int_equal(engine_open(dir, &eo, &plain, err, sizeof err), 0);   // and clears the limit
+    assert_int_equal(seq_new(plain, LONG, &s, err, sizeof err), 0);
+    assert_int_equal(engine_forward(plain, s, t, 8, NULL, &b, err, sizeof err), ENGINE_OK);
+    assert_int_equal(a, b);
+    seq_free(s);
+    engine_close(plain);
+}
+
 static void test_unknown_backend(void **state) {
     struct engine *e;
     char err[256];
@@ -196,6 +230,7 @@ int main(void) {
         cmocka_unit_test(test_snapshot_continues_identically),
         cmocka_unit_test(test_thread_count_does_not_matter),
         cmocka_unit_test(test_bad_input_refused_state_unchanged),
+        cmocka_unit_test(test_out_of_memory_is_an_error),
         cmocka_unit_test(test_unknown_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

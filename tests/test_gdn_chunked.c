@@ -1,4 +1,4 @@
-// test_gdn_chunked.c: the chunked gated delta rule (MODEL.md §4, chunk 64) against the token-by-
+// test_gdn_chunked.c: the chunked gated delta rule (docs/MODEL.md §4, chunk 64) against the token-by-
 // token recurrence (§2.5), both in fp64 on the CPU (tests/gdn_ref.h), at a reduced head count with
 // the real head dims: several chunks, a partial last chunk, T < 64, a nonzero starting state, mild
 // (alpha in (0.5, 1)) and strong decays. Also prints the error that bf16 rounding of the tensor-core

@@ -23,7 +23,7 @@ static int V;
 
 enum { N = 40 };
 
-static void prompt(int32_t *t, int n) {   // the bench rule (BENCH.md)
+static void prompt(int32_t *t, int n) {   // the bench rule (docs/BENCH.md)
     for (int i = 0; i < n; i++) t[i] = (int32_t)(((uint64_t)i * 2654435761u & 0xffffffffu) % (uint32_t)V);
 }
 

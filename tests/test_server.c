@@ -304,7 +304,7 @@ static int setup(void **state) {
     struct stat st;
     char tj[PATH_MAX];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", model_dir);
-    if (stat(tj, &st) && tokenizer_write_synthetic(model_dir, err, sizeof err)) {
+    if (stat(tj, &st) && synth_write_small_tokenizer(model_dir, err, sizeof err)) {
         fprintf(stderr, "tokenizer: %s\n", err);
         return -1;
     }

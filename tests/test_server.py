@@ -957,6 +957,30 @@ def test_auth(binary, model, tmpdir):
         srv.close()
 
 
+def test_out_of_memory(binary, model):
+    """The engine running out of memory is a 500 in OpenAI's error shape, never an abort, and the
+    server goes on serving. CALLA_CPU_ALLOC_LIMIT (a test hook of the CPU backend) makes every
+    scratch allocation above it fail: 1,000,000 bytes hold one row of logits (993,280 bytes at this
+    vocabulary) but not the first DeltaNet layer's input for 1,100 tokens."""
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"), CALLA_CPU_ALLOC_LIMIT="1000000")
+    srv = Server(binary, model, "--context", 2048, "--threads", 2, "--quiet", env=env)
+    try:
+        long_prompt = [(i * 2654435761) % 248000 for i in range(1100)]
+        st, _, j = post(srv.port, "/v1/completions", {"prompt": long_prompt, "max_tokens": 2})
+        err = (j or {}).get("error") or {}
+        check("out of memory: 500 server_error naming it", st == 500 and err.get("type") == "server_error"
+              and "out of memory" in err.get("message", ""), (st, j))
+        st, _, b = request(srv.port, "POST", "/v1/completions", {"prompt": long_prompt, "max_tokens": 2, "stream": True})
+        check("out of memory streamed: an error event, then [DONE]", st == 200 and b"out of memory" in b
+              and b.rstrip().endswith(b"data: [DONE]"), (st, b[:300]))
+        st, _, j = post(srv.port, "/v1/completions", {"prompt": long_prompt[:8], "max_tokens": 2})
+        check("out of memory: the next request is served", st == 200 and j["usage"]["completion_tokens"] == 2, (st, j))
+        st, _, _ = request(srv.port, "GET", "/health")
+        check("out of memory: /health still 200", st == 200, st)
+    finally:
+        srv.close("server that ran out of memory")
+
+
 def test_prefill_progress(binary, model):
     """A prompt of several prefill steps: SSE comments ': prefill DONE/TOTAL' from 0 to the total before
     the first token (ignored by SSE parsers), /metrics gauges of the running prefill, 0 when idle."""
@@ -1234,6 +1258,7 @@ def main():
         test_hardening(a.bin, a.model, main_srv.port)
         test_openai_client(a.bin, a.model)
         test_prefill_progress(a.bin, a.model)
+        test_out_of_memory(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:
             test_auth(a.bin, a.model, tmpdir)
         test_soak(main_srv, 120 if a.quick else a.soak, 0 if a.quick else 16)

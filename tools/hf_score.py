@@ -135,7 +135,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a Calla (MLX layout) checkpoint directory")
     ap.add_argument("--tokens", help="token ids, decimal, separated by spaces or commas")
-    ap.add_argument("--bench-len", type=int, help="instead of --tokens: N tokens by the BENCH.md rule")
+    ap.add_argument("--bench-len", type=int, help="instead of --tokens: N tokens by the docs/BENCH.md rule")
     ap.add_argument("--tokens-out", help="with --bench-len: write the ids here (for calla score --tokens)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--top-k", type=int, default=16)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """router_stats.py: how decisively a checkpoint routes, uniform vs trained synth profile (issue 13).
 
-Over one prompt (tokens by the bench rule of BENCH.md: token i = i * 2654435761 mod 2^32 mod vocab),
+Over one prompt (tokens by the bench rule of docs/BENCH.md: token i = i * 2654435761 mod 2^32 mod vocab),
 per layer: the gap between the k-th and (k+1)-th router logits (a small gap is a near-tie that any
 rounding can flip) and the k-th expert's renormalised weight (what a flip moves). Writes a PNG
 (matplotlib) and a Markdown table.

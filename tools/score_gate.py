@@ -31,7 +31,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calla", default="build/calla")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--len", type=int, default=4096, help="tokens, by the BENCH.md rule")
+    ap.add_argument("--len", type=int, default=4096, help="tokens, by the docs/BENCH.md rule")
     ap.add_argument("--backends", default="cuda,cpu-f32", help="any of cuda, cpu, cpu-f32")
     ap.add_argument("--hf-device", default="cpu")
     ap.add_argument("--hf-bf16", action="store_true", help="also score HF in bf16 (reported)")

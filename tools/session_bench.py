@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""session_bench.py: the session-cache benchmark of BENCH.md (TTFT per turn, cache on and off).
+"""session_bench.py: the session-cache benchmark of docs/BENCH.md (TTFT per turn, cache on and off).
 
 A growing conversation: each turn appends a user message to the previous messages plus the
 model's reply (content and reasoning_content, which the template strips from past turns). The

@@ -1,4 +1,4 @@
-// attention.cu: full attention (MODEL.md §2.4): q/k RMSNorm + partial RoPE + KV append, then causal
+// attention.cu: full attention (docs/MODEL.md §2.4): q/k RMSNorm + partial RoPE + KV append, then causal
 // GQA softmax attention with the sigmoid output gate.
 //
 // Two attention kernels:

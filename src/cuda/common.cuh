@@ -64,7 +64,7 @@ static inline int launch_status(void) { return (int)cudaGetLastError(); }
 
 enum { RT_MAXE = 1024 };   // most experts route_block handles
 
-// MoE routing of one token by one block (MODEL.md §2.6): softmax over the E logits into p (shared,
+// MoE routing of one token by one block (docs/MODEL.md §2.6): softmax over the E logits into p (shared,
 // >= E floats), then the top k (ties: lower id) by rank: expert e is chosen when fewer than k
 // experts beat it (a larger probability, or an equal one and a lower id), all experts at once;
 // the chosen weights are renormalised by their sum taken in rank order (the CPU's order).

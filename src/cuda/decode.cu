@@ -1,4 +1,4 @@
-// decode.cu: the decode step (one token) as a few fused, memory-bound kernels (MODEL.md §2).
+// decode.cu: the decode step (one token) as a few fused, memory-bound kernels (docs/MODEL.md §2).
 //
 // A decode step streams ~1.9 GB of 4-bit weights and does ~6 GFLOP: every kernel here is a
 // matrix-vector product with its neighbours fused into it, so that a layer is 6 launches
@@ -228,7 +228,7 @@ static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs
     const int K = d.K;
     copy_to_smem<true>(xs, d.x, K);
     __syncthreads();
-    if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, MODEL.md §2.2)
+    if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, docs/MODEL.md §2.2)
         float ss = 0;
         for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
         ss = block_sum(ss, sh);
@@ -675,7 +675,7 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
 // Block = value head h; thread (part, col) keeps rows [part * DK / 8, ..) of column col of the
 // head's state in registers. Reads the conv output y [C] = (q heads | k heads | v heads) after
 // SiLU; L2-normalises q and k (q also by 1/sqrt(DK)); S = alpha S; m = S^T k; S += k (beta (v - m))^T;
-// o = S^T q; then the gated norm of the head (MODEL.md §2.5): out = w * (o * rsqrt(mean(o^2) + eps))
+// o = S^T q; then the gated norm of the head (docs/MODEL.md §2.5): out = w * (o * rsqrt(mean(o^2) + eps))
 // * silu(z), so that the out_proj kernel stages a plain input.
 enum { GD_PARTS = 8, GD_MAXDV = 128 };
 template <int DK>

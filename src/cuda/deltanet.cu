@@ -1,4 +1,4 @@
-// deltanet.cu: Gated DeltaNet (MODEL.md §2.5): causal depthwise conv + SiLU, L2 norms, the gated
+// deltanet.cu: Gated DeltaNet (docs/MODEL.md §2.5): causal depthwise conv + SiLU, L2 norms, the gated
 // delta rule token by token with an fp32 state, and the gated RMSNorm.
 //
 // The recurrence kernel keeps each head's state in registers (a quarter column S[dk.., dv] per

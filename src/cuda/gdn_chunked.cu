@@ -1,4 +1,4 @@
-// gdn_chunked.cu: the chunked gated delta rule for prefill (MODEL.md §4, chunk BT = 64), on the
+// gdn_chunked.cu: the chunked gated delta rule for prefill (docs/MODEL.md §4, chunk BT = 64), on the
 // tensor cores, with the gated RMSNorm. Same inputs and outputs as k_gdn_recurrent.
 //
 // Per value head h and chunk (rows r, s in [0, 64); gam = in-chunk cumulative log-decay):

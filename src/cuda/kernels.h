@@ -77,14 +77,14 @@ long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_le
 // y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)).
 int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk, int Dk,
                void *stream);
-// The gated delta rule, token by token (MODEL.md §2.5), with the gated RMSNorm:
+// The gated delta rule, token by token (docs/MODEL.md §2.5), with the gated RMSNorm:
 // y [T, C] normalised conv output, b/a [T, Hv], z [T, Hv*Dv], S [Hv, Dk, Dv] fp32 (updated);
 // o [T, Hv*Dv] = gdn_norm * rmsnorm(S^T q) * silu(z).
 int k_gdn_recurrent(const float *y, const float *b, const float *a, const float *z, const float *A_log,
                     const float *dt_bias, const float *gdn_norm, float *S, float *o, int T, int Hk, int Hv, int Dk,
                     int Dv, float eps, void *stream);
 
-// The same rule, chunked (MODEL.md §4, chunks of 64) on the tensor cores, with the gated RMSNorm:
+// The same rule, chunked (docs/MODEL.md §4, chunks of 64) on the tensor cores, with the gated RMSNorm:
 // the same inputs and outputs as k_gdn_recurrent (S updated, o [T, Hv*Dv] normed). Dk = Dv = 128
 // only; y, S, o and ws 16-byte aligned. ws: k_gdn_chunked_ws_floats(T, Hv, Dk) floats of scratch.
 // exact 0: bf16 operands, fp32 accumulate (normalised error vs the fp32 recurrence ~3e-3);
@@ -153,7 +153,7 @@ int k_dv(const struct dv_desc *d, void *stream);
 int k_tcgemv(const struct dqt *W, const float *x, float *y, void *stream);
 // x [H] = dequant(E[io[0]]); *best = 0 (best may be NULL).
 int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, void *stream);
-// The MoE of one token (MODEL.md §2.6): k_dv_moe_gateup routes (every block, from logits [E]) and
+// The MoE of one token (docs/MODEL.md §2.6): k_dv_moe_gateup routes (every block, from logits [E]) and
 // writes act [k + 1, I] (slot k: the shared expert), ids [k + 1] and w [k + 1] (w[k] =
 // sigmoid(shared_logit)); k_dv_moe_down adds sum_e w_e down_e act_e into x [H].
 struct dv_moe {

@@ -1,4 +1,4 @@
-// moe.cu: MoE routing on the device (softmax over all experts, top-k, renormalise: MODEL.md §2.6),
+// moe.cu: MoE routing on the device (softmax over all experts, top-k, renormalise: docs/MODEL.md §2.6),
 // the dispatch that groups a chunk's (token, expert) pairs by expert for the grouped product,
 // and the weighted combine with the shared expert.
 //

@@ -1,4 +1,4 @@
-// rmsnorm.cu: RMSNorm kind (a) of MODEL.md §2.2 (the stored weight holds the +1), one block per row.
+// rmsnorm.cu: RMSNorm kind (a) of docs/MODEL.md §2.2 (the stored weight holds the +1), one block per row.
 #include "common.cuh"
 
 static __global__ void rmsnorm_kernel(const float *x, const int *xrow, const float *w, float *y, int n, float eps) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "engine.h"
+#include "util.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -16,8 +17,6 @@ static inline uint32_t rnd(void) {
     return (uint32_t)(rng >> 11);
 }
 static inline float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }   // [-1, 1)
-
-static inline double now_s(void) { return engine_now_s(); }
 
 // |a - ref|_2 / |ref|_2 over n floats; a NaN in a makes it infinite.
 static inline double nerr_f(const float *a, const float *ref, size_t n) {

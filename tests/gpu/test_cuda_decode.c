@@ -338,7 +338,7 @@ static int e2e(const char *dir, int n, int steps) {
         }
         printf("%-11s %9.3f %12.3e %12.3e %9d\n", names[m], ms[m], mean, mx, diff);
         // Same kernels (graph, eager): exact. Legacy and CPU: other summation orders in fp32 over a
-        // full-shape random model (routing near-ties flip: ../shared BENCH notes), so the bound is
+        // full-shape random model (routing near-ties flip: README.md, Correctness), so the bound is
         // the one test_cuda_e2e uses for CUDA vs CPU (2e-2 per row), and no clear-margin flips.
         const double tol = m <= 2 ? 0.0 : 2e-2;
         checks++;

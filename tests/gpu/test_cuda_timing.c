@@ -2,7 +2,7 @@
 //
 //   test_cuda_timing MODEL_DIR N_PROMPT [N_DECODE=32] [WARMUP=1]
 //
-// Prefill of N_PROMPT hash-prompt tokens (BENCH.md prompt) in chunks of 4,096, timed until the
+// Prefill of N_PROMPT hash-prompt tokens (docs/BENCH.md prompt) in chunks of 4,096, timed until the
 // first token id is on the host; then N_DECODE greedy decode steps, each timed. With WARMUP, an
 // identical run first (discarded). Prints one line. Exit 1 when the token ids of the two runs
 // differ (or a run fails), 2 on bad arguments, 77 when there is no suitable GPU (never a pass).

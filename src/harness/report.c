@@ -1,4 +1,4 @@
-// report.c: a results folder of bench records -> report.md + two SVG plots (BENCH.md "matrix").
+// report.c: a results folder of bench records -> report.md + two SVG plots (docs/BENCH.md "The matrix runner").
 //
 // Records are grouped into cells (arm label x prompt tokens); each figure in a table is the
 // median over the cell's rounds with its spread (min–max). Baselines are other arms in the same
@@ -458,43 +458,93 @@ static int section_determinism(FILE *f, struct arm *const *arms, int n) {
     return bad;
 }
 
-// BENCH.md's targets on one H200, checked for every Calla arm on a GPU at the contexts it ran
-// (the 256K rows take the largest context of at least 256K - 64 tokens).
-static void section_targets(FILE *f, struct arm *const *arms, int n) {
+// A targets file (bench/targets/*.json, schema calla.targets/1): figures with their limits,
+// checked for every Calla arm measured on a device of the file's device_kind. The numbers live
+// in the file, not here.
+static const struct {
+    const char *name;
+    size_t off;
+} target_metrics[] = {
+    {"decode_tok_s", offsetof(struct run, decode_tps)},
+    {"prefill_s", offsetof(struct run, prefill_s)},
+    {"device_peak_bytes", offsetof(struct run, dev_peak)},
+};
+
+// The cell a target row names: "context" exactly, or the largest of at least "context_at_least".
+static const struct cell *target_cell(const struct arm *a, const json_t *row) {
+    const double exact = json_num(row, "context"), least = json_num(row, "context_at_least");
+    if (isfinite(exact)) return find_cell(a, (int)exact);
+    const struct cell *c = NULL;
+    for (int k = 0; isfinite(least) && k < a->n_cells; k++)
+        if (a->cells[k].ctx >= least) c = &a->cells[k];
+    return c;
+}
+
+// Loads and checks a targets file into *out; path NULL: the "targets" that `calla matrix` copied
+// into dir/matrix.json, if any (*out stays NULL without them).
+static int load_targets(const char *path, const char *dir, json_t **out, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *j;
+    char mpath[4096];
+    if (!path) {
+        snprintf(mpath, sizeof mpath, "%s/matrix.json", dir);
+        json_t *m = json_load_file(mpath, 0, NULL);
+        j = json_incref(json_object_get(m, "targets"));
+        json_decref(m);
+        if (!j) return 0;
+        path = mpath;
+    } else if (!(j = json_load_file(path, 0, &je))) {
+        return snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line), -1;
+    }
+    const json_t *rows = json_object_get(j, "targets");
+    const char *bad = !json_is_array(rows) ? "no \"targets\" array" : !json_str(j, "device_kind") ? "no \"device_kind\"" : NULL;
+    for (size_t k = 0; !bad && k < json_array_size(rows); k++) {
+        const json_t *r = json_array_get(rows, k);
+        const char *m = json_str(r, "metric");
+        size_t i = 0;
+        while (m && i < sizeof target_metrics / sizeof target_metrics[0] && strcmp(m, target_metrics[i].name)) i++;
+        if (!m || i == sizeof target_metrics / sizeof target_metrics[0]) bad = "a target with an unknown metric";
+        else if (!json_str(r, "figure") || !json_str(r, "target") || !json_str(r, "unit") || !isfinite(json_num(r, "scale")))
+            bad = "a target without figure, target, unit or scale";
+        else if (isfinite(json_num(r, "at_least")) == isfinite(json_num(r, "at_most")))
+            bad = "a target with neither or both of at_least, at_most";
+        else if (!isfinite(json_num(r, "context")) && !isfinite(json_num(r, "context_at_least")))
+            bad = "a target without context or context_at_least";
+    }
+    if (bad) {
+        json_decref(j);
+        return snprintf(err, errlen, "%s: %s", path, bad), -1;
+    }
+    *out = j;
+    return 0;
+}
+
+static void section_targets(FILE *f, const json_t *targets, struct arm *const *arms, int n) {
+    if (!targets) return;
+    const json_t *rows = json_object_get(targets, "targets");
+    const char *want_kind = json_str(targets, "device_kind"), *title = json_str(targets, "title");
     bool header = false;
     for (int i = 0; i < n; i++) {
         const json_t *r0 = arms[i]->cells[0].runs[0].rec;
         const char *kind = json_str(r0, "device.kind");
-        if (!arm_is_calla(arms[i]) || !kind || strcmp(kind, "gpu")) continue;
-        if (!header) fprintf(f, "## Targets (BENCH.md, one H200)\n\n| Arm | Figure | Target | Measured | Met |\n"
-                                "|---|---|---:|---:|---|\n");
+        if (!arm_is_calla(arms[i]) || !kind || strcmp(kind, want_kind)) continue;
+        if (!header) fprintf(f, "## Targets (%s)\n\n| Arm | Figure | Target | Measured | Met |\n|---|---|---:|---:|---|\n",
+                             title ? title : "targets");
         header = true;
-        const struct cell *c4 = find_cell(arms[i], 4096), *c256 = NULL;
-        for (int k = 0; k < arms[i]->n_cells; k++)
-            if (arms[i]->cells[k].ctx >= 262144 - 64 - 1) c256 = &arms[i]->cells[k];
-        struct {
-            const char *figure, *target;
-            const struct cell *c;
-            size_t off;
-            double limit, scale;
-            bool at_least;
-            const char *unit;
-        } rows[] = {
-            {"decode, 4K context", "≥ 1,500 tok/s", c4, offsetof(struct run, decode_tps), 1500, 1, true, "tok/s"},
-            {"decode, 256K context", "≥ 400 tok/s", c256, offsetof(struct run, decode_tps), 400, 1, true, "tok/s"},
-            {"prefill, 4K prompt (TTFT)", "≤ 60 ms", c4, offsetof(struct run, prefill_s), 0.060, 1e3, false, "ms"},
-            {"prefill, 256K prompt (TTFT)", "≤ 12 s", c256, offsetof(struct run, prefill_s), 12, 1, false, "s"},
-            {"peak device memory, 256K", "≤ 28 GB", c256, offsetof(struct run, dev_peak), 28e9, 1e-9, false, "GB"},
-        };
-        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
-            double v = rows[k].c ? cell_stat(rows[k].c, rows[k].off).med : NAN;
-            const char *met = !isfinite(v) ? "not measured" : (rows[k].at_least ? v >= rows[k].limit : v <= rows[k].limit)
-                                                                   ? "yes"
-                                                                   : "**no**";
+        for (size_t k = 0; k < json_array_size(rows); k++) {
+            const json_t *row = json_array_get(rows, k);
+            const char *metric = json_str(row, "metric");
+            size_t off = 0;
+            for (size_t m = 0; m < sizeof target_metrics / sizeof target_metrics[0]; m++)
+                if (!strcmp(metric, target_metrics[m].name)) off = target_metrics[m].off;
+            const struct cell *c = target_cell(arms[i], row);
+            const double least = json_num(row, "at_least"), most = json_num(row, "at_most");
+            double v = c ? cell_stat(c, off).med : NAN;
+            const char *met = !isfinite(v) ? "not measured" : (isfinite(least) ? v >= least : v <= most) ? "yes" : "**no**";
             char val[48];
-            fmt_num(val, sizeof val, v * rows[k].scale, 2);
-            fprintf(f, "| %s | %s | %s | %s %s | %s |\n", arms[i]->label, rows[k].figure, rows[k].target, val,
-                    isfinite(v) ? rows[k].unit : "", met);
+            fmt_num(val, sizeof val, v * json_num(row, "scale"), 2);
+            fprintf(f, "| %s | %s | %s | %s %s | %s |\n", arms[i]->label, json_str(row, "figure"), json_str(row, "target"),
+                    val, isfinite(v) ? json_str(row, "unit") : "", met);
         }
         bool same = true, checked = false;
         for (int k = 0; k < arms[i]->n_cells; k++) {
@@ -747,7 +797,7 @@ static void section_runlog(FILE *f, const char *dir) {
 
 int report_write(const struct report_options *o, char *err, size_t errlen) {
     struct book *b = calloc(1, sizeof *b);
-    json_t *ref = NULL;
+    json_t *ref = NULL, *targets = NULL;
     int rc = -1;
     if (!b) return snprintf(err, errlen, "out of memory"), -1;
     int n_run = load_dir(b, o->dir, "run", NULL, err, errlen);
@@ -763,6 +813,7 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         if (load_dir(b, o->compare_dir, "compare", suffix, err, errlen) < 0) goto out;
     }
     if (o->reference && load_reference(b, o->reference, &ref, err, errlen)) goto out;
+    if (load_targets(o->targets, o->dir, &targets, err, errlen)) goto out;
 
     struct arm *all[MAX_ARMS], *runs[MAX_ARMS], *base[MAX_ARMS];
     int n_all = 0, n_runs = 0, n_base = 0;
@@ -784,11 +835,11 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         goto out;
     }
     fprintf(f, "# %s\n\n", o->title ? o->title : "Calla benchmark");
-    fprintf(f, "Protocol: BENCH.md (the reference report's harness). Each figure is the median over rounds, "
+    fprintf(f, "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
                "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
                "of "
                "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "
-               "documented in `src/bench.c` and recorded in each JSON.\n\n");
+               "documented in `src/harness/bench.c` and recorded in each JSON.\n\n");
     section_runlog(f, o->dir);
     fprintf(f, "## Identity\n\n");
     section_identity(f, runs, n_runs);
@@ -796,7 +847,7 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
     int bad = section_determinism(f, runs, n_runs);
     fprintf(f, "%s\n\n", bad ? "**Some arms produced different tokens across rounds; see the flagged rows.**"
                              : "Every arm with two or more rounds repeated its output exactly.");
-    section_targets(f, runs, n_runs);
+    section_targets(f, targets, runs, n_runs);
     fprintf(f, "## Sweep\n\n");
     for (int i = 0; i < n_runs; i++) section_sweep(f, runs[i]);
     if (n_base) {
@@ -845,35 +896,31 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
 out:
     for (int i = 0; i < b->n_owned; i++) json_decref(b->owned[i]);
     json_decref(ref);
+    json_decref(targets);
     free(b);
     return rc;
 }
 
 int cmd_report(int argc, char **argv) {
-    const char *dir = NULL, *compare = NULL, *reference = NULL, *title = NULL;
+    const char *dir = NULL, *compare = NULL, *reference = NULL, *title = NULL, *targets = NULL;
     const struct opt opts[] = {
         {"results", OPT_STR, &dir, 0, 0, "results folder (bench JSON records)"},
         {"compare", OPT_STR, &compare, 0, 0, "another results folder for ratio tables"},
         {"reference", OPT_STR, &reference, 0, 0, "reference table (e.g. bench/reference/lily_m5.json)"},
         {"title", OPT_STR, &title, 0, 0, "report heading"},
+        {"targets", OPT_STR, &targets, 0, 0,
+         "targets to check (e.g. bench/targets/h200.json; default: those calla matrix recorded in matrix.json)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "write report.md, decode_ms.svg and prefill_tps.svg for a results folder";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            opts_usage(stdout, "report", summary, opts, n);
-            return 0;
-        }
+    int b = opts_begin(argc, argv, "report", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla report: %s\n", err);
-        return 2;
-    }
     if (!dir) {
         fprintf(stderr, "calla report: --results is required\n");
         return 2;
     }
-    struct report_options ro = {.dir = dir, .compare_dir = compare, .reference = reference, .title = title};
+    struct report_options ro = {.dir = dir, .compare_dir = compare, .reference = reference, .title = title, .targets = targets};
     if (report_write(&ro, err, sizeof err)) {
         fprintf(stderr, "calla report: %s\n", err);
         return 1;

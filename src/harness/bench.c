@@ -1,4 +1,4 @@
-// bench.c: `calla bench`, the reference report's protocol in one fresh process (BENCH.md).
+// bench.c: `calla bench`, the reference report's protocol in one fresh process (docs/BENCH.md).
 //
 //   1. load the checkpoint; print the device line and the model line (stderr)
 //   2. prompt: token i = (i * 2654435761) mod 2^32 mod vocab
@@ -17,6 +17,7 @@
 #include "engine.h"
 #include "nvml.h"
 #include "options.h"
+#include "util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -41,12 +42,12 @@
 #endif
 
 uint64_t bench_hash_tokens(const int32_t *ids, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < 4; b++) {
-            h ^= (uint8_t)((uint32_t)ids[i] >> (8 * b));
-            h *= 0x100000001b3ull;
-        }
+    uint64_t h = FNV1A64_INIT;
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i];
+        const uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        h = fnv1a64(h, le, 4);
+    }
     return h;
 }
 
@@ -308,16 +309,16 @@ static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsi
 static int run_once(struct engine *e, struct seq *s, const int32_t *prompt, int n, int d, int32_t *ids,
                     double *prefill_s, double *step_s, char *err, size_t errlen) {
     int32_t tok;
-    struct progress_line pl = {"calla bench", engine_now_s()};
+    struct progress_line pl = {"calla bench", now_s()};
     const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
-    double t0 = engine_now_s();
+    double t0 = now_s();
     if (engine_forward(e, s, prompt, n, &fo, &tok, err, errlen)) return -1;
-    *prefill_s = engine_now_s() - t0;   // engine_forward returns with the id on the host
+    *prefill_s = now_s() - t0;   // engine_forward returns with the id on the host
     ids[0] = tok;
     for (int i = 0; i < d; i++) {
-        double t = engine_now_s();
+        double t = now_s();
         if (engine_forward(e, s, &tok, 1, NULL, &tok, err, errlen)) return -1;
-        double dt = engine_now_s() - t;
+        double dt = now_s() - t;
         if (step_s) step_s[i] = dt;
         ids[i + 1] = tok;
     }
@@ -338,7 +339,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                  N, D, (long long)N + D + 1, QWEN_MAX_CTX, D, QWEN_MAX_CTX - D - 1);
         return -1;
     }
-    double wall0 = engine_now_s();
+    double wall0 = now_s();
     char date[32];
     iso_date(date, sizeof date);
 
@@ -358,9 +359,9 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     int32_t *prompt = NULL, *ids = NULL, *warm_ids = NULL;
     double *steps = NULL;
     int rc = -1;
-    double t_load = engine_now_s();
+    double t_load = now_s();
     if (engine_open(o->model_dir, &eo, &e, err, errlen)) goto done;
-    t_load = engine_now_s() - t_load;
+    t_load = now_s() - t_load;
     const struct geometry *g = engine_geometry(e);
     const struct model *m = engine_model(e);
     const char *backend = engine_backend(e);
@@ -396,9 +397,9 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     if (seq_new(e, N + D + 1, &s, err, errlen)) goto done;
 
     double warm_prefill, prefill;
-    double tw = engine_now_s();
+    double tw = now_s();
     if (run_once(e, s, prompt, N, D, warm_ids, &warm_prefill, NULL, err, errlen)) goto done;
-    tw = engine_now_s() - tw;
+    tw = now_s() - tw;
     seq_reset(s);
     struct nvml_sample before, after;
     nvml_read(&before);
@@ -531,7 +532,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     json_object_set_new(r, "memory", mem);
     json_object_set_new(r, "telemetry", json_pack("{s:o, s:o}", "before", telemetry_json(&before), "after",
                                                   telemetry_json(&after)));
-    json_object_set_new(r, "wall_s", json_real(engine_now_s() - wall0));
+    json_object_set_new(r, "wall_s", json_real(now_s() - wall0));
     free(ms_steps);
     *out = r;
     rc = 0;
@@ -599,17 +600,10 @@ int cmd_bench(int argc, char **argv) {
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default calla-<backend>)"},
     };
     const int n = sizeof opts / sizeof opts[0];
-    const char *summary = "one benchmark measurement (BENCH.md protocol) in this process; writes a JSON record";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            opts_usage(stdout, "bench", summary, opts, n);
-            return 0;
-        }
+    const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
+    int b = opts_begin(argc, argv, "bench", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla bench: %s\n", err);
-        return 2;
-    }
     if (!dir || !context || !json_path_out) {
         fprintf(stderr, "calla bench: --model, --context and --json are required\n");
         opts_usage(stderr, "bench", summary, opts, n);

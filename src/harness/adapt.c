@@ -192,21 +192,16 @@ int cmd_adapt_llama_bench(int argc, char **argv) {
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "IN OUT: map `llama-bench -o json` output (IN) onto one bench record (OUT)";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            opts_usage(stdout, "adapt-llama-bench", summary, opts, n);
-            return 0;
-        }
     // positional IN OUT first, flags after
-    if (argc < 3 || !strncmp(argv[1], "--", 2) || !strncmp(argv[2], "--", 2)) {
+    bool positional = argc >= 3 && strncmp(argv[1], "--", 2) && strncmp(argv[2], "--", 2);
+    if (!positional && !opts_wants_help(argc, argv)) {
         opts_usage(stderr, "adapt-llama-bench", summary, opts, n);
         return 2;
     }
+    int b = positional ? opts_begin(argc - 2, argv + 2, "adapt-llama-bench", summary, opts, n)
+                       : opts_begin(argc, argv, "adapt-llama-bench", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc - 2, argv + 2, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla adapt-llama-bench: %s\n", err);
-        return 2;
-    }
     json_t *r;
     if (bench_adapt_llama_bench(argv[1], (int)context, label, &r, err, sizeof err) ||
         json_write_file(r, argv[2], err, sizeof err)) {

@@ -1,4 +1,4 @@
-// matrix.c: `calla matrix`, engines x contexts x rounds (BENCH.md "The matrix runner").
+// matrix.c: `calla matrix`, engines x contexts x rounds (docs/BENCH.md "The matrix runner").
 //
 //   preflight   refuse to start when the GPU is busy (utilization, other compute processes) or
 //               reports a throttle reason other than idle; the verdict and reason are recorded
@@ -16,6 +16,7 @@
 #include "nvml.h"
 #include "options.h"
 #include "report.h"
+#include "util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -127,21 +128,21 @@ static int preflight(struct matrix *m, json_t *pre) {
 
 // Waits between arms; records what it did.
 static void cooldown(struct matrix *m, const char *after) {
-    double t0 = engine_now_s();
+    double t0 = now_s();
     sleep_s(m->cooldown_min_s);
     struct nvml_sample s;
     nvml_read(&s);
     int t_start = s.available ? s.temp_c : -1, t_end = t_start;
     bool reached = true;
     if (s.available && m->idle_temp >= 0 && s.temp_c >= 0) {
-        while (s.temp_c > m->idle_temp + m->cooldown_margin_c && engine_now_s() - t0 < m->cooldown_max_s) {
+        while (s.temp_c > m->idle_temp + m->cooldown_margin_c && now_s() - t0 < m->cooldown_max_s) {
             sleep_s(1);
             nvml_read(&s);
         }
         t_end = s.temp_c;
         reached = s.temp_c <= m->idle_temp + m->cooldown_margin_c;
     }
-    json_t *c = json_pack("{s:s, s:f, s:b}", "after", after, "seconds", engine_now_s() - t0, "reached_idle", reached);
+    json_t *c = json_pack("{s:s, s:f, s:b}", "after", after, "seconds", now_s() - t0, "reached_idle", reached);
     if (t_start >= 0) {
         json_object_set_new(c, "temperature_start_c", json_integer(t_start));
         json_object_set_new(c, "temperature_end_c", json_integer(t_end));
@@ -168,12 +169,12 @@ static int spawn(char *const argv[], const char *out_path, int timeout_s) {
         _exit(127);
     }
     int st;
-    double t0 = engine_now_s();
+    double t0 = now_s();
     for (;;) {
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid) break;
         if (w < 0 && errno != EINTR) return -1;
-        if (timeout_s > 0 && engine_now_s() - t0 > timeout_s) {
+        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
             fprintf(stderr, "calla matrix: %s ran past %d s; stopping it\n", argv[0], timeout_s);
             kill(-pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -283,7 +284,8 @@ int cmd_matrix(int argc, char **argv) {
     long long first_round = 1, decode = 64, rounds = 2, threads = 0;
     long long cmin = 10, cmax = 300, margin = 5, busy = 5, run_timeout = 3600;
     const char *reference = NULL, *default_reference = "bench/reference/lily_m5.json";
-    bool no_reference = false;
+    const char *targets = NULL, *default_targets = "bench/targets/h200.json";
+    bool no_reference = false, no_targets = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &m.model, 0, 0, "checkpoint directory"},
         {"engines", OPT_STR, &engines, 0, 0, "comma list of cuda, cpu, llama-bench (default cuda)"},
@@ -307,22 +309,18 @@ int cmd_matrix(int argc, char **argv) {
         {"reference", OPT_STR, &reference, 0, 0,
          "reference table for ratio tables (default bench/reference/lily_m5.json)"},
         {"no-reference", OPT_FLAG, &no_reference, 0, 0, "no reference table"},
+        {"targets", OPT_STR, &targets, 0, 0,
+         "targets the report checks, copied into matrix.json (default bench/targets/h200.json)"},
+        {"no-targets", OPT_FLAG, &no_targets, 0, 0, "no targets"},
         {"compare", OPT_STR, &m.compare, 0, 0, "another results folder for ratio tables"},
         {"title", OPT_STR, &m.title, 0, 0, "report heading"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "engines x contexts x rounds of `calla bench`, each in a fresh process; writes a results "
                           "folder with the raw JSON, report.md and plots";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            opts_usage(stdout, "matrix", summary, opts, n);
-            return 0;
-        }
+    int b = opts_begin(argc, argv, "matrix", summary, opts, n);
+    if (b) return b > 0 ? 0 : 2;
     char err[1024];
-    if (opts_parse(argc, argv, opts, n, err, sizeof err)) {
-        fprintf(stderr, "calla matrix: %s\n", err);
-        return 2;
-    }
     if (!m.out) {
         fprintf(stderr, "calla matrix: --out is required\n");
         return 2;
@@ -374,6 +372,11 @@ int cmd_matrix(int argc, char **argv) {
         fprintf(stderr, "calla matrix: cannot read reference %s\n", reference);
         return 2;
     } else m.reference = reference ? reference : !access(default_reference, R_OK) ? default_reference : NULL;
+    if (no_targets) targets = NULL;
+    else if (targets && access(targets, R_OK)) {
+        fprintf(stderr, "calla matrix: cannot read targets %s\n", targets);
+        return 2;
+    } else if (!targets && !access(default_targets, R_OK)) targets = default_targets;
     static char self[4096];
     if (!m.calla) {
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -406,6 +409,16 @@ int cmd_matrix(int argc, char **argv) {
     for (int i = 0; i < m.n_ctx; i++)
         json_array_append_new(json_object_get(m.log, "contexts"), json_integer(m.contexts[i]));
     json_object_set_new(m.log, "runs", json_array());
+    if (targets) {   // the report reads them there
+        json_error_t je;
+        json_t *t = json_load_file(targets, 0, &je);
+        if (!t) {
+            fprintf(stderr, "calla matrix: %s: %s (line %d)\n", targets, je.text, je.line);
+            json_decref(m.log);
+            return 2;
+        }
+        json_object_set_new(m.log, "targets", t);
+    }
     char logpath[4096];
     snprintf(logpath, sizeof logpath, "%s/matrix.json", m.out);
 
@@ -431,7 +444,7 @@ int cmd_matrix(int argc, char **argv) {
     json_write_file(m.log, logpath, err, sizeof err);
 
     int failures = 0, total = m.rounds * m.n_ctx * m.n_engines, done = 0;
-    double t_all = engine_now_s();
+    double t_all = now_s();
     for (int r = m.first_round; r < m.first_round + m.rounds; r++)
         for (int c = 0; c < m.n_ctx; c++)
             for (int e = 0; e < m.n_engines; e++) {
@@ -440,12 +453,12 @@ int cmd_matrix(int argc, char **argv) {
                                            json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
                 fprintf(stderr, "calla matrix: [%d/%d] round %d, %s, context %d\n", done + 1, total, r, m.engines[e],
                         m.contexts[c]);
-                double t0 = engine_now_s();
+                double t0 = now_s();
                 int rc = run_arm(&m, m.engines[e], m.contexts[c], r, file, sizeof file);
                 json_array_append_new(json_object_get(m.log, "runs"),
                                       json_pack("{s:s, s:s, s:i, s:i, s:b, s:f}", "file", file, "engine", m.engines[e],
                                                 "context", m.contexts[c], "round", r, "ok", rc == 0, "seconds",
-                                                engine_now_s() - t0));
+                                                now_s() - t0));
                 if (rc) {
                     char what[512];
                     snprintf(what, sizeof what, "%s at context %d, round %d", m.engines[e], m.contexts[c], r);
@@ -458,7 +471,7 @@ int cmd_matrix(int argc, char **argv) {
     int bad = check_determinism(&m);
     iso_date(date, sizeof date);
     json_object_set_new(m.log, "finished", json_string(date));
-    json_object_set_new(m.log, "seconds", json_real(engine_now_s() - t_all));
+    json_object_set_new(m.log, "seconds", json_real(now_s() - t_all));
     json_object_set_new(m.log, "nondeterministic_cells", json_integer(bad));
     json_write_file(m.log, logpath, err, sizeof err);
     json_decref(m.log);

@@ -1,5 +1,5 @@
 // bench.h: `calla bench`, one measurement of the reference report's protocol in a fresh process
-// (BENCH.md "The harness"), and the byte and FLOP models behind its GB/s and TFLOP/s.
+// (docs/BENCH.md "The harness"), and the byte and FLOP models behind its GB/s and TFLOP/s.
 //
 // The JSON record (schema "calla.bench/1") is shared with the matrix runner, the report writer
 // and the llama-bench adapter; bench_record_check lists the fields every record must have.
@@ -17,7 +17,7 @@
 struct bench_options {
     const char *model_dir;
     int context;             // prompt tokens N
-    int decode;              // timed decode steps D (BENCH.md: 64)
+    int decode;              // timed decode steps D (docs/BENCH.md: 64)
     const char *backend;     // "cpu", "cuda", or NULL (engine default)
     int threads;             // CPU backend threads (0: all cores)
     const char *label;       // arm name recorded in the JSON (NULL: "calla-<backend>")

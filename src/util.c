@@ -1,0 +1,48 @@
+// util.c: see util.h.
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int sbuf_reserve(struct sbuf *b, size_t extra) {
+    if (b->oom) return -1;
+    if (b->len + extra + 1 <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = true;
+        return -1;
+    }
+    if (!b->p) p[0] = 0;
+    b->p = p, b->cap = cap;
+    return 0;
+}
+
+int sbuf_add(struct sbuf *b, const void *s, size_t n) {
+    if (sbuf_reserve(b, n)) return -1;
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+int sbuf_adds(struct sbuf *b, const char *s) { return sbuf_add(b, s, strlen(s)); }
+
+void sbuf_free(struct sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+uint64_t fnv1a64(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
+}
