@@ -15,15 +15,16 @@
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
 // first version's kernels, kept for A/B measurement); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
-// tensor cores with bf16 inputs); CALLA_PDL=1 turns programmatic dependent launch on;
+// tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
+// CALLA_PDL=1 turns programmatic dependent launch on;
 // CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
-// Prefill runs the DeltaNet layers as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with
-// operands split hi + lo (CALLA_PREFILL_FAST=1: bf16 operands; CALLA_PREFILL_GDN=recurrent: the
-// token-by-token kernel). CALLA_PREFILL_FAST=1 also runs the prefill products in their fast mode
-// (issue 12): each product's input is converted once to bf16 (k_to_bf16) and read by
-// k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, exact weights); the router and the
-// shared-expert gate (257 outputs per token) and the lm_head stay on the exact kernel.
+// Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
+// read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, exact weights; the router,
+// the shared-expert gate and the lm_head stay on the exact kernel), and the DeltaNet layers run as
+// the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands. CALLA_PREFILL_FAST=0
+// (or CALLA_EXACT=1): the verification mode, operands split hi + lo and fp32 inputs to the
+// products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -95,7 +96,7 @@ struct cuda_engine {
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
     int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
-    int prefill_exact;                       // chunked delta rule and products: 1 operands split hi + lo, 0 bf16
+    int prefill_exact;                       // chunked delta rule and products: 1 operands split hi + lo, 0 bf16 (default)
 };
 
 struct cuda_seq {
@@ -429,14 +430,17 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     k_set_pdl(pdl && !strcmp(pdl, "1"));   // off by default: measured 1-2% slower on (bench/NOTES.md)
     const char *da = getenv("CALLA_DEC_ATTN");
     k_set_dec_attn(!da ? 2 : !strcmp(da, "split") ? 0 : !strcmp(da, "warps") ? 1 : 2);
-    const char *ex = getenv("CALLA_DECODE_EXACT");
-    k_set_decode_exact(ex && !strcmp(ex, "1"));
+    // Fast mode by default (tensor-core products on bf16 activations, fp32 accumulation);
+    // CALLA_EXACT=1 is the verification mode of both, or each alone: CALLA_DECODE_EXACT=1,
+    // CALLA_PREFILL_FAST=0.
+    const char *all = getenv("CALLA_EXACT"), *ex = getenv("CALLA_DECODE_EXACT"), *fast = getenv("CALLA_PREFILL_FAST");
+    const int exact = all && !strcmp(all, "1");
+    k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
+    ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
     const char *dvp = getenv("CALLA_DV_PREFETCH");
     ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
-    const char *fast = getenv("CALLA_PREFILL_FAST");
-    ce->prefill_exact = !(fast && !strcmp(fast, "1"));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;

@@ -15,9 +15,9 @@
 // per-expert row counts and offsets from device memory (blockIdx.z = expert); blocks past an
 // expert's count exit, so the grid is sized on the host from a bound alone and nothing is read back.
 //
-// The fast mode (issue 12, CALLA_PREFILL_FAST=1): k_qmatmul_bf16 (qmatmul_bf16.cuh) reads x already
-// in bf16 (k_to_bf16 here converts it once per product input) with one MMA per product; this exact
-// kernel stays as it is, the verification mode.
+// The fast mode (issue 12, the default; CALLA_PREFILL_FAST=0 selects this kernel): k_qmatmul_bf16
+// (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input)
+// with one MMA per product; this exact kernel stays as it is, the verification mode.
 #include "mma.cuh"
 
 enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
