@@ -770,6 +770,10 @@ int cmd_serve(int argc, char **argv) {
         goto out_worker;
     }
     sv->have_reaper = true;
+    // One thread per connection, with poll (no FD_SETSIZE limit): a handler blocks while its job
+    // runs (non-streaming) and the SSE reader blocks until the next token, which MHD's epoll mode (one
+    // thread for all connections) would allow only with suspend/resume.  Slow clients are bounded by
+    // --request-timeout and --max-connections-per-ip, the total by --max-connections.
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
