@@ -63,14 +63,23 @@ static bool job_cancelled(void *arg) {
     struct job *j = arg;
     if (atomic_load(j->abort)) return true;
     pthread_mutex_lock(&j->mu);
+    bool probe = false;
     if (!j->cancel && j->fd >= 0) {
         // A reset (or a socket gone) means the client left; a half-close (shutdown(SHUT_WR) after
-        // the request, POLLRDHUP) does not: the client may still be reading.
-        struct pollfd pf = {.fd = j->fd, .events = 0};
-        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR | POLLNVAL))) j->cancel = true;
+        // the request, POLLRDHUP) does not by itself: the client may still be reading.  A client
+        // that closed its socket is told apart by a write: its system answers it with a reset.  A
+        // stream may write nothing for many steps (text held back, e.g. an unfinished UTF-8
+        // sequence), so once the client's end of stream is seen it gets one SSE comment, which
+        // clients ignore: a closed client's reset is then seen at the next step.
+        struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
+        if (poll(&pf, 1, 0) > 0) {
+            if (pf.revents & (POLLHUP | POLLERR | POLLNVAL)) j->cancel = true;
+            else if ((pf.revents & POLLRDHUP) && j->stream && !j->probed) probe = j->probed = true;
+        }
     }
     bool c = j->cancel;
     pthread_mutex_unlock(&j->mu);
+    if (probe) job_sse_comment(j, "are you there");
     return c;
 }
 

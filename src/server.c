@@ -6,6 +6,7 @@
 //   MHD, one thread per connection: reads and validates a request (JSON, limits, tokenization),
 //        queues a job, then waits for it (non-streaming) or relays its server-sent events.
 //   worker (scheduler.c): the only thread that touches the engine.
+//   reaper: closes connections that take longer than --request-timeout to send a request.
 //   main: waits for SIGTERM/SIGINT, then drains (finishes running and queued jobs, up to
 //        --drain-seconds) or aborts, and frees everything.
 #include "server.h"
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +51,16 @@ struct request {
     const char *why;        // its message
     struct job *job;        // once queued
 };
+
+// An open connection, listed for the request deadline (see on_connection).
+struct conn {
+    struct conn *prev, *next;
+    int fd;              // -1 once shut down
+    bool receiving;      // between requests, or inside one's headers or body
+    double since;        // when receiving began
+};
+
+static unsigned long long conns_timed_out;   // under conn_mu: connections closed by the deadline
 
 // The chat page's file at this URL path ("/" is index.html), or NULL.
 static const struct web_file *web_find(const char *url) {
@@ -220,6 +232,11 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     struct metrics m = sv->m;
     int depth = sv->depth, running = sv->running != NULL, pf_done = sv->prefill_done, pf_total = sv->prefill_total;
     pthread_mutex_unlock(&sv->mu);
+    int n_conns = 0;
+    pthread_mutex_lock(&sv->conn_mu);
+    for (const struct conn *k = sv->conns; k; k = k->next) n_conns++;
+    unsigned long long timed_out = conns_timed_out;
+    pthread_mutex_unlock(&sv->conn_mu);
     OUT("# HELP calla_requests_total HTTP requests by endpoint and status.\n# TYPE calla_requests_total counter\n");
     for (int e = 0; e < EP_COUNT; e++)
         for (int k = 0; k <= N_STATUS; k++)
@@ -242,6 +259,8 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
     OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n", pf_done);
     OUT("# HELP calla_prefill_tokens_total Prompt tokens of the running request's prefill (0: none running).\n# TYPE calla_prefill_tokens_total gauge\ncalla_prefill_tokens_total %d\n", pf_total);
+    OUT("# HELP calla_connections_open Open HTTP connections.\n# TYPE calla_connections_open gauge\ncalla_connections_open %d\n", n_conns);
+    OUT("# HELP calla_connections_timed_out_total Connections closed for not sending a whole request within --request-timeout.\n# TYPE calla_connections_timed_out_total counter\ncalla_connections_timed_out_total %llu\n", timed_out);
 #undef OUT
     enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
                             : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
@@ -385,6 +404,80 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     return ret;
 }
 
+// ---- connections: the request deadline ---------------------------------------------------------
+//
+// MHD's --timeout is an idle timeout: it restarts with every byte received, so a client that sends
+// a header line every few seconds would hold its connection (and its thread) for ever, and a few
+// dozen such clients would lock everyone else out.  So every connection is listed from MHD's
+// "started" notification to its "closed" one, and while it is receiving a request (from its start,
+// or from the end of its previous request, until the access handler's last call for the request)
+// it has --request-timeout seconds.  Past that the reaper thread shuts the socket down; MHD's
+// connection thread then reads the end of the stream and closes the connection.  An idle
+// keep-alive connection is closed after --request-timeout as well.
+// The fd is valid while the connection is listed: MHD notifies "closed" before it closes the socket,
+// and both the notification and the shutdown hold conn_mu.
+// (struct conn: above, with struct request.)
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    struct server *sv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct conn *k = ci ? calloc(1, sizeof *k) : NULL;   // none: this connection only lacks the deadline
+        *socket_context = k;
+        if (!k) return;
+        k->fd = ci->connect_fd;
+        k->receiving = true;
+        k->since = now_s();
+        pthread_mutex_lock(&sv->conn_mu);
+        k->next = sv->conns;
+        if (sv->conns) sv->conns->prev = k;
+        sv->conns = k;
+        pthread_mutex_unlock(&sv->conn_mu);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        struct conn *k = *socket_context;
+        pthread_mutex_lock(&sv->conn_mu);
+        if (k->prev) k->prev->next = k->next;
+        else sv->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&sv->conn_mu);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+// The connection starts (true) or ends (false) receiving a request.
+static void conn_receiving(struct server *sv, struct MHD_Connection *c, bool receiving) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn *k = ci ? ci->socket_context : NULL;
+    if (!k) return;
+    pthread_mutex_lock(&sv->conn_mu);
+    k->receiving = receiving;
+    k->since = now_s();
+    pthread_mutex_unlock(&sv->conn_mu);
+}
+
+static void *reaper_main(void *arg) {
+    struct server *sv = arg;
+    pthread_mutex_lock(&sv->conn_mu);
+    while (!sv->stop_reaper) {
+        const double t = now_s();
+        for (struct conn *k = sv->conns; k; k = k->next)
+            if (k->receiving && k->fd >= 0 && t - k->since > (double)sv->cfg.request_timeout) {
+                shutdown(k->fd, SHUT_RDWR);   // MHD sees the end of the stream and closes it
+                k->fd = -1;
+                conns_timed_out++;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000 * 1000;   // a quarter-second granularity
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&sv->conn_cv, &sv->conn_mu, &ts);
+    }
+    pthread_mutex_unlock(&sv->conn_mu);
+    return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -419,6 +512,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    conn_receiving(sv, c, false);   // the whole request is in: no deadline while it is answered
     if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
     if (rq->preflight) return send_preflight(sv, c, rq->ep);
     const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
@@ -465,6 +559,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     struct server *sv = cls;
     struct request *rq = *con_cls;
+    conn_receiving(sv, c, true);   // a kept-alive connection: the next request's deadline starts now
     if (!rq) return;
     if (rq->job) {
         pthread_mutex_lock(&sv->mu);
@@ -521,8 +616,8 @@ static int load_keys(struct auth *a, const struct server_config *cfg, char *err,
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
-        .max_header = 32 << 10, .max_connections = 64, .cache_entries = 2, .cache_boundaries = 2,
-        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .max_per_ip = 32,
+        .max_header = 32 << 10, .max_connections = 2048, .cache_entries = 2, .cache_boundaries = 2,
+        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .request_timeout = 30, .max_per_ip = 32,
         .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1,
     };
     const struct opt opts[] = {
@@ -538,12 +633,16 @@ int cmd_serve(int argc, char **argv) {
         {"queue", OPT_INT, &cfg.queue, 0, 4096, "requests that may wait behind the running one; past it 503 (default 16)"},
         {"max-body", OPT_INT, &cfg.max_body, 1024, 1 << 30, "request body limit in bytes; past it 413 (default 8 MiB)"},
         {"max-header", OPT_INT, &cfg.max_header, 4096, 1 << 20, "request header limit in bytes (default 32 KiB)"},
-        {"max-connections", OPT_INT, &cfg.max_connections, 2, 4096, "open connections at once (default 64)"},
+        {"max-connections", OPT_INT, &cfg.max_connections, 2, 65536, "open connections at once, a thread each (default 2048; "
+                                                                      "capped by the open-file limit)"},
         {"cache-entries", OPT_INT, &cfg.cache_entries, 0, 64, "session cache: end-of-request states kept, LRU (default 2; 0: off)"},
         {"cache-boundaries", OPT_INT, &cfg.cache_boundaries, 0, 64, "session cache: last-message snapshots kept, LRU (default 2; 0: off)"},
         {"default-max-tokens", OPT_INT, &cfg.default_max_tokens, 1, QWEN_MAX_CTX, "max_tokens when a request gives none (default 4096)"},
         {"drain-seconds", OPT_INT, &cfg.drain_seconds, 0, 3600, "on SIGTERM, time for queued requests to finish before aborting (default 30)"},
         {"timeout", OPT_INT, &cfg.timeout, 1, 3600, "idle connection timeout in seconds (default 120)"},
+        {"request-timeout", OPT_INT, &cfg.request_timeout, 1, 3600, "seconds a client has to send a whole request, headers "
+                                                                    "and body, from connecting or from its previous answer; "
+                                                                    "then the connection is closed (default 30)"},
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
         {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
         {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
@@ -586,6 +685,23 @@ int cmd_serve(int argc, char **argv) {
         return 1;
     }
     cfg.model_name = model_name;
+    // Every connection is a socket: raise the open-file limit to what the system allows, and keep
+    // --max-connections under it (with room for the checkpoint's files, the listener and logs).
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_NOFILE, &rl)) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            if (setrlimit(RLIMIT_NOFILE, &rl)) getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        const long long room = 64;
+        if (rl.rlim_cur != RLIM_INFINITY && (unsigned long long)(cfg.max_connections + room) > rl.rlim_cur) {
+            long long m = (long long)rl.rlim_cur > 2 + room ? (long long)rl.rlim_cur - room : 2;
+            fprintf(stderr, "calla serve: --max-connections %lld is more than the open-file limit (%llu) allows; using %lld "
+                            "(raise it with ulimit -n or LimitNOFILE=)\n",
+                    cfg.max_connections, (unsigned long long)rl.rlim_cur, m);
+            cfg.max_connections = m;
+        }
+    }
     struct sockaddr_storage addr;
     if (resolve(cfg.host, (int)cfg.port, &addr, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
@@ -599,6 +715,8 @@ int cmd_serve(int argc, char **argv) {
     sv->cfg = cfg;
     pthread_mutex_init(&sv->mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
+    pthread_mutex_init(&sv->conn_mu, NULL);
+    pthread_cond_init(&sv->conn_cv, NULL);
     atomic_init(&sv->abort, false);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
@@ -647,13 +765,23 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: cannot start the worker thread\n");
         goto out_cache;
     }
+    if (pthread_create(&sv->reaper, NULL, reaper_main, sv)) {
+        fprintf(stderr, "calla serve: cannot start the connection reaper thread\n");
+        goto out_worker;
+    }
+    sv->have_reaper = true;
+    // One thread per connection, with poll (no FD_SETSIZE limit): a handler blocks while its job
+    // runs (non-streaming) and the SSE reader blocks until the next token, which MHD's epoll mode (one
+    // thread for all connections) would allow only with suspend/resume.  Slow clients are bounded by
+    // --request-timeout and --max-connections-per-ip, the total by --max-connections.
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                              (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg.max_connections,
                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg.max_per_ip,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout, MHD_OPTION_END);
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout,
+                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv, MHD_OPTION_END);
     if (!sv->d) {
         fprintf(stderr, "calla serve: cannot listen on %s:%lld: %s\n", cfg.host, cfg.port, strerror(errno));
         goto out_worker;
@@ -715,6 +843,13 @@ out_worker:
         nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     }
     if (sv->d) MHD_stop_daemon(sv->d);   // joins the connection threads; their jobs are all done
+    if (sv->have_reaper) {   // after MHD: no connection is listed any more
+        pthread_mutex_lock(&sv->conn_mu);
+        sv->stop_reaper = true;
+        pthread_cond_broadcast(&sv->conn_cv);
+        pthread_mutex_unlock(&sv->conn_mu);
+        pthread_join(sv->reaper, NULL);
+    }
     if (!rc) fprintf(stderr, "calla serve: stopped\n");
 out_cache:
     scache_free(&sv->full);
@@ -727,6 +862,8 @@ out_engine:
     auth_free(&sv->auth);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv);
+    pthread_mutex_destroy(&sv->conn_mu);
+    pthread_cond_destroy(&sv->conn_cv);
     free(model_name);
     return rc;
 }

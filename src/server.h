@@ -65,6 +65,7 @@ struct server_config {
     long long drain_seconds;      // on SIGTERM, how long running and queued requests may finish
     long long threads;
     long long timeout;            // idle connection timeout, seconds
+    long long request_timeout;    // seconds a client has to send a whole request (headers and body)
     bool quiet;
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
@@ -140,6 +141,7 @@ struct job {
     int fd;                         // the client socket; -1 once MHD has closed it
     enum job_state state;
     bool cancel;                    // the client went away (or the server is aborting)
+    bool probed;                    // streaming: the client's end of stream was seen and a comment sent
     struct sbuf sse;                // streamed bytes produced by the worker...
     size_t sse_off;                 // ...and consumed by MHD
 
@@ -256,6 +258,14 @@ struct server {
 
     pthread_t worker;
     void *d;                        // the HTTP daemon (struct MHD_Daemon)
+
+    // Open connections, for the request deadline (server.c: struct conn, reaper).
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;
+    struct conn *conns;             // doubly linked, under conn_mu
+    bool stop_reaper;               // under conn_mu
+    bool have_reaper;
+    pthread_t reaper;
 };
 
 

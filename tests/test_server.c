@@ -6,6 +6,8 @@
 //   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
 //      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
+//   3. tests/test_connections.py: 1,000 slow connections against the request deadline and the
+//      per-address limit while a well-behaved client is served, and cancellation on a hang-up.
 //
 // Environment: CALLA_SERVER_QUICK=1 shortens the loopback suite (sanitizer builds);
 // CALLA_SERVER_SOAK=N sets the soak length (default 500).
@@ -293,6 +295,17 @@ static void test_loopback(void **state) {
     assert_int_equal(rc, 0);
 }
 
+// Connection exhaustion (1,000 slow connections; --quick: 200) and cancellation on hang-up.
+static void test_connections(void **state) {
+    char cmd[2 * PATH_MAX + 256];
+    const char *quick = getenv("CALLA_SERVER_QUICK");
+    snprintf(cmd, sizeof cmd, "python3 tests/test_connections.py --bin %s/calla --model %s%s", bin_dir, model_dir,
+             quick && *quick && strcmp(quick, "0") ? " --quick" : "");
+    fprintf(stderr, "%s\n", cmd);
+    int rc = system(cmd);
+    assert_int_equal(rc, 0);
+}
+
 static int setup(void **state) {
     char err[512];
     if (!mkdtemp(model_dir)) return -1;
@@ -343,6 +356,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_session_cache),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_loopback),
+        cmocka_unit_test(test_connections),
     };
     return cmocka_run_group_tests_name("server", tests, setup, teardown);
 }
