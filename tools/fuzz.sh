@@ -8,7 +8,7 @@
 # parsers get 2/9 each, the checkpoint's 1/6 each)
 set -euo pipefail
 out=${1:-build/fuzz}
-secs=${2:-30}
+secs=${2:-60}
 targets="safetensors config openai toolcall constrain"
 for t in $targets; do mkdir -p "$out/corpus-$t"; done
 cc=${FUZZ_CC:-clang}
