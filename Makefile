@@ -3,7 +3,7 @@
 #   make              build/calla (CUDA backend compiled in when nvcc is found)
 #   make test         unit + golden + server + cluster (HAProxy) tests (what CI runs)
 #   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
-#   make fuzz         bounded libFuzzer runs of the checkpoint parsers (clang)
+#   make fuzz         bounded libFuzzer runs of the checkpoint and server parsers (clang; FUZZ_SECONDS in all)
 #   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
 #   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
 #   make format       clang-format every C/CUDA source
@@ -96,7 +96,7 @@ browser-test: $(BUILD)/calla $(BUILD)/tokenizer/tokenizer.json
 	@python3 tests/test_browser.py --bin $(BUILD)/calla --screenshots $(BUILD)/screenshots
 
 fuzz: $(BUILD)/calla
-	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-30}
+	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-60}
 
 # GPU test programs (tests/gpu/, never part of `make test`): built only here, run by gpu-check.
 GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)

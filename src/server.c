@@ -105,6 +105,29 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
+// The bytes of one kind of a request's values (headers, query arguments) as sent: "key: value\r\n".
+static enum MHD_Result count_value(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+
+static size_t values_bytes(struct MHD_Connection *c, enum MHD_ValueKind kind) {
+    size_t n = 0;
+    MHD_get_connection_values(c, kind, count_value, &n);
+    return n;
+}
+
+// --max-header: 414 when the URI alone is over it, 431 when the URI and headers are; 0 when within.
+// (Past what fits in MHD's memory pool, --max-header + 20 KiB less its own buffers, MHD answers
+// 414/431 itself, in HTML: README, hardening.)
+static int header_limit(const struct server *sv, struct MHD_Connection *c, const char *url, char *msg, size_t cap) {
+    const size_t uri = strlen(url) + values_bytes(c, MHD_GET_ARGUMENT_KIND), all = uri + values_bytes(c, MHD_HEADER_KIND);
+    const size_t max = (size_t)sv->cfg.max_header;
+    if (uri > max) snprintf(msg, cap, "the request URI (%zu bytes) exceeds the limit of %zu bytes", uri, max);
+    else if (all > max) snprintf(msg, cap, "the request's URI and headers (%zu bytes) exceed the limit of %zu bytes", all, max);
+    return uri > max ? 414 : all > max ? 431 : 0;
+}
+
 // Request smuggling: a body whose length two parsers could read differently is refused.
 static const char *ambiguous_framing(struct MHD_Connection *c) {
     struct framing f = {0};
@@ -175,7 +198,8 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
     // After a refusal the rest of what the client sent is not trusted to be the next request.
-    if (status == 400 || status == 403 || status == 413) MHD_add_response_header(r, "Connection", "close");
+    if (status == 400 || status == 403 || status == 413 || status == 414 || status == 431)
+        MHD_add_response_header(r, "Connection", "close");
 }
 
 // session: the X-Session-Id to mirror (a generation's session key), or NULL.
@@ -489,6 +513,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->ep = route(url, &rq->model_id, &rq->file);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
         rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
+        char msg[160];
+        int st = header_limit(sv, c, url, msg, sizeof msg);
+        if (st) return send_error(sv, c, rq->ep, st, NULL, msg);   // answered now and closed, like framing
         if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
         else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
@@ -500,6 +527,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(sv, c, rq->ep, 400, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
+        if (rq->too_large && !rq->refuse) {   // declared too large: answered before the body is sent
+            snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
+            return send_error(sv, c, rq->ep, 413, NULL, msg);
+        }
         return MHD_YES;
     }
     if (*upload_data_size) {   // a piece of the body
