@@ -31,19 +31,9 @@ import time
 HOST = "127.0.0.1"
 TIMEOUT = 60            # seconds, per request: nothing may hang
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = {"ok": 0, "fail": 0}
-FAILURES = []
 
-
-def check(name, cond, detail=""):
-    if cond:
-        RESULTS["ok"] += 1
-        print(f"ok   {name}", flush=True)
-    else:
-        RESULTS["fail"] += 1
-        FAILURES.append(name)
-        print(f"FAIL {name} {detail}"[:2000], flush=True)
-    return cond
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_server import RESULTS, FAILURES, check  # noqa: E402  (one checker and tally for the suites)
 
 
 def request(port, method, path, body=None, headers=None, timeout=TIMEOUT):

@@ -1,5 +1,6 @@
 // gpu_test.h: what the GPU test programs share: a seeded xorshift generator, the clock, the
-// normalised error of a row and the top-1 margin of a row of logits.
+// normalised error of a row, the top-1 margin of a row of logits, and CUDA_OK (for programs that
+// include cuda_runtime.h).
 #pragma once
 
 #include "engine.h"
@@ -8,6 +9,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 static uint64_t rng = 88172645463325252ull;   // a program may seed it (any nonzero value)
 static inline uint32_t rnd(void) {
@@ -40,3 +43,13 @@ static inline int argmax_margin(const float *x, int n, float *margin) {
     *margin = x[b] - s;
     return b;
 }
+
+// Exit 2 with the CUDA error and where it happened.
+#define CUDA_OK(call)                                                                                  \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) {                                                                       \
+            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);   \
+            exit(2);                                                                                   \
+        }                                                                                              \
+    } while (0)

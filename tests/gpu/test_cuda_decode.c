@@ -11,6 +11,7 @@
 //                                            compared where the margin is clear, ms per step
 // Exit 0 when every check passes, 1 when one fails, 2 on a CUDA error or bad arguments, 77 when
 // there is no GPU (ran nothing: gpu-check records a FAIL).
+#include "checkpoint.h"
 #include "cuda/kernels.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
@@ -23,28 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#define CUDA_OK(call)                                                                                  \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);   \
-            exit(2);                                                                                   \
-        }                                                                                              \
-    } while (0)
-
 static int fails, checks;
 
-static uint16_t bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static float bf16_to_f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static double nerr(const float *a, const double *ref, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -78,8 +59,8 @@ static struct hq hq_new(int rows, int cols, int bits) {
     const float lev = (float)((1 << bits) - 1);
     for (size_t i = 0; i < ng; i++) {
         const float sc = (0.5f + 0.5f * fabsf(frand())) * 2.0f / lev / sqrtf((float)cols);
-        m.s[i] = bf16(sc);
-        m.b[i] = bf16(-sc * lev / 2 * (1.0f + 0.1f * frand()));
+        m.s[i] = f32_to_bf16(sc);
+        m.b[i] = f32_to_bf16(-sc * lev / 2 * (1.0f + 0.1f * frand()));
     }
     m.d = (struct dqt){.w = to_dev(m.w, nw * 4), .scales = to_dev(m.s, ng * 2), .biases = to_dev(m.b, ng * 2),
                        .n_mat = 0, .rows = rows, .cols = cols, .bits = bits};
@@ -99,7 +80,7 @@ static double hq_dot(const struct hq *m, int row, const double *x) {
     for (int k = 0; k < K; k++) {
         const uint32_t q = (m->w[((size_t)row * K + k) / per] >> ((k % per) * m->d.bits)) & mask;
         const size_t g = ((size_t)row * K + k) / 64;
-        acc += ((double)bf16_to_f(m->s[g]) * q + bf16_to_f(m->b[g])) * x[k];
+        acc += ((double)bf16_to_f32(m->s[g]) * q + bf16_to_f32(m->b[g])) * x[k];
     }
     return acc;
 }

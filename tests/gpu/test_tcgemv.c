@@ -28,6 +28,7 @@
 //
 // Exit 0 when every check passes, 1 when one fails, 2 on a CUDA error, 77 when there is no GPU
 // (after the emulation, which must pass).
+#include "checkpoint.h"
 #include "cuda/kernels.h"
 #include "cuda/tcgemv_layout.h"
 #include "gpu/gpu_test.h"
@@ -38,28 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CUDA_OK(call)                                                                                  \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);   \
-            exit(2);                                                                                   \
-        }                                                                                              \
-    } while (0)
-
 static int fails, checks;
 
-static uint16_t bf16(float f) {   // round to nearest even (no NaN here)
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static float bf16_to_f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static double nrand(void) {   // N(0, 1), Box-Muller
     double u1 = (rnd() + 1.0) / 4294967297.0, u2 = rnd() / 4294967296.0;   // rnd: 32 bits
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
@@ -78,8 +59,8 @@ static struct mat mat_new(int R, int K) {
     for (size_t i = 0; i < nw; i++) m.w[i] = rnd() ^ (rnd() << 21);
     for (size_t i = 0; i < ng; i++) {
         const float sc = (float)(0.02 * nrand());
-        m.s[i] = bf16(sc);
-        m.b[i] = bf16(-8.0f * sc);
+        m.s[i] = f32_to_bf16(sc);
+        m.b[i] = f32_to_bf16(-8.0f * sc);
     }
     for (int i = 0; i < K; i++) m.x[i] = (float)nrand();
     return m;
@@ -93,7 +74,7 @@ static void reference(const struct mat *m, double *ref, double *abs_) {
     for (int n = 0; n < m->R; n++) {
         double acc = 0, aa = 0;
         for (int gi = 0; gi < ng; gi++) {
-            const double s = bf16_to_f(m->s[(size_t)n * ng + gi]), b = bf16_to_f(m->b[(size_t)n * ng + gi]);
+            const double s = bf16_to_f32(m->s[(size_t)n * ng + gi]), b = bf16_to_f32(m->b[(size_t)n * ng + gi]);
             for (int k = 64 * gi; k < 64 * gi + 64; k++) {
                 const double p = (s * code(m, n, k) + b) * m->x[k];
                 acc += p, aa += fabs(p);
@@ -136,7 +117,7 @@ static void emu_stage(const float *x, int K, unsigned char *sm) {
         for (int j = 0; j < 8; j++) v[j] = u < kc ? x[8 * u + j] : 0.0f;
         uint32_t h[8];
         float sf = 0, sb = 0;
-        for (int j = 0; j < 8; j++) h[j] = bf16(v[j]), sf += v[j], sb += bf16_to_f((uint16_t)h[j]);
+        for (int j = 0; j < 8; j++) h[j] = f32_to_bf16(v[j]), sf += v[j], sb += bf16_to_f32((uint16_t)h[j]);
         uint32_t o[4] = {h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16};
         for (int j = 0; j < 8; j++)   // the packing agrees with tc_pack_order
             if (((o[j / 2] >> (16 * (j & 1))) & 0xffff) != h[tc_pack_order(j)]) {
@@ -161,9 +142,9 @@ static void emu_mma(float c[32][4], uint32_t a[32][4], uint32_t b[32][2], int ac
     for (int l = 0; l < 32; l++) {
         const int g = l / 4, t = l % 4;
         for (int r = 0; r < 4; r++)
-            for (int hh = 0; hh < 2; hh++) A[g + 8 * (r & 1)][2 * t + hh + 8 * (r >> 1)] = bf16_to_f((uint16_t)(a[l][r] >> (16 * hh)));
+            for (int hh = 0; hh < 2; hh++) A[g + 8 * (r & 1)][2 * t + hh + 8 * (r >> 1)] = bf16_to_f32((uint16_t)(a[l][r] >> (16 * hh)));
         for (int r = 0; r < 2; r++)
-            for (int hh = 0; hh < 2; hh++) B[2 * t + hh + 8 * r][g] = bf16_to_f((uint16_t)(b[l][r] >> (16 * hh)));
+            for (int hh = 0; hh < 2; hh++) B[2 * t + hh + 8 * r][g] = bf16_to_f32((uint16_t)(b[l][r] >> (16 * hh)));
     }
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 8; j++) {
@@ -216,9 +197,9 @@ static void emu_rows16(const struct mat *m, const unsigned char *sm, int n0, flo
             const int rE = t < 2 ? (n0 + g < R ? n0 + g : R - 1) : (n0 + g + 8 < R ? n0 + g + 8 : R - 1);
             float xs[4];
             memcpy(xs, sm + tc_xs_byte(K) + 8 * G, 16);
-            const float s0 = G < ng ? bf16_to_f(m->s[(size_t)rE * ng + G]) : 0, b0 = G < ng ? bf16_to_f(m->b[(size_t)rE * ng + G]) : 0;
-            const float s1 = G + 1 < ng ? bf16_to_f(m->s[(size_t)rE * ng + G + 1]) : 0;
-            const float b1 = G + 1 < ng ? bf16_to_f(m->b[(size_t)rE * ng + G + 1]) : 0;
+            const float s0 = G < ng ? bf16_to_f32(m->s[(size_t)rE * ng + G]) : 0, b0 = G < ng ? bf16_to_f32(m->b[(size_t)rE * ng + G]) : 0;
+            const float s1 = G + 1 < ng ? bf16_to_f32(m->s[(size_t)rE * ng + G + 1]) : 0;
+            const float b1 = G + 1 < ng ? bf16_to_f32(m->b[(size_t)rE * ng + G + 1]) : 0;
             const float d0 = t < 2 ? c[l][0] : c[l][2], d1 = t < 2 ? c[l][1] : c[l][3];
             acc[l] = fmaf(s0, d0 - xs[1], fmaf(b0, xs[0], acc[l]));
             acc[l] = fmaf(s1, d1 - xs[3], fmaf(b1, xs[2], acc[l]));
