@@ -428,38 +428,36 @@ static void cpu_seq_release(struct seq *s) {
     s->impl = NULL;
 }
 
-static size_t kv_bytes(const struct geometry *g, const struct cpu_seq *cs, int cap) {
-    return (size_t)g->n_kv_heads * (size_t)cap * (size_t)g->head_dim * (cs->kv_f32 ? 4 : 2);
-}
-static size_t conv_bytes(const struct geometry *g) { return sizeof(float) * (size_t)(g->conv_kernel - 1) * geom_conv_dim(g); }
-static size_t state_bytes(const struct geometry *g) {
-    return sizeof(float) * (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+static size_t kv_bytes(const struct engine *e, const struct cpu_seq *cs, int cap) {
+    return state_kv_bytes(&e->model.state, cap, cs->kv_f32 ? 4 : 2);
 }
 
 static void cpu_seq_clear(struct seq *s) {
     const struct geometry *g = &s->e->model.g;
+    const struct state_sizes *z = &s->e->model.state;
     struct cpu_seq *cs = s->impl;
     for (int i = 0; i < g->n_layers; i++)
         if (!geom_is_attn(g, i)) {
-            memset(cs->conv[i], 0, conv_bytes(g));
-            memset(cs->S[i], 0, state_bytes(g));
+            memset(cs->conv[i], 0, (size_t)z->conv_bytes);
+            memset(cs->S[i], 0, (size_t)z->recurrent_bytes);
         }
 }
 
 static int cpu_seq_alloc(struct engine *e, struct seq *s, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
+    const struct state_sizes *z = &e->model.state;
     struct cpu_seq *cs = calloc(1, sizeof *cs);
     if (!cs) goto oom;
     s->impl = cs;
     cs->kv_f32 = e->opts.kv_f32;
     for (int i = 0; i < g->n_layers; i++) {
         if (geom_is_attn(g, i)) {
-            cs->k[i] = malloc(kv_bytes(g, cs, s->cap));
-            cs->v[i] = malloc(kv_bytes(g, cs, s->cap));
+            cs->k[i] = malloc(kv_bytes(e, cs, s->cap));
+            cs->v[i] = malloc(kv_bytes(e, cs, s->cap));
             if (!cs->k[i] || !cs->v[i]) goto oom;
         } else {
-            cs->conv[i] = calloc(1, conv_bytes(g));
-            cs->S[i] = calloc(1, state_bytes(g));
+            cs->conv[i] = calloc(1, (size_t)z->conv_bytes);
+            cs->S[i] = calloc(1, (size_t)z->recurrent_bytes);
             if (!cs->conv[i] || !cs->S[i]) goto oom;
         }
     }
@@ -472,6 +470,7 @@ oom:
 
 static int cpu_seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
     const struct geometry *g = &src->e->model.g;
+    const struct state_sizes *z = &src->e->model.state;
     struct cpu_seq *d = dst->impl;
     const struct cpu_seq *sc = src->impl;
     const size_t el = sc->kv_f32 ? 4 : 2;
@@ -485,8 +484,8 @@ static int cpu_seq_copy(struct seq *dst, const struct seq *src, char *err, size_
                        (const char *)sc->v[i] + (size_t)j * src->cap * g->head_dim * el, n);
             }
         } else {
-            memcpy(d->conv[i], sc->conv[i], conv_bytes(g));
-            memcpy(d->S[i], sc->S[i], state_bytes(g));
+            memcpy(d->conv[i], sc->conv[i], (size_t)z->conv_bytes);
+            memcpy(d->S[i], sc->S[i], (size_t)z->recurrent_bytes);
         }
     }
     return 0;

@@ -1,6 +1,7 @@
 // backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200).
 //
-// Load uploads every weight once, in the MLX layout as stored (4/8-bit codes, bf16 scales and
+// Load uploads every weight once, walking the model's tensor table (model_tensor_specs) into a
+// device copy of struct weights, in the MLX layout as stored (4/8-bit codes, bf16 scales and
 // biases; the small fp32 vectors as fp32), and a forward chunk is a fixed sequence of kernel
 // launches on one stream (src/cuda/kernels.h) with no host synchronisation until the argmax
 // (and any wanted logits) are read back at its end. Activations are fp32, the KV cache is bf16
@@ -42,12 +43,6 @@ enum {
     DEC_MAX_SPLITS = 256,  // most key splits of the decode attention (sized by sequence capacity)
 };
 
-struct cuda_layer {
-    float *input_norm, *post_norm, *q_norm, *k_norm, *conv_w, *A_log, *dt_bias, *gdn_norm;
-    struct dqt q_proj, k_proj, v_proj, o_proj, in_qkv, in_z, in_b, in_a, out_proj;
-    struct dqt router, shared_gate, se_gate, se_up, se_down, ex_gate, ex_up, ex_down;
-};
-
 struct scratch {
     int T;                                   // tokens the buffers hold
     float *x, *u, *d;                        // [T, H]
@@ -82,9 +77,7 @@ static int decode_mode_of(const char *name) {   // NULL or anything else: the gr
 
 struct cuda_engine {
     cudaStream_t stream;
-    struct dqt embed, lm_head;
-    float *final_norm;
-    struct cuda_layer L[QWEN_LAYERS];
+    struct weights w;                        // device copies, in the host's shape (bound by upload_weights)
     void **allocs;
     int n_allocs, cap_allocs;
     struct scratch sc;
@@ -183,41 +176,76 @@ static void *dalloc(struct cuda_engine *ce, size_t bytes, char *err, size_t errl
     return p;
 }
 
+enum { UPLOAD_SLICE = 64 << 20 };   // bytes copied (and their host pages released) at a time
+
+// Copies bytes from the mapped checkpoint (any alignment: cudaMemcpy stages pageable memory itself,
+// so there is no host copy) into a new device buffer, a slice at a time, dropping each slice's
+// pages after its copy so host RSS stays near one slice, not the checkpoint.
 static int upload(struct cuda_engine *ce, const void *src, size_t bytes, void **dst, struct engine *e, char *err,
                   size_t errlen) {
     *dst = dalloc(ce, bytes, err, errlen);
     if (!*dst) return -1;
-    cudaError_t r = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
-    if (r != cudaSuccess) {
-        snprintf(err, errlen, "upload of %zu bytes failed: %s", bytes, cudaGetErrorString(r));
-        return -1;
+    for (size_t o = 0; o < bytes; o += UPLOAD_SLICE) {
+        const size_t n = bytes - o < UPLOAD_SLICE ? bytes - o : UPLOAD_SLICE;
+        cudaError_t r = cudaMemcpy((char *)*dst + o, (const char *)src + o, n, cudaMemcpyHostToDevice);
+        if (r != cudaSuccess) {
+            snprintf(err, errlen, "upload of %zu bytes failed: %s", bytes, cudaGetErrorString(r));
+            return -1;
+        }
+        checkpoint_release(&e->model, (const char *)src + o, n);   // done: synchronous from pageable memory
     }
     e->weight_bytes += (int64_t)bytes;
-    checkpoint_release(&e->model, src, bytes);   // the copy is done (synchronous from pageable memory)
     return 0;
 }
 
-static int up_q(struct cuda_engine *ce, const struct qtensor *t, struct dqt *d, struct engine *e, char *err,
-                size_t errlen) {
-    memset(d, 0, sizeof *d);
-    if (!t->w) return 0;   // not present in this layer kind
-    const size_t nm = t->n_mat > 0 ? (size_t)t->n_mat : 1;
-    const size_t rows = nm * (size_t)t->rows;
-    void *w, *s, *b;
-    if (upload(ce, t->w, rows * qt_words_per_row(t) * 4, &w, e, err, errlen) ||
-        upload(ce, t->scales, rows * qt_groups_per_row(t) * 2, &s, e, err, errlen) ||
-        upload(ce, t->biases, rows * qt_groups_per_row(t) * 2, &b, e, err, errlen))
+// Uploads every tensor of the table (model_tensor_specs) and binds its device copy into ce->w:
+// the table is bound twice, once into the host weights and once into ce->w, so entry i of both
+// is the same tensor (checked by name) and the walk needs no list of its own.
+static int upload_weights(struct engine *e, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    const struct geometry *g = &e->model.g;
+    const int n = model_tensor_spec_count(g);
+    struct tensor_spec *host = malloc(sizeof *host * 2 * (size_t)n), *dev = host + n;
+    int rc = -1;
+    if (!host) {
+        snprintf(err, errlen, "out of host memory");
         return -1;
-    *d = (struct dqt){.w = w, .scales = s, .biases = b, .n_mat = t->n_mat, .rows = t->rows, .cols = t->cols,
-                      .bits = t->bits};
-    return 0;
+    }
+    model_tensor_specs(g, &e->model.w, host, n);
+    model_tensor_specs(g, &ce->w, dev, n);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(host[i].name, dev[i].name)) {
+            snprintf(err, errlen, "tensor table mismatch at %d: %s vs %s", i, host[i].name, dev[i].name);
+            goto out;
+        }
+        if (host[i].role == ROLE_QUANT) {
+            const struct qtensor *h = host[i].qdst;
+            struct qtensor *d = dev[i].qdst;
+            const size_t rows = (size_t)h->n_mat * h->rows;
+            void *w, *sc, *b;
+            if (upload(ce, h->w, rows * qt_words_per_row(h) * 4, &w, e, err, errlen) ||
+                upload(ce, h->scales, rows * qt_groups_per_row(h) * 2, &sc, e, err, errlen) ||
+                upload(ce, h->biases, rows * qt_groups_per_row(h) * 2, &b, e, err, errlen))
+                goto out;
+            *d = *h;
+            d->w = w, d->scales = sc, d->biases = b;
+        } else {
+            void *f;
+            if (upload(ce, *host[i].fdst, sizeof(float) * (size_t)tensor_spec_elems(&host[i]), &f, e, err, errlen))
+                goto out;
+            *dev[i].fdst = f;
+        }
+    }
+    rc = 0;
+out:
+    free(host);
+    return rc;
 }
 
-static int up_f(struct cuda_engine *ce, const float *v, size_t n, float **d, struct engine *e, char *err,
-                size_t errlen) {
-    *d = NULL;
-    if (!v) return 0;
-    return upload(ce, v, n * sizeof(float), (void **)d, e, err, errlen);
+// The kernels' view of a device matrix.
+static struct dqt dq(const struct qtensor *t) {
+    return (struct dqt){.w = t->w, .scales = t->scales, .biases = t->biases, .n_mat = t->n_mat, .rows = t->rows,
+                        .cols = t->cols, .bits = t->bits};
 }
 
 static void free_scratch(struct scratch *s) {
@@ -380,7 +408,6 @@ static void cuda_unload(struct engine *e) {
 
 static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
-    const struct weights *W = &e->model.w;
     struct cuda_engine *ce = calloc(1, sizeof *ce);
     if (!ce) {
         snprintf(err, errlen, "out of memory");
@@ -390,33 +417,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     e->weight_bytes = 0;
     CK(cudaSetDevice(e->opts.device));
     CK(cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking));
-    const size_t H = g->hidden, D = g->head_dim, C = geom_conv_dim(g), KW = g->conv_kernel, Hv = g->lin_v_heads;
-    if (up_q(ce, &W->embed, &ce->embed, e, err, errlen) || up_q(ce, &W->lm_head, &ce->lm_head, e, err, errlen) ||
-        up_f(ce, W->final_norm, H, &ce->final_norm, e, err, errlen))
-        goto fail_msg;
-    for (int i = 0; i < g->n_layers; i++) {
-        const struct layer_weights *L = &W->layers[i];
-        struct cuda_layer *d = &ce->L[i];
-        if (up_f(ce, L->input_norm, H, &d->input_norm, e, err, errlen) ||
-            up_f(ce, L->post_norm, H, &d->post_norm, e, err, errlen) ||
-            up_f(ce, L->q_norm, D, &d->q_norm, e, err, errlen) || up_f(ce, L->k_norm, D, &d->k_norm, e, err, errlen) ||
-            up_f(ce, L->conv_w, C * KW, &d->conv_w, e, err, errlen) ||
-            up_f(ce, L->A_log, Hv, &d->A_log, e, err, errlen) ||
-            up_f(ce, L->dt_bias, Hv, &d->dt_bias, e, err, errlen) ||
-            up_f(ce, L->gdn_norm, g->lin_v_dim, &d->gdn_norm, e, err, errlen) ||
-            up_q(ce, &L->q_proj, &d->q_proj, e, err, errlen) || up_q(ce, &L->k_proj, &d->k_proj, e, err, errlen) ||
-            up_q(ce, &L->v_proj, &d->v_proj, e, err, errlen) || up_q(ce, &L->o_proj, &d->o_proj, e, err, errlen) ||
-            up_q(ce, &L->in_qkv, &d->in_qkv, e, err, errlen) || up_q(ce, &L->in_z, &d->in_z, e, err, errlen) ||
-            up_q(ce, &L->in_b, &d->in_b, e, err, errlen) || up_q(ce, &L->in_a, &d->in_a, e, err, errlen) ||
-            up_q(ce, &L->out_proj, &d->out_proj, e, err, errlen) ||
-            up_q(ce, &L->router, &d->router, e, err, errlen) ||
-            up_q(ce, &L->shared_gate, &d->shared_gate, e, err, errlen) ||
-            up_q(ce, &L->se_gate, &d->se_gate, e, err, errlen) || up_q(ce, &L->se_up, &d->se_up, e, err, errlen) ||
-            up_q(ce, &L->se_down, &d->se_down, e, err, errlen) ||
-            up_q(ce, &L->ex_gate, &d->ex_gate, e, err, errlen) || up_q(ce, &L->ex_up, &d->ex_up, e, err, errlen) ||
-            up_q(ce, &L->ex_down, &d->ex_down, e, err, errlen))
-            goto fail_msg;
-    }
+    const size_t H = g->hidden;
+    if (upload_weights(e, err, errlen)) goto fail_msg;
     if (!(ce->counts = dalloc(ce, (size_t)g->n_experts * 4, err, errlen)) ||
         !(ce->offs = dalloc(ce, (size_t)g->n_experts * 4, err, errlen)) ||
         !(ce->hn = dalloc(ce, (size_t)LM_ROWS * H * 4, err, errlen)) ||
@@ -466,28 +468,22 @@ static void cuda_seq_release(struct seq *s) {
     s->impl = NULL;
 }
 
-static size_t kv_bytes(const struct geometry *g, int cap) {
-    return (size_t)g->n_kv_heads * (size_t)cap * (size_t)g->head_dim * 2;
-}
-static size_t conv_bytes(const struct geometry *g) { return sizeof(float) * (size_t)(g->conv_kernel - 1) * geom_conv_dim(g); }
-static size_t state_bytes(const struct geometry *g) {
-    return sizeof(float) * (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
-}
-
 static void cuda_seq_clear(struct seq *s) {
     const struct geometry *g = &s->e->model.g;
+    const struct state_sizes *z = &s->e->model.state;
     struct cuda_engine *ce = s->e->impl;
     struct cuda_seq *cs = s->impl;
     for (int i = 0; i < g->n_layers; i++)
         if (!geom_is_attn(g, i)) {
-            cudaMemsetAsync(cs->conv[i], 0, conv_bytes(g), ce->stream);
-            cudaMemsetAsync(cs->S[i], 0, state_bytes(g), ce->stream);
+            cudaMemsetAsync(cs->conv[i], 0, (size_t)z->conv_bytes, ce->stream);
+            cudaMemsetAsync(cs->S[i], 0, (size_t)z->recurrent_bytes, ce->stream);
         }
     cudaStreamSynchronize(ce->stream);
 }
 
 static int cuda_seq_alloc(struct engine *e, struct seq *s, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
+    const struct state_sizes *z = &e->model.state;
     struct cuda_seq *cs = calloc(1, sizeof *cs);
     if (!cs) {
         snprintf(err, errlen, "out of memory");
@@ -496,11 +492,11 @@ static int cuda_seq_alloc(struct engine *e, struct seq *s, char *err, size_t err
     s->impl = cs;
     for (int i = 0; i < g->n_layers; i++) {
         if (geom_is_attn(g, i)) {
-            CK(cudaMalloc((void **)&cs->k[i], kv_bytes(g, s->cap)));
-            CK(cudaMalloc((void **)&cs->v[i], kv_bytes(g, s->cap)));
+            CK(cudaMalloc((void **)&cs->k[i], state_kv_bytes(z, s->cap, 2)));
+            CK(cudaMalloc((void **)&cs->v[i], state_kv_bytes(z, s->cap, 2)));
         } else {
-            CK(cudaMalloc((void **)&cs->conv[i], conv_bytes(g)));
-            CK(cudaMalloc((void **)&cs->S[i], state_bytes(g)));
+            CK(cudaMalloc((void **)&cs->conv[i], (size_t)z->conv_bytes));
+            CK(cudaMalloc((void **)&cs->S[i], (size_t)z->recurrent_bytes));
         }
     }
     cuda_seq_clear(s);
@@ -518,6 +514,7 @@ fail:
 
 static int cuda_seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
     const struct geometry *g = &src->e->model.g;
+    const struct state_sizes *z = &src->e->model.state;
     struct cuda_engine *ce = src->e->impl;
     struct cuda_seq *d = dst->impl;
     const struct cuda_seq *sc = src->impl;
@@ -529,8 +526,8 @@ static int cuda_seq_copy(struct seq *dst, const struct seq *src, char *err, size
             CK(cudaMemcpy2DAsync(d->v[i], (size_t)dst->cap * D * 2, sc->v[i], (size_t)src->cap * D * 2,
                                  (size_t)src->pos * D * 2, g->n_kv_heads, cudaMemcpyDeviceToDevice, ce->stream));
         } else {
-            CK(cudaMemcpyAsync(d->conv[i], sc->conv[i], conv_bytes(g), cudaMemcpyDeviceToDevice, ce->stream));
-            CK(cudaMemcpyAsync(d->S[i], sc->S[i], state_bytes(g), cudaMemcpyDeviceToDevice, ce->stream));
+            CK(cudaMemcpyAsync(d->conv[i], sc->conv[i], (size_t)z->conv_bytes, cudaMemcpyDeviceToDevice, ce->stream));
+            CK(cudaMemcpyAsync(d->S[i], sc->S[i], (size_t)z->recurrent_bytes, cudaMemcpyDeviceToDevice, ce->stream));
         }
     }
     CK(cudaStreamSynchronize(ce->stream));
@@ -542,14 +539,14 @@ fail:
 // ---- forward ------------------------------------------------------------------------------
 
 // y [T, W.rows] = x [T, W.cols] W^T
-static int mm(const struct dqt *W, const float *x, int T, float *y, void *st) {
-    if (T == 1) return k_qmatvec(*W, NULL, x, W->cols, 1, y, W->rows, 1, st);
-    return k_qmatmul(*W, x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
+static int mm(const struct qtensor *W, const float *x, int T, float *y, void *st) {
+    if (T == 1) return k_qmatvec(dq(W), NULL, x, W->cols, 1, y, W->rows, 1, st);
+    return k_qmatmul(dq(W), x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // The same from the bf16 copy xb of x when there is one (the fast prefill products), else mm.
-static int mmb(const struct dqt *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
+static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
     if (!xb || T == 1) return mm(W, x, T, y, st);
-    return k_qmatmul_bf16(*W, xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
+    return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // xb = bf16(x) [n] when fast, and the copy to read (NULL: the exact products on x).
 static uint16_t *to_bf16(int fast, const float *x, uint16_t *xb, long n, void *st, int *rc) {
@@ -576,14 +573,14 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     const float eps = (float)g->rms_eps;
     const int pf = k_pdl() && ce->dv_prefetch;
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
-    KL(k_dv_embed(ce->embed, d->io, d->x, d->best, st));
+    KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
-        const struct cuda_layer *L = &ce->L[i];
+        const struct layer_weights *L = &ce->w.layers[i];
         struct dv_desc in = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps, .prefetch = pf};
         if (geom_is_attn(g, i)) {
-            in.seg[0] = (struct dv_seg){L->q_proj, d->qg, DV_OUT_STORE};
-            in.seg[1] = (struct dv_seg){L->k_proj, d->kb, DV_OUT_STORE};
-            in.seg[2] = (struct dv_seg){L->v_proj, d->vb, DV_OUT_STORE};
+            in.seg[0] = (struct dv_seg){dq(&L->q_proj), d->qg, DV_OUT_STORE};
+            in.seg[1] = (struct dv_seg){dq(&L->k_proj), d->kb, DV_OUT_STORE};
+            in.seg[2] = (struct dv_seg){dq(&L->v_proj), d->vb, DV_OUT_STORE};
             in.n_seg = 3;
             KL(k_dv(&in, st));
             KL(k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
@@ -591,13 +588,13 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             KL(k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(g, s->cap), s->cap,
                                g->n_heads, g->n_kv_heads, D, st));
             struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
-            out.seg[0] = (struct dv_seg){L->o_proj, d->x, DV_OUT_ADD};
+            out.seg[0] = (struct dv_seg){dq(&L->o_proj), d->x, DV_OUT_ADD};
             KL(k_dv(&out, st));
         } else {
-            in.seg[0] = (struct dv_seg){L->in_qkv, d->y, DV_OUT_CONV};
-            in.seg[1] = (struct dv_seg){L->in_z, d->z, DV_OUT_STORE};
-            in.seg[2] = (struct dv_seg){L->in_b, d->bb, DV_OUT_STORE};
-            in.seg[3] = (struct dv_seg){L->in_a, d->aa, DV_OUT_STORE};
+            in.seg[0] = (struct dv_seg){dq(&L->in_qkv), d->y, DV_OUT_CONV};
+            in.seg[1] = (struct dv_seg){dq(&L->in_z), d->z, DV_OUT_STORE};
+            in.seg[2] = (struct dv_seg){dq(&L->in_b), d->bb, DV_OUT_STORE};
+            in.seg[3] = (struct dv_seg){dq(&L->in_a), d->aa, DV_OUT_STORE};
             in.n_seg = 4;
             in.conv_w = L->conv_w;
             in.conv_state = cs->conv[i];
@@ -608,24 +605,24 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
                         g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, st));
             struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf,
                                   .n_seg = 1};
-            out.seg[0] = (struct dv_seg){L->out_proj, d->x, DV_OUT_ADD};
+            out.seg[0] = (struct dv_seg){dq(&L->out_proj), d->x, DV_OUT_ADD};
             KL(k_dv(&out, st));
         }
         struct dv_desc r = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
                             .x_out = d->u, .prefetch = pf, .n_seg = 2};
-        r.seg[0] = (struct dv_seg){L->router, d->rl, DV_OUT_STORE};
-        r.seg[1] = (struct dv_seg){L->shared_gate, d->sg, DV_OUT_STORE};
+        r.seg[0] = (struct dv_seg){dq(&L->router), d->rl, DV_OUT_STORE};
+        r.seg[1] = (struct dv_seg){dq(&L->shared_gate), d->sg, DV_OUT_STORE};
         KL(k_dv(&r, st));
-        const struct dv_moe m = {.logits = d->rl, .shared_logit = d->sg, .u = d->u, .gate = L->ex_gate,
-                                 .up = L->ex_up, .down = L->ex_down, .sgate = L->se_gate, .sup = L->se_up,
-                                 .sdown = L->se_down, .E = g->n_experts, .k = K, .H = H, .I = g->moe_inter,
+        const struct dv_moe m = {.logits = d->rl, .shared_logit = d->sg, .u = d->u, .gate = dq(&L->ex_gate),
+                                 .up = dq(&L->ex_up), .down = dq(&L->ex_down), .sgate = dq(&L->se_gate), .sup = dq(&L->se_up),
+                                 .sdown = dq(&L->se_down), .E = g->n_experts, .k = K, .H = H, .I = g->moe_inter,
                                  .act = d->act, .ids = d->ids, .w = d->w, .x = d->x};
         KL(k_dv_moe_gateup(&m, st));
         KL(k_dv_moe_down(&m, st));
     }
-    struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->final_norm, .eps = eps,
+    struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
                          .best = d->best, .prefetch = pf, .n_seg = 1};
-    lm.seg[0] = (struct dv_seg){ce->lm_head, ce->logits, DV_OUT_ARGMAX};
+    lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     KL(k_dv(&lm, st));
     CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
     return 0;
@@ -721,9 +718,9 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
 
     memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
     CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
-    KL(k_embed(ce->embed, b->tokens, T, b->x, st));
+    KL(k_embed(dq(&ce->w.embed), b->tokens, T, b->x, st));
     for (int i = 0; i < g->n_layers; i++) {
-        const struct cuda_layer *L = &ce->L[i];
+        const struct layer_weights *L = &ce->w.layers[i];
         KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
         const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
         KL(rc);
@@ -775,24 +772,24 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
         KL(rc);
         KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
         if (T == 1) {
-            KL(k_qmatvec(L->ex_gate, b->ids, b->u, H, K, b->eg, I, K, st));
-            KL(k_qmatvec(L->ex_up, b->ids, b->u, H, K, b->eu, I, K, st));
+            KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
+            KL(k_qmatvec(dq(&L->ex_up), b->ids, b->u, H, K, b->eu, I, K, st));
             KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
-            KL(k_qmatvec(L->ex_down, b->ids, b->ea, I, 1, b->ye, H, K, st));
+            KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
         } else {
             KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
             if (mb) {   // fast: mb still holds bf16(u); the expert activations are converted into xa
-                KL(k_qmatmul_bf16(L->ex_gate, mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_qmatmul_bf16(L->ex_up, mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul_bf16(dq(&L->ex_up), mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
                 KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
                 KL(k_to_bf16(b->ea, b->xa, (long)T * K * I, st));
-                KL(k_qmatmul_bf16(L->ex_down, b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
+                KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
                                   st));
             } else {
-                KL(k_qmatmul(L->ex_gate, b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_qmatmul(L->ex_up, b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
                 KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-                KL(k_qmatmul(L->ex_down, b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
+                KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
             }
         }
         KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
@@ -806,8 +803,8 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const size_t V = (size_t)g->vocab;
     for (int r0 = 0; r0 < nw; r0 += LM_ROWS) {
         const int n = nw - r0 < LM_ROWS ? nw - r0 : LM_ROWS;
-        KL(k_rmsnorm(b->x, b->rows + r0, ce->final_norm, ce->hn, n, H, eps, st));
-        KL(mm(&ce->lm_head, ce->hn, n, ce->logits, st));
+        KL(k_rmsnorm(b->x, b->rows + r0, ce->w.final_norm, ce->hn, n, H, eps, st));
+        KL(mm(&ce->w.lm_head, ce->hn, n, ce->logits, st));
         if (logits && r0 < n_rows) {
             const int nc = n_rows - r0 < n ? n_rows - r0 : n;
             CK(cudaMemcpyAsync(logits + (size_t)r0 * V, ce->logits, sizeof(float) * V * (size_t)nc,

@@ -516,6 +516,7 @@ int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen) 
     int rc = checkpoint_parse_config(cfg, len, &m->g, err, errlen);
     free(cfg);
     if (rc) goto fail;
+    m->state = model_state_sizes(&m->g);
 
     if (open_shards(m, &index, err, errlen)) goto fail;
 

@@ -9,6 +9,7 @@
 struct model {
     char *dir;
     struct geometry g;           // validated geometry (copy of a named one)
+    struct state_sizes state;    // per-sequence state sizes of g (model_state_sizes), for the backends
     struct weights w;            // bound into the mapped shards (or aligned copies)
     struct st_file *shards;
     int n_shards;

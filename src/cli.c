@@ -100,9 +100,9 @@ int cmd_info(int argc, char **argv) {
     printf("parameters     %.3f B\n", (double)ms.params / 1e9);
     printf("bytes          %lld (%.3f GB)\n", (long long)m.file_bytes, (double)m.file_bytes / 1e9);
     printf("bits/weight    %.3f\n", 8.0 * (double)m.file_bytes / (double)ms.params);
-    printf("kv cache       %lld bytes/token (bf16), %.3f GB at %d tokens\n", (long long)model_kv_bytes_per_token(g),
-           (double)model_kv_bytes_per_token(g) * g->max_ctx / 1e9, g->max_ctx);
-    printf("deltanet state %.1f MiB (fp32 recurrent + conv window)\n", (double)model_gdn_state_bytes(g) / 1048576.0);
+    printf("kv cache       %lld bytes/token (bf16), %.3f GB at %d tokens\n", (long long)m.state.kv_bytes_per_token,
+           (double)m.state.kv_bytes_per_token * g->max_ctx / 1e9, g->max_ctx);
+    printf("deltanet state %.1f MiB (fp32 recurrent + conv window)\n", (double)m.state.gdn_bytes / 1048576.0);
     printf("validated      in %.2f s%s\n", dt, m.n_realigned ? " (some tensors copied for alignment)" : "");
     checkpoint_close(&m);
     return 0;

@@ -138,7 +138,7 @@ int model_tensor_specs(const struct geometry *g, struct weights *w, struct tenso
 
 int model_tensor_spec_count(const struct geometry *g) { return model_tensor_specs(g, NULL, NULL, 0); }
 
-static int64_t spec_elems(const struct tensor_spec *s) {
+int64_t tensor_spec_elems(const struct tensor_spec *s) {
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++) n *= s->dims[d];
     return n;
@@ -150,7 +150,7 @@ struct model_size model_size_of(const struct geometry *g) {
     struct tensor_spec specs[n];
     model_tensor_specs(g, NULL, specs, n);
     for (int i = 0; i < n; i++) {
-        int64_t e = spec_elems(&specs[i]);
+        int64_t e = tensor_spec_elems(&specs[i]);
         z.params += e;
         if (specs[i].role == ROLE_QUANT) {
             z.bytes += e * specs[i].bits / 8 + 2 * (e / QWEN_GROUP) * 2;
@@ -163,14 +163,13 @@ struct model_size model_size_of(const struct geometry *g) {
     return z;
 }
 
-int64_t model_kv_bytes_per_token(const struct geometry *g) {
-    int n_attn = g->n_layers / g->attn_interval;
-    return (int64_t)n_attn * 2 * geom_kv_dim(g) * 2;
-}
-
-int64_t model_gdn_state_bytes(const struct geometry *g) {
-    int n_gdn = g->n_layers - g->n_layers / g->attn_interval;
-    int64_t rec = (int64_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim * 4;
-    int64_t conv = (int64_t)(g->conv_kernel - 1) * geom_conv_dim(g) * 4;
-    return n_gdn * (rec + conv);
+struct state_sizes model_state_sizes(const struct geometry *g) {
+    struct state_sizes z = {0};
+    for (int i = 0; i < g->n_layers; i++) geom_is_attn(g, i) ? z.n_attn++ : z.n_gdn++;
+    z.kv_row = (int64_t)geom_kv_dim(g);
+    z.conv_bytes = (int64_t)(g->conv_kernel - 1) * geom_conv_dim(g) * (int64_t)sizeof(float);
+    z.recurrent_bytes = (int64_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim * (int64_t)sizeof(float);
+    z.kv_bytes_per_token = (int64_t)z.n_attn * 2 * z.kv_row * 2;
+    z.gdn_bytes = (int64_t)z.n_gdn * (z.conv_bytes + z.recurrent_bytes);
+    return z;
 }

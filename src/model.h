@@ -171,5 +171,21 @@ struct model_size {
     int64_t n_tensors;       // stored tensors (a quantized matrix is three)
 };
 struct model_size model_size_of(const struct geometry *g);
-int64_t model_kv_bytes_per_token(const struct geometry *g);   // bf16 K and V of the attention layers
-int64_t model_gdn_state_bytes(const struct geometry *g);      // fp32 recurrent + conv window, all layers
+// Elements of a spec's logical shape (a quantized matrix: n_mat x rows x cols weights).
+int64_t tensor_spec_elems(const struct tensor_spec *s);
+
+// ---- per-sequence state (the one place its sizes are computed; both backends read them) -------
+
+struct state_sizes {
+    int n_attn, n_gdn;           // layers of each kind
+    int64_t kv_row;              // elements one token adds to one attention layer's K (and to its V): n_kv_heads * head_dim
+    int64_t conv_bytes;          // one DeltaNet layer's conv window, fp32 [conv_kernel - 1, conv_dim]
+    int64_t recurrent_bytes;     // one DeltaNet layer's recurrent state, fp32 [lin_v_heads, lin_k_dim, lin_v_dim]
+    int64_t kv_bytes_per_token;  // bf16 K and V of all attention layers
+    int64_t gdn_bytes;           // conv window + recurrent state of all DeltaNet layers
+};
+struct state_sizes model_state_sizes(const struct geometry *g);
+// One attention layer's K (or V) cache [n_kv_heads, cap, head_dim] at elem bytes an element.
+static inline size_t state_kv_bytes(const struct state_sizes *s, int cap, size_t elem) {
+    return (size_t)s->kv_row * (size_t)cap * elem;
+}

@@ -70,7 +70,7 @@ static void test_models(void **state) {
     assert_true(fabs(b4.total / 1e9 - 1.88) < 0.02);
     assert_true(fabs(b64.total / 1e9 - 3.14) < 0.03);
     assert_true(fabs(b256.total / 1e9 - 7.16) < 0.05);
-    assert_int_equal(model_kv_bytes_per_token(g), 10 * 2 * 2 * 256 * 2);
+    assert_int_equal(model_state_sizes(g).kv_bytes_per_token, 10 * 2 * 2 * 256 * 2);
     assert_true(b4.experts < b4.dense);   // 8 of 256 experts
     // ~4.9-5.0 GFLOP per token plus 81,920 N^2 of attention
     double per_token = bench_prefill_flop(g, 2) - bench_prefill_flop(g, 1) - 81920.0 * 3;

@@ -148,7 +148,7 @@ static void test_real_geometry_tensor_count(void **state) {
     struct model_size ms = model_size_of(geometry_real());
     assert_int_equal(ms.n_tensors, 1757);
     assert_true(ms.params > 34600000000LL && ms.params < 34700000000LL);
-    assert_int_equal(model_kv_bytes_per_token(geometry_real()), 20480);
+    assert_int_equal(model_state_sizes(geometry_real()).kv_bytes_per_token, 20480);
 }
 
 static void test_sharded(void **state) {

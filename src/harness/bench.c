@@ -83,8 +83,8 @@ struct bench_bytes bench_decode_bytes(const struct geometry *g, int64_t ctx) {
         else b.dense += quant_bytes(elems, s->bits);
     }
     free(specs);
-    b.kv = model_kv_bytes_per_token(g) * (ctx + 1);
-    b.state = 2 * model_gdn_state_bytes(g);
+    b.kv = model_state_sizes(g).kv_bytes_per_token * (ctx + 1);
+    b.state = 2 * model_state_sizes(g).gdn_bytes;
     b.total = b.dense + b.experts + b.lm_head + b.embed + b.kv + b.state;
     return b;
 }
@@ -383,7 +383,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     else fprintf(stderr, ", %d threads", threads);
     fprintf(stderr, "\n# model %s: %.3f B params, %.3f GB, %.3f bits/weight; KV cache %.3f GB at %d tokens\n",
             g->name, ms.params / 1e9, (double)m->file_bytes / 1e9, 8.0 * (double)m->file_bytes / (double)ms.params,
-            (double)model_kv_bytes_per_token(g) * (N + D + 1) / 1e9, N + D + 1);
+            (double)model_state_sizes(g).kv_bytes_per_token * (N + D + 1) / 1e9, N + D + 1);
 
     prompt = malloc(sizeof *prompt * (size_t)N);
     ids = malloc(sizeof *ids * (size_t)(D + 1));
@@ -473,7 +473,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                                                "token i = (i * 2654435761) mod 2^32 mod vocab", "hash", h_prompt));
     json_object_set_new(r, "decode_steps", json_integer(D));
     json_object_set_new(r, "limit", json_pack("{s:i, s:i}", "max_tokens", QWEN_MAX_CTX, "used", N + D + 1));
-    json_object_set_new(r, "kv_cache_bytes", json_integer(model_kv_bytes_per_token(g) * (N + D + 1)));
+    json_object_set_new(r, "kv_cache_bytes", json_integer(model_state_sizes(g).kv_bytes_per_token * (N + D + 1)));
     json_object_set_new(r, "warmup", json_pack("{s:f, s:f, s:b}", "prefill_s", warm_prefill, "total_s", tw,
                                                "tokens_match",
                                                !memcmp(warm_ids, ids, sizeof *ids * (size_t)(D + 1))));
