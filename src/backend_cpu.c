@@ -32,16 +32,16 @@ struct cpu_seq {
 // ---- primitives -----------------------------------------------------------------------------
 
 // Row n of matrix mat of W, dequantized: out[k] = scale[k/64] * q[k] + bias[k/64].
+// The weights are read in place from the mapped file at its alignment (qt_load_*): an MLX file's
+// tensors start at arbitrary offsets, and an aligned copy would hold the checkpoint twice in RAM.
 static void dequant_row(const struct qtensor *W, int mat, int n, float *out) {
-    const size_t row = (size_t)mat * W->rows + (size_t)n;
-    const uint32_t *w = W->w + row * qt_words_per_row(W);
-    const uint16_t *s = W->scales + row * qt_groups_per_row(W), *b = W->biases + row * qt_groups_per_row(W);
+    const size_t row = (size_t)mat * W->rows + (size_t)n, w0 = row * qt_words_per_row(W), g0 = row * qt_groups_per_row(W);
     const int bits = W->bits, per = 32 / bits, words = QWEN_GROUP / per;
     const uint32_t mask = (1u << bits) - 1;
     for (int g = 0; g < W->cols / QWEN_GROUP; g++) {
-        const float sc = bf16_to_f32(s[g]), bi = bf16_to_f32(b[g]);
+        const float sc = bf16_to_f32(qt_load_u16(W->scales, g0 + g)), bi = bf16_to_f32(qt_load_u16(W->biases, g0 + g));
         for (int j = 0; j < words; j++) {
-            const uint32_t word = w[g * words + j];   // first element in the least significant bits
+            const uint32_t word = qt_load_u32(W->w, w0 + (size_t)g * words + j);   // first element in the low bits
             for (int e = 0; e < per; e++) out[g * QWEN_GROUP + j * per + e] = sc * (float)((word >> (e * bits)) & mask) + bi;
         }
     }

@@ -315,7 +315,9 @@ static void *own(struct model *m, size_t bytes) {
         m->cap_owned = nc;
     }
     void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (p) m->owned[m->n_owned++] = p;
+    if (!p) return NULL;
+    m->owned[m->n_owned++] = p;
+    m->owned_bytes += (int64_t)bytes;
     return p;
 }
 
@@ -376,22 +378,15 @@ static int bind_quant(struct model *m, const struct name_map *map, const struct 
     q->rows = (int)rows;
     q->cols = (int)cols;
     q->bits = s->bits;
-    const void *p[3];
+    // Bound in place whatever the alignment (MLX does not pad its header): the backends read
+    // through qt_load_* (CPU) or copy to the device from here (CUDA); nothing is copied on the host.
     for (int k = 0; k < 3; k++) {
-        size_t align = k == 0 ? 4 : 2, bytes = t[k]->end - t[k]->begin;
-        p[k] = t[k]->data;
-        if ((uintptr_t)p[k] % align) {   // unaligned in the file: keep an aligned copy
-            void *c = own(m, bytes);
-            if (!c) FAIL("out of memory copying %s", name[k]);
-            memcpy(c, t[k]->data, bytes);
-            p[k] = c;
-            m->n_realigned++;
-        }
-        m->file_bytes += (int64_t)bytes;
+        m->n_unaligned += (uintptr_t)t[k]->data % (k == 0 ? 4 : 2) != 0;
+        m->file_bytes += (int64_t)(t[k]->end - t[k]->begin);
     }
-    q->w = p[0];
-    q->scales = p[1];
-    q->biases = p[2];
+    q->w = t[0]->data;
+    q->scales = t[1]->data;
+    q->biases = t[2]->data;
     m->n_text_tensors += 3;
     return 0;
 fail:

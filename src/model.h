@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 // The real 35B-A3B geometry as compile-time facts (kernels are specialised for these).
 enum {
@@ -87,13 +88,28 @@ const struct geometry *geometry_at(int i);
 
 // ---- weights --------------------------------------------------------------------------------
 
-// An MLX affine-quantized matrix, possibly a stack of n_mat matrices (experts).
+// An MLX affine-quantized matrix, possibly a stack of n_mat matrices (experts). On the host the
+// three arrays point into the mapped checkpoint at whatever alignment the file has (MLX does not
+// pad its safetensors header, so data starts at arbitrary byte offsets): read them with
+// qt_load_u32 / qt_load_u16, never through a cast to uint32_t * or uint16_t *.
 struct qtensor {
-    const uint32_t *w;       // [n_mat, rows, cols * bits / 32] packed codes
-    const uint16_t *scales;  // [n_mat, rows, cols / 64] bf16
-    const uint16_t *biases;  // [n_mat, rows, cols / 64] bf16
+    const void *w;           // [n_mat, rows, cols * bits / 32] packed codes, u32 little-endian
+    const void *scales;      // [n_mat, rows, cols / 64] bf16
+    const void *biases;      // [n_mat, rows, cols / 64] bf16
     int n_mat, rows, cols, bits;
 };
+// Element i of a u32 / u16 array at any alignment (memcpy compiles to one load where unaligned
+// loads are allowed, as on x86-64 and arm64).
+static inline uint32_t qt_load_u32(const void *p, size_t i) {
+    uint32_t v;
+    memcpy(&v, (const uint8_t *)p + 4 * i, 4);
+    return v;
+}
+static inline uint16_t qt_load_u16(const void *p, size_t i) {
+    uint16_t v;
+    memcpy(&v, (const uint8_t *)p + 2 * i, 2);
+    return v;
+}
 static inline size_t qt_words_per_row(const struct qtensor *t) { return (size_t)t->cols * t->bits / 32; }
 static inline size_t qt_groups_per_row(const struct qtensor *t) { return (size_t)t->cols / QWEN_GROUP; }
 

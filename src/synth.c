@@ -7,7 +7,12 @@
 // tokenizer.json + tokenizer_config.json (synth_write_tokenizer says which vocabulary);
 // calla_synth.json {geometry, seed, profile}: which generator wrote it (the loader never reads it,
 // so validation is the same for synthetic and real checkpoints).
-// Inside a shard U32 tensors come first, then F32, then BF16, so every tensor is naturally aligned.
+// Inside a shard U32 tensors come first, then F32, then BF16. The header is not padded, as MLX's
+// writer leaves it, so tensor data starts at arbitrary byte offsets; where the data section would
+// by chance start on an even offset, one space is added to the JSON so that it starts on an odd
+// one, and every U32 and BF16 tensor is misaligned (the loader's unaligned path is what every test
+// and benchmark exercises, as with real MLX files). synth_options.aligned (`calla synth --aligned`)
+// pads the header to 8 bytes instead: every tensor naturally aligned.
 //
 // Values: every byte comes from synth_rand(key, i) (synth.h), keyed by the seed and the tensor
 // name, so output is byte-identical for a seed on any machine and with any thread count.
@@ -354,7 +359,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
             }
         char *text = json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
         json_decref(hdr);
-        size_t hl = strlen(text), padded = (hl + 7) & ~(size_t)7;
+        size_t hl = strlen(text), padded = o->aligned ? (hl + 7) & ~(size_t)7 : hl + (hl % 2 == 0);
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", o->out_dir, sh[s].file);
         sh[s].fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

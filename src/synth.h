@@ -36,6 +36,8 @@ struct synth_options {
     const char *out_dir;
     int64_t max_shard_bytes;   // 5 GiB like mlx-lm; smaller to test sharding
     int threads;               // 0: all cores
+    bool aligned;              // pad each header to 8 bytes (every tensor naturally aligned); default:
+                               // MLX's unpadded header, data at an odd offset (synth.c)
 };
 
 int synth_write(const struct synth_options *o, char *err, size_t errlen);

@@ -1,7 +1,8 @@
 // test_engine.c: properties of the CPU engine that the golden fixtures do not cover: prefill then
 // decode equals one longer prefill; chunked equals unchunked; snapshots (seq_copy) continue
 // identically; results do not depend on the thread count; bad input is refused without touching
-// the state; running out of memory is an error, not an abort.
+// the state; running out of memory is an error, not an abort; an unaligned (MLX-layout) checkpoint
+// gives the logits of an aligned one without copying its weights.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -206,6 +207,45 @@ static void test_out_of_memory_is_an_error(void **state) {
     engine_close(plain);
 }
 
+// The synthetic default is MLX's unpadded layout (tensors at odd offsets, read in place); an
+// --aligned file of the same seed holds the same bytes at aligned offsets. Both give bit-identical
+// logits, and loading the unaligned one copies nothing: its quantized matrices point into the
+// mapped shard, and the host memory the load allocates (the fp32 vectors) is the aligned one's.
+static void test_unaligned_equals_aligned(void **state) {
+    char adir[300], err[512];
+    snprintf(adir, sizeof adir, "%s-aligned", dir);
+    struct synth_options so = {.g = geometry_find("tiny"), .seed = 5, .out_dir = adir,
+                               .max_shard_bytes = (int64_t)5 << 30, .aligned = true};
+    struct engine_options eo = {.backend = "cpu"};
+    struct engine *al;
+    if (synth_write(&so, err, sizeof err) || engine_open(adir, &eo, &al, err, sizeof err)) fail_msg("%s", err);
+    const struct model *mu = engine_model(eng), *ma = engine_model(al);
+    assert_true(mu->n_unaligned > 0);
+    assert_int_equal(ma->n_unaligned, 0);
+    assert_int_equal(mu->owned_bytes, ma->owned_bytes);
+    assert_true(mu->owned_bytes * 20 < mu->file_bytes);   // the fp32 vectors only
+    const uint8_t *w = mu->w.lm_head.w, *lo = mu->shards[0].map;
+    assert_true(mu->n_shards == 1 && w >= lo && w < lo + mu->shards[0].size && (uintptr_t)w % 2 == 1);
+
+    int32_t t[N], a, b;
+    prompt(t, N, 11);
+    int rows[2] = {7, N - 1};
+    float *la = malloc(sizeof(float) * 2 * V), *lb = malloc(sizeof(float) * 2 * V);
+    struct seq *su = new_seq(N), *sa;
+    if (seq_new(al, N, &sa, err, sizeof err)) fail_msg("seq_new: %s", err);
+    struct forward_opts o = {.logit_rows = rows, .n_logit_rows = 2, .logits = la};
+    if (engine_forward(eng, su, t, N, &o, &a, err, sizeof err)) fail_msg("%s", err);
+    o.logits = lb;
+    if (engine_forward(al, sa, t, N, &o, &b, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * 2 * V);
+    seq_free(su);
+    seq_free(sa);
+    free(la);
+    free(lb);
+    assert_int_equal(tiny_engine_close(adir, al), 0);
+}
+
 static void test_unknown_backend(void **state) {
     struct engine *e;
     char err[256];
@@ -231,6 +271,7 @@ int main(void) {
         cmocka_unit_test(test_thread_count_does_not_matter),
         cmocka_unit_test(test_bad_input_refused_state_unchanged),
         cmocka_unit_test(test_out_of_memory_is_an_error),
+        cmocka_unit_test(test_unaligned_equals_aligned),
         cmocka_unit_test(test_unknown_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

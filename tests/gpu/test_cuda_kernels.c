@@ -86,12 +86,11 @@ static struct hq make_q(int n_mat, int rows, int cols, int bits) {
 }
 static void deq_row(const struct qtensor *W, int mat, int n, float *out) {
     const size_t row = (size_t)mat * W->rows + n;
-    const uint32_t *w = W->w + row * qt_words_per_row(W);
-    const uint16_t *s = W->scales + row * qt_groups_per_row(W), *b = W->biases + row * qt_groups_per_row(W);
+    const size_t w0 = row * qt_words_per_row(W), g0 = row * qt_groups_per_row(W);
     const int per = 32 / W->bits;
     for (int k = 0; k < W->cols; k++) {
-        uint32_t q = (w[k / per] >> ((k % per) * W->bits)) & ((1u << W->bits) - 1);
-        out[k] = bf16_to_f32(s[k / 64]) * (float)q + bf16_to_f32(b[k / 64]);
+        uint32_t q = (qt_load_u32(W->w, w0 + k / per) >> ((k % per) * W->bits)) & ((1u << W->bits) - 1);
+        out[k] = bf16_to_f32(qt_load_u16(W->scales, g0 + k / 64)) * (float)q + bf16_to_f32(qt_load_u16(W->biases, g0 + k / 64));
     }
 }
 static void cpu_mm(const struct qtensor *W, int mat, const float *x, float *y) {   // one row of x
