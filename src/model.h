@@ -144,6 +144,8 @@ struct layer_weights {
     struct qtensor ex_down;      // [E][H, I]
 };
 
+// Bound by walking the tensor table (model_tensor_specs): checkpoint.c binds the host copy into
+// the mapped shards, and the CUDA backend binds its device copy (same shape, device pointers).
 struct weights {
     struct qtensor embed;    // [V, H]
     struct qtensor lm_head;  // [V, H]
