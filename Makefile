@@ -127,6 +127,14 @@ qmatmul-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
+# The prefill FlashAttention kernel (src/cuda/flash.cuh), both modes, run on the host, a block as 256
+# threads (tools/flash_sim.cpp): no GPU needed.
+.PHONY: flash-sim
+flash-sim:
+	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/flash_sim.cpp
+	$(BUILD)/fasim/sim
+
 # The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench

@@ -23,7 +23,8 @@
 // Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
 // read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, exact weights; the router,
 // the shared-expert gate and the lm_head stay on the exact kernel), and the DeltaNet layers run as
-// the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands. CALLA_PREFILL_FAST=0
+// the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention
+// takes Q and P as bf16 (one mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0
 // (or CALLA_EXACT=1): the verification mode, operands split hi + lo and fp32 inputs to the
 // products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule.
 #ifdef CALLA_CUDA
@@ -89,7 +90,7 @@ struct cuda_engine {
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
     int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
-    int prefill_exact;                       // chunked delta rule and products: 1 operands split hi + lo, 0 bf16 (default)
+    int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
 };
 
 struct cuda_seq {
@@ -735,7 +736,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
                                g->n_kv_heads, D, DECODE_SPLIT, st));
             else
                 KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
-                                     g->n_kv_heads, D, st));
+                                     g->n_kv_heads, D, ce->prefill_exact, st));
             const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
             KL(rc);
             KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));

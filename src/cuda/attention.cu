@@ -6,7 +6,7 @@
 //   kv head, token group) runs an online softmax over its keys for the G = n_heads / n_kv query
 //   heads that share the kv head (one warp each) and TQ consecutive tokens, reading each K/V tile
 //   once into shared memory; a second kernel merges the splits and applies the gate. fp32; K/V bf16.
-// - prefill: FlashAttention on the tensor cores (k_flash_attention below).
+// - prefill: FlashAttention on the tensor cores (k_flash_attention below; the kernel in flash.cuh).
 #include "mma.cuh"
 
 enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16, AT_MIN_SPLIT = 64, AT_MAX_SPLITS = 1024 };
@@ -679,214 +679,40 @@ extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *
                     ns_max, d_pos);
 }
 
-// ---- prefill: FlashAttention on the tensor cores -----------------------------------------------
-//
-// A block takes 128 query rows that share one kv head: TPB = 128 / G consecutive tokens x the G
-// heads of the group, so each K/V tile read from memory serves G heads. 8 warps of 16 rows; keys
-// in tiles of 64 at absolute positions (tile j = keys 64 j .. 64 j + 63 from position 0), so a
-// query's arithmetic does not depend on how the prompt was cut into chunks nor on which block or
-// row it lands in (fully masked trailing tiles leave its state exactly unchanged): the session
-// cache's continued prefill matches one prefill bit for bit.
-// Precision: K and V are bf16 already (the cache); Q and the probabilities P go to the tensor cores
-// as two bf16 terms each (hi + lo), so scores and outputs carry fp32-level error (~1e-6), not bf16's.
-// Shared memory: Q hi and lo [128][D], K double-buffered [2][64][D], V [64][D], all bf16, loaded
-// with cp.async (K of tile j + 1 and V of tile j + 1 fly while tile j is computed).
-enum { FA_BM = 128, FA_BN = 64, FA_THREADS = 256 };
+// ---- prefill: FlashAttention on the tensor cores (the kernel: flash.cuh) --------------------------
 
-static size_t flash_smem_bytes(int D) { return (size_t)(2 * FA_BM + 3 * FA_BN) * D * sizeof(uint16_t); }
+#include "flash.cuh"
 
-template <int D>
-static __global__ void __launch_bounds__(FA_THREADS, 1)
-    flash_attention_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
-                           int p0, int cap, int n_heads, int n_kv) {
-    constexpr int CH = D / 8;   // 16-byte chunks per row
-    extern __shared__ __align__(16) uint16_t fa_smem[];
-    uint16_t *Qh = fa_smem, *Ql = Qh + FA_BM * D, *Ks = Ql + FA_BM * D, *Vs = Ks + 2 * FA_BN * D;
-    const int G = n_heads / n_kv, TPB = FA_BM / G;
-    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
-    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;   // keys this block needs
-    const int n_tiles = CEIL_DIV(n_keys, FA_BN);
-    const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
-    auto load_tile = [&](uint16_t *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
-        for (int i = tid; i < FA_BN * CH; i += FA_THREADS) {
-            const int r = i / CH, c = i % CH, key = j * FA_BN + r;
-            const bool ok = key < n_keys;
-            cp_async16(dst + r * D + swz(r, c) * 8, src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
-        }
-    };
-    load_tile(Ks, kbase, 0);
-    cp_async_commit();
-    load_tile(Vs, vbase, 0);
-    cp_async_commit();
-    for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> hi/lo bf16
-        const int r = i / CH, c = i % CH, t = t0 + r / G, h = kvh * G + r % G;
-        float v[8] = {};
-        if (t < T) {
-            const float4 *src = (const float4 *)(q + ((size_t)t * n_heads + h) * D + c * 8);
-            const float4 a = src[0], b = src[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        }
-        uint16_t hi[8], lo[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) split_bf16(v[e], &hi[e], &lo[e]);
-        const int at = r * D + swz(r, c) * 8;
-        *(uint4 *)(Qh + at) = make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
-        *(uint4 *)(Ql + at) = make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
-    }
-    // This thread's two rows (g and g + 8 of the warp's 16) and their causal limits; rows past
-    // the chunk take the last token's limit (computed, never stored).
-    const int ra = warp * 16 + g, rb = ra + 8;
-    const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
-    float acc[D / 8][4] = {};
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
-    for (int j = 0; j < n_tiles; j++) {
-        const uint16_t *Kt = Ks + (j & 1) * FA_BN * D;
-        if (j + 1 < n_tiles) {
-            load_tile(Ks + ((j + 1) & 1) * FA_BN * D, kbase, j + 1);
-            cp_async_commit();
-            cp_async_wait<2>();   // K(j) landed; V(j) and K(j + 1) may fly
-        } else {
-            cp_async_wait<1>();
-        }
-        __syncthreads();
-        float s[FA_BN / 8][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            uint32_t ah[4], al[4];
-            const int qr = warp * 16 + lane % 16, qc = ks * 2 + lane / 16;
-            ldsm_x4(ah, Qh + qr * D + swz(qr, qc) * 8);
-            ldsm_x4(al, Ql + qr * D + swz(qr, qc) * 8);
-#pragma unroll
-            for (int p = 0; p < FA_BN / 16; p++) {
-                uint32_t b[4];
-                const int kr = p * 16 + lane % 8 + 8 * (lane / 16), kcn = ks * 2 + (lane / 8) % 2;
-                ldsm_x4(b, Kt + kr * D + swz(kr, kcn) * 8);
-                mma_bf16(s[2 * p], ah, b[0], b[1]);
-                mma_bf16(s[2 * p], al, b[0], b[1]);
-                mma_bf16(s[2 * p + 1], ah, b[2], b[3]);
-                mma_bf16(s[2 * p + 1], al, b[2], b[3]);
-            }
-        }
-        // online softmax in base 2; masked scores are -inf whatever the key holds
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = j * FA_BN + ni * 8 + 2 * c4 + (e & 1);
-                const float v = key <= (e < 2 ? lim_a : lim_b) ? s[ni][e] * sl2 : -INFINITY;
-                s[ni][e] = v;
-                if (e < 2) mx_a = fmaxf(mx_a, v);
-                else mx_b = fmaxf(mx_b, v);
-            }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key 0 is in every row
-        const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float rs_a = 0, rs_b = 0;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[ni][e] - (e < 2 ? mn_a : mn_b));
-                s[ni][e] = p;
-                if (e < 2) rs_a += p;
-                else rs_b += p;
-            }
-        l_a = l_a * corr_a + rs_a;
-        l_b = l_b * corr_b + rs_b;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            acc[dn][0] *= corr_a;
-            acc[dn][1] *= corr_a;
-            acc[dn][2] *= corr_b;
-            acc[dn][3] *= corr_b;
-        }
-        if (j + 1 < n_tiles) cp_async_wait<1>();   // V(j) landed; K(j + 1) may fly
-        else cp_async_wait<0>();
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++) {
-            uint32_t ph[4], pl[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {   // A fragment r: S tile 2 kk + r / 2, elements 2 (r % 2) ..
-                const float *sv = &s[2 * kk + r / 2][2 * (r % 2)];
-                uint16_t h0, l0, h1, l1;
-                split_bf16(sv[0], &h0, &l0);
-                split_bf16(sv[1], &h1, &l1);
-                ph[r] = pack2(h0, h1);
-                pl[r] = pack2(l0, l1);
-            }
-#pragma unroll
-            for (int p = 0; p < D / 16; p++) {
-                uint32_t b[4];
-                const int vr = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2), vcn = p * 2 + lane / 16;
-                ldsm_x4_t(b, Vs + vr * D + swz(vr, vcn) * 8);
-                mma_bf16(acc[2 * p], ph, b[0], b[1]);
-                mma_bf16(acc[2 * p], pl, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], ph, b[2], b[3]);
-                mma_bf16(acc[2 * p + 1], pl, b[2], b[3]);
-            }
-        }
-        __syncthreads();   // every warp is done with K(j) and V(j)
-        if (j + 1 < n_tiles) {
-            load_tile(Vs, vbase, j + 1);
-            cp_async_commit();
-        }
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? rb : ra, t = t0 + r / G;
-        if (t >= T) continue;
-        const int h = kvh * G + r % G;
-        const float inv = 1.0f / (half ? l_b : l_a);
-        float *dst = o + ((size_t)t * n_heads + h) * D;
-        const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            const int d = dn * 8 + 2 * c4;
-            dst[d] = acc[dn][2 * half] * inv * sigmoid_f(gate[d]);
-            dst[d + 1] = acc[dn][2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
-        }
-    }
-}
-
-template <int D>
+template <int D, bool EXACT>
 static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
                         const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
     static bool raised;   // the dynamic shared-memory limit, once per kernel
+    const size_t smem = flash_smem_bytes(D, EXACT);
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)flash_smem_bytes(D));
+        cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<D, EXACT>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
-    flash_attention_kernel<D><<<grid, FA_THREADS, flash_smem_bytes(D), st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    flash_attention_kernel<D, EXACT><<<grid, FA_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
 }
 
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
-                                 int T, int p0, int cap, int n_heads, int n_kv, int D, void *stream) {
+                                 int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream) {
     if (T <= 0) return 0;
     if (n_kv <= 0 || n_heads % n_kv || FA_BM % (n_heads / n_kv) || p0 + T > cap) return (int)cudaErrorInvalidValue;
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
+#define FA_CASE(d)                                                                                             \
+    case d:                                                                                                    \
+        return exact ? flash_launch<d, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv)            \
+                     : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     switch (D) {
-    case 256: return flash_launch<256>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    case 128: return flash_launch<128>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    case 64: return flash_launch<64>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        FA_CASE(256)
+        FA_CASE(128)
+        FA_CASE(64)
     default: return (int)cudaErrorInvalidValue;
     }
+#undef FA_CASE
 }

@@ -65,11 +65,13 @@ int k_attn_prep(const float *qg, const float *k, const float *v, const float *q_
 // holds T * n_heads * n_split * (D + 2) floats, n_split = ceil((p0 + T) / split_len)).
 int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
                 int T, int p0, int cap, int n_heads, int n_kv, int D, int split_len, void *stream);
-// Prefill attention on the tensor cores (FlashAttention, no partials): the same result as
-// k_attention to fp32 rounding; keys in fixed tiles of 64 from position 0, so a query's result is
-// bit-identical however the prompt is cut into chunks. Needs n_heads / n_kv to divide 128.
+// Prefill attention on the tensor cores (FlashAttention, no partials); keys in fixed tiles of 64
+// from position 0, so a query's result is bit-identical however the prompt is cut into chunks.
+// Needs n_heads / n_kv to divide 128. exact 1: Q and P split into bf16 hi + lo, the same result as
+// k_attention to fp32 rounding (~5e-6); exact 0 (the fast prefill mode): Q and P rounded once to
+// bf16, one mma per product, fp32 accumulation and softmax (~1e-3, bounded in test_cuda_kernels).
 int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
-                      int p0, int cap, int n_heads, int n_kv, int D, void *stream);
+                      int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
 // Floats of partials k_attention needs.
 long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_len);
 

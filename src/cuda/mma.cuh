@@ -51,3 +51,10 @@ static __device__ __forceinline__ void split_bf16(float f, uint16_t *hi, uint16_
 static __device__ __forceinline__ uint32_t pack2(uint16_t lo_half, uint16_t hi_half) {
     return (uint32_t)lo_half | ((uint32_t)hi_half << 16);
 }
+// bf16x2 of (lo_half, hi_half), each rounded to nearest even (as f2bf16 for finite values), in one
+// instruction (cvt packs its first source into the upper half): the fast mode's A operands.
+static __device__ __forceinline__ uint32_t bf16x2_rn(float lo_half, float hi_half) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi_half), "f"(lo_half));
+    return r;
+}

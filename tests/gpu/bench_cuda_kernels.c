@@ -65,12 +65,12 @@ static double time_ms(launch_fn f, void *ctx) {
 struct actx {
     float *q, *qg, *o;
     uint16_t *kc, *vc;
-    int T, p0, cap;
+    int T, p0, cap, exact;
 };
 static int run_flash(void *c) {
     struct actx *a = c;
     return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
-                             QWEN_HEAD_DIM, NULL);
+                             QWEN_HEAD_DIM, a->exact, NULL);
 }
 struct mctx {
     struct dqt W;
@@ -121,15 +121,21 @@ int main(int argc, char **argv) {
     // attention: one chunk of T queries ending at 4K .. 256K keys
     const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, cap = 262144;
     struct actx a = {dev_random((size_t)T * NH * D * 4, 1), dev_random((size_t)T * NH * 2 * D * 4, 1), NULL,
-                     dev_random((size_t)NKV * cap * D * 2, 0), dev_random((size_t)NKV * cap * D * 2, 0), T, 0, cap};
+                     dev_random((size_t)NKV * cap * D * 2, 0), dev_random((size_t)NKV * cap * D * 2, 0), T, 0, cap, 1};
     cudaMalloc((void **)&a.o, (size_t)T * NH * D * 4);
+    // useful FLOP, causal: 4 T keys_avg D n_heads (exact's hi/lo operands do twice that on the tensor cores)
     const int ends[] = {4096, 65536, 131072, 262144};
     for (int i = 0; i < 4; i++) {
+        if (ends[i] < T) continue;
         a.p0 = ends[i] - T;
-        double ms = time_ms(run_flash, &a);
-        double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
-        printf("flash attention  T %d keys to %6d: %8.3f ms  %6.1f TFLOP/s (useful; hi/lo operands do 2x on the "
-               "tensor cores)\n", T, ends[i], ms, flop / ms / 1e9);
+        a.exact = 1;
+        const double ms = time_ms(run_flash, &a);
+        a.exact = 0;
+        const double msf = time_ms(run_flash, &a);
+        const double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
+        printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast (bf16 Q, P) "
+               "%8.3f ms %6.1f TFLOP/s | %.2fx\n", T, a.p0, ends[i], ms, flop / ms / 1e9, msf, flop / msf / 1e9,
+               ms / msf);
     }
     // quantized products: dense DeltaNet projections and the grouped experts (uniform routing)
     const int H = QWEN_HIDDEN, E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, I = QWEN_MOE_INTER;

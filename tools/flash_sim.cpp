@@ -1,0 +1,257 @@
+// flash_sim.cpp: runs the device code of src/cuda/flash.cuh (the prefill FlashAttention kernel, both
+// modes) on the host, a block as 256 threads, with the shim of tools/qmatmul_sim.cpp: __syncthreads
+// is a block barrier; ldmatrix (.trans too), mma and shuffles are warp-collective exchanges through
+// shared arrays between warp barriers, by the PTX ISA fragment layouts; cp.async copies land at once
+// or as late as their wait_group allows (so a buffer overwritten while still read, or read before
+// its wait, shows). The products run in double, so both modes are checked tightly against CPU twins
+// of their own arithmetic: exact vs the softmax formula on fp32 q; fast vs q rounded to bf16 and the
+// online softmax over the same 64-key tiles with bf16(P) times V. Also: rows past the chunk and other
+// heads' outputs are never written.
+//
+//   make flash-sim
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+// ---- the shim ----------------------------------------------------------------------------------------
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(...)
+#define FA_HOST_SIM 1
+#define WARP_SIZE 32
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+#define FA_DYNAMIC_SMEM(name) alignas(16) static uint16_t name[(2 * FA_BM + 4 * FA_BN) * D]
+struct uint4 { uint32_t x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+struct dim3s { unsigned x, y, z; };
+static thread_local dim3s threadIdx;
+static dim3s blockIdx, gridDim;
+static std::barrier<> *g_bar, *g_wbar[8];
+static void __syncthreads() { g_bar->arrive_and_wait(); }
+static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
+static int min(int a, int b) { return a < b ? a : b; }
+static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static uint16_t f2bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static void split_bf16(float f, uint16_t *hi, uint16_t *lo) {
+    *hi = f2bf16(f);
+    *lo = f2bf16(f - __uint_as_float((uint32_t)*hi << 16));
+}
+static uint32_t pack2(uint16_t lo_half, uint16_t hi_half) { return (uint32_t)lo_half | ((uint32_t)hi_half << 16); }
+static uint32_t bf16x2_rn(float lo_half, float hi_half) { return pack2(f2bf16(lo_half), f2bf16(hi_half)); }
+static int swz(int r, int c) { return c ^ (r & 7); }
+static float g_slot[8][32];
+static float __shfl_xor_sync(unsigned, float v, int o) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_slot[w][l] = v;
+    wsync();
+    const float r = g_slot[w][l ^ o];
+    wsync();
+    return r;
+}
+static const void *g_addr[8][32];
+static void ldsm_x4(uint32_t r[4], const void *p) {   // lane l: row l / 4, columns 2 (l % 4), +1 of matrix j
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_addr[w][l] = p;
+    wsync();
+    for (int j = 0; j < 4; j++) memcpy(&r[j], (const char *)g_addr[w][8 * j + l / 4] + 4 * (l % 4), 4);
+    wsync();
+}
+static void ldsm_x4_t(uint32_t r[4], const void *p) {   // transposed: rows 2 (l % 4), +1 of column l / 4
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_addr[w][l] = p;
+    wsync();
+    for (int j = 0; j < 4; j++) {
+        const uint16_t *r0 = (const uint16_t *)g_addr[w][8 * j + 2 * (l % 4)];
+        const uint16_t *r1 = (const uint16_t *)g_addr[w][8 * j + 2 * (l % 4) + 1];
+        r[j] = pack2(r0[l / 4], r1[l / 4]);
+    }
+    wsync();
+}
+static uint32_t g_a[8][32][4], g_b[8][32][2];
+static void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; i++) g_a[w][l][i] = a[i];
+    g_b[w][l][0] = b0, g_b[w][l][1] = b1;
+    wsync();
+    double A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const int gg = ln / 4, tt = ln % 4;
+        for (int r = 0; r < 4; r++)   // a_r = (row g + 8 (r % 2), k 2t + 8 (r / 2), +1)
+            for (int h = 0; h < 2; h++) A[gg + 8 * (r & 1)][2 * tt + h + 8 * (r >> 1)] = bf16f((uint16_t)(g_a[w][ln][r] >> (16 * h)));
+        for (int r = 0; r < 2; r++)   // b_r = (k 2t + 8 r, +1; col g)
+            for (int h = 0; h < 2; h++) B[2 * tt + h + 8 * r][gg] = bf16f((uint16_t)(g_b[w][ln][r] >> (16 * h)));
+    }
+    wsync();
+    for (int r = 0; r < 4; r++) {   // c_r = (row g + 8 (r / 2), col 2t + r % 2)
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += A[g + 8 * (r >> 1)][k] * B[k][2 * t + (r & 1)];
+        c[r] = (float)(c[r] + s);
+    }
+}
+struct cp_rec { void *dst; const void *src; int bytes; };
+static int g_defer;
+static thread_local std::vector<std::vector<cp_rec>> t_groups;
+static thread_local std::vector<cp_rec> t_open;
+static void cp_do(const cp_rec &c) {
+    if (c.bytes == 16) memcpy(c.dst, c.src, 16);
+    else memset(c.dst, 0, 16);
+}
+static void cp_async16(void *dst, const void *src, int src_bytes) {
+    if (g_defer) t_open.push_back({dst, src, src_bytes});
+    else cp_do({dst, src, src_bytes});
+}
+static void cp_async_commit() {
+    t_groups.push_back(t_open);
+    t_open.clear();
+}
+template <int N> static void cp_async_wait() {
+    while (t_groups.size() > (size_t)N) {
+        for (auto &c : t_groups.front()) cp_do(c);
+        t_groups.erase(t_groups.begin());
+    }
+}
+#include "flash.cuh"
+
+// ---- the check -----------------------------------------------------------------------------------------
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
+static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+template <int D, bool EXACT>
+static void launch(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+                   int cap, int n_heads, int n_kv) {
+    gridDim = {(unsigned)CEIL_DIV(T, FA_BM / (n_heads / n_kv)), (unsigned)n_kv, 1};
+    for (unsigned by = 0; by < gridDim.y; by++)
+        for (unsigned bx = 0; bx < gridDim.x; bx++) {
+            blockIdx = {bx, by, 0};
+            std::barrier<> bar(FA_THREADS);
+            for (int w = 0; w < 8; w++) g_wbar[w] = new std::barrier<>(32);
+            g_bar = &bar;
+            std::vector<std::thread> th;
+            for (int t = 0; t < FA_THREADS; t++)
+                th.emplace_back([&, t] {
+                    threadIdx = {(unsigned)t, 0, 0};
+                    t_groups.clear();
+                    t_open.clear();
+                    flash_attention_kernel<D, EXACT>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+                });
+            for (auto &h : th) h.join();
+            for (int w = 0; w < 8; w++) delete g_wbar[w];
+        }
+}
+
+static int fails;
+static std::vector<std::vector<float>> g_out;   // each case's output with the copies at once
+template <int D, bool EXACT>
+static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
+    if (flash_smem_bytes(D, EXACT) > (size_t)(2 * FA_BM + 4 * FA_BN) * D * 2) abort();
+    rng = 88172645463325252ull + (uint64_t)idx;   // the same inputs in both cp.async modes
+    const int cap = p0 + T + 5, G = n_heads / n_kv, QD = n_heads * D;
+    std::vector<float> q((size_t)T * QD), qg((size_t)T * 2 * QD), o((size_t)(T + 2) * QD, NAN);
+    std::vector<uint16_t> kc((size_t)n_kv * cap * D), vc((size_t)n_kv * cap * D);
+    for (auto &v : q) v = 1.5f * frand();
+    for (auto &v : qg) v = 2.0f * frand();
+    for (size_t i = 0; i < kc.size(); i++) kc[i] = f2bf16(frand()), vc[i] = f2bf16(frand());
+    launch<D, EXACT>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
+    // twins in double; error relative to sigma_d sum_j pi_j |v_jd|
+    const double sl2 = 1.0 / sqrt((double)D) * 1.4426950408889634;
+    double worst = 0;
+    long bad = 0, stray = 0;
+    for (size_t i = (size_t)T * QD; i < o.size(); i++) stray += !std::isnan(o[i]);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *qh = &q[((size_t)t * n_heads + h) * D];
+            const int kvh = h / G, nk = p0 + t + 1;
+            const uint16_t *K = &kc[(size_t)kvh * cap * D], *V = &vc[(size_t)kvh * cap * D];
+            std::vector<double> s(nk), acc(D, 0), vab(D, 0);
+            double l = 0;
+            for (int j = 0; j < nk; j++) {
+                double d2 = 0;
+                for (int d = 0; d < D; d++)
+                    d2 += (double)(EXACT ? qh[d] : bf16f(f2bf16(qh[d]))) * bf16f(K[(size_t)j * D + d]);
+                s[j] = d2 * sl2;
+            }
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nk; j++) mx = std::max(mx, s[j]);
+            for (int j = 0; j < nk; j++) sum += exp2(s[j] - mx);
+            for (int j = 0; j < nk; j++)
+                for (int d = 0; d < D; d++) vab[d] += exp2(s[j] - mx) / sum * fabs(bf16f(V[(size_t)j * D + d]));
+            if (EXACT) {
+                for (int j = 0; j < nk; j++)
+                    for (int d = 0; d < D; d++) acc[d] += exp2(s[j] - mx) / sum * bf16f(V[(size_t)j * D + d]);
+                l = 1;
+            } else {   // the kernel's float steps: scores summed in float per k16 (as the sim's mma), base 2
+                const float sl2f = rsqrtf((float)D) * 1.4426950408889634f;
+                float mf = -INFINITY;
+                for (int j0 = 0; j0 < nk; j0 += 64) {
+                    const int j1 = std::min(j0 + 64, nk);
+                    float xs[64], mt = mf;
+                    for (int j = j0; j < j1; j++) {
+                        float sf = 0;
+                        for (int k0 = 0; k0 < D; k0 += 16) {
+                            double c = 0;
+                            for (int k = k0; k < k0 + 16; k++)
+                                c += (double)bf16f(f2bf16(qh[k])) * bf16f(K[(size_t)j * D + k]);
+                            sf = (float)(sf + c);
+                        }
+                        xs[j - j0] = sf * sl2f;
+                        mt = fmaxf(mt, xs[j - j0]);
+                    }
+                    const double corr = exp2f(mf - mt);
+                    l *= corr;
+                    for (int d = 0; d < D; d++) acc[d] *= corr;
+                    for (int j = j0; j < j1; j++) {
+                        const float p = exp2f(xs[j - j0] - mt);
+                        l += p;
+                        for (int d = 0; d < D; d++) acc[d] += (double)bf16f(f2bf16(p)) * bf16f(V[(size_t)j * D + d]);
+                    }
+                    mf = mt;
+                }
+            }
+            const float *gate = &qg[((size_t)t * n_heads + h) * 2 * D + D];
+            for (int d = 0; d < D; d++) {
+                const double sig = 1.0 / (1.0 + exp(-(double)gate[d])), want = acc[d] / l * sig;
+                const double err = fabs(o[((size_t)t * n_heads + h) * D + d] - want) / (sig * vab[d] * 1e-5 + 1e-30);
+                if (!(err <= 1)) bad++;
+                if (err > worst) worst = err;
+            }
+        }
+    bool same = true;   // the pipeline must not change a bit: copies at once or as late as allowed
+    if (!g_defer) g_out.push_back(o);
+    else same = !memcmp(g_out[idx].data(), o.data(), o.size() * sizeof(float));
+    const bool ok = !bad && !stray && same;
+    fails += !ok;
+    printf("%-5s D %3d G %d T %3d p0 %4d: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s  %s\n",
+           EXACT ? "exact" : "fast", D, G, T, p0, worst, bad, stray,
+           g_defer ? same ? ", = at once" : ", != at once" : "", ok ? "PASS" : "FAIL");
+}
+
+int main() {
+    for (g_defer = 0; g_defer < 2; g_defer++) {
+        printf("# cp.async %s\n", g_defer ? "deferred to its wait_group" : "at once");
+        run_case<256, false>(0, 20, 70, 16, 2);   // the model's heads: GQA 8, D 256; mid-tile start, 2 blocks
+        run_case<256, true>(1, 20, 70, 16, 2);
+        run_case<64, false>(2, 45, 130, 8, 2);    // G 4: 32 tokens a block; 3 key tiles, a partial block
+        run_case<64, true>(3, 45, 130, 8, 2);
+        run_case<64, false>(4, 3, 0, 8, 2);       // one tile, mostly empty rows
+        run_case<64, true>(5, 3, 0, 8, 2);
+    }
+    printf("flash-sim: %s\n", fails ? "FAIL" : "PASS");
+    return fails ? 1 : 0;
+}
