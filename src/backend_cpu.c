@@ -351,8 +351,9 @@ static int mlp(const struct qtensor *gate, const struct qtensor *up, const struc
     return rc;
 }
 
+// rl_out [T, E], when not NULL, gets the router's logits (the layer probe).
 static int moe(const struct geometry *g, const struct layer_weights *L, int layer, int p0, const float *u, int T,
-               float *out) {
+               float *out, float *rl_out) {
     const int H = g->hidden, E = g->n_experts, K = g->n_experts_used;
     float *rl = scratch(sizeof(float) * (size_t)T * E), *sg = scratch(sizeof(float) * (size_t)T);
     int *ids = scratch(sizeof(int) * (size_t)T * K);
@@ -364,6 +365,7 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
     if (!rl || !sg || !ids || !w || !xe || !ye || !tok || !tw) goto out;
     qmatmul(&L->router, 0, u, T, rl);
     qmatmul(&L->shared_gate, 0, u, T, sg);
+    if (rl_out) memcpy(rl_out, rl, sizeof(float) * (size_t)T * E);
     FILE *trace = router_trace();
     for (int t = 0; t < T; t++) {
         struct route_stats st;
@@ -498,11 +500,27 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
+// Decoder layer i (§2.2) on the residual stream x [T, H] in place, at positions s->pos..: u, d are
+// [T, H] scratch; rl [T, E] gets the router's logits when not NULL. forward_chunk runs it for every
+// layer, the layer probe for one.
+static int cpu_layer(const struct engine *e, struct seq *s, int i, float *x, float *u, float *d, int T, float *rl) {
+    const struct geometry *g = &e->model.g;
+    const struct layer_weights *L = &e->model.w.layers[i];
+    struct cpu_seq *cs = s->impl;
+    const int H = g->hidden, p0 = s->pos;
+    for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
+    if (geom_is_attn(g, i) ? attention(g, L, cs, i, s->cap, p0, u, T, d) : deltanet(g, L, cs, i, u, T, d)) return -1;
+    for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
+    for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
+    if (moe(g, L, i, p0, u, T, d, rl)) return -1;
+    for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
+    return 0;
+}
+
 static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
                              int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     const struct weights *W = &e->model.w;
-    struct cpu_seq *cs = s->impl;
     const int H = g->hidden, p0 = s->pos;
     // The rows whose final norm and lm_head are wanted: the asked ones and the last.
     int want[n_rows + 1], nw = 0;
@@ -514,15 +532,8 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
     int rc = -1;
     if (!x || !u || !d || !hn || !lg) goto out;
     for (int t = 0; t < T; t++) dequant_row(&W->embed, 0, tokens[t], x + (size_t)t * H);
-    for (int i = 0; i < g->n_layers; i++) {
-        const struct layer_weights *L = &W->layers[i];
-        for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
-        if (geom_is_attn(g, i) ? attention(g, L, cs, i, s->cap, p0, u, T, d) : deltanet(g, L, cs, i, u, T, d)) goto out;
-        for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
-        for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
-        if (moe(g, L, i, p0, u, T, d)) goto out;
-        for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
-    }
+    for (int i = 0; i < g->n_layers; i++)
+        if (cpu_layer(e, s, i, x, u, d, T, NULL)) goto out;
     for (int r = 0; r < nw; r++) rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
     qmatmul(&W->lm_head, 0, hn, nw, lg);
     if (logits) memcpy(logits, lg, sizeof(float) * (size_t)n_rows * g->vocab);
@@ -533,6 +544,27 @@ out:
     free(hn);
     free(lg);
     free(x);
+    free(u);
+    free(d);
+    return rc;
+}
+
+static int cpu_embed(struct engine *e, const int32_t *tokens, int T, float *out, char *err, size_t errlen) {
+    const int H = e->model.g.hidden;
+    for (int t = 0; t < T; t++) dequant_row(&e->model.w.embed, 0, tokens[t], out + (size_t)t * H);
+    return 0;
+}
+
+static int cpu_layer_probe(struct engine *e, struct seq *s, int layer, const float *x_in, int T, float *x_out,
+                           float *router_logits, char *err, size_t errlen) {
+    const size_t n = (size_t)T * e->model.g.hidden;
+    float *u = scratch(sizeof(float) * n), *d = scratch(sizeof(float) * n);
+    int rc = -1;
+    if (u && d) {
+        memmove(x_out, x_in, sizeof(float) * n);
+        rc = cpu_layer(e, s, layer, x_out, u, d, T, router_logits);
+    }
+    if (rc) snprintf(err, errlen, "out of memory in the CPU layer probe (%d tokens at position %d)", T, s->pos);
     free(u);
     free(d);
     return rc;
@@ -550,4 +582,6 @@ const struct backend_ops backend_cpu = {
     .seq_clear = cpu_seq_clear,
     .seq_copy = cpu_seq_copy,
     .forward_chunk = cpu_forward_chunk,
+    .embed = cpu_embed,
+    .layer_probe = cpu_layer_probe,
 };

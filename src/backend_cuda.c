@@ -26,7 +26,9 @@
 // the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention
 // takes Q and P as bf16 (one mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0
 // (or CALLA_EXACT=1): the verification mode, operands split hi + lo and fp32 inputs to the
-// products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule.
+// products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the
+// embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one
+// cuda_layer on hidden states from the host.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -694,108 +696,133 @@ void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
     k_set_pdl(pdl);
 }
 
-static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
-                              int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
+// Decoder layer i (docs/MODEL.md §2.2) on the residual stream ce->sc.x [T, H] in place, at positions
+// s->pos..: the prefill path (T == 1: the legacy decode kernels), fast (bf16 inputs to the products)
+// or not. Leaves the router's logits in ce->sc.rl [T, E]. Enqueues only: no synchronisation.
+// forward_chunk runs it for every layer, the layer probe for one.
+static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
-    if (T == 1 && ce->decode_mode != DEC_LEGACY && (n_rows == 0 || (n_rows == 1 && rows[0] == 0)))
-        return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
-    if (ensure_scratch(e, T, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     void *st = ce->stream;
     const int H = g->hidden, p0 = s->pos, E = g->n_experts, K = g->n_experts_used, I = g->moe_inter;
     const int S = g->shared_inter, D = g->head_dim;
     const float eps = (float)g->rms_eps;
-    const int fast = !ce->prefill_exact && T > 1 && b->xh && b->xa;   // bf16 inputs to the products
     int rc = 0;
+    const struct layer_weights *L = &ce->w.layers[i];
+    KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
+    const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
+    KL(rc);
+    if (geom_is_attn(g, i)) {
+        KL(mmb(&L->q_proj, b->u, ub, T, b->qg, st));
+        KL(mmb(&L->k_proj, b->u, ub, T, b->kb, st));
+        KL(mmb(&L->v_proj, b->u, ub, T, b->vb, st));
+        KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
+                       g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+        if (T == 1)
+            KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
+                           g->n_kv_heads, D, DECODE_SPLIT, st));
+        else
+            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
+                                 g->n_kv_heads, D, ce->prefill_exact, st));
+        const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
+        KL(rc);
+        KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
+    } else {
+        KL(mmb(&L->in_qkv, b->u, ub, T, b->xin, st));
+        KL(mmb(&L->in_z, b->u, ub, T, b->z, st));
+        KL(mmb(&L->in_b, b->u, ub, T, b->bb, st));
+        KL(mmb(&L->in_a, b->u, ub, T, b->aa, st));
+        KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
+                      g->lin_k_dim, st));
+        if (b->gdn_ws && T > 1)   // chunks of 64 tokens on the tensor cores (this model's heads)
+            KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, b->gdn_ws,
+                             T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, ce->prefill_exact,
+                             st));
+        else
+            KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
+                               g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
+        const uint16_t *gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
+        KL(rc);
+        KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
+    }
+    KL(k_add(b->x, b->d, (long)T * H, st));
+    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
+    // MoE (the router and the shared-expert gate read the fp32 input in both modes)
+    const uint16_t *mb = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
+    KL(rc);
+    KL(mm(&L->router, b->u, T, b->rl, st));
+    KL(mm(&L->shared_gate, b->u, T, b->sg, st));
+    KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
+    KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
+    KL(mmb(&L->se_up, b->u, mb, T, b->sup, st));
+    KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
+    const uint16_t *sb = to_bf16(fast, b->sact, b->xa, (long)T * S, st, &rc);
+    KL(rc);
+    KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
+    if (T == 1) {
+        KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
+        KL(k_qmatvec(dq(&L->ex_up), b->ids, b->u, H, K, b->eu, I, K, st));
+        KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
+        KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
+    } else {
+        KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
+        if (mb) {   // fast: mb still holds bf16(u); the expert activations are converted into xa
+            KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_qmatmul_bf16(dq(&L->ex_up), mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+            KL(k_to_bf16(b->ea, b->xa, (long)T * K * I, st));
+            KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
+                              st));
+        } else {
+            KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+            KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
+        }
+    }
+    KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
+    KL(k_add(b->x, b->d, (long)T * H, st));
+    return 0;
+fail:
+    return -1;
+}
+
+// Scratch and attention partials for a prefill chunk of T tokens at s->pos; *fast: whether its
+// products take bf16 inputs (the fast mode, T > 1).
+static int prefill_prepare(struct engine *e, struct seq *s, int T, int *fast, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    if (ensure_scratch(e, T, err, errlen)) return -1;
+    *fast = !ce->prefill_exact && T > 1 && ce->sc.xh && ce->sc.xa;   // bf16 inputs to the products
     // Decode splits the keys into blocks of DECODE_SPLIT with partials; prefill (T > 1) runs
     // FlashAttention with keys in fixed tiles from position 0, so a query's result does not depend
     // on how the prompt was cut into chunks (the session cache continues a snapshot with the rest
     // of a prompt and must match a single prefill).
     if (T == 1 &&
-        ensure_part(ce, k_attention_part_floats(1, p0 + 1, g->n_heads, D, DECODE_SPLIT), err, errlen))
+        ensure_part(ce, k_attention_part_floats(1, s->pos + 1, g->n_heads, g->head_dim, DECODE_SPLIT), err, errlen))
         return -1;
+    return 0;
+}
 
+static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
+                              int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    if (T == 1 && ce->decode_mode != DEC_LEGACY && (n_rows == 0 || (n_rows == 1 && rows[0] == 0)))
+        return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
+    int fast;
+    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    struct scratch *b = &ce->sc;
+    void *st = ce->stream;
+    const int H = g->hidden;
+    const float eps = (float)g->rms_eps;
     memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
     CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
     KL(k_embed(dq(&ce->w.embed), b->tokens, T, b->x, st));
-    for (int i = 0; i < g->n_layers; i++) {
-        const struct layer_weights *L = &ce->w.layers[i];
-        KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
-        const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
-        KL(rc);
-        if (geom_is_attn(g, i)) {
-            KL(mmb(&L->q_proj, b->u, ub, T, b->qg, st));
-            KL(mmb(&L->k_proj, b->u, ub, T, b->kb, st));
-            KL(mmb(&L->v_proj, b->u, ub, T, b->vb, st));
-            KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
-                           g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            if (T == 1)
-                KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
-                               g->n_kv_heads, D, DECODE_SPLIT, st));
-            else
-                KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
-                                     g->n_kv_heads, D, ce->prefill_exact, st));
-            const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
-            KL(rc);
-            KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
-        } else {
-            KL(mmb(&L->in_qkv, b->u, ub, T, b->xin, st));
-            KL(mmb(&L->in_z, b->u, ub, T, b->z, st));
-            KL(mmb(&L->in_b, b->u, ub, T, b->bb, st));
-            KL(mmb(&L->in_a, b->u, ub, T, b->aa, st));
-            KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
-                          g->lin_k_dim, st));
-            if (b->gdn_ws && T > 1)   // chunks of 64 tokens on the tensor cores (this model's heads)
-                KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, b->gdn_ws,
-                                 T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, ce->prefill_exact,
-                                 st));
-            else
-                KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
-                                   g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
-            const uint16_t *gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
-            KL(rc);
-            KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
-        }
-        KL(k_add(b->x, b->d, (long)T * H, st));
-        KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
-        // MoE (the router and the shared-expert gate read the fp32 input in both modes)
-        const uint16_t *mb = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
-        KL(rc);
-        KL(mm(&L->router, b->u, T, b->rl, st));
-        KL(mm(&L->shared_gate, b->u, T, b->sg, st));
-        KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
-        KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
-        KL(mmb(&L->se_up, b->u, mb, T, b->sup, st));
-        KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
-        const uint16_t *sb = to_bf16(fast, b->sact, b->xa, (long)T * S, st, &rc);
-        KL(rc);
-        KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
-        if (T == 1) {
-            KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
-            KL(k_qmatvec(dq(&L->ex_up), b->ids, b->u, H, K, b->eu, I, K, st));
-            KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
-            KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
-        } else {
-            KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-            if (mb) {   // fast: mb still holds bf16(u); the expert activations are converted into xa
-                KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_qmatmul_bf16(dq(&L->ex_up), mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-                KL(k_to_bf16(b->ea, b->xa, (long)T * K * I, st));
-                KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
-                                  st));
-            } else {
-                KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-                KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-                KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
-            }
-        }
-        KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
-        KL(k_add(b->x, b->d, (long)T * H, st));
-    }
+    for (int i = 0; i < g->n_layers; i++)
+        if (cuda_layer(e, s, i, T, fast, err, errlen)) goto fail;
     // Final norm and lm_head for the wanted rows and the last row, LM_ROWS rows at a time.
     int nw = 0;
     for (int r = 0; r < n_rows; r++) b->h_rows[nw++] = rows[r];
@@ -823,6 +850,46 @@ fail:
     return -1;
 }
 
+static int cuda_embed(struct engine *e, const int32_t *tokens, int T, float *out, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    void *st = ce->stream;
+    if (ensure_scratch(e, T, err, errlen)) return -1;
+    struct scratch *b = &ce->sc;
+    memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
+    CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
+    KL(k_embed(dq(&ce->w.embed), b->tokens, T, b->x, st));
+    CK(cudaMemcpyAsync(out, b->x, sizeof(float) * (size_t)T * e->model.g.hidden, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+// One layer of a prefill chunk (engine_layer_probe): x_in up into the residual stream, cuda_layer,
+// the stream and the router's logits down.
+static int cuda_layer_probe(struct engine *e, struct seq *s, int layer, const float *x_in, int T, float *x_out,
+                            float *router_logits, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    void *st = ce->stream;
+    int fast;
+    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    struct scratch *b = &ce->sc;
+    const size_t n = (size_t)T * g->hidden;
+    CK(cudaMemcpyAsync(b->x, x_in, sizeof(float) * n, cudaMemcpyHostToDevice, st));
+    if (cuda_layer(e, s, layer, T, fast, err, errlen)) goto fail;
+    CK(cudaMemcpyAsync(x_out, b->x, sizeof(float) * n, cudaMemcpyDeviceToHost, st));
+    if (router_logits)
+        CK(cudaMemcpyAsync(router_logits, b->rl, sizeof(float) * (size_t)T * g->n_experts, cudaMemcpyDeviceToHost,
+                           st));
+    CK(cudaStreamSynchronize(st));
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
 const struct backend_ops backend_cuda = {
     .name = "cuda",
     .available = cuda_available,
@@ -833,6 +900,8 @@ const struct backend_ops backend_cuda = {
     .seq_clear = cuda_seq_clear,
     .seq_copy = cuda_seq_copy,
     .forward_chunk = cuda_forward_chunk,
+    .embed = cuda_embed,
+    .layer_probe = cuda_layer_probe,
 };
 
 #endif   // CALLA_CUDA

@@ -181,3 +181,43 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
     }
     return ENGINE_OK;
 }
+
+int engine_embed(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen) {
+    if (!e->ops->embed) {
+        snprintf(err, errlen, "the %s backend has no embedding probe", e->ops->name);
+        return ENGINE_ERROR;
+    }
+    if (n < 1) {
+        snprintf(err, errlen, "no tokens to embed");
+        return ENGINE_ERROR;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->model.g.vocab) {
+            snprintf(err, errlen, "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
+                     e->model.g.vocab - 1);
+            return ENGINE_ERROR;
+        }
+    return e->ops->embed(e, tokens, n, out, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
+}
+
+int engine_layer_probe(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
+                       float *router_logits, char *err, size_t errlen) {
+    if (!e->ops->layer_probe) {
+        snprintf(err, errlen, "the %s backend has no layer probe", e->ops->name);
+        return ENGINE_ERROR;
+    }
+    if (layer < 0 || layer >= e->model.g.n_layers) {
+        snprintf(err, errlen, "layer %d does not exist (0..%d)", layer, e->model.g.n_layers - 1);
+        return ENGINE_ERROR;
+    }
+    if (n < 1 || n > QWEN_PREFILL_CHUNK) {
+        snprintf(err, errlen, "a layer probe takes 1 to %d rows, not %d", QWEN_PREFILL_CHUNK, n);
+        return ENGINE_ERROR;
+    }
+    if (n > s->cap - s->pos) {
+        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
+                 s->cap);
+        return ENGINE_ERROR;
+    }
+    return e->ops->layer_probe(e, s, layer, x_in, n, x_out, router_logits, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
+}

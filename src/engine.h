@@ -65,6 +65,22 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
 
+// ---- the layer probe (tests: tests/gpu/test_cuda_layers.c, tests/test_engine.c) -------------------
+// A backend's layers one at a time, fed hidden states from outside (the CPU oracle's), so that
+// a backend is checked layer by layer with no rounding carried from the layers before.
+
+// out [n, hidden] = the embedding rows of tokens[0..n) (h_0, the first layer's input).
+// ENGINE_ERROR with a message when the backend has no probe or a token id is outside the vocabulary.
+int engine_embed(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
+// Runs decoder layer `layer` (docs/MODEL.md §2.2: mixer, MoE, both residual adds) on x_in [n, hidden]
+// at positions seq_pos(s) .. seq_pos(s) + n - 1, the prefill path in whatever mode the backend is
+// in (CUDA: fast or CALLA_EXACT=1), reading and updating that layer's state in s (KV cache rows,
+// DeltaNet conv and recurrent state); s's position does not move. x_out [n, hidden] (may be x_in)
+// gets the layer's output; router_logits [n, n_experts], when not NULL, the router's logits.
+// n is at most QWEN_PREFILL_CHUNK and the sequence's room; ENGINE_ERROR with a message otherwise.
+int engine_layer_probe(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
+                       float *router_logits, char *err, size_t errlen);
+
 // A forward_opts.progress for terminals: "calla run: prefill 8,192 / 65,536 tokens (12%), 1.6 s"
 // on stderr, rewritten in place after each chunk and ended by a newline. Prints only when stderr
 // is a terminal and the call spans more than one chunk. arg: a struct progress_line.
@@ -90,6 +106,12 @@ struct backend_ops {
     // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
     int (*forward_chunk)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
                          float *logits, int32_t *next, char *err, size_t errlen);
+    // (optional) The embedding rows of n valid tokens: out [n, hidden] (engine_embed).
+    int (*embed)(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
+    // (optional) One layer over n rows at positions s->pos.. through the same per-layer function
+    // forward_chunk runs (engine_layer_probe); does not advance s->pos.
+    int (*layer_probe)(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
+                       float *router_logits, char *err, size_t errlen);
 };
 
 struct engine {

@@ -2,12 +2,14 @@
 // decode equals one longer prefill; chunked equals unchunked; snapshots (seq_copy) continue
 // identically; results do not depend on the thread count; bad input is refused without touching
 // the state; running out of memory is an error, not an abort; an unaligned (MLX-layout) checkpoint
-// gives the logits of an aligned one without copying its weights.
+// gives the logits of an aligned one without copying its weights; the layer probe chained over
+// every layer is the forward pass.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 
 #include <cmocka.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,6 +248,91 @@ static void test_unaligned_equals_aligned(void **state) {
     assert_int_equal(tiny_engine_close(adir, al), 0);
 }
 
+// The final norm and lm_head of backend_cpu.c, here from the weights: logits [V] of hidden x [H].
+static void head(const float *x, float *logits) {
+    const struct geometry *g = engine_geometry(eng);
+    const struct model *m = engine_model(eng);
+    const struct qtensor *W = &m->w.lm_head;
+    const int H = g->hidden, per = 32 / W->bits, words = QWEN_GROUP / per;
+    float hn[H], row[H], ss = 0;
+    for (int i = 0; i < H; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)H + (float)g->rms_eps);
+    for (int i = 0; i < H; i++) hn[i] = x[i] * r * m->w.final_norm[i];
+    for (int n = 0; n < g->vocab; n++) {
+        const size_t w0 = (size_t)n * qt_words_per_row(W), g0 = (size_t)n * qt_groups_per_row(W);
+        for (int k = 0; k < H; k++) {
+            const uint32_t word = qt_load_u32(W->w, w0 + k / QWEN_GROUP * words + k % QWEN_GROUP / per);
+            const float q = (float)((word >> (k % per * W->bits)) & ((1u << W->bits) - 1));
+            row[k] = bf16_to_f32(qt_load_u16(W->scales, g0 + k / QWEN_GROUP)) * q +
+                     bf16_to_f32(qt_load_u16(W->biases, g0 + k / QWEN_GROUP));
+        }
+        float d = 0;
+        for (int k = 0; k < H; k++) d += row[k] * hn[k];
+        logits[n] = d;
+    }
+}
+
+static double nerr(const float *a, const float *ref, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+// The layer probe (tests/gpu/test_cuda_layers.c's CPU side): the embedding, then every layer in turn
+// through engine_layer_probe, gives the hidden state engine_forward computes (its logits through the
+// final norm and lm_head to 1e-6), updates the sequence's state as forward does (a decode step after
+// it matches one after a prefill), asking for the router logits changes nothing, and bad calls are
+// refused.
+static void test_layer_probe_chain_equals_forward(void **state) {
+    const struct geometry *g = engine_geometry(eng);
+    const int H = g->hidden, E = g->n_experts;
+    int32_t t[N + 1], a, b;
+    char err[256];
+    prompt(t, N + 1, 23);
+    float *x = malloc(sizeof(float) * N * H), *y = malloc(sizeof(float) * N * H);
+    float *rl = malloc(sizeof(float) * N * E), *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    struct seq *s1 = new_seq(N + 1), *s2 = new_seq(N + 1), *s3 = new_seq(N + 1);
+    assert_int_equal(engine_embed(eng, t, N, x, err, sizeof err), ENGINE_OK);
+    memcpy(y, x, sizeof(float) * N * H);
+    for (int l = 0; l < g->n_layers; l++) {
+        for (int i = 0; i < N * E; i++) rl[i] = NAN;
+        assert_int_equal(engine_layer_probe(eng, s1, l, x, N, x, rl, err, sizeof err), ENGINE_OK);
+        assert_int_equal(engine_layer_probe(eng, s3, l, y, N, y, NULL, err, sizeof err), ENGINE_OK);
+        for (int i = 0; i < N * E; i++) assert_true(isfinite(rl[i]));
+    }
+    assert_memory_equal(x, y, sizeof(float) * N * H);   // the router logits' copy changes nothing
+    assert_int_equal(seq_pos(s1), 0);
+    forward(s2, t, N, 0, N - 1, lb, &b);
+    head(x + (size_t)(N - 1) * H, la);
+    const double ne = nerr(la, lb, V);
+    if (ne > 1e-6) fail_msg("probe chain vs forward: logits nerr %.3e > 1e-6", ne);
+    // The state: the probe leaves the position to its caller (engine.h); advance it as forward does.
+    s1->pos = N;
+    forward(s1, &t[N], 1, 0, 0, la, &a);
+    forward(s2, &t[N], 1, 0, 0, lb, &b);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * V);
+    // Refused: a layer that does not exist, more rows than the sequence holds, no rows.
+    assert_int_equal(engine_layer_probe(eng, s3, g->n_layers, y, 1, y, NULL, err, sizeof err), ENGINE_ERROR);
+    assert_int_equal(engine_layer_probe(eng, s3, -1, y, 1, y, NULL, err, sizeof err), ENGINE_ERROR);
+    assert_int_equal(engine_layer_probe(eng, s3, 0, y, N + 2, y, NULL, err, sizeof err), ENGINE_ERROR);
+    assert_non_null(strstr(err, "capacity"));
+    assert_int_equal(engine_layer_probe(eng, s3, 0, y, 0, y, NULL, err, sizeof err), ENGINE_ERROR);
+    int32_t bad = (int32_t)V;
+    assert_int_equal(engine_embed(eng, &bad, 1, y, err, sizeof err), ENGINE_ERROR);
+    seq_free(s1);
+    seq_free(s2);
+    seq_free(s3);
+    free(x);
+    free(y);
+    free(rl);
+    free(la);
+    free(lb);
+}
+
 static void test_unknown_backend(void **state) {
     struct engine *e;
     char err[256];
@@ -273,6 +360,7 @@ int main(void) {
         cmocka_unit_test(test_out_of_memory_is_an_error),
         cmocka_unit_test(test_unaligned_equals_aligned),
         cmocka_unit_test(test_unknown_backend),
+        cmocka_unit_test(test_layer_probe_chain_equals_forward),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

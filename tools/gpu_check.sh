@@ -6,11 +6,16 @@
 # End-to-end comparisons with the CPU oracle (test_cuda_e2e, test_cuda_chunking) run in the
 # verification mode (they set CALLA_EXACT=1: fp32-level products); the fast mode's tensor-core
 # products are checked per kernel (kernels, decode lab, both modes) and bounded loosely against the
-# exact mode by test_cuda_decode e2e. The sanitizer stage runs both modes.
+# exact mode by test_cuda_decode e2e, and layer by layer against the CPU oracle by the layers stage
+# (test_cuda_layers: every layer fed the oracle's input). The sanitizer stage runs both modes.
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full timing
 #                      bench"; also "racecheck", and "score": tools/score_gate.py at the full shape,
-#                      HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens, 4096)
+#                      HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens, 4096;
+#                      and "layers": test_cuda_layers at the full shape, the fast mode against the CPU
+#                      oracle layer by layer, each layer fed the oracle's input, over GPU_CHECK_LAYERS_LEN
+#                      positions (4096; the CPU oracle takes minutes), with the exact mode as control,
+#                      under timeout GPU_CHECK_LAYERS_TIMEOUT seconds (900))
 #   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
@@ -100,6 +105,10 @@ for st in $STAGES; do
         run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" python3 tools/score_gate.py --calla "$B/calla" \
             --model "$TMP/calla-full" --len ${GPU_CHECK_SCORE_LEN:-4096} --backends cuda,cpu-f32 --hf-device cuda \
             --hf-bf16 --out "$OUTDIR/score-gate-$date-$commit" ;;
+    layers)
+        full_ckpt
+        run_step "layers FULL fast vs CPU ${GPU_CHECK_LAYERS_LEN:-4096}" timeout ${GPU_CHECK_LAYERS_TIMEOUT:-900} \
+            "$B/gpu/test_cuda_layers" "$TMP/calla-full" ${GPU_CHECK_LAYERS_LEN:-4096} ;;
     bench)
         for ctx in ${GPU_CHECK_BENCH_CTX:-4096 65536}; do
             run_step "bench full ctx $ctx" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} "$B/calla" bench \
