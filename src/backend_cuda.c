@@ -446,6 +446,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->dv_prefetch = dvp ? atoi(dvp) : 1;   // CALLA_DV_PREFETCH=0|1|2
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
+    const char *tsp = getenv("CALLA_TC_SPLIT");
+    k_set_tc_split(!(tsp && !strcmp(tsp, "0")));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;

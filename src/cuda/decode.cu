@@ -26,11 +26,13 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 0, g_dv_occ = 0, g_exact = 0;
+static int g_pdl = 0, g_dv_occ = 0, g_exact = 0, g_tc_split = 1;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
 extern "C" void k_set_pdl(int on) { g_pdl = on; }
+// 0: the tensor-core GEMVs walk K by one warp per 16-row task, as before the K split (A/B).
+extern "C" void k_set_tc_split(int on) { g_tc_split = on; }
 extern "C" int k_pdl(void) { return g_pdl; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
@@ -307,6 +309,22 @@ static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const st
         if (n[i] < R) dv_out(d, s, n[i], acc[i], best);
 }
 
+// The tasks of a descriptor: tasks of `per` rows, segment after segment.
+struct dv_taskmap {
+    int first[DV_MAXSEG + 1];   // task prefix over the segments
+    __device__ dv_taskmap(const struct dv_desc &d, int per) {
+        first[0] = 0;
+#pragma unroll
+        for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, per) : 0);
+    }
+    __device__ int total() const { return first[DV_MAXSEG]; }
+    __device__ int seg_of(int t) const {   // the segment of task t
+        int s = 0;
+        while (t >= first[s + 1]) s++;
+        return s;
+    }
+};
+
 // All segments have BITS-bit codes; RW row-passes per task.
 template <int BITS, int RW>
 static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(const struct dv_desc d) {
@@ -316,20 +334,11 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
     const lanes L = lanes_of<BITS>(d.K);
     const int per = RW * L.rpp;   // rows per task
-    int first[DV_MAXSEG + 1];     // task prefix over the segments
-    first[0] = 0;
-#pragma unroll
-    for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, per) : 0);
-    const int total = first[DV_MAXSEG];
-    auto seg_of = [&](int t) {   // the segment of task t
-        int s = 0;
-        while (t >= first[s + 1]) s++;
-        return s;
-    };
+    const dv_taskmap T(d, per);
     if (d.prefetch) {   // this warp's weights: they do not depend on the predecessor
         const size_t rb = (size_t)d.K * BITS / 8;
-        for (int t = gw; t < total; t += stride) {
-            const int s = seg_of(t), n0 = (t - first[s]) * per, nr = min(per, d.seg[s].W.rows - n0);
+        for (int t = gw; t < T.total(); t += stride) {
+            const int s = T.seg_of(t), n0 = (t - T.first[s]) * per, nr = min(per, d.seg[s].W.rows - n0);
             prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb, (size_t)nr * rb, lane);
         }
     }
@@ -337,38 +346,43 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     pdl_trigger();
     stage_input(d, xs, xs16);
     unsigned long long best = 0;
-    for (int t = gw; t < total; t += stride) {
-        const int s = seg_of(t);
-        dv_task<BITS, RW>(d, d.seg[s], (t - first[s]) * per, L, xs, xs16, &best);
+    for (int t = gw; t < T.total(); t += stride) {
+        const int s = T.seg_of(t);
+        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, &best);
     }
     if (d.best) best_reduce(best, d.best);
 }
 
 // k_dv on the tensor cores (fast mode, 4-bit segments): the input staged as k_dv's, then again as
 // bf16 in tcgemv.cuh's layout; tasks of 16 rows of one segment (tc_rows16), each lane finishing
-// one row (lanes t = 0 and 2 of a quad store).
+// one row (lanes t = 0 and 2 of a quad store). Where K is a multiple of 1,024 (every model shape)
+// a block takes a task and its warps split K (a quarter of the super-steps each, all loaded at
+// once, the four partial sums added in shared memory): a task is one round trip of loads instead
+// of a warp's walk through K / 256 super-steps two at a time. Otherwise a warp takes a task.
 enum { DV_TC_MIN_BLOCKS = 4, DV_TC_MIN_ROWS = 8192 };
+static __host__ __device__ __forceinline__ bool tc_split_k(int K, int on) { return on && K % (TC_SUPER * DV_WARPS) == 0; }
+// The whole-K form, out of line: only the test geometries take it, and inlined beside the split
+// form it would cost the split form registers.
+static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const uint16_t *sc, const uint16_t *bi, int R,
+                                                     int K, int n0, const unsigned char *sm) {
+    return tc_rows16(w, sc, bi, R, K, n0, sm);
+}
 static __global__ void __launch_bounds__(DV_THREADS, DV_TC_MIN_BLOCKS) dv_tc_kernel(const struct dv_desc d) {
     extern __shared__ __align__(16) float dv_smem[];
+    __shared__ float part[DV_WARPS][WARP_SIZE];
     float *xs = dv_smem, *xs16 = dv_smem + d.K;
     unsigned char *tsm = (unsigned char *)(xs16 + d.K / 16);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
-    int first[DV_MAXSEG + 1];
-    first[0] = 0;
-#pragma unroll
-    for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, TC_ROWS) : 0);
-    const int total = first[DV_MAXSEG];
-    auto seg_of = [&](int t) {
-        int s = 0;
-        while (t >= first[s + 1]) s++;
-        return s;
-    };
-    if (d.prefetch) {
+    const bool split = tc_split_k(d.K, d.tc_split);
+    // task t to (block, warp): split, block t takes it whole; else warp t
+    const int first = split ? blockIdx.x : blockIdx.x * DV_WARPS + warp, stride = split ? gridDim.x : gridDim.x * DV_WARPS;
+    const dv_taskmap T(d, TC_ROWS);
+    if (d.prefetch) {   // the tasks' codes (contiguous rows), a quarter a warp when the block shares a task
         const size_t rb = (size_t)d.K / 2;
-        for (int t = gw; t < total; t += stride) {
-            const int s = seg_of(t), n0 = (t - first[s]) * TC_ROWS, nr = min(TC_ROWS, d.seg[s].W.rows - n0);
-            prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb, (size_t)nr * rb, lane);
+        for (int t = first; t < T.total(); t += stride) {
+            const int s = T.seg_of(t), n0 = (t - T.first[s]) * TC_ROWS, nr = min(TC_ROWS, d.seg[s].W.rows - n0);
+            const size_t n = (size_t)nr * rb, q = split ? n / DV_WARPS : n;
+            prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb + (split ? warp * q : 0), q, lane);
         }
     }
     pdl_wait();
@@ -381,13 +395,22 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_TC_MIN_BLOCKS) dv_tc_ker
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
         d.K, tsm);
+    const int nS = tc_nsuper(d.K), S0 = warp * nS / DV_WARPS, S1 = (warp + 1) * nS / DV_WARPS;
     unsigned long long best = 0;
-    for (int t = gw; t < total; t += stride) {
-        const int s = seg_of(t), n0 = (t - first[s]) * TC_ROWS;
+    for (int t = first; t < T.total(); t += stride) {
+        const int s = T.seg_of(t), n0 = (t - T.first[s]) * TC_ROWS;
         const struct dqt &W = d.seg[s].W;
-        const float v = tc_rows16(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm);
         const int row = n0 + tc_lane_row(lane);
-        if (!(lane & 1) && row < W.rows) dv_out(d, d.seg[s], row, v, &best);
+        if (!split) {
+            const float v = tc_rows16_whole(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm);
+            if (!(lane & 1) && row < W.rows) dv_out(d, d.seg[s], row, v, &best);
+            continue;
+        }
+        part[warp][lane] = tc_rows16<false>(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm, S0, S1);
+        __syncthreads();
+        if (warp == 0 && !(lane & 1) && row < W.rows)
+            dv_out(d, d.seg[s], row, (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]), &best);
+        __syncthreads();
     }
     if (d.best) best_reduce(best, d.best);
 }
@@ -435,9 +458,12 @@ static size_t dv_smem_bytes(const struct dv_desc *d) {
 static int dv_tc_launch(const struct dv_desc *d, void *stream) {
     long tasks = 0;
     for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
+    struct dv_desc dd = *d;
+    dd.tc_split = g_tc_split;
+    if (tc_split_k(d->K, g_tc_split)) tasks *= DV_WARPS;   // a block a task (dv_tc_kernel)
     const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
-                    stream, *d);
+                    stream, dd);
 }
 
 template <int BITS>
@@ -565,19 +591,18 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
 }
 
 // Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while every thread stages
-// u as bf16 (tcgemv.cuh); then a pair of warps takes a 16-row tile of one expert, one warp the gate
-// rows and the other the up rows, and the gate warp writes silu(gate) * up. Block 0 writes ids / w
-// for k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
-static __device__ __forceinline__ void pair_sync(int pair) {   // named barrier 1 or 2, the pair's 64 threads
-    if (pair) asm volatile("bar.sync 2, 64;\n" ::: "memory");
-    else asm volatile("bar.sync 1, 64;\n" ::: "memory");
-}
+// u as bf16 (tcgemv.cuh); then a block takes a 16-row tile of one expert: warps 0 and 2 the gate
+// rows, 1 and 3 the up rows, each pair splitting K in halves (K a multiple of 512; otherwise warps 0
+// and 1 take all of K), and warp 0 writes silu(gate) * up. Block 0 writes ids / w for
+// k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
 static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) unsigned char gt_smem[];
     __shared__ int ids[WARP_SIZE];
-    __shared__ float wts[WARP_SIZE], up_v[DV_WARPS / 2][WARP_SIZE];
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, pair = warp / 2, mat = warp % 2;
+    __shared__ float wts[WARP_SIZE], part[DV_WARPS][WARP_SIZE];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, half = warp / 2;
     const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = (m.k + 1) * tiles_e;
+    const bool split = m.tc_split && m.H % (2 * TC_SUPER) == 0;
+    const int nS = tc_nsuper(m.H), S0 = half * nS / 2, S1 = (half + 1) * nS / 2;
     pdl_wait();
     pdl_trigger();
     if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
@@ -588,17 +613,22 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(cons
     }
     prefetch_down(m, ids);
     const size_t wpr = (size_t)m.H / 8, gpr = (size_t)m.H / QGROUP;
-    for (int t = blockIdx.x * (DV_WARPS / 2) + pair; t < total; t += gridDim.x * (DV_WARPS / 2)) {
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const int e = t / tiles_e, n0 = (t % tiles_e) * TC_ROWS;
         const bool shared = e == m.k;
         const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
         const size_t base = shared ? 0 : (size_t)ids[e] * m.I;
-        const float v = tc_rows16(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem);
-        if (mat) up_v[pair][lane] = v;
-        pair_sync(pair);
+        float v = 0;
+        if (split)
+            v = tc_rows16<false>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem, S0, S1);
+        else if (half == 0)
+            v = tc_rows16_whole(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem);
+        part[warp][lane] = v;
+        __syncthreads();
         const int row = n0 + tc_lane_row(lane);
-        if (!mat && !(lane & 1) && row < m.I) m.act[(size_t)e * m.I + row] = silu_f(v) * up_v[pair][lane];
-        pair_sync(pair);   // up_v is read before the next tile writes it
+        if (warp == 0 && !(lane & 1) && row < m.I)
+            m.act[(size_t)e * m.I + row] = silu_f(part[0][lane] + part[2][lane]) * (part[1][lane] + part[3][lane]);
+        __syncthreads();   // part is read before the next tile writes it
     }
 }
 
@@ -649,10 +679,12 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         return (int)cudaErrorInvalidValue;
     if (!g_exact && m->E <= RW_MAXE) {
         const size_t tsmem = (size_t)tc_smem_bytes(m->H);
-        const long pairs = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block takes DV_WARPS / 2 tiles
+        const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
+        struct dv_moe mm = *m;
+        mm.tc_split = g_tc_split;
         return launch_k(dv_gateup_tc_kernel,
-                        dim3(grid_for_tasks<dv_gateup_tc_kernel>(pairs * 2, DV_THREADS, tsmem)), dim3(DV_THREADS),
-                        tsmem, stream, *m);
+                        dim3(grid_for_tasks<dv_gateup_tc_kernel>(tiles * DV_WARPS, DV_THREADS, tsmem)),
+                        dim3(DV_THREADS), tsmem, stream, mm);
     }
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
     const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));

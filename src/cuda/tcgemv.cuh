@@ -171,21 +171,25 @@ static __device__ __forceinline__ float tc_epilogue(float acc, const float (&c)[
 // every lane (the lanes t = 0, 1 and t = 2, 3 of a quad agree). Rows >= R are computed on row
 // R - 1 (skip their stores). TAIL = false needs K % 256 == 0 (every model shape: no guard, scales
 // by pairs in one 32-bit load); TAIL = true takes any multiple of 64. Every lane must call it.
+// TAIL = false may take super-steps S0 .. S1 - 1 only (the inputs 256 S0 .. 256 S1 - 1): the sum of
+// the parts of a split is the product (a block's warps splitting K, each part loaded at once).
 template <bool TAIL>
 static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
                                                   const uint16_t *__restrict__ bi, int R, int K, int n0,
-                                                  const unsigned char *sm) {
+                                                  const unsigned char *sm, int S0 = 0, int S1 = -1) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    const int rowbytes = K / 2, ng = K / 64, nS = tc_nsuper(K), lim = rowbytes - 16;
+    const int rowbytes = K / 2, ng = K / 64, lim = rowbytes - 16;
+    if (TAIL || S1 < 0) S0 = 0, S1 = tc_nsuper(K);
+    const int nS = S1 - S0;
     const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1), rE = t < 2 ? rA : rB;
     const int ge = 2 * (t & 1);   // first group of this lane's epilogue within a super-step
     // running pointers (advanced a super-step at a time)
-    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t;
-    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t;
-    const uint16_t *sp = sc + (size_t)rE * ng + ge, *bp = bi + (size_t)rE * ng + ge;
-    const unsigned char *bx0 = sm + tc_b_byte(K, g, t, 0), *bx1 = sm + tc_b_byte(K, g, t, 1);
     const int inc0 = tc_b_real(g, t, 0) ? TC_B_STEP : 0, inc1 = tc_b_real(g, t, 1) ? TC_B_STEP : 0;
-    const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1);   // (sum, 128 sum bf16) x 2 groups
+    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t + 128 * S0;
+    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t + 128 * S0;
+    const uint16_t *sp = sc + (size_t)rE * ng + ge + 4 * S0, *bp = bi + (size_t)rE * ng + ge + 4 * S0;
+    const unsigned char *bx0 = sm + tc_b_byte(K, g, t, 0) + S0 * inc0, *bx1 = sm + tc_b_byte(K, g, t, 1) + S0 * inc1;
+    const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1) + 2 * S0;   // (sum, 128 sum bf16) x 2 groups
 
     // Loads of super-step S + j (j = 0, 1, 2 relative to the pointers at S).
     auto load = [&](tc_stage &st, int j, int S) {
