@@ -57,7 +57,12 @@
 #define TOL_FAST (8 * SIGMA_BF16)         // 1.5625e-2
 // The verification mode's products are fp32-level (hi + lo operands): ~1e-6 per product (the
 // kernel checks), the bf16 KV cache rounding the same on both sides but for the rare element at a
-// rounding boundary; 1e-4 leaves a factor of ten over what a layer of such products gives.
+// rounding boundary; 1e-4 leaves a factor of ten over what a layer of such products gives. It
+// bounds the positions that the verification mode routes as the oracle does: where the oracle's
+// 8th and 9th router logits are within fp32 reassociation of each other, the two summation orders
+// may pick different 8th experts, and that token's MoE output then differs by one expert's share
+// (measured on the H200, N = 256: one layer of 40 at 1.8e-4 over all positions, 9e-7 elsewhere).
+// Such flips are counted and printed (flip_e), and the routing is gated where the gap is clear.
 #define TOL_EXACT 1e-4
 // Flatness: every layer gets the oracle's input, so nothing accumulates with depth, and every
 // layer of a kind runs the same kernels on weights of one distribution: the update-relative error
@@ -97,7 +102,9 @@ static int same_set(const float *a, const float *b, int E, int k) {
 
 struct cmp {
     double nerr, pos_max, upd, rl_err;   // |g-h|/|h|, max over positions, |g-h|/|h-h_in|, max |router logit diff|
-    int routes, mism;                    // decisions compared, mismatches
+    double nerr_same;                    // |g-h|/|h| over the positions routed as the oracle routes them
+    int routes, mism;                    // decisions compared (clear gaps), mismatches
+    int flips;                           // positions routed otherwise than the oracle, at any gap
 };
 
 // g against the oracle's output h (input hin), router logits rg against rh; clear[t]: the oracle's
@@ -105,7 +112,7 @@ struct cmp {
 static struct cmp compare(const float *g, const float *h, const float *hin, const float *rg, const float *rh,
                           const bool *clear, int N, int H, int E, int K) {
     struct cmp c = {0};
-    double num = 0, den = 0, dd = 0;
+    double num = 0, den = 0, dd = 0, num_s = 0, den_s = 0;
     for (int t = 0; t < N; t++) {
         double pn = 0, pd = 0;
         for (int i = 0; i < H; i++) {
@@ -123,12 +130,16 @@ static struct cmp compare(const float *g, const float *h, const float *hin, cons
             const double r = fabs((double)rg[(size_t)t * E + e] - rh[(size_t)t * E + e]);
             c.rl_err = r > c.rl_err || isnan(r) ? r : c.rl_err;
         }
+        const int same = same_set(rg + (size_t)t * E, rh + (size_t)t * E, E, K);
         if (clear[t]) {
             c.routes++;
-            c.mism += !same_set(rg + (size_t)t * E, rh + (size_t)t * E, E, K);
+            c.mism += !same;
         }
+        c.flips += !same;
+        if (same) num_s += pn, den_s += pd;
     }
     c.nerr = sqrt(num / (den > 0 ? den : 1));
+    c.nerr_same = sqrt(num_s / (den_s > 0 ? den_s : 1));
     c.upd = sqrt(num / (dd > 0 ? dd : 1));
     return c;
 }
@@ -240,11 +251,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     double fn[L], fu[L], xn[L];
-    int routes = 0, mis_f = 0, mis_e = 0;
+    int routes = 0, mis_f = 0, mis_e = 0, flips_f = 0, flips_e = 0;
     double t_cpu = 0, t_fast = 0, t_exact = 0;
-    printf("%-5s %-9s %-10s %-10s %-10s %-10s %-8s %-7s %-5s %-5s %-9s %-7s %-7s %-7s\n", "layer", "kind", "fast_nerr",
-           "fast_pmax", "fast_upd", "exact_nerr", "|dh|/|h|", "routes", "mis_f", "mis_e", "rl_err_f", "cpu_s", "fast_s",
-           "exact_s");
+    printf("%-5s %-9s %-10s %-10s %-10s %-10s %-10s %-8s %-7s %-5s %-5s %-6s %-6s %-9s %-7s %-7s %-7s\n", "layer",
+           "kind", "fast_nerr", "fast_pmax", "fast_upd", "exact_same", "exact_all", "|dh|/|h|", "routes", "mis_f",
+           "mis_e", "flip_f", "flip_e", "rl_err_f", "cpu_s", "fast_s", "exact_s");
     for (int l = 0; l < L; l++) {
         double tc, tf, te;
         for (size_t i = 0; i < NH; i++) gf[i] = ge[i] = NAN;   // a row the probe does not write fails
@@ -260,15 +271,18 @@ int main(int argc, char **argv) {
         }
         const struct cmp f = compare(gf, hn, h, rf, rc, clear, N, H, E, K);
         const struct cmp x = compare(ge, hn, h, re, rc, clear, N, H, E, K);
+        flips_e += x.flips, flips_f += f.flips;
         double dn = 0, hh = 0;
         for (size_t i = 0; i < NH; i++) dn += ((double)hn[i] - h[i]) * ((double)hn[i] - h[i]), hh += (double)hn[i] * hn[i];
-        fn[l] = f.nerr, fu[l] = f.upd, xn[l] = x.nerr;
+        fn[l] = f.nerr, fu[l] = f.upd, xn[l] = x.nerr_same;
         const bool bad_f = !(f.nerr <= TOL_FAST && f.upd <= TOL_FAST) || f.mism;
-        const bool bad_x = !(x.nerr <= TOL_EXACT) || x.mism;
+        const bool bad_x = !(x.nerr_same <= TOL_EXACT) || x.mism;
         routes += f.routes, mis_f += f.mism, mis_e += x.mism;
-        printf("%-5d %-9s %-10.3e %-10.3e %-10.3e %-10.3e %-8.3f %-7d %-5d %-5d %-9.2e %-7.2f %-7.3f %-7.3f%s%s\n", l,
-               geom_is_attn(g, l) ? "attention" : "deltanet", f.nerr, f.pos_max, f.upd, x.nerr, sqrt(dn / (hh > 0 ? hh : 1)),
-               f.routes, f.mism, x.mism, f.rl_err, tc, tf, te, bad_f ? "  FAST FAIL" : "", bad_x ? "  EXACT FAIL" : "");
+        printf("%-5d %-9s %-10.3e %-10.3e %-10.3e %-10.3e %-10.3e %-8.3f %-7d %-5d %-5d %-6d %-6d %-9.2e %-7.2f %-7.3f "
+               "%-7.3f%s%s\n",
+               l, geom_is_attn(g, l) ? "attention" : "deltanet", f.nerr, f.pos_max, f.upd, x.nerr_same, x.nerr,
+               sqrt(dn / (hh > 0 ? hh : 1)), f.routes, f.mism, x.mism, f.flips, x.flips, f.rl_err, tc, tf, te,
+               bad_f ? "  FAST FAIL" : "", bad_x ? "  EXACT FAIL" : "");
         fflush(stdout);
         float *tmp = h;   // the oracle's output is the next layer's input
         h = hn;
@@ -285,8 +299,10 @@ int main(int argc, char **argv) {
     const bool ok_flat = umax <= FLAT * umed, ok_route = routes > 0 && !mis_f && !mis_e;
     printf("CHECK fast per-layer error: nerr max %.3e median %.3e, upd max %.3e median %.3e (tol %.4e both)  %s\n", fmax,
            fmed, umax, umed, TOL_FAST, ok_fast ? "PASS" : "FAIL");
-    printf("CHECK exact per-layer error: nerr max %.3e median %.3e (tol %.0e)  %s\n", xmax, median(xn, L), TOL_EXACT,
-           ok_exact ? "PASS" : "FAIL");
+    printf("CHECK exact per-layer error (positions routed as the oracle): nerr max %.3e median %.3e (tol %.0e)  %s\n",
+           xmax, median(xn, L), TOL_EXACT, ok_exact ? "PASS" : "FAIL");
+    printf("# routing flips at near-ties (gap <= %.0e), positions x layers: fast %d, exact %d of %d\n", (double)GAP_CLEAR,
+           flips_f, flips_e, N * L);
     printf("CHECK flatness: fast upd max / median %.2f (tol %.1f; nerr max / median %.2f, information)  %s\n",
            umed > 0 ? umax / umed : INFINITY, FLAT, fmed > 0 ? fmax / fmed : INFINITY, ok_flat ? "PASS" : "FAIL");
     printf("CHECK routing at clear gaps (> %.0e): %d decisions, fast mismatches %d, exact mismatches %d  %s\n",
