@@ -91,7 +91,7 @@ struct cuda_engine {
     long part_floats;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
-    int dv_prefetch;                         // decode GEMVs prefetch their weights into L2 first: 1 under PDL, 2 always
+    int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
 };
 
@@ -443,7 +443,7 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
     ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
     const char *dvp = getenv("CALLA_DV_PREFETCH");
-    ce->dv_prefetch = dvp ? atoi(dvp) : 1;   // CALLA_DV_PREFETCH=0|1|2
+    ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *tsp = getenv("CALLA_TC_SPLIT");
@@ -576,9 +576,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     void *st = ce->stream;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    // The GEMVs' L2 prefetch of their own weights, before waiting on the predecessor (PDL) or, at
-    // 2, before staging the input: the first DRAM round trip overlaps the staging.
-    const int pf = ce->dv_prefetch == 2 || (k_pdl() && ce->dv_prefetch);
+    const int pf = k_pdl() && ce->dv_prefetch;
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
     KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
