@@ -135,6 +135,17 @@ void progress_line(void *arg, int done, int total) {
     fflush(stderr);
 }
 
+// 0 when every id of tokens[0..n) is in the vocabulary; else -1 with the first bad one in err.
+static int check_tokens(const struct engine *e, const int32_t *tokens, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->model.g.vocab) {
+            snprintf(err, errlen, "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
+                     e->model.g.vocab - 1);
+            return -1;
+        }
+    return 0;
+}
+
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen) {
     static const struct forward_opts none = {0};
@@ -148,12 +159,7 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
                  (long long)s->pos + n, s->cap);
         return ENGINE_ERROR;
     }
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->model.g.vocab) {
-            snprintf(err, errlen, "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
-                     e->model.g.vocab - 1);
-            return ENGINE_ERROR;
-        }
+    if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
     for (int i = 1; i < o->n_logit_rows; i++)
         if (o->logit_rows[i] <= o->logit_rows[i - 1]) {
             snprintf(err, errlen, "logit rows must be ascending");
@@ -191,12 +197,7 @@ int engine_embed(struct engine *e, const int32_t *tokens, int n, float *out, cha
         snprintf(err, errlen, "no tokens to embed");
         return ENGINE_ERROR;
     }
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->model.g.vocab) {
-            snprintf(err, errlen, "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
-                     e->model.g.vocab - 1);
-            return ENGINE_ERROR;
-        }
+    if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
     return e->ops->embed(e, tokens, n, out, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
 }
 

@@ -1,5 +1,5 @@
 // flash_sim.cpp: runs the device code of src/cuda/flash.cuh (the prefill FlashAttention kernel, both
-// modes) on the host, a block as 256 threads, with the shim of tools/qmatmul_sim.cpp: __syncthreads
+// modes) on the host, a block as 256 threads, with the shim of tools/sim_block.h: __syncthreads
 // is a block barrier; ldmatrix (.trans too), mma and shuffles are warp-collective exchanges through
 // shared arrays between warp barriers, by the PTX ISA fragment layouts; cp.async copies land at once
 // or as late as their wait_group allows (so a buffer overwritten while still read, or read before
@@ -31,47 +31,17 @@
 struct uint4 { uint32_t x, y, z, w; };
 struct float4 { float x, y, z, w; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
-struct dim3s { unsigned x, y, z; };
-static thread_local dim3s threadIdx;
-static dim3s blockIdx, gridDim;
-static std::barrier<> *g_bar, *g_wbar[8];
-static void __syncthreads() { g_bar->arrive_and_wait(); }
-static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
+#include "sim_bf16.h"
+#include "sim_block.h"
 static int min(int a, int b) { return a < b ? a : b; }
 static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-static uint16_t f2bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 static void split_bf16(float f, uint16_t *hi, uint16_t *lo) {
     *hi = f2bf16(f);
     *lo = f2bf16(f - __uint_as_float((uint32_t)*hi << 16));
 }
 static uint32_t pack2(uint16_t lo_half, uint16_t hi_half) { return (uint32_t)lo_half | ((uint32_t)hi_half << 16); }
 static uint32_t bf16x2_rn(float lo_half, float hi_half) { return pack2(f2bf16(lo_half), f2bf16(hi_half)); }
-static int swz(int r, int c) { return c ^ (r & 7); }
-static float g_slot[8][32];
-static float __shfl_xor_sync(unsigned, float v, int o) {
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    g_slot[w][l] = v;
-    wsync();
-    const float r = g_slot[w][l ^ o];
-    wsync();
-    return r;
-}
-static const void *g_addr[8][32];
-static void ldsm_x4(uint32_t r[4], const void *p) {   // lane l: row l / 4, columns 2 (l % 4), +1 of matrix j
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    g_addr[w][l] = p;
-    wsync();
-    for (int j = 0; j < 4; j++) memcpy(&r[j], (const char *)g_addr[w][8 * j + l / 4] + 4 * (l % 4), 4);
-    wsync();
-}
 static void ldsm_x4_t(uint32_t r[4], const void *p) {   // transposed: rows 2 (l % 4), +1 of column l / 4
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_addr[w][l] = p;
@@ -82,49 +52,6 @@ static void ldsm_x4_t(uint32_t r[4], const void *p) {   // transposed: rows 2 (l
         r[j] = pack2(r0[l / 4], r1[l / 4]);
     }
     wsync();
-}
-static uint32_t g_a[8][32][4], g_b[8][32][2];
-static void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; i++) g_a[w][l][i] = a[i];
-    g_b[w][l][0] = b0, g_b[w][l][1] = b1;
-    wsync();
-    double A[16][16], B[16][8];
-    for (int ln = 0; ln < 32; ln++) {
-        const int gg = ln / 4, tt = ln % 4;
-        for (int r = 0; r < 4; r++)   // a_r = (row g + 8 (r % 2), k 2t + 8 (r / 2), +1)
-            for (int h = 0; h < 2; h++) A[gg + 8 * (r & 1)][2 * tt + h + 8 * (r >> 1)] = bf16f((uint16_t)(g_a[w][ln][r] >> (16 * h)));
-        for (int r = 0; r < 2; r++)   // b_r = (k 2t + 8 r, +1; col g)
-            for (int h = 0; h < 2; h++) B[2 * tt + h + 8 * r][gg] = bf16f((uint16_t)(g_b[w][ln][r] >> (16 * h)));
-    }
-    wsync();
-    for (int r = 0; r < 4; r++) {   // c_r = (row g + 8 (r / 2), col 2t + r % 2)
-        double s = 0;
-        for (int k = 0; k < 16; k++) s += A[g + 8 * (r >> 1)][k] * B[k][2 * t + (r & 1)];
-        c[r] = (float)(c[r] + s);
-    }
-}
-struct cp_rec { void *dst; const void *src; int bytes; };
-static int g_defer;
-static thread_local std::vector<std::vector<cp_rec>> t_groups;
-static thread_local std::vector<cp_rec> t_open;
-static void cp_do(const cp_rec &c) {
-    if (c.bytes == 16) memcpy(c.dst, c.src, 16);
-    else memset(c.dst, 0, 16);
-}
-static void cp_async16(void *dst, const void *src, int src_bytes) {
-    if (g_defer) t_open.push_back({dst, src, src_bytes});
-    else cp_do({dst, src, src_bytes});
-}
-static void cp_async_commit() {
-    t_groups.push_back(t_open);
-    t_open.clear();
-}
-template <int N> static void cp_async_wait() {
-    while (t_groups.size() > (size_t)N) {
-        for (auto &c : t_groups.front()) cp_do(c);
-        t_groups.erase(t_groups.begin());
-    }
 }
 #include "flash.cuh"
 

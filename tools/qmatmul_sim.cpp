@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/kernels.h"
+#include "sim_bf16.h"
 
 // ---- the shim ----------------------------------------------------------------------------------------
 #define __device__
@@ -34,84 +35,7 @@ struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
-struct dim3s { unsigned x, y, z; };
-static thread_local dim3s threadIdx;
-static dim3s blockIdx;
-static std::barrier<> *g_bar, *g_wbar[8];
-static void __syncthreads() { g_bar->arrive_and_wait(); }
-static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
-static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-static uint16_t f2bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static int swz(int r, int c) { return c ^ (r & 7); }
-static float g_slot[8][32];
-static float __shfl_xor_sync(unsigned, float v, int o) {
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    g_slot[w][l] = v;
-    wsync();
-    const float r = g_slot[w][l ^ o];
-    wsync();
-    return r;
-}
-static const void *g_addr[8][32];
-static void ldsm_x4(uint32_t r[4], const void *p) {
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    g_addr[w][l] = p;
-    wsync();
-    for (int j = 0; j < 4; j++) memcpy(&r[j], (const char *)g_addr[w][8 * j + l / 4] + 4 * (l % 4), 4);
-    wsync();
-}
-static uint32_t g_a[8][32][4], g_b[8][32][2];
-static void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; i++) g_a[w][l][i] = a[i];
-    g_b[w][l][0] = b0, g_b[w][l][1] = b1;
-    wsync();
-    double A[16][16], B[16][8];
-    for (int ln = 0; ln < 32; ln++) {
-        const int gg = ln / 4, tt = ln % 4;
-        for (int r = 0; r < 4; r++)   // a_r = (row g + 8 (r % 2), k 2t + 8 (r / 2), +1)
-            for (int h = 0; h < 2; h++) A[gg + 8 * (r & 1)][2 * tt + h + 8 * (r >> 1)] = bf16f((uint16_t)(g_a[w][ln][r] >> (16 * h)));
-        for (int r = 0; r < 2; r++)   // b_r = (k 2t + 8 r, +1; col g)
-            for (int h = 0; h < 2; h++) B[2 * tt + h + 8 * r][gg] = bf16f((uint16_t)(g_b[w][ln][r] >> (16 * h)));
-    }
-    wsync();
-    for (int r = 0; r < 4; r++) {   // c_r = (row g + 8 (r / 2), col 2t + r % 2)
-        double s = 0;
-        for (int k = 0; k < 16; k++) s += A[g + 8 * (r >> 1)][k] * B[k][2 * t + (r & 1)];
-        c[r] = (float)(c[r] + s);
-    }
-}
-// cp.async, two ways: at once (g_defer 0: a copy that lands early, over data still being read, shows),
-// or as late as allowed (g_defer 1: held per thread until a wait_group lets its group complete, so
-// data read before its wait shows).
-struct cp_rec { void *dst; const void *src; int bytes; };
-static int g_defer;
-static thread_local std::vector<std::vector<cp_rec>> t_groups;
-static thread_local std::vector<cp_rec> t_open;
-static void cp_do(const cp_rec &c) {
-    if (c.bytes == 16) memcpy(c.dst, c.src, 16);
-    else memset(c.dst, 0, 16);
-}
-static void cp_async16(void *dst, const void *src, int src_bytes) {
-    if (g_defer) t_open.push_back({dst, src, src_bytes});
-    else cp_do({dst, src, src_bytes});
-}
-static void cp_async_commit() {
-    t_groups.push_back(t_open);
-    t_open.clear();
-}
-template <int N> static void cp_async_wait() {
-    while (t_groups.size() > (size_t)N) {
-        for (auto &c : t_groups.front()) cp_do(c);
-        t_groups.erase(t_groups.begin());
-    }
-}
+#include "sim_block.h"
 static uint32_t bf2_minus128(uint32_t v) {   // fma.rn.bf16x2 v * 1 + (-128): exact for 128 + q
     const uint16_t lo = f2bf16(bf16f((uint16_t)v) - 128.0f), hi = f2bf16(bf16f((uint16_t)(v >> 16)) - 128.0f);
     return lo | (uint32_t)hi << 16;

@@ -34,14 +34,7 @@ static dim blockDim = {32};
 static std::barrier<> *g_bar;
 static void __syncthreads() { g_bar->arrive_and_wait(); }
 template <typename T> static T __ldg(const T *p) { return *p; }
-static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-static uint16_t f2bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+#include "sim_bf16.h"
 using std::min;
 static float g_slot[32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
