@@ -447,7 +447,9 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *tsp = getenv("CALLA_TC_SPLIT");
-    k_set_tc_split(!(tsp && !strcmp(tsp, "0")));
+    k_set_tc_split(tsp && (!strcmp(tsp, "0") || !strcmp(tsp, "1")) ? atoi(tsp) : 2);
+    const char *pre = getenv("CALLA_DV_PRE");
+    k_set_dv_preload(!(pre && !strcmp(pre, "0")));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;

@@ -118,7 +118,8 @@ int k_argmax(const float *x, int n, int *out, void *stream);
 // Launched with programmatic dependent launch while k_pdl() (default on): a kernel may start
 // before its predecessor ends and waits on the device before reading its input.
 void k_set_pdl(int on);
-void k_set_tc_split(int on);   // 0: no K split in the tensor-core decode GEMVs (A/B, CALLA_TC_SPLIT=0)
+void k_set_tc_split(int mode);   // K split of the tensor-core decode GEMVs: 0 never, 1 always, 2 where tasks are few (A/B, CALLA_TC_SPLIT)
+void k_set_dv_preload(int on);   // 0: the decode GEMVs load their first weights after staging the input (A/B, CALLA_DV_PRE=0)
 int k_pdl(void);
 
 enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
@@ -149,7 +150,7 @@ struct dv_desc {
     int C, KW;
     unsigned long long *best;   // DV_OUT_ARGMAX
     int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
-    int tc_split;            // (set by k_dv) the tensor-core form splits K over a block's warps
+    int preload;             // (set by k_dv) the first task's weights loaded before the input is staged
 };
 int k_dv(const struct dv_desc *d, void *stream);
 // y [rows] = W x for a 4-bit matrix (matrix 0) on the tensor cores (tcgemv.cuh): x as bf16, codes as
