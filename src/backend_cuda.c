@@ -17,7 +17,7 @@
 // first version's kernels, kept for A/B measurement); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
 // tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=1 turns programmatic dependent launch on;
+// CALLA_PDL=0 turns programmatic dependent launch off;
 // CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
@@ -432,7 +432,7 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     if (dec_alloc(e, err, errlen)) goto fail_msg;
     const char *pdl = getenv("CALLA_PDL");
     ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
-    k_set_pdl(pdl && !strcmp(pdl, "1"));   // off by default: measured 1-2% slower on (bench/NOTES.md)
+    k_set_pdl(!(pdl && !strcmp(pdl, "0")));   // on by default since version 6 (bench/NOTES.md); 0 turns it off
     const char *da = getenv("CALLA_DEC_ATTN");
     k_set_dec_attn(!da ? 2 : !strcmp(da, "split") ? 0 : !strcmp(da, "warps") ? 1 : 2);
     // Fast mode by default (tensor-core products on bf16 activations, fp32 accumulation);
@@ -448,8 +448,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *tsp = getenv("CALLA_TC_SPLIT");
     k_set_tc_split(tsp && (!strcmp(tsp, "0") || !strcmp(tsp, "1")) ? atoi(tsp) : 2);
-    const char *pre = getenv("CALLA_DV_PRE");
-    k_set_dv_preload(!(pre && !strcmp(pre, "0")));
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;

@@ -16,18 +16,17 @@
 // attention input projections, lm_head) and the experts' gate and up on the tensor cores with the
 // input rounded to bf16 (tcgemv.cuh): ~1.3 instructions per code instead of ~3.5.
 // The position is read on the device and no kernel depends on the host, so the whole step is one
-// CUDA graph; with programmatic dependent launch (CALLA_PDL=1) each kernel starts while its
+// CUDA graph; with programmatic dependent launch (default; CALLA_PDL=0 off) each kernel starts while its
 // predecessor drains, prefetches its own weights into L2, and waits only before reading the
 // predecessor's output.
 #include "common.cuh"
-#include "mma.cuh"
 #include "tcgemv.cuh"
 
 // 4 warps a block, at least 8 blocks an SM (64 registers): 32 warps of loads in flight per SM.
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 0, g_dv_occ = 0, g_exact = 0, g_tc_split = 2, g_preload = 1;
+static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
@@ -35,8 +34,6 @@ extern "C" void k_set_pdl(int on) { g_pdl = on; }
 // The K split of the tensor-core GEMVs (A/B): 0 never (a warp walks K per 16-row task, as before
 // the split), 1 wherever K allows it, 2 (default) only where the tasks do not fill the GPU's warps.
 extern "C" void k_set_tc_split(int mode) { g_tc_split = mode; }
-// 0: the GEMVs issue their first weight loads after staging the input, as before (A/B).
-extern "C" void k_set_dv_preload(int on) { g_preload = on; }
 extern "C" int k_pdl(void) { return g_pdl; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
@@ -132,13 +129,9 @@ static __device__ __forceinline__ lanes lanes_of(int K) {
 // group of lanes; every lane of the group gets its row's sum. NB chunks per row are loaded before
 // any is used (4 16-byte loads in flight per lane, scales and biases with them): a
 // row of up to 4 chunks a lane (K <= 4096 at 4 bits) is one round trip (2 chunks a row for RW = 2).
-// pre (RW = 1, L.cpl <= 4): the first batch as dv_pre_issue copied it.
-struct dv_pre;
-static __device__ __forceinline__ void dv_pre_take(const dv_pre *pre, const qrow &r, int b, int c, uint4 &q, float &sc,
-                                                   float &bi);
 template <int BITS, int RW>
 static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes &L, const float *xs, const float *xs16,
-                                                float (&acc)[RW], const dv_pre *pre = nullptr) {
+                                                float (&acc)[RW]) {
     constexpr int CODES = 128 / BITS, CPG = QGROUP / CODES;   // chunks per group
     constexpr int NB = RW == 1 ? 4 : 2;
 #pragma unroll
@@ -152,12 +145,8 @@ static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes
             c[b] = L.sub + min(j + b, L.cpl - 1) * L.lpr;
 #pragma unroll
             for (int i = 0; i < RW; i++) {
-                if (RW == 1 && pre && j == 0) {
-                    dv_pre_take(pre, r[i], b, c[b] / CPG, q[b][i], sc[b][i], bi[b][i]);
-                } else {
-                    q[b][i] = __ldg(r[i].w + c[b]);
-                    sc[b][i] = bf16f(r[i].s[c[b] / CPG]), bi[b][i] = bf16f(r[i].b[c[b] / CPG]);
-                }
+                q[b][i] = __ldg(r[i].w + c[b]);
+                sc[b][i] = bf16f(r[i].s[c[b] / CPG]), bi[b][i] = bf16f(r[i].b[c[b] / CPG]);
             }
         }
         // acc += scale * sum(q x) + bias * sum(x), per row, for chunk c
@@ -176,34 +165,6 @@ static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes
         if (o < L.lpr)
 #pragma unroll
             for (int i = 0; i < RW; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-}
-
-// k_dv's first task of a thread (RW = 1, one batch of 4 chunks a lane: every model shape), copied
-// into shared memory by cp.async before the input is staged: the loads do not depend on the
-// input, and in registers they would spill. Scales and biases go by the aligned word that holds them.
-struct dv_pre {
-    uint4 q[4][DV_THREADS];
-    uint32_t s[4][DV_THREADS], b[4][DV_THREADS];
-};
-static __device__ __forceinline__ const void *word_of(const uint16_t *p) {
-    return (const void *)((uintptr_t)p & ~(uintptr_t)3);
-}
-static __device__ __forceinline__ float half_of(uint32_t w, const uint16_t *p) {
-    return bf16f((uint16_t)((uintptr_t)p & 2 ? w >> 16 : w));
-}
-static __device__ void dv_pre_issue(dv_pre *pre, const qrow &r, const lanes &L, int CPG) {
-    for (int b = 0; b < 4; b++) {
-        const int c = L.sub + min(b, L.cpl - 1) * L.lpr, tid = threadIdx.x;
-        cp_async16(&pre->q[b][tid], r.w + c, 16);
-        cp_async4(&pre->s[b][tid], word_of(r.s + c / CPG));
-        cp_async4(&pre->b[b][tid], word_of(r.b + c / CPG));
-    }
-    cp_async_commit();
-}
-static __device__ __forceinline__ void dv_pre_take(const dv_pre *pre, const qrow &r, int b, int g, uint4 &q, float &sc,
-                                                   float &bi) {
-    const int tid = threadIdx.x;
-    q = pre->q[b][tid], sc = half_of(pre->s[b][tid], r.s + g), bi = half_of(pre->b[b][tid], r.b + g);
 }
 
 static __device__ __forceinline__ void prefetch_l2(const void *p) {
@@ -362,8 +323,7 @@ static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const str
 // Rows of segment s at [n0, n0 + RW * rpp): lane group rip takes rows n0 + i * rpp + rip.
 template <int BITS, int RW>
 static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const struct dv_seg &s, int n0, const lanes &L,
-                                               const float *xs, const float *xs16, unsigned long long *best,
-                                               const dv_pre *pre = nullptr) {
+                                               const float *xs, const float *xs16, unsigned long long *best) {
     const int R = s.W.rows;
     qrow r[RW];
     int n[RW];
@@ -373,7 +333,7 @@ static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const st
         r[i] = qrow_of(s.W, (size_t)min(n[i], R - 1));
     }
     float acc[RW];
-    rows_dot<BITS, RW>(r, L, xs, xs16, acc, pre);
+    rows_dot<BITS, RW>(r, L, xs, xs16, acc);
     if (L.sub) return;
 #pragma unroll
     for (int i = 0; i < RW; i++)
@@ -398,9 +358,7 @@ struct dv_taskmap {
 
 // All segments have BITS-bit codes; RW row-passes per task.
 template <int BITS, int RW>
-// (RW = 1: 7 blocks an SM, 72 registers: the preload's pointers live through the staging; 8 blocks
-// of the K = 4,096 products would not fit shared memory with dv_pre anyway.)
-static __global__ void __launch_bounds__(DV_THREADS, RW == 1 ? 7 : DV_MIN_BLOCKS) dv_kernel(const struct dv_desc d) {
+static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(const struct dv_desc d) {
     extern __shared__ __align__(16) float dv_smem[];
     float *xs = dv_smem, *xs16 = dv_smem + d.K;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -415,20 +373,13 @@ static __global__ void __launch_bounds__(DV_THREADS, RW == 1 ? 7 : DV_MIN_BLOCKS
             prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb, (size_t)nr * rb, lane);
         }
     }
-    // the first task's weights, loaded during the staging (dv_pre)
-    dv_pre *pre = RW == 1 && d.preload && L.cpl <= 4 ? (dv_pre *)(xs16 + d.K / 16) : nullptr;
-    if (pre && gw < T.total()) {
-        const int s = T.seg_of(gw), n = (gw - T.first[s]) * per + L.rip;
-        dv_pre_issue(pre, qrow_of(d.seg[s].W, (size_t)min(n, d.seg[s].W.rows - 1)), L, QGROUP / (128 / BITS));
-    }
     pdl_wait();
     pdl_trigger();
     stage_input(d, xs, xs16);
-    if (pre) cp_async_wait<0>();   // this thread's own copies
     unsigned long long best = 0;
     for (int t = gw; t < T.total(); t += stride) {
         const int s = T.seg_of(t);
-        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, &best, t == gw ? pre : nullptr);
+        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, &best);
     }
     if (d.best) best_reduce(best, d.best);
 }
@@ -492,65 +443,22 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_TC_MIN_BLOCKS) dv_tc_ker
     if (d.best) best_reduce(best, d.best);
 }
 
-// A warp's first task (up to two super-steps), copied into shared memory by cp.async before the
-// input is staged: the loads do not depend on the input, and held in registers through the
-// staging they would spill. Chunk-major, lane-minor, so that reading them back is conflict-free.
-struct tc_pre {
-    uint4 code[2][4][WARP_SIZE];   // a stage's chunks in tc_load's order: rows g, g + 8 of half 0, then half 1
-    uint32_t sb[2][2][WARP_SIZE];  // its scale and bias pairs
-};
-static __device__ void tc_pre_issue(tc_pre &pre, const tc_task &p, int stages) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    for (int j = 0; j < stages; j++) {
-        cp_async16(&pre.code[j][0][lane], p.pA + 128 * j, 16);
-        cp_async16(&pre.code[j][1][lane], p.pB + 128 * j, 16);
-        cp_async16(&pre.code[j][2][lane], p.pA + 128 * j + 64, 16);
-        cp_async16(&pre.code[j][3][lane], p.pB + 128 * j + 64, 16);
-        cp_async4(&pre.sb[j][0][lane], p.sp + 4 * j);
-        cp_async4(&pre.sb[j][1][lane], p.bp + 4 * j);
-    }
-    cp_async_commit();
-}
-static __device__ __forceinline__ void tc_pre_take(const tc_pre &pre, tc_stage &st, int j) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    st.ga[0] = pre.code[j][0][lane], st.gb[0] = pre.code[j][1][lane];
-    st.ga[1] = pre.code[j][2][lane], st.gb[1] = pre.code[j][3][lane];
-    tc_stage_sb(st, pre.sb[j][0][lane], pre.sb[j][1][lane]);
-}
-
 static __global__ void __launch_bounds__(DV_THREADS, DV_TC_SPLIT_MIN_BLOCKS) dv_tc_split_kernel(const struct dv_desc d) {
     extern __shared__ __align__(16) float dv_smem[];
     __shared__ float part[DV_WARPS][WARP_SIZE];
-    __shared__ tc_pre pre[DV_WARPS];
     float *xs = dv_smem, *xs16 = dv_smem + d.K;
     unsigned char *tsm = (unsigned char *)(xs16 + d.K / 16);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const dv_taskmap T(d, TC_ROWS);
     const int nS = tc_nsuper(d.K), S0 = warp * nS / DV_WARPS, S1 = (warp + 1) * nS / DV_WARPS;
-    const int nst = min(S1 - S0, 2);   // super-steps loaded ahead (A, then B)
-    auto task = [&](int t) {           // task t's addressing for this warp's quarter of K
-        const struct dqt &W = d.seg[T.seg_of(t)].W;
-        return tc_task_at(W.w, W.scales, W.biases, W.rows, d.K, (t - T.first[T.seg_of(t)]) * TC_ROWS, S0);
-    };
-    tc_task p;
-    tc_stage A, B;
-    if (d.preload && blockIdx.x < T.total()) tc_pre_issue(pre[warp], task(blockIdx.x), nst);
     dv_tc_begin(d, T, blockIdx.x, gridDim.x, true, xs, xs16, tsm);
-    cp_async_wait<0>();   // this lane's own copies
     unsigned long long best = 0;
     for (int t = blockIdx.x; t < T.total(); t += gridDim.x) {
-        const int s = T.seg_of(t), row = (t - T.first[s]) * TC_ROWS + tc_lane_row(lane);
-        p = task(t);
-        if (d.preload && t == blockIdx.x) {   // the first task's loads, landed during the staging
-            tc_pre_take(pre[warp], A, 0);
-            if (nst > 1) tc_pre_take(pre[warp], B, 1);
-        } else {
-            tc_load(A, p, 0);
-            if (nst > 1) tc_load(B, p, 1);
-        }
-        part[warp][lane] = tc_rows16_pre(p, A, B, d.K, tsm, S0, S1);
+        const int s = T.seg_of(t), n0 = (t - T.first[s]) * TC_ROWS, row = n0 + tc_lane_row(lane);
+        const struct dqt &W = d.seg[s].W;
+        part[warp][lane] = tc_rows16<false>(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm, S0, S1);
         __syncthreads();
-        if (warp == 0 && !(lane & 1) && row < d.seg[s].W.rows)
+        if (warp == 0 && !(lane & 1) && row < W.rows)
             dv_out(d, d.seg[s], row, (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]), &best);
         __syncthreads();
     }
@@ -574,11 +482,9 @@ static int grid_for_tasks(long tasks, int threads, size_t smem) {
 static size_t dv_smem_bytes(const struct dv_desc *d);
 template <int BITS, int RW>
 static int dv_launch(const struct dv_desc *d, long tasks, void *stream) {
-    struct dv_desc dd = *d;
-    dd.preload = RW == 1 && g_preload;
-    const size_t smem = dv_smem_bytes(d) + (dd.preload ? sizeof(dv_pre) : 0);
+    const size_t smem = dv_smem_bytes(d);
     return launch_k(dv_kernel<BITS, RW>, dim3(grid_for_tasks<dv_kernel<BITS, RW>>(tasks, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, stream, dd);
+                    dim3(DV_THREADS), smem, stream, *d);
 }
 
 // Rows a warp covers per pass at K inputs and BITS (lanes_of's rpp, on the host).
@@ -607,13 +513,10 @@ static int dv_tc_launch(const struct dv_desc *d, void *stream) {
     for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
     const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
-    if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident))) {
-        struct dv_desc dd = *d;
-        dd.preload = g_preload;
+    if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident)))
         return launch_k(dv_tc_split_kernel,
                         dim3(grid_for_tasks<dv_tc_split_kernel>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS),
-                        smem, stream, dd);
-    }
+                        smem, stream, *d);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
                     stream, *d);
 }

@@ -119,7 +119,6 @@ int k_argmax(const float *x, int n, int *out, void *stream);
 // before its predecessor ends and waits on the device before reading its input.
 void k_set_pdl(int on);
 void k_set_tc_split(int mode);   // K split of the tensor-core decode GEMVs: 0 never, 1 always, 2 where tasks are few (A/B, CALLA_TC_SPLIT)
-void k_set_dv_preload(int on);   // 0: the decode GEMVs load their first weights after staging the input (A/B, CALLA_DV_PRE=0)
 int k_pdl(void);
 
 enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
@@ -150,7 +149,6 @@ struct dv_desc {
     int C, KW;
     unsigned long long *best;   // DV_OUT_ARGMAX
     int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
-    int preload;             // (set by k_dv) the first task's weights loaded before the input is staged
 };
 int k_dv(const struct dv_desc *d, void *stream);
 // y [rows] = W x for a 4-bit matrix (matrix 0) on the tensor cores (tcgemv.cuh): x as bf16, codes as

@@ -166,35 +166,6 @@ static __device__ __forceinline__ float tc_epilogue(float acc, const float (&c)[
     return fmaf(__uint_as_float(s1), d1 - xs.w, fmaf(__uint_as_float(b1), xs.z, acc));
 }
 
-// A lane's addressing of one 16-row task (K % 256 == 0) from super-step S0 on: its code chunks of
-// rows g and g + 8 and the scale / bias pairs of its epilogue row. The loads do not depend on the
-// input, so a kernel may issue a task's first ones (tc_load) before it stages x (tc_rows16_pre).
-struct tc_task {
-    const unsigned char *pA, *pB;
-    const uint16_t *sp, *bp;
-};
-static __device__ __forceinline__ tc_task tc_task_at(const uint32_t *w, const uint16_t *sc, const uint16_t *bi, int R,
-                                                     int K, int n0, int S0) {
-    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4, rowbytes = K / 2, ng = K / 64;
-    const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1), rE = t < 2 ? rA : rB;
-    const int ge = 2 * (t & 1);   // first group of this lane's epilogue within a super-step
-    return {(const unsigned char *)w + (size_t)rA * rowbytes + 16 * t + 128 * S0,
-            (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t + 128 * S0, sc + (size_t)rE * ng + ge + 4 * S0,
-            bi + (size_t)rE * ng + ge + 4 * S0};
-}
-// A stage's scales and biases from their pairs as loaded (two bf16 a word, the first low).
-static __device__ __forceinline__ void tc_stage_sb(tc_stage &st, uint32_t s01, uint32_t b01) {
-    st.s0 = s01 << 16, st.s1 = s01 & 0xffff0000u, st.b0 = b01 << 16, st.b1 = b01 & 0xffff0000u;
-}
-// The loads of super-step j past the task's pointers.
-static __device__ __forceinline__ void tc_load(tc_stage &st, const tc_task &p, int j) {
-    st.ga[0] = __ldg((const uint4 *)(p.pA + 128 * j));
-    st.gb[0] = __ldg((const uint4 *)(p.pB + 128 * j));
-    st.ga[1] = __ldg((const uint4 *)(p.pA + 128 * j + 64));
-    st.gb[1] = __ldg((const uint4 *)(p.pB + 128 * j + 64));
-    tc_stage_sb(st, __ldg((const unsigned int *)(p.sp + 4 * j)), __ldg((const unsigned int *)(p.bp + 4 * j)));
-}
-
 // Rows n0 .. n0 + 15 of a 4-bit matrix (codes w [R][K / 8] words, scales / biases [R][K / 64]
 // bf16) times the staged input (tc_stage_x, sm). Returns row n0 + tc_lane_row(lane)'s product in
 // every lane (the lanes t = 0, 1 and t = 2, 3 of a quad agree). Rows >= R are computed on row
@@ -202,40 +173,46 @@ static __device__ __forceinline__ void tc_load(tc_stage &st, const tc_task &p, i
 // by pairs in one 32-bit load); TAIL = true takes any multiple of 64. Every lane must call it.
 // TAIL = false may take super-steps S0 .. S1 - 1 only (the inputs 256 S0 .. 256 S1 - 1): the sum of
 // the parts of a split is the product (a block's warps splitting K, each part loaded at once).
-// PRE (TAIL = false): the caller built p = tc_task_at(..., S0) and loaded A = super-step S0 and,
-// where S1 - S0 >= 2, B = S0 + 1 (tc_load(A, p, 0), tc_load(B, p, 1)).
-template <bool TAIL, bool PRE = false>
-static __device__ __forceinline__ float tc_rows16_at(tc_task p, tc_stage &A, tc_stage &B, const uint32_t *__restrict__ w,
-                                                     const uint16_t *__restrict__ sc, const uint16_t *__restrict__ bi,
-                                                     int R, int K, int n0, const unsigned char *sm, int S0, int S1) {
+template <bool TAIL>
+static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
+                                                  const uint16_t *__restrict__ bi, int R, int K, int n0,
+                                                  const unsigned char *sm, int S0 = 0, int S1 = -1) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int rowbytes = K / 2, ng = K / 64, lim = rowbytes - 16;
     if (TAIL || S1 < 0) S0 = 0, S1 = tc_nsuper(K);
     const int nS = S1 - S0;
-    const int ge = 2 * (t & 1);
-    if (!PRE) p = tc_task_at(w, sc, bi, R, K, n0, TAIL ? 0 : S0);
+    const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1), rE = t < 2 ? rA : rB;
+    const int ge = 2 * (t & 1);   // first group of this lane's epilogue within a super-step
     // running pointers (advanced a super-step at a time)
     const int inc0 = tc_b_real(g, t, 0) ? TC_B_STEP : 0, inc1 = tc_b_real(g, t, 1) ? TC_B_STEP : 0;
+    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t + 128 * S0;
+    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t + 128 * S0;
+    const uint16_t *sp = sc + (size_t)rE * ng + ge + 4 * S0, *bp = bi + (size_t)rE * ng + ge + 4 * S0;
     const unsigned char *bx0 = sm + tc_b_byte(K, g, t, 0) + S0 * inc0, *bx1 = sm + tc_b_byte(K, g, t, 1) + S0 * inc1;
     const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1) + 2 * S0;   // (sum, 128 sum bf16) x 2 groups
 
     // Loads of super-step S + j (j = 0, 1, 2 relative to the pointers at S).
     auto load = [&](tc_stage &st, int j, int S) {
         if (!TAIL) {
-            tc_load(st, p, j);
+            st.ga[0] = __ldg((const uint4 *)(pA + 128 * j));
+            st.gb[0] = __ldg((const uint4 *)(pB + 128 * j));
+            st.ga[1] = __ldg((const uint4 *)(pA + 128 * j + 64));
+            st.gb[1] = __ldg((const uint4 *)(pB + 128 * j + 64));
+            const uint32_t s01 = __ldg((const unsigned int *)(sp + 4 * j)), b01 = __ldg((const unsigned int *)(bp + 4 * j));
+            st.s0 = s01 << 16, st.s1 = s01 & 0xffff0000u, st.b0 = b01 << 16, st.b1 = b01 & 0xffff0000u;
         } else {
-            // the pointers stay at super-step 0 (+ 16 t) in the tail path; the offsets are clamped into the row
+            // pA / pB stay at super-step 0 (+ 16 t) in the tail path; the offsets are clamped into the row
             const int SS = S + j;
             const int o0 = min(tc_code_byte(SS, 0, t), lim) - 16 * t, o1 = min(tc_code_byte(SS, 1, t), lim) - 16 * t;
-            st.ga[0] = __ldg((const uint4 *)(p.pA + o0));
-            st.gb[0] = __ldg((const uint4 *)(p.pB + o0));
-            st.ga[1] = __ldg((const uint4 *)(p.pA + o1));
-            st.gb[1] = __ldg((const uint4 *)(p.pB + o1));
+            st.ga[0] = __ldg((const uint4 *)(pA + o0));
+            st.gb[0] = __ldg((const uint4 *)(pB + o0));
+            st.ga[1] = __ldg((const uint4 *)(pA + o1));
+            st.gb[1] = __ldg((const uint4 *)(pB + o1));
             const int G = 4 * SS + ge;
-            st.s0 = G < ng ? (uint32_t)__ldg(p.sp + 4 * SS) << 16 : 0u;
-            st.b0 = G < ng ? (uint32_t)__ldg(p.bp + 4 * SS) << 16 : 0u;
-            st.s1 = G + 1 < ng ? (uint32_t)__ldg(p.sp + 4 * SS + 1) << 16 : 0u;
-            st.b1 = G + 1 < ng ? (uint32_t)__ldg(p.bp + 4 * SS + 1) << 16 : 0u;
+            st.s0 = G < ng ? (uint32_t)__ldg(sp + 4 * SS) << 16 : 0u;
+            st.b0 = G < ng ? (uint32_t)__ldg(bp + 4 * SS) << 16 : 0u;
+            st.s1 = G + 1 < ng ? (uint32_t)__ldg(sp + 4 * SS + 1) << 16 : 0u;
+            st.b1 = G + 1 < ng ? (uint32_t)__ldg(bp + 4 * SS + 1) << 16 : 0u;
         }
     };
     float acc = 0.0f;
@@ -246,32 +223,19 @@ static __device__ __forceinline__ float tc_rows16_at(tc_task p, tc_stage &A, tc_
         acc = tc_epilogue(acc, c, t, TAIL ? xs4[2 * (S + j)] : xs4[2 * j], st.s0, st.s1, st.b0, st.b1);
     };
     // Two buffers in turn: the loads of super-step S + 1 are issued before S is used.
-    if (!PRE) load(A, 0, 0);
+    tc_stage A, B;
+    load(A, 0, 0);
     for (int S = 0; S < nS; S += 2) {
-        if (S + 1 < nS && !(PRE && S == 0)) load(B, 1, S);
+        if (S + 1 < nS) load(B, 1, S);
         use(A, 0, S);
         if (S + 1 >= nS) break;
         if (S + 2 < nS) load(A, 2, S);
         use(B, 1, S);
         if (!TAIL) {
-            p.pA += 256, p.pB += 256, p.sp += 8, p.bp += 8, bx0 += 2 * inc0, bx1 += 2 * inc1, xs4 += 4;
+            pA += 256, pB += 256, sp += 8, bp += 8, bx0 += 2 * inc0, bx1 += 2 * inc1, xs4 += 4;
         }
     }
     return acc + __shfl_xor_sync(0xffffffffu, acc, 1);
-}
-
-template <bool TAIL>
-static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
-                                                  const uint16_t *__restrict__ bi, int R, int K, int n0,
-                                                  const unsigned char *sm, int S0 = 0, int S1 = -1) {
-    tc_stage A, B;
-    return tc_rows16_at<TAIL>(tc_task{}, A, B, w, sc, bi, R, K, n0, sm, S0, S1);
-}
-
-// The split form with the task's first loads issued by the caller (see tc_rows16_at's PRE).
-static __device__ __forceinline__ float tc_rows16_pre(const tc_task &p, tc_stage &A, tc_stage &B, int K,
-                                                      const unsigned char *sm, int S0, int S1) {
-    return tc_rows16_at<false, true>(p, A, B, nullptr, nullptr, nullptr, 0, K, 0, sm, S0, S1);
 }
 
 // The dispatch on K (uniform): the guard-free path when K % 256 == 0.
