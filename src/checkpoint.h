@@ -3,6 +3,7 @@
 // when the config marks itself as one (text_config.calla_test_geometry).
 #pragma once
 
+#include "bf16.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -40,13 +41,3 @@ int checkpoint_parse_config(const char *text, size_t len, struct geometry *g, ch
 // A whole file (at most 64 MiB), NUL-terminated, *len its length; NULL with a message.
 char *read_small_file(const char *path, size_t *len, char *err, size_t errlen);
 
-// bf16 <-> f32
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-static inline uint16_t f32_to_bf16(float f) {   // round to nearest even; NaN stays NaN
-    union { float f; uint32_t u; } v = {.f = f};
-    if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40);
-    return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
-}

@@ -5,7 +5,7 @@
 // columns 2 (l % 4), +1 of each; mma.m16n8k16.row.col bf16 with fp32 accumulation). cp.async copies
 // at once (the pipeline's timing is not simulated, its index math is). Checks the dense and grouped
 // forms (xmap / xdiv, ymap, empty experts, row and feature tails, 4 and 8 bits) against a double
-// reference on the same bf16 x.
+// reference on the same bf16 x and the same bf16 weights (s q + b rounded once).
 //
 //   make qmatmul-sim
 #include <barrier>
@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "bf16.h"
 #include "cuda/kernels.h"
 #include "sim_bf16.h"
 
@@ -38,6 +39,11 @@ static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return
 #include "sim_block.h"
 static uint32_t bf2_minus128(uint32_t v) {   // fma.rn.bf16x2 v * 1 + (-128): exact for 128 + q
     const uint16_t lo = f2bf16(bf16f((uint16_t)v) - 128.0f), hi = f2bf16(bf16f((uint16_t)(v >> 16)) - 128.0f);
+    return lo | (uint32_t)hi << 16;
+}
+static uint32_t bf2_fma(uint32_t a, uint32_t s, uint32_t b) {   // fma.rn.bf16x2: each half rounded once
+    const uint16_t lo = bf16_fma_round(bf16f((uint16_t)a), bf16f((uint16_t)s), bf16f((uint16_t)b));
+    const uint16_t hi = bf16_fma_round(bf16f((uint16_t)(a >> 16)), bf16f((uint16_t)(s >> 16)), bf16f((uint16_t)(b >> 16)));
     return lo | (uint32_t)hi << 16;
 }
 #include "qmatmul_bf16.cuh"
@@ -118,7 +124,7 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
                 double s = 0, sa = 0;
                 for (int k = 0; k < K; k++) {
                     const uint32_t q = (w[row * wpr + k / per] >> ((k % per) * bits)) & ((1u << bits) - 1);
-                    const double wk = (double)bf16f(sc[row * gpr + k / 64]) * q + bf16f(bi[row * gpr + k / 64]);
+                    const double wk = bf16f(bf16_fma_round((float)q, bf16f(sc[row * gpr + k / 64]), bf16f(bi[row * gpr + k / 64])));
                     s += wk * bf16f(x[(size_t)xr * ldx + k]);
                     sa += fabs(wk * bf16f(x[(size_t)xr * ldx + k]));
                 }

@@ -4,28 +4,29 @@
 
 #include "mma.cuh"
 
-// Fast mode: x already in bf16 (issue 12).
+// Fast mode: x already in bf16 (issue 12), the weights dequantized to bf16 as MLX does.
 //
-// y[r, n] = sum_g s_g[n] * sum_{k in g} q[n, k] xb[r, k]  +  b_g[n] * sum_{k in g} xb[r, k]
-// with xb the bf16 activations (written once by k_to_bf16 or by their producer): one MMA per
-// product, fp32 accumulation, the weights exact as in the exact kernel. The sum of x for the bias
-// term is taken from the same bf16 tile in shared memory, so the result is the exact product of the
-// dequantized weights with the bf16-rounded x, to fp32 rounding (the test checks it against that
-// CPU twin at 1e-5, and against the fp32 x within the bf16 rounding bound).
+// y[r, n] = sum_k bf16(s_g[n] q[n, k] + b_g[n]) xb[r, k]
+// with xb the bf16 activations (written once by k_to_bf16 or by their producer) and each weight
+// dequantized by one fused bf16 multiply-add (fma.rn.bf16x2: the exact s q + b rounded once to
+// bf16, what MLX's own quantized matmul computes in a bf16 model): one MMA per product, fp32
+// accumulation, no per-group folding. (Version 5 kept the weights exact and folded the scale and
+// bias into an fp32 accumulator once per group: 128 FFMA, a second accumulator tile and the row
+// sums of x per warp and step, ~60% of the instructions; the kernel issued at 0.45 instructions a
+// cycle per scheduler. bench/NOTES.md, version 6.)
 //
 // Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as 2 (rows) x 4 (features),
 // 64 x 32 each (4 x 4 mma.m16n8k16 per k16). 4-stage cp.async pipeline (16-byte copies straight
 // into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte chunks) and
 // the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are dequantized once
 // per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into 0x4300 | q = 128 + q
-// and one exact bf16x2 fma of -128, 8-bit ones by I2F), double-buffered, one step ahead of the
-// products, together with the 128 row sums of x (a thread pair per row). One barrier per step:
+// and one exact bf16x2 fma of -128, 8-bit ones by I2F; then the fma with the row's scale and bias),
+// double-buffered, one step ahead of the products. One barrier per step:
 //   wait for step kt + 1's copies; barrier; issue step kt + 3's copies and its scale / bias loads;
-//   dequantize step kt + 1; ldmatrix + mma of step kt into a per-group accumulator, folded into the
-//   result with the group's fp32 scale and bias; store step kt + 3's scale / bias to its stage.
+//   dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step kt + 3's
+//   scale / bias pairs to its stage.
 // So the tensor cores of one warp overlap the dequantization of another, and global loads run
-// three steps ahead. 240 registers (8-bit) / 232 (4-bit), no spills: one block of 8 warps per SM;
-// dynamic shared memory 117 KB (4-bit) / 133 KB (8-bit).
+// three steps ahead. One block of 8 warps per SM.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
 // tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
 // once or as late as their wait_group allows.
@@ -38,10 +39,9 @@ struct qb_layout {   // dynamic shared memory, in bytes from its start (every pa
     static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
     static constexpr size_t WC = X + (size_t)QB_STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
     static constexpr size_t WB = WC + (size_t)QB_STAGES * QB_BN * WPR * 4;            // [2][BN * BK] bf16
-    static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;                  // [STAGES][BN] float
-    static constexpr size_t BI = SC + (size_t)QB_STAGES * QB_BN * 4;                  // [STAGES][BN] float
-    static constexpr size_t XS = BI + (size_t)QB_STAGES * QB_BN * 4;                  // [2][BM] float
-    static constexpr size_t BYTES = XS + (size_t)2 * QB_BM * 4;
+    static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;                  // [STAGES][BN] bf16x2 (s, s)
+    static constexpr size_t BI = SC + (size_t)QB_STAGES * QB_BN * 4;                  // [STAGES][BN] bf16x2 (b, b)
+    static constexpr size_t BYTES = BI + (size_t)QB_STAGES * QB_BN * 4;
 };
 
 #ifndef QB_HOST_SIM
@@ -49,6 +49,12 @@ struct qb_layout {   // dynamic shared memory, in bytes from its start (every pa
 static __device__ __forceinline__ uint32_t bf2_minus128(uint32_t v) {
     uint32_t r;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC300C300u));
+    return r;
+}
+// bf16x2 a * s + b, each half rounded once (the weight s q + b of a code pair, q exact in bf16).
+static __device__ __forceinline__ uint32_t bf2_fma(uint32_t a, uint32_t s, uint32_t b) {
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(s), "r"(b));
     return r;
 }
 #define QB_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -68,8 +74,7 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
     uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
     uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
     uint16_t *const Wb = (uint16_t *)(qb_smem + L::WB);
-    float *const Sc = (float *)(qb_smem + L::SC), *const Bi = (float *)(qb_smem + L::BI);
-    float *const Xsum = (float *)(qb_smem + L::XS);
+    uint32_t *const Sc = (uint32_t *)(qb_smem + L::SC), *const Bi = (uint32_t *)(qb_smem + L::BI);
     __shared__ int xrow[QB_BM], yrow[QB_BM];
 
     const int e = blockIdx.z;
@@ -121,57 +126,44 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
         }
         cp_async_commit();
     };
-    auto load_sb = [&](int kt, float &sv, float &bv) {
+    auto load_sb = [&](int kt, uint32_t &sv, uint32_t &bv) {   // as bf16x2 pairs (v, v)
         sv = 0;
         bv = 0;
         if (has_sc && kt < ng) {
-            sv = bf16f(W.scales[sgrow + kt]);
-            bv = bf16f(W.biases[sgrow + kt]);
+            sv = W.scales[sgrow + kt] * 0x10001u;
+            bv = W.biases[sgrow + kt] * 0x10001u;
         }
     };
 
-    // Dequantize the codes of step kt (stage kt % STAGES) into Wb[kt % 2] (bf16, swizzled as the x
-    // tile), and the row sums of its x into Xsum[kt % 2].
+    // Dequantize the codes of step kt (stage kt % STAGES) into Wb[kt % 2] (bf16 s q + b, swizzled as
+    // the x tile).
     auto dequant = [&](int kt) {
         if (kt >= ng) return;
-        {
-            const int st = kt % QB_STAGES;
-            const uint32_t *Wd = Wc + st * WT;
-            uint16_t *Wo = Wb + (kt % 2) * (QB_BN * QB_BK);
+        const int st = kt % QB_STAGES;
+        const uint32_t *Wd = Wc + st * WT;
+        uint16_t *Wo = Wb + (kt % 2) * (QB_BN * QB_BK);
 #pragma unroll
-            for (int i = 0; i < QB_BN * 8 / QB_THREADS; i++) {   // 4 chunks of 8 codes
-                const int id = tid + i * QB_THREADS, n = id / 8, ch = id % 8;
-                uint32_t o[4];
-                if constexpr (BITS == 4) {
-                    const uint32_t w = Wd[n * WPR + ch];   // codes 8 ch .. 8 ch + 7, code j at bits 4 j
+        for (int i = 0; i < QB_BN * 8 / QB_THREADS; i++) {   // 4 chunks of 8 codes
+            const int id = tid + i * QB_THREADS, n = id / 8, ch = id % 8;
+            const uint32_t s2 = Sc[st * QB_BN + n], b2 = Bi[st * QB_BN + n];
+            uint32_t o[4];
+            if constexpr (BITS == 4) {
+                const uint32_t w = Wd[n * WPR + ch];   // codes 8 ch .. 8 ch + 7, code j at bits 4 j
 #pragma unroll
-                    for (int p = 0; p < 4; p++) {
-                        const uint32_t t = w >> (8 * p);
-                        o[p] = bf2_minus128((t & 0xFu) | ((t & 0xF0u) << 12) | 0x43004300u);
-                    }
-                } else {
-                    static_assert(BITS == 8, "4 or 8 bits");
-                    const uint2 w = *(const uint2 *)&Wd[n * WPR + ch * 2];   // code j at bits 8 (j % 4) of word j / 4
-#pragma unroll
-                    for (int p = 0; p < 4; p++) {
-                        const uint32_t t = (p < 2 ? w.x : w.y) >> (16 * (p % 2));
-                        o[p] = bf16_of_code(t & 0xFFu) | (bf16_of_code((t >> 8) & 0xFFu) << 16);
-                    }
+                for (int p = 0; p < 4; p++) {
+                    const uint32_t t = w >> (8 * p);
+                    o[p] = bf2_fma(bf2_minus128((t & 0xFu) | ((t & 0xF0u) << 12) | 0x43004300u), s2, b2);
                 }
-                *(uint4 *)&Wo[n * QB_BK + swz(n, ch) * 8] = make_uint4(o[0], o[1], o[2], o[3]);
-            }
-            const uint16_t *X = Xt + st * XT;
-            const int r = tid / 2, h = tid % 2;
-            float sum = 0;
+            } else {
+                static_assert(BITS == 8, "4 or 8 bits");
+                const uint2 w = *(const uint2 *)&Wd[n * WPR + ch * 2];   // code j at bits 8 (j % 4) of word j / 4
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint4 v = *(const uint4 *)&X[r * QB_BK + swz(r, h * 4 + q) * 8];
-                const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; j++) sum += __uint_as_float(u[j] << 16) + __uint_as_float(u[j] & 0xffff0000u);
+                for (int p = 0; p < 4; p++) {
+                    const uint32_t t = (p < 2 ? w.x : w.y) >> (16 * (p % 2));
+                    o[p] = bf2_fma(bf16_of_code(t & 0xFFu) | (bf16_of_code((t >> 8) & 0xFFu) << 16), s2, b2);
+                }
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);   // the other half of the row
-            if (!h) Xsum[(kt % 2) * QB_BM + r] = sum;
+            *(uint4 *)&Wo[n * QB_BK + swz(n, ch) * 8] = make_uint4(o[0], o[1], o[2], o[3]);
         }
     };
 
@@ -179,7 +171,7 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
     if (tid < QB_BN) {
 #pragma unroll
         for (int kt = 0; kt < QB_STAGES - 1; kt++) {
-            float sv, bv;
+            uint32_t sv, bv;
             load_sb(kt, sv, bv);
             Sc[kt * QB_BN + tid] = sv;
             Bi[kt * QB_BN + tid] = bv;
@@ -194,23 +186,15 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
     for (int kt = 0; kt < ng; kt++) {
         const int st = kt % QB_STAGES;
         cp_async_wait<QB_STAGES - 3>();   // this thread's copies of step kt + 1 have landed
-        // Everyone's have; Wb / Xsum of step kt are written; every thread is done with step kt - 1,
-        // so its stage, its Wb / Xsum and its scales are free.
+        // Everyone's have; Wb of step kt is written; every thread is done with step kt - 1, so its
+        // stage, its Wb and its scales are free.
         __syncthreads();
         load_tile(kt + QB_STAGES - 1, (kt + QB_STAGES - 1) % QB_STAGES);
-        float nsv, nbv;
+        uint32_t nsv, nbv;
         load_sb(kt + QB_STAGES - 1, nsv, nbv);
         dequant(kt + 1);   // one step ahead: no barrier between it and this step's products
         const uint16_t *Wk = Wb + (kt % 2) * (QB_BN * QB_BK);
-        const float *Xk = Xsum + (kt % 2) * QB_BM;
         const uint16_t *X = Xt + st * XT;
-        float tmp[4][4][4];
-#pragma unroll
-        for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) tmp[mi][ni][j] = 0;
 #pragma unroll
         for (int kk = 0; kk < QB_BK / 16; kk++) {
             uint32_t bq[4][2];
@@ -230,25 +214,10 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
                 uint32_t a[4];
                 ldsm_x4(a, &X[r * QB_BK + swz(r, c) * 8]);
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) mma_bf16(tmp[mi][ni], a, bq[ni][0], bq[ni][1]);
+                for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], a, bq[ni][0], bq[ni][1]);
             }
         }
-        const float *S = Sc + st * QB_BN, *B = Bi + st * QB_BN;
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            const int c = wn + ni * 8 + 2 * c4;
-            const float2 s2 = *(const float2 *)&S[c], b2 = *(const float2 *)&B[c];
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++) {
-                const int r = wm + mi * 16 + g;
-                const float xa = Xk[r], xb = Xk[r + 8];
-                acc[mi][ni][0] += s2.x * tmp[mi][ni][0] + b2.x * xa;
-                acc[mi][ni][1] += s2.y * tmp[mi][ni][1] + b2.y * xa;
-                acc[mi][ni][2] += s2.x * tmp[mi][ni][2] + b2.x * xb;
-                acc[mi][ni][3] += s2.y * tmp[mi][ni][3] + b2.y * xb;
-            }
-        }
-        if (tid < QB_BN) {   // stage (kt + 3) % 4 was last read in step kt - 1
+        if (tid < QB_BN) {   // stage (kt + 3) % 4 was last read in step kt - 1 (dequant(kt))
             Sc[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nsv;
             Bi[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nbv;
         }
