@@ -31,7 +31,7 @@
 #define WARP_SIZE 32
 #define QGROUP 64
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define QB_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[qb_layout<BITS>::BYTES]
+#define QB_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[qb_layout<BITS, STAGES>::BYTES]
 struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
@@ -53,7 +53,7 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int BITS>
+template <int BITS, int STAGES>
 static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs) {
     for (unsigned bz = 0; bz < grid.z; bz++)
@@ -69,14 +69,14 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+                        qmatmul_bf16_kernel<BITS, STAGES, 1>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
             }
 }
 
-static int fails;
+static int fails, g_stages;   // the pipeline depth under test (3: the two-blocks form, 4)
 // One case: n_mat matrices [N, K]; dense (counts empty) over M rows, or grouped with counts.
 static void run_case(const char *name, int bits, int N, int K, int M, std::vector<int> counts, int xdiv, bool use_xmap,
                      bool use_ymap) {
@@ -107,10 +107,12 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
     const int rows = grouped ? maxrows : M;
     dim3s grid = {(unsigned)CEIL_DIV(N, QB_BN), (unsigned)CEIL_DIV(rows, QB_BM), (unsigned)(grouped ? E : 1)};
     if (rows > 0) {
-        if (bits == 4) launch<4>(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
-                                 use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
-        else launch<8>(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
-                       use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
+        auto go = [&](auto kern) {
+            kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
+                 use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
+        };
+        if (bits == 4) g_stages == 3 ? go(launch<4, 3>) : go(launch<4, 4>);
+        else g_stages == 3 ? go(launch<8, 3>) : go(launch<8, 4>);
     }
     // reference: y[yrow] = W[e] x[xrow], and every other element of y untouched (NaN)
     std::vector<char> written((size_t)yrows * ldy, 0);
@@ -144,8 +146,9 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
 }
 
 int main() {
+    for (g_stages = 3; g_stages <= 4; g_stages++)
     for (g_defer = 0; g_defer < 2; g_defer++) {
-    printf("# cp.async %s\n", g_defer ? "deferred to its wait_group" : "at once");
+    printf("# %d stages, cp.async %s\n", g_stages, g_defer ? "deferred to its wait_group" : "at once");
     run_case("dense, row and feature tails", 4, 200, 256, 150, {}, 1, false, false);
     run_case("dense, 3 groups", 8, 130, 192, 37, {}, 1, false, false);
     run_case("dense, 1 group, 1 feature", 8, 1, 64, 5, {}, 1, false, false);

@@ -44,6 +44,7 @@ int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, 
 // bf16 MMA per product, fp32 accumulation, the weights exact; the group's bias multiplies the sum of
 // the bf16 x. The result is W x_bf16 to fp32 rounding. Needs W.cols % 64 == 0, ldx % 8 == 0 and x
 // 16-byte aligned (else cudaErrorInvalidValue).
+void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
 int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream);
 // y[i] = bf16(x[i]), round to nearest even (n elements).

@@ -16,32 +16,35 @@
 // cycle per scheduler. bench/NOTES.md, version 6.)
 //
 // Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as 2 (rows) x 4 (features),
-// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). 4-stage cp.async pipeline (16-byte copies straight
+// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). A 3- or 4-stage cp.async pipeline (16-byte copies straight
 // into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte chunks) and
 // the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are dequantized once
 // per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into 0x4300 | q = 128 + q
 // and one exact bf16x2 fma of -128, 8-bit ones by I2F; then the fma with the row's scale and bias),
 // double-buffered, one step ahead of the products. One barrier per step:
-//   wait for step kt + 1's copies; barrier; issue step kt + 3's copies and its scale / bias loads;
-//   dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step kt + 3's
-//   scale / bias pairs to its stage.
+//   wait for step kt + 1's copies; barrier; issue step kt + STAGES - 1's copies and its scale /
+//   bias loads; dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step
+//   kt + STAGES - 1's scale / bias pairs to its stage.
 // So the tensor cores of one warp overlap the dequantization of another, and global loads run
-// three steps ahead. One block of 8 warps per SM.
+// STAGES - 1 steps ahead.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
 // tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
 // once or as late as their wait_group allows.
-enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 4 };
+enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256 };
+// Two forms (A/B, CALLA_QB_BLOCKS): STAGES = 3 at up to 128 registers, two blocks an SM (16 warps:
+// the default since version 6; one block's barrier and dequantization no longer idle the SM's
+// tensor cores), or STAGES = 4 at one block an SM (version 5's form).
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
 
-template <int BITS>
+template <int BITS, int STAGES>
 struct qb_layout {   // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
     static constexpr int WPR = QB_BK * BITS / 32;                                     // words per row per group
     static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
-    static constexpr size_t WC = X + (size_t)QB_STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
-    static constexpr size_t WB = WC + (size_t)QB_STAGES * QB_BN * WPR * 4;            // [2][BN * BK] bf16
+    static constexpr size_t WC = X + (size_t)STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
+    static constexpr size_t WB = WC + (size_t)STAGES * QB_BN * WPR * 4;            // [2][BN * BK] bf16
     static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;                  // [STAGES][BN] bf16x2 (s, s)
-    static constexpr size_t BI = SC + (size_t)QB_STAGES * QB_BN * 4;                  // [STAGES][BN] bf16x2 (b, b)
-    static constexpr size_t BYTES = BI + (size_t)QB_STAGES * QB_BN * 4;
+    static constexpr size_t BI = SC + (size_t)STAGES * QB_BN * 4;                  // [STAGES][BN] bf16x2 (b, b)
+    static constexpr size_t BYTES = BI + (size_t)STAGES * QB_BN * 4;
 };
 
 #ifndef QB_HOST_SIM
@@ -63,11 +66,11 @@ static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 2
     return __float_as_uint((float)q) >> 16;
 }
 
-template <int BITS>
-static __global__ void __launch_bounds__(QB_THREADS, 1)
+template <int BITS, int STAGES, int MINB>
+static __global__ void __launch_bounds__(QB_THREADS, MINB)
     qmatmul_bf16_kernel(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                         const int *ymap, int M, const int *counts, const int *offs) {
-    using L = qb_layout<BITS>;
+    using L = qb_layout<BITS, STAGES>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
     QB_DYNAMIC_SMEM(qb_smem);
@@ -139,7 +142,7 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
     // the x tile).
     auto dequant = [&](int kt) {
         if (kt >= ng) return;
-        const int st = kt % QB_STAGES;
+        const int st = kt % STAGES;
         const uint32_t *Wd = Wc + st * WT;
         uint16_t *Wo = Wb + (kt % 2) * (QB_BN * QB_BK);
 #pragma unroll
@@ -167,31 +170,31 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
         }
     };
 
-    for (int kt = 0; kt < QB_STAGES - 1; kt++) load_tile(kt, kt);
+    for (int kt = 0; kt < STAGES - 1; kt++) load_tile(kt, kt);
     if (tid < QB_BN) {
 #pragma unroll
-        for (int kt = 0; kt < QB_STAGES - 1; kt++) {
+        for (int kt = 0; kt < STAGES - 1; kt++) {
             uint32_t sv, bv;
             load_sb(kt, sv, bv);
             Sc[kt * QB_BN + tid] = sv;
             Bi[kt * QB_BN + tid] = bv;
         }
     }
-    cp_async_wait<QB_STAGES - 2>();   // step 0 has landed (this thread's copies)
+    cp_async_wait<STAGES - 2>();   // step 0 has landed (this thread's copies)
     __syncthreads();
     dequant(0);
 
     const int wm = (warp / 4) * 64, wn = (warp % 4) * 32, g = lane / 4, c4 = lane % 4;
     float acc[4][4][4] = {};
     for (int kt = 0; kt < ng; kt++) {
-        const int st = kt % QB_STAGES;
-        cp_async_wait<QB_STAGES - 3>();   // this thread's copies of step kt + 1 have landed
+        const int st = kt % STAGES;
+        cp_async_wait<STAGES - 3>();   // this thread's copies of step kt + 1 have landed
         // Everyone's have; Wb of step kt is written; every thread is done with step kt - 1, so its
         // stage, its Wb and its scales are free.
         __syncthreads();
-        load_tile(kt + QB_STAGES - 1, (kt + QB_STAGES - 1) % QB_STAGES);
+        load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
         uint32_t nsv, nbv;
-        load_sb(kt + QB_STAGES - 1, nsv, nbv);
+        load_sb(kt + STAGES - 1, nsv, nbv);
         dequant(kt + 1);   // one step ahead: no barrier between it and this step's products
         const uint16_t *Wk = Wb + (kt % 2) * (QB_BN * QB_BK);
         const uint16_t *X = Xt + st * XT;
@@ -217,9 +220,9 @@ static __global__ void __launch_bounds__(QB_THREADS, 1)
                 for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], a, bq[ni][0], bq[ni][1]);
             }
         }
-        if (tid < QB_BN) {   // stage (kt + 3) % 4 was last read in step kt - 1 (dequant(kt))
-            Sc[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nsv;
-            Bi[((kt + QB_STAGES - 1) % QB_STAGES) * QB_BN + tid] = nbv;
+        if (tid < QB_BN) {   // stage (kt - 1) % STAGES: its scales were last read by dequant(kt - 1), in step kt - 2
+            Sc[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nsv;
+            Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
         }
     }
     cp_async_wait<0>();
