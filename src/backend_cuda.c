@@ -21,8 +21,9 @@
 // CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
-// read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, exact weights; the router,
-// the shared-expert gate and the lm_head stay on the exact kernel), and the DeltaNet layers run as
+// read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to
+// bf16 as MLX does; the router, the shared-expert gate and the lm_head stay on the exact kernel),
+// and the DeltaNet layers run as
 // the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention
 // takes Q and P as bf16 (one mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0
 // (or CALLA_EXACT=1): the verification mode, operands split hi + lo and fp32 inputs to the
