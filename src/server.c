@@ -96,7 +96,7 @@ static enum endpoint route(const char *url, const char **model_id, const struct 
 //     name, so "Content-Length : 5" is no length to MHD but is one to many proxies), or a folded
 //     line, which MHD 0.9.75 glues onto the previous name;
 //   - a value with a control character (a bare CR, say);
-//   - a header block that is not laid out as CRLF-ended lines (header_layout below): a bare LF,
+//   - a header block that is not laid out as CRLF-ended lines (layout_ok below): a bare LF,
 //     a NUL inside a line, a folded line whose continuation is all token characters;
 //   - framing: Content-Length and Transfer-Encoding together, Content-Length twice (even with
 //     equal values), a Content-Length that is not digits, Transfer-Encoding twice or other than
@@ -121,8 +121,10 @@ static bool is_tchar(unsigned char ch) {   // RFC 9110 5.6.2
 // well-formed block a name starts right after the previous line's two NULs and its value after
 // the colon's NUL and optional spaces or tabs.  A line ending in a bare LF (one NUL), a NUL inside
 // a line (MHD's value stops there) or a folded line (MHD copies the name elsewhere to append the
-// continuation to it) breaks that layout, and nothing else shows them.  The pointers compared
-// are all inside MHD's read buffer until the first mismatch, and nothing is read past one.
+// continuation to it) breaks that layout, and nothing else shows them.  Nothing is read past
+// the first mismatch; the bytes read are in MHD's read buffer, except that the check of the
+// block's end (check_framing) may read two bytes past a block ended by bare LFs: still inside
+// MHD's memory pool, one allocation, whose later part holds its list of these headers.
 // libmicrohttpd 1.0 (Debian 13) refuses these itself at MHD_OPTION_CLIENT_DISCIPLINE_LVL 1
 // (set in cmd_serve), and its buffer need not look like this: the check is for the 0.9 series.
 #define CHECK_LAYOUT (MHD_VERSION < 0x00097701)
