@@ -32,7 +32,7 @@
 
 static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
                                                      "health", "metrics", "page", "other"};
-static const int status_codes[] = {200, 400, 401, 403, 404, 405, 413, 415, 500, 503};
+static const int status_codes[] = {200, 400, 401, 403, 404, 405, 411, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
 // ---- HTTP: routes and responses ---------------------------------------------------------------
@@ -47,7 +47,7 @@ struct request {
     struct sbuf body;
     bool too_large;
     bool preflight;         // OPTIONS: a browser's CORS preflight
-    int refuse;             // decided from the headers alone: 400 (framing), 403 (Host), 401 (key); 0: none
+    int refuse;             // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
     const char *why;        // its message
     struct job *job;        // once queued
 };
@@ -85,24 +85,116 @@ static enum endpoint route(const char *url, const char **model_id, const struct 
     return EP_OTHER;
 }
 
-// ---- checks on the headers ----------------------------------------------------------------------
+// ---- checks on the headers: request smuggling ---------------------------------------------------
+//
+// A request whose end two HTTP parsers could place differently (a proxy in front, then
+// libmicrohttpd) lets a client hide a second request in the first one's body.  libmicrohttpd
+// 0.9.75 is lenient (docs/HTTP.md lists what it accepts) and hands the access handler its
+// parse, not the bytes; so when the headers are in, before any of the body is read, the handler
+// refuses what it can still see (400, connection closed):
+//   - a header name that is not a token: a space or tab before the colon (MHD keeps it in the
+//     name, so "Content-Length : 5" is no length to MHD but is one to many proxies), or a folded
+//     line, which MHD 0.9.75 glues onto the previous name;
+//   - a value with a control character (a bare CR, say);
+//   - a header block that is not laid out as CRLF-ended lines (layout_ok below): a bare LF,
+//     a NUL inside a line, a folded line whose continuation is all token characters;
+//   - framing: Content-Length and Transfer-Encoding together, Content-Length twice (even with
+//     equal values), a Content-Length that is not digits, Transfer-Encoding twice or other than
+//     "chunked", Transfer-Encoding in HTTP/1.0.
+// A chunked body is refused with 411 unless --allow-chunked: MHD reads the chunk lines itself,
+// out of our sight, and accepts extensions and bare LFs in them.
 
-struct framing {
-    int n_length;           // Content-Length headers
-    bool lengths_differ;
+struct header_scan {
+    const char *next;       // where the next name must start (the layout); NULL: not known
+    const char *bad;        // the first problem found, or NULL
+    int n_length, n_te;
     const char *length, *te;
 };
 
-static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
-    struct framing *f = cls;
-    if (!strcasecmp(key, "Content-Length")) {
-        if (f->n_length++ && strcmp(f->length, value ? value : "")) f->lengths_differ = true;
-        f->length = value ? value : "";
-    } else if (!strcasecmp(key, "Transfer-Encoding")) {
-        if (f->te) f->lengths_differ = true;   // two codings: as ambiguous as two lengths
-        f->te = value ? value : "";
+static bool is_tchar(unsigned char ch) {   // RFC 9110 5.6.2
+    return (ch >= '0' && ch <= '9') || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+// MHD 0.9.75 parses the header block in place: each line's CR LF becomes two NULs, the colon one,
+// and the names and values it hands out point into that buffer, in the order received.  So in a
+// well-formed block a name starts right after the previous line's two NULs and its value after
+// the colon's NUL and optional spaces or tabs.  A line ending in a bare LF (one NUL), a NUL inside
+// a line (MHD's value stops there) or a folded line (MHD copies the name elsewhere to append the
+// continuation to it) breaks that layout, and nothing else shows them.  Nothing is read past
+// the first mismatch; the bytes read are in MHD's read buffer, except that the check of the
+// block's end (check_framing) may read two bytes past a block ended by bare LFs: still inside
+// MHD's memory pool, one allocation, whose later part holds its list of these headers.
+// libmicrohttpd 1.0 (Debian 13) refuses these itself at MHD_OPTION_CLIENT_DISCIPLINE_LVL 1
+// (set in cmd_serve), and its buffer need not look like this: the check is for the 0.9 series.
+#define CHECK_LAYOUT (MHD_VERSION < 0x00097701)
+static bool layout_ok(struct header_scan *s, const char *key, size_t ks, const char *value, size_t vs) {
+    if (!CHECK_LAYOUT) return true;
+    if (s->next && key != s->next) return false;
+    const char *p = key + ks + 1;   // past the colon
+    if (value < p) return false;    // the name was moved: a folded line
+    while (p < value && (*p == ' ' || *p == '\t')) p++;
+    if (p != value || value[vs] || value[vs + 1]) return false;
+    s->next = value + vs + 2;
+    return true;
+}
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, size_t ks, const char *value,
+                                   size_t vs) {
+    struct header_scan *s = cls;
+    if (!value) value = "", vs = 0;
+    if (!layout_ok(s, key, ks, value, vs)) {
+        s->bad = "malformed header block: every line must end in CRLF, with no NUL and no folded (obs-fold) line";
+        return MHD_NO;
     }
+    bool token = ks > 0;
+    for (size_t i = 0; i < ks; i++) token = token && is_tchar((unsigned char)key[i]);
+    if (!token) {
+        s->bad = "malformed header name: no space before the colon, no folded (obs-fold) line";
+        return MHD_NO;
+    }
+    for (size_t i = 0; i < vs; i++) {
+        const unsigned char ch = (unsigned char)value[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+            s->bad = "a header value may not hold control characters";
+            return MHD_NO;
+        }
+    }
+    if (!strcasecmp(key, "Content-Length")) s->n_length++, s->length = value;
+    else if (!strcasecmp(key, "Transfer-Encoding")) s->n_te++, s->te = value;
     return MHD_YES;
+}
+
+// 0 when the request's framing is unambiguous; else 400 (or 411: a chunked body while chunked
+// uploads are off) and *why.
+static int check_framing(const struct server *sv, struct MHD_Connection *c, const char *version, const char **why) {
+    struct header_scan s = {0};
+    const size_t vl = version ? strlen(version) : 0;
+    if (CHECK_LAYOUT && vl) {   // the request line ends in CR LF too ("" when the request line had no version)
+        if (version[vl] || version[vl + 1]) {
+            *why = "malformed request line: it must end in CRLF";
+            return 400;
+        }
+        s.next = version + vl + 2;
+    }
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, scan_header, &s);
+    if (!s.bad && s.next && (s.next[0] || s.next[1]))   // the empty line that ends the block: CR LF
+        s.bad = "malformed header block: every line must end in CRLF, with no NUL and no folded (obs-fold) line";
+    *why = s.bad;
+    if (!*why && s.n_length && s.n_te) *why = "a request may not have both Content-Length and Transfer-Encoding";
+    if (!*why && s.n_length > 1) *why = "a request may have only one Content-Length header";
+    if (!*why && s.n_te > 1) *why = "a request may have only one Transfer-Encoding header";
+    if (!*why && s.n_length && (!*s.length || strspn(s.length, "0123456789") != strlen(s.length)))
+        *why = "Content-Length must be a decimal number";
+    if (!*why && s.n_te && strcasecmp(s.te, "chunked")) *why = "the only transfer coding accepted is chunked";
+    if (!*why && s.n_te && version && !strcmp(version, MHD_HTTP_VERSION_1_0))
+        *why = "Transfer-Encoding is not allowed in an HTTP/1.0 request";
+    if (*why) return 400;
+    if (s.n_te && !sv->cfg.allow_chunked) {
+        *why = "a request body needs a Content-Length: chunked request bodies are off (calla serve --allow-chunked)";
+        return 411;
+    }
+    return 0;
 }
 
 // The bytes of one kind of a request's values (headers, query arguments) as sent: "key: value\r\n".
@@ -126,16 +218,6 @@ static int header_limit(const struct server *sv, struct MHD_Connection *c, const
     if (uri > max) snprintf(msg, cap, "the request URI (%zu bytes) exceeds the limit of %zu bytes", uri, max);
     else if (all > max) snprintf(msg, cap, "the request's URI and headers (%zu bytes) exceed the limit of %zu bytes", all, max);
     return uri > max ? 414 : all > max ? 431 : 0;
-}
-
-// Request smuggling: a body whose length two parsers could read differently is refused.
-static const char *ambiguous_framing(struct MHD_Connection *c) {
-    struct framing f = {0};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
-    if (f.n_length && f.te) return "a request may not have both Content-Length and Transfer-Encoding";
-    if (f.lengths_differ) return "conflicting Content-Length or Transfer-Encoding headers";
-    if (f.te && strcasecmp(f.te, "chunked")) return "the only transfer coding accepted is chunked";
-    return NULL;
 }
 
 // The Host header against --allowed-host, or (none given) against the loopback names when the
@@ -198,7 +280,7 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
     // After a refusal the rest of what the client sent is not trusted to be the next request.
-    if (status == 400 || status == 403 || status == 413 || status == 414 || status == 431)
+    if (status == 400 || status == 403 || status == 411 || status == 413 || status == 414 || status == 431)
         MHD_add_response_header(r, "Connection", "close");
 }
 
@@ -516,15 +598,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char msg[160];
         int st = header_limit(sv, c, url, msg, sizeof msg);
         if (st) return send_error(sv, c, rq->ep, st, NULL, msg);   // answered now and closed, like framing
-        if ((rq->why = ambiguous_framing(c))) rq->refuse = 400;
-        else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
+        if ((rq->refuse = check_framing(sv, c, version, &rq->why))) {
+            // Refused with the request's body unread: MHD closes the connection after the answer
+            // (Connection: close), so what follows is never parsed as another request.
+        } else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
         else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight &&   // the page asks for the key itself;
                                                                                   // a preflight carries no credentials
                  !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
             rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
-        if (rq->refuse == 400)   // ambiguous framing: answer now and close; the body is never read
-            return send_error(sv, c, rq->ep, 400, NULL, rq->why);
+        if (rq->refuse == 400 || rq->refuse == 411)   // framing: answer now and close; the body is never read
+            return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
         if (rq->too_large && !rq->refuse) {   // declared too large: answered before the body is sent
@@ -675,6 +759,8 @@ int cmd_serve(int argc, char **argv) {
                                                                     "and body, from connecting or from its previous answer; "
                                                                     "then the connection is closed (default 30)"},
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
+        {"allow-chunked", OPT_FLAG, &cfg.allow_chunked, 0, 0, "accept chunked request bodies (default: 411; libmicrohttpd "
+                                                               "parses their chunk lines leniently: docs/HTTP.md)"},
         {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
         {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
         {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0, "accept this Host header name (repeatable; * any; default: "
@@ -804,7 +890,8 @@ int cmd_serve(int argc, char **argv) {
     // One thread per connection, with poll (no FD_SETSIZE limit): a handler blocks while its job
     // runs (non-streaming) and the SSE reader blocks until the next token, which MHD's epoll mode (one
     // thread for all connections) would allow only with suspend/resume.  Slow clients are bounded by
-    // --request-timeout and --max-connections-per-ip, the total by --max-connections.
+    // --request-timeout and --max-connections-per-ip, the total by --max-connections.  What the
+    // epoll path (a thread pool, suspend/resume) would take: docs/HTTP.md, "Connections".
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
@@ -812,7 +899,11 @@ int cmd_serve(int argc, char **argv) {
                              (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg.max_connections,
                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg.max_per_ip,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout,
-                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv, MHD_OPTION_END);
+                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
+#if MHD_VERSION >= 0x00097701   // 1.0: bare LF, obs-fold, NUL, Content-Length with chunked refused by MHD
+                             MHD_OPTION_CLIENT_DISCIPLINE_LVL, 1,
+#endif
+                             MHD_OPTION_END);
     if (!sv->d) {
         fprintf(stderr, "calla serve: cannot listen on %s:%lld: %s\n", cfg.host, cfg.port, strerror(errno));
         goto out_worker;

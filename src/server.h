@@ -67,6 +67,7 @@ struct server_config {
     long long timeout;            // idle connection timeout, seconds
     long long request_timeout;    // seconds a client has to send a whole request (headers and body)
     bool quiet;
+    bool allow_chunked;           // accept chunked request bodies (off: 411; docs/HTTP.md)
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
@@ -79,7 +80,7 @@ struct server_config {
 // ---- metrics -----------------------------------------------------------------------------------
 
 enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT };
-enum { N_STATUS = 10 };   // the statuses counted one by one (server.c: status_codes)
+enum { N_STATUS = 11 };   // the statuses counted one by one (server.c: status_codes)
 
 struct metrics {
     unsigned long long requests[EP_COUNT][N_STATUS + 1];   // last column: any other status

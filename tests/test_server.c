@@ -8,6 +8,8 @@
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
 //   3. tests/test_connections.py: 1,000 slow connections against the request deadline and the
 //      per-address limit while a well-behaved client is served, and cancellation on a hang-up.
+//   4. tests/test_smuggling.py: ambiguous framing, each case followed by a smuggled request that
+//      must never run (docs/HTTP.md).
 //
 // Environment: CALLA_SERVER_QUICK=1 shortens the loopback suite (sanitizer builds);
 // CALLA_SERVER_SOAK=N sets the soak length (default 500).
@@ -306,6 +308,15 @@ static void test_connections(void **state) {
     assert_int_equal(rc, 0);
 }
 
+// Request smuggling: every ambiguous framing case is refused and closed, its smuggled request never run.
+static void test_smuggling(void **state) {
+    char cmd[2 * PATH_MAX + 256];
+    snprintf(cmd, sizeof cmd, "python3 tests/test_smuggling.py --bin %s/calla --model %s", bin_dir, model_dir);
+    fprintf(stderr, "%s\n", cmd);
+    int rc = system(cmd);
+    assert_int_equal(rc, 0);
+}
+
 static int setup(void **state) {
     char err[512];
     if (!mkdtemp(model_dir)) return -1;
@@ -357,6 +368,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_loopback),
         cmocka_unit_test(test_connections),
+        cmocka_unit_test(test_smuggling),
     };
     return cmocka_run_group_tests_name("server", tests, setup, teardown);
 }
