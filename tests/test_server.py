@@ -1077,8 +1077,10 @@ def test_prefill_progress(binary, model):
         srv.close("server with 16-token prefill steps")
 
 
-def raw_keep(port, data, timeout=5):
-    """Sends raw bytes without half-closing; returns everything until the server closes or a timeout."""
+def raw_keep(port, data, timeout=5, until=None):
+    """Sends raw bytes without half-closing; -> (everything received, closed by the server). Reads
+    until the server closes (a reset counts: it closed with bytes unread) or a timeout, or until
+    until(received) holds (then not closed)."""
     s = socket.create_connection((HOST, port), timeout=timeout)
     try:
         s.sendall(data)
@@ -1086,11 +1088,15 @@ def raw_keep(port, data, timeout=5):
         while True:
             try:
                 d = s.recv(65536)
-            except (socket.timeout, ConnectionResetError):
+            except socket.timeout:
                 return out, False
+            except ConnectionResetError:
+                return out, True
             if not d:
                 return out, True
             out += d
+            if until and until(out):
+                return out, False
     finally:
         s.close()
 

@@ -22,12 +22,11 @@ Exit status 0 only if every check passed.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_server import HOST, RESULTS, FAILURES, Server, check, metrics, openai_error, raw_parts  # noqa: E402
+from test_server import RESULTS, FAILURES, Server, check, metrics, openai_error, raw_keep, raw_parts  # noqa: E402
 
 BODY = json.dumps({"prompt": [1, 2], "max_tokens": 1}).encode()
 SMUGGLED = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -109,24 +108,7 @@ GOOD = [
 def exchange(port, data, timeout=3.0, want=0):
     """Sends data on one connection, keeps it open; -> (raw reply, closed by the server).
     Returns early (not closed) once `want` whole responses are in."""
-    s = socket.create_connection((HOST, port), timeout=timeout)
-    try:
-        s.sendall(data)
-        out = b""
-        while True:
-            try:
-                d = s.recv(65536)
-            except socket.timeout:
-                return out, False
-            except ConnectionResetError:
-                return out, True
-            if not d:
-                return out, True
-            out += d
-            if want and len(statuses(out)) >= want:
-                return out, False
-    finally:
-        s.close()
+    return raw_keep(port, data, timeout, until=(lambda out: len(statuses(out)) >= want) if want else None)
 
 
 def statuses(reply):
