@@ -20,6 +20,7 @@
 #include "session_cache.h"
 #include "tokenizer.h"
 #include "constrain.h"
+#include "tokmask.h"
 #include "toolcall.h"
 #include "util.h"
 
@@ -234,6 +235,8 @@ struct server {
     struct engine *e;
     struct tokenizer *tok;
     int vocab;                      // the model's vocabulary (embedding rows)
+    struct token_trie *trie;        // the vocabulary's bytes, for constrained decoding's masks (tokmask.h)
+    int mask_mode;                  // enum mask_mode: CALLA_MASK=off|sync|overlap (default: overlap on a GPU)
     struct openai_ctx oc;           // what the protocol layer needs to parse a request
     struct auth auth;               // API keys (none: open)
 
