@@ -159,9 +159,12 @@ struct token_walker {
     const struct cschema *c;
     struct cstate **st;    // [max_len + 1] the state after depth bytes (made when first needed)
     uint64_t *mask;
+    int limit;             // mark only tokens after which the document can end within this many bytes
     long visited;
     bool oom;
 };
+
+enum { NO_LIMIT = 1 << 30 };
 
 struct token_walker *token_walker_new(const struct token_trie *t, const struct cschema *c) {
     struct token_walker *w = calloc(1, sizeof *w);
@@ -186,17 +189,18 @@ static void mark(uint64_t *mask, const struct token_trie *t, const struct tnode 
 
 // The children of nd, whose path bytes took the document to s.  cls: the class s stands still
 // under (0: none); path_plain: every byte so far was of that class, with s standing still
-// throughout (so the class's plain tokens are in the mask already).
+// throughout (so the class's plain tokens are in the mask already, when they fit); s_fits: s is
+// within the walk's distance limit (a token that ends in s is marked).
 static void walk(struct token_walker *w, const struct tnode *nd, int depth, const struct cstate *s, int cls,
-                 bool path_plain) {
+                 bool path_plain, bool s_fits) {
     const struct token_trie *t = w->t;
     const struct tnode *end = t->nodes + nd->child + nd->n_child;
     for (const struct tnode *ch = t->nodes + nd->child; ch < end; ch++) {
         w->visited++;
         if (cls && (t->byte_cls[ch->byte] & cls)) {   // s stands still: no copy, no feed
-            if (path_plain && (ch->cls & cls)) continue;   // the whole subtree is plain: in the mask already
-            mark(w->mask, t, ch);
-            if (ch->n_child) walk(w, ch, depth + 1, s, cls, path_plain);
+            if (path_plain && (ch->cls & cls)) continue;   // the whole subtree is plain: decided at the root
+            if (s_fits) mark(w->mask, t, ch);
+            if (ch->n_child) walk(w, ch, depth + 1, s, cls, path_plain, s_fits);
             continue;
         }
         struct cstate *ns = w->st[depth + 1];
@@ -207,8 +211,9 @@ static void walk(struct token_walker *w, const struct tnode *nd, int depth, cons
         cstate_copy(ns, s);
         const char b = (char)ch->byte;
         if (!cstate_feed(ns, &b, 1)) continue;
-        mark(w->mask, t, ch);
-        if (ch->n_child) walk(w, ch, depth + 1, ns, cstate_fixed_class(ns), false);
+        const bool fits = w->limit == NO_LIMIT || cstate_distance(ns) <= w->limit;
+        if (fits) mark(w->mask, t, ch);
+        if (ch->n_child) walk(w, ch, depth + 1, ns, cstate_fixed_class(ns), false, fits);
     }
 }
 
@@ -218,57 +223,78 @@ static void mark_stops(uint64_t *mask, const struct cstate *s, int vocab) {
         if (chat_stop_ids[i] < vocab) mask[chat_stop_ids[i] >> 6] |= 1ULL << (chat_stop_ids[i] & 63);
 }
 
-long token_mask(struct token_walker *w, const struct cstate *s, uint64_t *mask) {
+long token_mask_within(struct token_walker *w, const struct cstate *s, int limit, uint64_t *mask) {
     const struct token_trie *t = w->t;
     const size_t words = token_mask_words(t->vocab);
     const int cls = cstate_fixed_class(s);
-    if (cls) memcpy(mask, t->plain[cls], words * sizeof *mask);
+    const bool s_fits = limit == NO_LIMIT || cstate_distance(s) <= limit;
+    if (cls && s_fits) memcpy(mask, t->plain[cls], words * sizeof *mask);
     else memset(mask, 0, words * sizeof *mask);
     w->mask = mask;
+    w->limit = limit;
     w->visited = 0;
-    walk(w, &t->nodes[0], 0, s, cls, cls != 0);
+    walk(w, &t->nodes[0], 0, s, cls, cls != 0, s_fits);
     mark_stops(mask, s, t->vocab);
     return w->visited;
 }
 
-void token_mask_naive(const struct token_trie *t, const struct tokenizer *tok, const struct cstate *s, uint64_t *mask) {
+long token_mask(struct token_walker *w, const struct cstate *s, uint64_t *mask) {
+    return token_mask_within(w, s, NO_LIMIT, mask);
+}
+
+void token_mask_naive_within(const struct token_trie *t, const struct tokenizer *tok, const struct cstate *s, int limit,
+                             uint64_t *mask) {
     memset(mask, 0, token_mask_words(t->vocab) * sizeof *mask);
     struct cstate *tmp = cstate_new(NULL);
     if (!tmp) return;
-    for (int32_t id = 0; id < t->vocab; id++) {   // as constrained_allows decided, token by token
+    for (int32_t id = 0; id < t->vocab; id++) {   // as constrained_allows and constrained_fits decided, token by token
         size_t n;
         const char *b = tokenizer_token_bytes(tok, id, &n);
         if (chat_is_stop(id) || tokenizer_is_special(tok, id) || !b || !n) continue;
         cstate_copy(tmp, s);
-        if (cstate_feed(tmp, b, n)) mask[id >> 6] |= 1ULL << (id & 63);
+        if (cstate_feed(tmp, b, n) && (limit < 0 || cstate_distance(tmp) <= limit)) mask[id >> 6] |= 1ULL << (id & 63);
     }
     cstate_free(tmp);
     mark_stops(mask, s, t->vocab);
 }
 
+void token_mask_naive(const struct token_trie *t, const struct tokenizer *tok, const struct cstate *s, uint64_t *mask) {
+    token_mask_naive_within(t, tok, s, -1, mask);
+}
+
+// The largest of l[0..n) (n >= 1): written so that the compiler vectorises it (maxps); logits
+// are finite (the backends refuse a step without a finite argmax).
+__attribute__((optimize("O3", "finite-math-only", "no-signed-zeros"))) static float run_max(const float *l, size_t n) {
+    float mx = l[0];
+    for (size_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    return mx;
+}
+
 int32_t token_mask_argmax(const uint64_t *mask, const float *logits, int vocab) {
     int32_t best = -1;
     float bv = -INFINITY;
-    const size_t words = token_mask_words(vocab);
-    for (size_t wi = 0; wi < words; wi++) {
+    const size_t words = token_mask_words(vocab), full = (size_t)vocab / 64;
+    for (size_t wi = 0; wi < words;) {
         uint64_t m = mask[wi];
-        if (!m) continue;
-        const float *l = logits + wi * 64;
-        if (m == ~0ULL && (wi + 1) * 64 <= (size_t)vocab) {   // inside a string: most words are full
-            float mx = l[0];
-            for (int i = 1; i < 64; i++) mx = l[i] > mx ? l[i] : mx;
-            if (best >= 0 && !(mx > bv)) continue;
-            for (int i = 0; i < 64; i++)
-                if (l[i] == mx) {
-                    best = (int32_t)(wi * 64 + (size_t)i), bv = mx;
-                    break;
-                }
+        if (m == ~0ULL && wi < full) {   // a run of whole words (inside a string: most of the vocabulary)
+            size_t we = wi + 1;
+            while (we < full && mask[we] == ~0ULL) we++;
+            const float *l = logits + wi * 64;
+            const size_t n = (we - wi) * 64;
+            const float mx = run_max(l, n);
+            if (best < 0 || mx > bv) {
+                size_t i = 0;
+                while (i < n - 1 && !(l[i] == mx)) i++;   // its first (lowest id)
+                best = (int32_t)(wi * 64 + i), bv = l[i];
+            }
+            wi = we;
             continue;
         }
-        for (; m; m &= m - 1) {
+        for (const float *l = logits + wi * 64; m; m &= m - 1) {
             const int i = __builtin_ctzll(m);
             if (best < 0 || l[i] > bv) best = (int32_t)(wi * 64 + (size_t)i), bv = l[i];
         }
+        wi++;
     }
     return best;
 }
@@ -318,7 +344,7 @@ int constrained_init(struct constrained *c, const struct cschema *schema, const 
     if (!c->s || !c->tmp || !c->s0 || !c->order) return -1;
     if (c->mode == MASK_OFF) return 0;
     const size_t bytes = token_mask_words(c->vocab) * sizeof(uint64_t);
-    if (!(c->w = token_walker_new(trie, schema)) || !(c->mask = malloc(bytes))) return -1;
+    if (!(c->w = token_walker_new(trie, schema)) || !(c->mask = malloc(bytes)) || !(c->fit = malloc(bytes))) return -1;
     if (c->mode != MASK_OVERLAP) return 0;
     if (!(c->ms = cstate_new(schema)) || !(c->mask_next = malloc(bytes))) return -1;
     pthread_mutex_init(&c->mu, NULL);
@@ -344,12 +370,12 @@ void constrained_free(struct constrained *c) {
     }
     cstate_free(c->s), cstate_free(c->tmp), cstate_free(c->s0), cstate_free(c->ms);
     token_walker_free(c->w);
-    free(c->order), free(c->mask), free(c->mask_next);
+    free(c->order), free(c->mask), free(c->mask_next), free(c->fit);
     // Everything freed is forgotten (a second free does nothing); the counters stay to be read.
     c->s = c->tmp = c->s0 = c->ms = NULL;
     c->w = NULL;
     c->order = NULL;
-    c->mask = c->mask_next = NULL;
+    c->mask = c->mask_next = c->fit = NULL;
     c->th_started = c->mask_ok = c->pending = c->done = false;
 }
 
@@ -461,16 +487,25 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
         if (constrained_allows(c, id)) pick = id;   // it must come anyway
     }
     if (pick < 0 && constrained_fits(c, greedy, budget)) pick = greedy, c->n_greedy++;
+    bool none_fits = false;
     if (pick < 0 && c->mode != MASK_OFF) {
         mask_now(c);
         int32_t best = token_mask_argmax(c->mask, logits, c->vocab);
         if (best >= 0 && constrained_fits(c, best, budget)) pick = best;
+        else if (best >= 0) {   // near the budget's end: the tokens that leave room to close, walked the same way
+            const double t0 = now_s();
+            token_mask_within(c->w, c->s, budget - 2, c->fit);
+            c->mask_s += now_s() - t0, c->wait_s += now_s() - t0;
+            best = token_mask_argmax(c->fit, logits, c->vocab);
+            if (best >= 0 && constrained_fits(c, best, budget)) pick = best;
+            none_fits = best < 0;
+        }
     }
     if (pick < 0) {
         for (int i = 0; i < c->vocab; i++) c->order[i] = i;
         sort_logits = logits;
         qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
-        for (int i = 0; i < c->vocab && pick < 0; i++)
+        for (int i = 0; i < c->vocab && pick < 0 && !none_fits; i++)   // (the mask said none: none)
             if (constrained_fits(c, c->order[i], budget)) pick = c->order[i];
         if (pick < 0) pick = constrained_closest(c);
     }

@@ -43,9 +43,15 @@ void token_walker_free(struct token_walker *w);
 // mask [token_mask_words(vocab)]: bit id set when token id can come after s (a stop token when
 // the document is done).  Returns the trie nodes visited (a cost measure).
 long token_mask(struct token_walker *w, const struct cstate *s, uint64_t *mask);
+// Only the tokens after which the document can still end within limit bytes (cstate_distance):
+// the pick near the end of max_tokens.
+long token_mask_within(struct token_walker *w, const struct cstate *s, int limit, uint64_t *mask);
 // The same mask, every token's bytes through the matcher on its own (the reference; tests and
 // `calla maskbench` compare the two).
 void token_mask_naive(const struct token_trie *t, const struct tokenizer *tok, const struct cstate *s, uint64_t *mask);
+// limit < 0: no limit.
+void token_mask_naive_within(const struct token_trie *t, const struct tokenizer *tok, const struct cstate *s, int limit,
+                             uint64_t *mask);
 
 // Of the tokens in mask, the one with the largest logit (lowest id on ties); -1 when none.
 int32_t token_mask_argmax(const uint64_t *mask, const float *logits, int vocab);
@@ -70,6 +76,7 @@ struct constrained {
     enum mask_mode mode;
     struct token_walker *w;
     uint64_t *mask;           // the tokens allowed after s (when mask_ok)
+    uint64_t *fit;            // scratch: those of them that leave room to close the document
     bool mask_ok;
     // MASK_OVERLAP: the helper thread computes the mask of ms into mask_next.
     pthread_t th;

@@ -137,12 +137,18 @@ static void test_trie_equals_naive(void **state) {
             token_mask_naive(trie, tok, con.s, b);
             t_naive += now_s() - t1, t_trie += t1 - t0;
             states++;
+            // Every third state, the tokens that leave room to close within a small limit too.
+            const int limit = step % 3 == 2 ? 6 + step % 7 : -1;
+            if (limit >= 0) {
+                token_mask_within(w, con.s, limit, a);
+                token_mask_naive_within(trie, tok, con.s, limit, b);
+            }
             for (size_t i = 0; i < words; i++)
                 if (a[i] != b[i]) {
                     int id = (int)(i * 64 + (size_t)__builtin_ctzll(a[i] ^ b[i]));
                     size_t n = 0;
                     const char *bytes = tokenizer_token_bytes(tok, id, &n);
-                    fail_msg("schema %zu step %d: token %d (\"%.*s\") trie %d, per-token walk %d", si, step, id, (int)n,
+                    fail_msg("schema %zu step %d limit %d: token %d (\"%.*s\") trie %d, per-token walk %d", si, step, limit, id, (int)n,
                              bytes ? bytes : "", (int)(a[i] >> (id & 63) & 1), (int)(b[i] >> (id & 63) & 1));
                 }
             random_logits(logits);
