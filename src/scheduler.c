@@ -145,7 +145,7 @@ static void run_job(struct server *sv, struct job *j) {
     bool have_tok = false;
     // The last row's logits, when logprobs are wanted or the answer is constrained.
     const bool want_logits = j->logprobs >= 0 || j->schema;
-    float *logits = want_logits ? malloc(sizeof *logits * (size_t)sv->vocab) : NULL;
+    float *logits = want_logits ? sv->logits : NULL;
     struct constrained con = {0};
     if ((want_logits && !logits) ||
         (j->schema && constrained_init(&con, j->schema, sv->tok, sv->trie, (enum mask_mode)sv->mask_mode)))
@@ -239,7 +239,6 @@ static void run_job(struct server *sv, struct job *j) {
         j->finish = j->calls ? "tool_calls" : eos || stop_str ? "stop" : "length";
     }
     tokenizer_stream_free(&ts);
-    free(logits);
     constrained_free(&con);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);

@@ -782,6 +782,10 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: %s\n", err);
         goto out_tok;
     }
+    if (!(sv->logits = engine_logits_alloc(sv->e, (size_t)sv->vocab))) {
+        fprintf(stderr, "calla serve: out of memory (a row of logits)\n");
+        goto out_tok;
+    }
     const char *mm = getenv("CALLA_MASK");
     sv->mask_mode = mm && *mm ? mask_mode_parse(mm) : strcmp(engine_backend(sv->e), "cpu") ? MASK_OVERLAP : MASK_SYNC;
     if (sv->mask_mode < 0) {
@@ -903,6 +907,7 @@ out_cache:
     scache_free(&sv->bound);
     seq_free(sv->w);
 out_tok:
+    engine_logits_free(sv->e, sv->logits);
     token_trie_free(sv->trie);
     tokenizer_free(sv->tok);
 out_engine:

@@ -445,6 +445,33 @@ static int by_logit(const void *a, const void *b) {
     return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
 }
 
+// a ranks after b in the sorted order (lower logit; the larger id on ties).
+static bool after(const float *l, int32_t a, int32_t b) { return l[a] < l[b] || (l[a] == l[b] && a > b); }
+
+// order[0..k) = the first k ids of the sorted order (by_logit), by a heap of the best k so far
+// rather than a sort of all: what the closing step reads, when no token fits (constrained_closest).
+static void top_k(const float *l, int vocab, int k, int32_t *order) {
+    int n = 0;   // order[0..n) is a heap whose root ranks last
+    for (int32_t id = 0; id < vocab; id++) {
+        if (n == k && !after(l, order[0], id)) continue;
+        int i;
+        if (n < k) {   // sift up from the end
+            for (i = n++; i > 0 && after(l, id, order[(i - 1) / 2]); i = (i - 1) / 2) order[i] = order[(i - 1) / 2];
+        } else {       // replace the root, sift down
+            for (i = 0;;) {
+                int c = 2 * i + 1;
+                if (c >= n) break;
+                if (c + 1 < n && after(l, order[c + 1], order[c])) c++;
+                if (!after(l, order[c], id)) break;
+                order[i] = order[c], i = c;
+            }
+        }
+        order[i] = id;
+    }
+    sort_logits = l;
+    qsort(order, (size_t)n, sizeof *order, by_logit);
+}
+
 // Closing in time: of the tokens that keep the document valid, the one after which the
 // shortest way to its end is shortest; -1 when none.  Tried: the stop token, the most likely
 // CLOSE_TRIES tokens, and every single-byte token (bytes alone can finish any document).
@@ -501,11 +528,16 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
             none_fits = best < 0;
         }
     }
-    if (pick < 0) {
+    if (pick < 0 && none_fits) {   // the mask says no token fits: the closing step, from the top ids only
+        top_k(logits, c->vocab, CLOSE_TRIES < c->vocab ? CLOSE_TRIES : c->vocab, c->order);
+        pick = constrained_closest(c);
+        if (pick < 0) pick = -2;   // (none at all: the stop token below)
+    }
+    if (pick == -1) {
         for (int i = 0; i < c->vocab; i++) c->order[i] = i;
         sort_logits = logits;
         qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
-        for (int i = 0; i < c->vocab && pick < 0 && !none_fits; i++)   // (the mask said none: none)
+        for (int i = 0; i < c->vocab && pick < 0; i++)
             if (constrained_fits(c, c->order[i], budget)) pick = c->order[i];
         if (pick < 0) pick = constrained_closest(c);
     }
