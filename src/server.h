@@ -7,6 +7,7 @@
 //   scheduler.c  the queue and the one worker thread that drives the engine, with the session
 //                cache and constrained decoding (picking each token of a constrained answer)
 //   toolcall.c   tools: Python-exact tojson for the template, the incremental tool-call parser
+//   tokmask.c    the masks of constrained decoding: the vocabulary's byte trie walked from the matcher's state
 //   constrain.c  structured output: JSON Schema subset (and the tool-call grammar) -> a matcher
 //   auth.c       API keys
 //   web/         the chat page served at / (HTML, CSS, JavaScript; compiled in, see web.h)
