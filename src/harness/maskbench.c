@@ -28,6 +28,10 @@ const struct maskbench_schema maskbench_schemas[] = {
     {"openai_list", "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"const\": \"n\"}, "
                     "\"next\": {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, \"required\": "
                     "[\"v\", \"next\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/node\"}"},
+    // The tool-call grammar (tool_choice "required"): a JSON array of tools, told apart by its '['.
+    {"tool_call", "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+                  "\"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}}, \"required\": "
+                  "[\"s\", \"n\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"now\"}}]"},
     {"openai_anyof", "{\"anyOf\": [{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}}, "
                      "\"required\": [\"a\"]}, {\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, 12]}, "
                      "\"b\": {\"type\": \"string\"}}, \"required\": [\"a\", \"b\"]}]}"},
@@ -135,7 +139,7 @@ static int compile_text(const char *text, struct cschema **out, char *err, size_
         snprintf(err, errlen, "not JSON: %s (line %d)", je.text, je.line);
         return -1;
     }
-    int rc = constrain_compile(j, out, err, errlen);
+    int rc = json_is_array(j) ? constrain_compile_tool_call(j, NULL, out, err, errlen) : constrain_compile(j, out, err, errlen);
     json_decref(j);
     return rc;
 }
@@ -162,8 +166,22 @@ static char *read_text(const char *path, char *err, size_t errlen) {
 }
 
 // Step 3: masks on the CPU alone, over the states of documents made by random logits.
+// Random logits with JSON's structural tokens (and the tool-call markup's) lifted now and then,
+// so that documents have every kind of state, not strings that never end.
+static void random_logits(float *l, int vocab, const struct tokenizer *tok) {
+    for (int k = 0; k < vocab; k++) l[k] = (float)(rng_next() >> 40) / (float)(1 << 24);
+    static const char *const lift[] = {"\"", "\\", ",", "}", "]", ":", "0", "1", "-", ".", "e", "n", "u", "\",\"",
+                                       "\"}", "<", "</", "\n", "true", "null", "{\"", "[", "\":"};
+    for (size_t i = 0; i < sizeof lift / sizeof lift[0]; i++)
+        if (rng_next() % 3 == 0) {
+            int32_t id = tokenizer_token_id(tok, lift[i], strlen(lift[i]));
+            if (id >= 0 && id < vocab) l[id] = 2.0f + (float)(rng_next() % 100) / 100.0f;
+        }
+}
+
+// label NULL: the full report (and into js); else one line for the schema named label.
 static void cpu_masks(const struct cschema *c, const struct tokenizer *tok, const struct token_trie *trie, int vocab,
-                      int steps, int naive_steps, json_t *js) {
+                      int steps, int naive_steps, int doc, json_t *js, const char *label) {
     const size_t words = token_mask_words(vocab);
     uint64_t *m = malloc(words * 8), *m2 = malloc(words * 8);
     float *logits = malloc(sizeof *logits * (size_t)vocab);
@@ -188,24 +206,30 @@ static void cpu_masks(const struct cschema *c, const struct tokenizer *tok, cons
             t_naive += now_s() - t0, n_naive++;
             mismatches += memcmp(m, m2, words * 8) != 0;
         }
-        for (int k = 0; k < vocab; k++) logits[k] = (float)(rng_next() >> 40);
+        random_logits(logits, vocab, tok);
         t0 = now_s();
         (void)token_mask_argmax(m, logits, vocab);
         t_argmax += now_s() - t0;
         // The pick when the greedy token fails (a random-weight model's case): new and old.
         cstate_copy(old.s, con.s);
         t0 = now_s();
-        int32_t a = constrained_pick(&con, logits, chat_stop_ids[1], 1 << 20);
+        int32_t a = constrained_pick(&con, logits, chat_stop_ids[1], doc - i % doc);
         t_pick_new += now_s() - t0;
         t0 = now_s();
-        int32_t b = i < naive_steps ? constrained_pick(&old, logits, chat_stop_ids[1], 1 << 20) : a;
+        int32_t b = i < naive_steps ? constrained_pick(&old, logits, chat_stop_ids[1], doc - i % doc) : a;
         if (i < naive_steps) t_pick_old += now_s() - t0;
         mismatches += a != b;
-        if (chat_is_stop(a)) constrained_restart(&con);
+        if (chat_is_stop(a) || i % doc == doc - 1) constrained_restart(&con);
     }
     double sum = 0;
     for (int i = 0; i < steps; i++) sum += tt[i];
     qsort(tt, (size_t)steps, sizeof *tt, cmp_double);
+    if (label) {
+        printf("  %-16s trie %.3f ms mean, %.3f median, %.3f max; argmax %.3f ms; %.0f nodes per mask\n", label,
+               1e3 * sum / steps, 1e3 * tt[steps / 2], 1e3 * tt[steps - 1], 1e3 * t_argmax / steps,
+               (double)visited / steps);
+        goto out;
+    }
     printf("masks on the CPU (%d states, one thread):\n", steps);
     printf("  trie walk        %8.3f ms mean, %.3f ms median, %.3f ms max; %.0f nodes visited per mask\n",
            1e3 * sum / steps, 1e3 * tt[steps / 2], 1e3 * tt[steps - 1], (double)visited / steps);
@@ -219,6 +243,7 @@ static void cpu_masks(const struct cschema *c, const struct tokenizer *tok, cons
                                              "naive_ms_mean", 1e3 * t_naive / (n_naive ? n_naive : 1), "argmax_ms_mean",
                                              1e3 * t_argmax / steps, "pick_new_ms", 1e3 * t_pick_new / steps,
                                              "pick_old_ms", 1e3 * t_pick_old / (n_naive ? n_naive : 1), "agree", !mismatches));
+out:
     constrained_free(&con), constrained_free(&old);
     token_walker_free(w);
     free(m), free(m2), free(logits), free(tt);
@@ -227,7 +252,7 @@ static void cpu_masks(const struct cschema *c, const struct tokenizer *tok, cons
 int cmd_maskbench(int argc, char **argv) {
     const char *dir = NULL, *backend = NULL, *schema_path = NULL, *json_path = NULL, *modes_s = "off,sync,overlap";
     long long context = 4096, tokens = 256, doc = 64, threads = 0, cpu_states = 200, naive_states = 16, rounds = 3;
-    bool no_engine = false;
+    bool no_engine = false, mask_all = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory (its tokenizer.json; real or synthetic weights)"},
         {"json-schema", OPT_STR, &schema_path, 0, 0, "the schema to decode with (default: the tests' person schema)"},
@@ -240,6 +265,7 @@ int cmd_maskbench(int argc, char **argv) {
         {"threads", OPT_INT, &threads, 0, 1024, "CPU backend threads (0: all cores)"},
         {"cpu-states", OPT_INT, &cpu_states, 1, 100000, "states for the CPU mask timing (default 200)"},
         {"naive-states", OPT_INT, &naive_states, 0, 100000, "of those, timed the old per-token way too (default 16)"},
+        {"mask-all", OPT_FLAG, &mask_all, 0, 0, "CPU mask times for every schema of the tests too"},
         {"no-engine", OPT_FLAG, &no_engine, 0, 0, "the trie, compile times and CPU masks only (no weights loaded)"},
         {"json", OPT_STR, &json_path, 0, 0, "also write the numbers here as one JSON object"},
     };
@@ -313,7 +339,17 @@ int cmd_maskbench(int argc, char **argv) {
     printf("decoding with: %s\n", schema_path ? schema_path : maskbench_schemas[1].name);
 
     // 3. Masks on the CPU alone.
-    cpu_masks(schema, tok, trie, vocab, (int)cpu_states, (int)naive_states < cpu_states ? (int)naive_states : (int)cpu_states, js);
+    if (mask_all) {
+        printf("masks on the CPU, every schema (%lld states each):\n", cpu_states);
+        for (int i = 0; i < maskbench_n_schemas; i++) {
+            struct cschema *c;
+            if (compile_text(maskbench_schemas[i].json, &c, err, sizeof err)) goto fail;
+            cpu_masks(c, tok, trie, vocab, (int)cpu_states, 0, (int)doc, NULL, maskbench_schemas[i].name);
+            constrain_free(c);
+        }
+    }
+    cpu_masks(schema, tok, trie, vocab, (int)cpu_states, (int)naive_states < cpu_states ? (int)naive_states : (int)cpu_states,
+              (int)doc, js, NULL);
     if (no_engine) {
         rc = 0;
         goto out;
