@@ -238,7 +238,7 @@ struct server {
     int vocab;                      // the model's vocabulary (embedding rows)
     struct token_trie *trie;        // the vocabulary's bytes, for constrained decoding's masks (tokmask.h)
     float *logits;                  // [vocab] the worker's row of logits (engine_logits_alloc: pinned on a GPU)
-    int mask_mode;                  // enum mask_mode: CALLA_MASK=off|sync|overlap (default: overlap on a GPU)
+    int mask_mode;                  // enum mask_mode: CALLA_MASK=off|sync|overlap (default overlap)
     struct openai_ctx oc;           // what the protocol layer needs to parse a request
     struct auth auth;               // API keys (none: open)
 
