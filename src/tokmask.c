@@ -127,6 +127,8 @@ int token_trie_build(const struct tokenizer *tok, int vocab, struct token_trie *
         }
     }
     if (node_alloc(t, 1) < 0 || build(t, e, 0, 0, t->n_ids, 0)) goto oom;
+    struct tnode *fit = realloc(t->nodes, sizeof *fit * (size_t)t->n_nodes);   // the doubling's slack back
+    if (fit) t->nodes = fit, t->cap = t->n_nodes;
     free(e);
     *out = t;
     return 0;
