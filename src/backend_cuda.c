@@ -895,6 +895,13 @@ fail:
     return -1;
 }
 
+static void *cuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    return cudaMallocHost(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_host_free(void *p) { cudaFreeHost(p); }
+
 const struct backend_ops backend_cuda = {
     .name = "cuda",
     .available = cuda_available,
@@ -907,6 +914,8 @@ const struct backend_ops backend_cuda = {
     .forward_chunk = cuda_forward_chunk,
     .embed = cuda_embed,
     .layer_probe = cuda_layer_probe,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 #endif   // CALLA_CUDA

@@ -473,8 +473,8 @@ struct cstate *cstate_new(const struct cschema *c) {
     struct cstate *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->c = c;
-    s->n = 1;
-    thread_init(&s->t[0], c->root);
+    s->n = c ? 1 : 0;   // no schema: scratch for cstate_copy only
+    if (c) thread_init(&s->t[0], c->root);
     return s;
 }
 
@@ -727,6 +727,32 @@ bool cstate_done(const struct cstate *s) {
         if (k == 0) return true;
     }
     return false;
+}
+
+bool constrain_class_byte(int cls, unsigned char b) {
+    if (cls == CONSTRAIN_CLASS_STR) return b >= 0x20 && b != '"' && b != '\\';
+    if (cls == CONSTRAIN_CLASS_RAW) return b != '<' && b != '\n';
+    return false;
+}
+
+// A plain byte of the class leaves every live thread as it is: inside a string (ST_STR takes any
+// byte >= 0x20 but the quote and the backslash and stays), or in free text with nothing of the
+// terminator or a '<' pending (ST_RAW then only resets k and prop, which are 0 already).
+int cstate_fixed_class(const struct cstate *s) {
+    int cls = 0;
+    for (int i = 0; i < s->n; i++) {
+        const struct thread *t = &s->t[i];
+        if (t->depth == 0) return 0;
+        const struct frame *f = &t->f[t->depth - 1];
+        int c = 0;
+        if (f->st == ST_STR) c = CONSTRAIN_CLASS_STR;
+        else if (f->st == ST_RAW && f->k == 0 && f->prop == 0 &&
+                 (f->n->lits[0].s[0] == '\n' || f->n->lits[0].s[0] == '<'))
+            c = CONSTRAIN_CLASS_RAW;
+        if (!c || (cls && c != cls)) return 0;
+        cls = c;
+    }
+    return cls;
 }
 
 // ---- distance to a complete document -------------------------------------------------------------

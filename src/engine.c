@@ -222,3 +222,13 @@ int engine_layer_probe(struct engine *e, struct seq *s, int layer, const float *
     }
     return e->ops->layer_probe(e, s, layer, x_in, n, x_out, router_logits, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
 }
+
+float *engine_logits_alloc(struct engine *e, size_t n) {
+    return e->ops->host_alloc ? e->ops->host_alloc(sizeof(float) * n) : malloc(sizeof(float) * n);
+}
+
+void engine_logits_free(struct engine *e, float *p) {
+    if (!p) return;
+    if (e->ops->host_alloc) e->ops->host_free(p);
+    else free(p);
+}

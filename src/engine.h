@@ -65,6 +65,12 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
 
+// Host memory for n floats of logits (forward_opts.logits): page-locked on the CUDA backend, so
+// that a step's row (1 MB) comes back by DMA rather than through a staging copy (the constrained
+// decoder reads one every step); malloc elsewhere.  NULL when out of memory.
+float *engine_logits_alloc(struct engine *e, size_t n);
+void engine_logits_free(struct engine *e, float *p);
+
 // ---- the layer probe (tests: tests/gpu/test_cuda_layers.c, tests/test_engine.c) -------------------
 // A backend's layers one at a time, fed hidden states from outside (the CPU oracle's), so that
 // a backend is checked layer by layer with no rounding carried from the layers before.
@@ -112,6 +118,9 @@ struct backend_ops {
     // forward_chunk runs (engine_layer_probe); does not advance s->pos.
     int (*layer_probe)(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
                        float *router_logits, char *err, size_t errlen);
+    // (optional) Host memory the backend copies logits into fastest (engine_logits_alloc).
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 };
 
 struct engine {

@@ -13,6 +13,7 @@ static const struct {
     {"info", cmd_info, "validate a checkpoint and print its geometry and sizes"},
     {"run", cmd_run, "generate greedily from a prompt"},
     {"bench", cmd_bench, "one benchmark measurement (docs/BENCH.md protocol), JSON record"},
+    {"maskbench", cmd_maskbench, "constrained decoding's cost: token trie, masks, decode overhead with a schema"},
     {"matrix", cmd_matrix, "engines x contexts x rounds: results folder with report.md and plots"},
     {"report", cmd_report, "rewrite report.md and plots of a results folder"},
     {"adapt-llama-bench", cmd_adapt_llama_bench, "map llama-bench -o json output onto bench records"},

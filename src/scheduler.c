@@ -92,100 +92,6 @@ static void job_fail(struct job *j, int status, const char *fmt, ...) {
     j->finish = NULL;
 }
 
-// ---- constrained decoding ----------------------------------------------------------------------
-
-struct constrained {
-    struct cstate *s, *tmp;   // the document so far; a scratch copy for trying a token
-    int32_t *order;           // [vocab] token ids by logit, most likely first
-    int vocab;
-};
-
-static int constrained_init(struct constrained *c, const struct cschema *schema, int vocab) {
-    c->s = cstate_new(schema);
-    c->tmp = cstate_new(schema);
-    c->order = malloc(sizeof *c->order * (size_t)vocab);
-    c->vocab = vocab;
-    return c->s && c->tmp && c->order ? 0 : -1;
-}
-
-static void constrained_free(struct constrained *c) {
-    cstate_free(c->s), cstate_free(c->tmp);
-    free(c->order);
-}
-
-// Can token id continue the document (the end of the answer when it is a stop token)?
-static bool constrained_allows(struct constrained *c, const struct tokenizer *tok, int32_t id) {
-    if (chat_is_stop(id)) return cstate_done(c->s);
-    if (tokenizer_is_special(tok, id)) return false;   // <tool_call> and the like are text here
-    size_t n;
-    const char *b = tokenizer_token_bytes(tok, id, &n);
-    if (!b || !n) return false;
-    cstate_copy(c->tmp, c->s);
-    return cstate_feed(c->tmp, b, n);
-}
-
-static const float *sort_logits;   // qsort's comparator reads it; only the worker thread sorts
-
-static int by_logit(const void *a, const void *b) {
-    float x = sort_logits[*(const int32_t *)a], y = sort_logits[*(const int32_t *)b];
-    return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
-}
-
-// Closing in time: of the tokens that keep the document valid, the one after which the
-// shortest way to its end is shortest; -1 when none.  Tried: the stop token, the most likely
-// CLOSE_TRIES tokens, and every single-byte token (bytes alone can finish any document).
-enum { CLOSE_TRIES = 256 };
-
-static int32_t constrained_closest(struct constrained *c, const struct tokenizer *tok) {
-    int32_t pick = -1;
-    int best = 1 << 30;
-    for (int i = 0; i < CLOSE_TRIES + 257; i++) {
-        int32_t id;
-        if (i < CLOSE_TRIES) id = i < c->vocab ? c->order[i] : -1;
-        else if (i == CLOSE_TRIES) id = chat_stop_ids[0];
-        else id = tokenizer_token_id(tok, &(char){(char)(i - CLOSE_TRIES - 1)}, 1);
-        if (id < 0 || id >= c->vocab || !constrained_allows(c, tok, id)) continue;
-        int d = chat_is_stop(id) ? -1 : cstate_distance(c->tmp);
-        if (d < best) best = d, pick = id;
-    }
-    return pick;
-}
-
-// Can id continue the document and still leave room to finish it, and the stop token after it,
-// within the tokens left (budget, this one included)?  A token is at least a byte.
-static bool constrained_fits(struct constrained *c, const struct tokenizer *tok, int32_t id, int budget) {
-    return constrained_allows(c, tok, id) && (chat_is_stop(id) || cstate_distance(c->tmp) <= budget - 2);
-}
-
-// The next token of the answer: the longest token of text that must come anyway, else the greedy
-// token, else the most likely one (ids sorted by logit) that fits the document and the budget,
-// else (no room left) the one that brings the document's end nearest.  Advances the document by
-// it.  No token possible (a schema that cannot be finished at the nesting limit): a stop token,
-// and the answer ends.
-static int32_t constrained_pick(struct constrained *c, const struct tokenizer *tok, const float *logits, int32_t greedy,
-                                int budget) {
-    int32_t pick = -1;
-    char forced[128];
-    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
-        int32_t id = tokenizer_token_id(tok, forced, len);
-        if (id >= 0 && id < c->vocab && constrained_allows(c, tok, id)) pick = id;   // it must come anyway
-    }
-    if (pick < 0 && constrained_fits(c, tok, greedy, budget)) pick = greedy;
-    if (pick < 0) {
-        for (int i = 0; i < c->vocab; i++) c->order[i] = i;
-        sort_logits = logits;
-        qsort(c->order, (size_t)c->vocab, sizeof *c->order, by_logit);
-        for (int i = 0; i < c->vocab && pick < 0; i++)
-            if (constrained_fits(c, tok, c->order[i], budget)) pick = c->order[i];
-        if (pick < 0) pick = constrained_closest(c, tok);
-    }
-    if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
-    size_t n;
-    const char *b = tokenizer_token_bytes(tok, pick, &n);
-    cstate_feed(c->s, b, n);
-    return pick;
-}
-
 // A prefill of several chunks reports its progress in /metrics and, when streaming, as SSE
 // comments (": prefill DONE/TOTAL"), the first before any work: a client sees bytes at once and
 // after every chunk, however long the prompt.
@@ -239,9 +145,10 @@ static void run_job(struct server *sv, struct job *j) {
     bool have_tok = false;
     // The last row's logits, when logprobs are wanted or the answer is constrained.
     const bool want_logits = j->logprobs >= 0 || j->schema;
-    float *logits = want_logits ? malloc(sizeof *logits * (size_t)sv->vocab) : NULL;
+    float *logits = want_logits ? sv->logits : NULL;
     struct constrained con = {0};
-    if ((want_logits && !logits) || (j->schema && constrained_init(&con, j->schema, sv->vocab)))
+    if ((want_logits && !logits) ||
+        (j->schema && constrained_init(&con, j->schema, sv->tok, sv->trie, (enum mask_mode)sv->mask_mode)))
         job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
 
     // Session cache: the longest entry whose tokens are a prefix of the prompt.
@@ -278,6 +185,7 @@ static void run_job(struct server *sv, struct job *j) {
                 fprintf(stderr, "calla serve: session cache: %s\n", err);
         }
     }
+    if (j->schema && !j->reasoning && rc == ENGINE_OK) constrained_prepare(&con);   // the first mask, during the prefill
     if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
     const double t1 = now_s();
     j->prefill_ms = 1e3 * (t1 - t0);
@@ -295,7 +203,7 @@ static void run_job(struct server *sv, struct job *j) {
     bool eos = false, stop_str = false;
     if (rc == ENGINE_OK && j->stream) stream_begin(j);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
-        if (j->schema && ch == &content) tok = constrained_pick(&con, sv->tok, logits, tok, j->max_tokens - ng);   // the answer only
+        if (j->schema && ch == &content) tok = constrained_pick(&con, logits, tok, j->max_tokens - ng);   // the answer only
         gen[ng++] = tok;
         if (chat_is_stop(tok)) {
             eos = true;
@@ -317,6 +225,8 @@ static void run_job(struct server *sv, struct job *j) {
             stop_str = channel_push(j, ch, text, len, false);
         }
         if (stop_str || ng == j->max_tokens) break;
+        // The next step's mask depends on tok only: on the helper thread while the step runs.
+        if (j->schema && ch == &content) constrained_prepare(&con);
         rc = forward(sv, j, &tok, 1, &tok, logits);
     }
     if (rc == ENGINE_OK) {
@@ -329,7 +239,6 @@ static void run_job(struct server *sv, struct job *j) {
         j->finish = j->calls ? "tool_calls" : eos || stop_str ? "stop" : "length";
     }
     tokenizer_stream_free(&ts);
-    free(logits);
     constrained_free(&con);
     sbuf_free(&content.pend);
     sbuf_free(&reasoning.pend);

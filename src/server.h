@@ -7,6 +7,7 @@
 //   scheduler.c  the queue and the one worker thread that drives the engine, with the session
 //                cache and constrained decoding (picking each token of a constrained answer)
 //   toolcall.c   tools: Python-exact tojson for the template, the incremental tool-call parser
+//   tokmask.c    the masks of constrained decoding: the vocabulary's byte trie walked from the matcher's state
 //   constrain.c  structured output: JSON Schema subset (and the tool-call grammar) -> a matcher
 //   auth.c       API keys
 //   web/         the chat page served at / (HTML, CSS, JavaScript; compiled in, see web.h)
@@ -20,6 +21,7 @@
 #include "session_cache.h"
 #include "tokenizer.h"
 #include "constrain.h"
+#include "tokmask.h"
 #include "toolcall.h"
 #include "util.h"
 
@@ -235,6 +237,9 @@ struct server {
     struct engine *e;
     struct tokenizer *tok;
     int vocab;                      // the model's vocabulary (embedding rows)
+    struct token_trie *trie;        // the vocabulary's bytes, for constrained decoding's masks (tokmask.h)
+    float *logits;                  // [vocab] the worker's row of logits (engine_logits_alloc: pinned on a GPU)
+    int mask_mode;                  // enum mask_mode: CALLA_MASK=off|sync|overlap (default overlap)
     struct openai_ctx oc;           // what the protocol layer needs to parse a request
     struct auth auth;               // API keys (none: open)
 
