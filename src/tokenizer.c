@@ -830,7 +830,7 @@ static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_
 //  - U+11A7: utf8proc 2.8 composes a Hangul LV syllable + U+11A7 (TBase, not a trailing
 //    consonant) into the LV syllable and so deletes the U+11A7; in true NFC it stays.
 static bool nfc_wall(uint32_t cp) {
-    if (cp < nfc_unicode9_unknown[0][0]) return false;   // all of Latin, Greek, Cyrillic, Hebrew, ...
+    if (cp < nfc_unicode9_unknown[0][0]) return false;   // Latin through Thaana: no walls
     if (cp == 0x11A7) return true;
     size_t lo = 0, hi = sizeof nfc_unicode9_unknown / sizeof nfc_unicode9_unknown[0];
     while (lo < hi) {
