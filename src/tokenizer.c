@@ -6,8 +6,11 @@
 //   added tokens       cut out of the raw text before anything else
 //   pre                the split regex, compiled by PCRE2 with UTF + UCP and JIT, its \p{L},
 //                      \p{M}, \p{N} and \s spelled out as Unicode 16.0 ranges (unicode_tables.h)
+//   normalizer         NFC by utf8proc, around the code points HF's Unicode 9.0 NFC does not
+//                      know (nfc_tables.h) and U+11A7 (normalize_nfc)
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "nfc_tables.h"
 #include "unicode_tables.h"
 #include "util.h"
 
@@ -819,6 +822,71 @@ fail:
 
 static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_piece(e, s, n); }
 
+// Code points that utf8proc must not normalise with their neighbours, so that the result is HF's
+// NFC (tools/make_nfc_sweep.py, tests/data/tokenizer/nfc.txt):
+//  - nfc_tables.h: marks and compositions assigned after Unicode 9.0.  HF's normalizer has
+//    Unicode 9.0 tables, so it neither reorders nor composes them; utf8proc 2.8 (Unicode 15.0)
+//    does.  To HF they are starters that compose with nothing: a wall on both sides.
+//  - U+11A7: utf8proc 2.8 composes a Hangul LV syllable + U+11A7 (TBase, not a trailing
+//    consonant) into the LV syllable and so deletes the U+11A7; in true NFC it stays.
+static bool nfc_wall(uint32_t cp) {
+    if (cp < nfc_unicode9_unknown[0][0]) return false;   // Latin through Thaana: no walls
+    if (cp == 0x11A7) return true;
+    size_t lo = 0, hi = sizeof nfc_unicode9_unknown / sizeof nfc_unicode9_unknown[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < nfc_unicode9_unknown[mid][0]) hi = mid;
+        else if (cp > nfc_unicode9_unknown[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+// NFC of valid UTF-8 s[0..len) into a malloc'd *out: utf8proc's NFC of each run between walls,
+// each wall copied as it is.  Returns the output length, or a utf8proc error (< 0).
+static utf8proc_ssize_t normalize_nfc(const unsigned char *s, size_t len, utf8proc_uint8_t **out) {
+    const utf8proc_option_t nfc = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    unsigned char *buf = NULL;
+    size_t n = 0, cap = 0, run = 0, i = 0;
+    *out = NULL;
+    while (i <= len) {
+        utf8proc_int32_t cp = -1;
+        utf8proc_ssize_t l = 0;
+        if (i < len) {
+            l = utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &cp);
+            if (l <= 0) return l < 0 ? l : UTF8PROC_ERROR_INVALIDUTF8;
+            if (!nfc_wall((uint32_t)cp)) {
+                i += (size_t)l;
+                continue;
+            }
+        }
+        if (i == len && run == 0) return utf8proc_map(s, (utf8proc_ssize_t)len, out, nfc);  // no wall: the common case
+        utf8proc_uint8_t *part = NULL;
+        utf8proc_ssize_t r = 0;
+        if (i > run && (r = utf8proc_map(s + run, (utf8proc_ssize_t)(i - run), &part, nfc)) < 0) {
+            free(buf);
+            return r;
+        }
+        if (n + (size_t)r + (size_t)l + 1 > cap) {
+            cap = 2 * (n + (size_t)r + (size_t)l + 1) + len;
+            unsigned char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(part), free(buf);
+                return UTF8PROC_ERROR_NOMEM;
+            }
+            buf = nb;
+        }
+        if (r) memcpy(buf + n, part, (size_t)r), n += (size_t)r;
+        free(part);
+        if (i == len) break;
+        memcpy(buf + n, s + i, (size_t)l), n += (size_t)l;   // the wall itself
+        i += (size_t)l, run = i;
+    }
+    buf[n] = 0;
+    *out = buf;
+    return (utf8proc_ssize_t)n;
+}
+
 // Normalises one segment (between added tokens), splits it with the regex, BPEs each piece.
 static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_context *mc, const char *seg,
                           size_t len, char *err, size_t errlen) {
@@ -829,7 +897,7 @@ static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_c
         bool ascii = true;
         for (size_t i = 0; i < len && ascii; i++) ascii = s[i] < 0x80;
         if (!ascii) {
-            utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)len, &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            utf8proc_ssize_t r = normalize_nfc(s, len, &norm);
             if (r < 0) FAIL("NFC normalisation failed: %s", utf8proc_errmsg(r));
             s = norm, len = (size_t)r;
         }

@@ -5,6 +5,7 @@
 // Without it they are skipped, except under CI=true, where they fail.
 // Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py); the pre-tokenizer's
 // class of every code point: tests/data/tokenizer/classes.txt (tools/make_pretokenizer_classes.py).
+// NFC: tests/data/tokenizer/nfc.txt (python3 tools/make_nfc_sweep.py, which also writes src/nfc_tables.h).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -437,6 +438,122 @@ static void test_codepoint_sweep(void **state) {
     free(text);
 }
 
+// The NFC sweep against HF (tests/data/tokenizer/nfc.txt, tools/make_nfc_sweep.py): the
+// builders below make the same block texts as cp_block, hangul_block and pair_block there.
+static size_t nfc_cp_block(char *o, uint32_t i) {
+    size_t n = 0;
+    for (uint32_t cp = i * 4096; cp < (i + 1) * 4096; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        char c[4];
+        size_t l = put_cp(c, cp);
+#define PUT(s, k) (memcpy(o + n, s, k), n += k)
+        // c U+0301 ␠ ! U+0345 c ␠ ! c U+0334 ␠ a c U+0301 U+0316 ␠ U+1100 c U+AC00 c ␊
+        PUT(c, l), PUT("\xCC\x81 !\xCD\x85", 6), PUT(c, l), PUT(" !", 2), PUT(c, l), PUT("\xCC\xB4 a", 4);
+        PUT(c, l), PUT("\xCC\x81\xCC\x96 \xE1\x84\x80", 8), PUT(c, l), PUT("\xEA\xB0\x80", 3), PUT(c, l), PUT("\n", 1);
+    }
+    return n;
+}
+
+// Blocks 0..20: one L (U+10FF..U+1113) + every V (U+1160..U+1176) + no T or T U+11A7..U+11C3;
+// blocks 21..39: 588 LV-or-LVT syllables each, each followed by U+11A7, U+11A8, U+11C2, U+11C3.
+static size_t nfc_hangul_block(char *o, uint32_t i) {
+    size_t n = 0;
+    if (i < 21) {
+        for (uint32_t v = 0x1160; v < 0x1177; v++)
+            for (uint32_t t = 0x11A6; t < 0x11C4; t++) {  // 0x11A6 stands for "no T"
+                n += put_cp(o + n, 0x10FF + i);
+                n += put_cp(o + n, v);
+                if (t != 0x11A6) n += put_cp(o + n, t);
+                o[n++] = '\n';
+            }
+    } else {
+        static const uint32_t ts[4] = {0x11A7, 0x11A8, 0x11C2, 0x11C3};
+        for (uint32_t s = 0xAC00 + (i - 21) * 588; s < 0xAC00 + (i - 20) * 588; s++)
+            for (int k = 0; k < 4; k++) n += put_cp(o + n, s), n += put_cp(o + n, ts[k]), o[n++] = ' ';
+    }
+    return n;
+}
+
+static size_t nfc_pair_block(char *o, const uint32_t *marks, size_t n_marks, uint32_t i) {
+    size_t n = 0;
+    for (size_t b = 0; b < n_marks; b++) {
+        o[n++] = 'a';
+        n += put_cp(o + n, marks[i]);
+        n += put_cp(o + n, marks[b]);
+        o[n++] = '\n';
+    }
+    return n;
+}
+
+static void test_nfc_sweep(void **state) {
+    need_real();
+    size_t len;
+    char *data = read_file("tests/data/tokenizer/nfc.txt", &len);
+    assert_non_null(data);
+    char *text = malloc(4096 * 64), err[256];
+    uint32_t marks[256];
+    size_t n_marks = 0, n_cases = 0, n_lines = 0, n_blocks = 0, n_bad = 0, n_ids = 0;
+    for (char *line = data, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *p;
+        uint64_t h = FNV1A64_INIT;
+        size_t n = 0;
+        if (!strncmp(line, "case ", 5)) {
+            // cases separated by ',', each hex code points; one count and hash over all their ids
+            char *colon = strstr(line, " : ");
+            assert_non_null(colon);
+            size_t want_n = strtoul(colon + 3, &p, 10);
+            uint64_t want_h = strtoull(p, NULL, 16);
+            for (p = line + 5; p < colon;) {
+                size_t o = 0;
+                while (p < colon && *p != ',') o += put_cp(text + o, (uint32_t)strtoul(p, &p, 16)), p += *p == ' ';
+                p += *p == ',';
+                int32_t *ids;
+                size_t k;
+                assert_int_equal(tokenizer_encode(real, text, o, &ids, &k, err, sizeof err), 0);
+                h = fnv1a64(h, ids, k * sizeof *ids), n += k;
+                free(ids);
+                n_cases++;
+            }
+            n_lines++;
+            if (n != want_n || h != want_h) {
+                *colon = 0;
+                print_message("NFC sweep: the ids of [%s] differ from HF's (python3 tools/make_nfc_sweep.py --show CPS)\n",
+                              line + 5);
+                n_bad++;
+            }
+        } else if (!strncmp(line, "marks ", 6)) {
+            for (p = line + 6; *p && n_marks < 256;) marks[n_marks++] = (uint32_t)strtoul(p, &p, 16);
+        } else if (!strncmp(line, "block ", 6)) {
+            char name[16];
+            unsigned i;
+            size_t want_n;
+            unsigned long long want_h;
+            assert_int_equal(sscanf(line + 6, "%15s %u %zu %llx", name, &i, &want_n, &want_h), 4);
+            size_t o = !strcmp(name, "cp")       ? nfc_cp_block(text, i)
+                       : !strcmp(name, "hangul") ? nfc_hangul_block(text, i)
+                                                 : nfc_pair_block(text, marks, n_marks, i);
+            int32_t *ids;
+            assert_int_equal(tokenizer_encode(real, text, o, &ids, &n, err, sizeof err), 0);
+            h = fnv1a64(h, ids, n * sizeof *ids);
+            free(ids);
+            n_blocks++;
+            if (n != want_n || h != want_h) {
+                print_message("NFC sweep: block %s %u: %zu ids, HF %zu (the hashes differ)\n", name, i, n, want_n);
+                n_bad++;
+            }
+        }
+        n_ids += n;
+    }
+    print_message("NFC sweep: %zu cases in %zu lines, %zu blocks, %zu ids; %zu differ from HF\n", n_cases, n_lines,
+                  n_blocks, n_ids, n_bad);
+    assert_true(n_cases >= 8000 && n_blocks == 272 + 40 + n_marks && n_marks >= 80);
+    assert_int_equal(n_bad, 0);
+    free(text);
+    free(data);
+}
+
 // How the pre-tokenizer splits around each code point, against HF `tokenizers` 0.23 (Oniguruma,
 // Unicode 16.0).  tests/data/tokenizer/classes.txt lists, for every scalar value, the class HF's
 // own Split pre-tokenizer gives it (L letter or mark, N number, S white space, O other), found
@@ -559,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_spec_goldens),    cmocka_unit_test(test_chat_tokens),
         cmocka_unit_test(test_llama_cpp_fingerprint),
         cmocka_unit_test(test_golden_corpus),   cmocka_unit_test(test_codepoint_sweep),
+        cmocka_unit_test(test_nfc_sweep),
         cmocka_unit_test(test_pretokenizer_classes),
         cmocka_unit_test(test_speed),
     };
