@@ -11,6 +11,13 @@
 // A chunk that fails part way may have advanced some layers' DeltaNet state: the caller resets or
 // copies into the sequence before using it again (engine.h).
 //
+// Fast paths (qmatmul, attention): the reference's loops are kept (qmatmul_ref, attend_ref) and
+// CALLA_CPU_REFERENCE=1 (read at load) selects them. The fast ones give the same bits: they change
+// which values are computed together, never the operations that make one value. Every output is
+// still one accumulator that starts at 0 and adds w * x over k in ascending order, one expression
+// per step as before (so a compiler that contracts a*b+s into an fma does so in both); the lanes of
+// a vector are different outputs, never parts of one sum (tests/test_engine.c compares the two).
+//
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
 #include "engine.h"
@@ -53,8 +60,9 @@ static float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-// y[t, n] = sum_k W[mat][n, k] * x[t, k] for t < T; x is [T, cols], y is [T, rows].
-static void qmatmul(const struct qtensor *W, int mat, const float *x, int T, float *y) {
+// y[t, n] = sum_k W[mat][n, k] * x[t, k] for t < T; x is [T, cols], y is [T, rows]. The reference:
+// one serial dot per output.
+static void qmatmul_ref(const struct qtensor *W, int mat, const float *x, int T, float *y) {
     const int N = W->rows, K = W->cols;
 #pragma omp parallel
     {
@@ -85,6 +93,118 @@ static size_t alloc_limit;
 
 static void *scratch(size_t n) { return alloc_limit && n > alloc_limit ? NULL : malloc(n ? n : 1); }
 
+// ---- the fast kernels ---------------------------------------------------------------------------
+
+// CALLA_CPU_REFERENCE=1 (a test hook, read at load): the reference loops (qmatmul_ref, attend_ref).
+static bool cpu_reference;
+
+enum {
+    QR = 16,    // lanes of a tile: 16 rows of a matrix (or 16 keys), each its own accumulator
+    QTC = 512,  // tokens per pass of qmatmul: the slice of x that all threads read stays in cache
+    AQ = 16,    // queries per attention work item (heads of one KV head times tokens)
+    AVT = 64,   // keys per V tile (a bf16 cache is converted a tile at a time)
+};
+
+#if defined(__GNUC__)
+// Four lanes in a vector register (GCC and clang vector extensions; plain C below otherwise). The
+// operations are per lane, so a lane holds exactly the scalar loop's value.
+typedef float vf4 __attribute__((vector_size(16)));
+static inline vf4 vload(const float *p) {
+    vf4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vstore(float *p, vf4 v) { memcpy(p, &v, sizeof v); }
+#endif
+
+// y0[r] = sum_k wt[k][r] * x0[k] for the QR lanes r of a transposed tile wt [K, QR], and y1 from x1
+// when x1 is not NULL. Per lane: s = 0; s += w * x for k ascending, the reference's dot.
+static void tile_dot(const float *wt, int K, const float *x0, const float *x1, float *y0, float *y1) {
+#if defined(__GNUC__)
+    vf4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    if (x1) {
+        vf4 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+        for (int k = 0; k < K; k++) {
+            const float *w = wt + (size_t)k * QR;
+            const vf4 w0 = vload(w), w1 = vload(w + 4), w2 = vload(w + 8), w3 = vload(w + 12);
+            const float b0 = x0[k], b1 = x1[k];
+            a0 += w0 * b0, a1 += w1 * b0, a2 += w2 * b0, a3 += w3 * b0;
+            c0 += w0 * b1, c1 += w1 * b1, c2 += w2 * b1, c3 += w3 * b1;
+        }
+        vstore(y1, c0), vstore(y1 + 4, c1), vstore(y1 + 8, c2), vstore(y1 + 12, c3);
+    } else {
+        for (int k = 0; k < K; k++) {
+            const float *w = wt + (size_t)k * QR;
+            const float b0 = x0[k];
+            a0 += vload(w) * b0, a1 += vload(w + 4) * b0, a2 += vload(w + 8) * b0, a3 += vload(w + 12) * b0;
+        }
+    }
+    vstore(y0, a0), vstore(y0 + 4, a1), vstore(y0 + 8, a2), vstore(y0 + 12, a3);
+#else
+    float a[QR] = {0}, c[QR] = {0};
+    for (int k = 0; k < K; k++)
+        for (int r = 0; r < QR; r++) {
+            a[r] += wt[(size_t)k * QR + r] * x0[k];
+            if (x1) c[r] += wt[(size_t)k * QR + r] * x1[k];
+        }
+    for (int r = 0; r < QR; r++) {
+        y0[r] = a[r];
+        if (x1) y1[r] = c[r];
+    }
+#endif
+}
+
+// Rows n0..n0+QR-1 of matrix mat of W dequantized into wt [K, QR] (dequant_row's values, lane r
+// row n0 + r); rows past the matrix are zeros.
+static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, float *wt) {
+    const int K = W->cols;
+    for (int r = 0; r < QR; r++) {
+        if (n0 + r < W->rows) dequant_row(W, mat, n0 + r, row);
+        else memset(row, 0, sizeof(float) * (size_t)K);
+        for (int k = 0; k < K; k++) wt[(size_t)k * QR + r] = row[k];
+    }
+}
+
+// qmatmul_ref's result, QR rows at a time: a dequantized tile serves every token, and each token
+// (two at a time) fills 16 lanes. Tokens go in passes of QTC so that the slice of x the threads
+// share stays in cache; a tile is dequantized again per pass. -1: out of memory.
+static int qmatmul(const struct qtensor *W, int mat, const float *x, int T, float *y) {
+    if (cpu_reference) {
+        qmatmul_ref(W, mat, x, T, y);
+        return 0;
+    }
+    const int N = W->rows, K = W->cols, tiles = (N + QR - 1) / QR;
+    bool failed = false;
+#pragma omp parallel
+    {
+        float *row = scratch(sizeof(float) * (size_t)K), *wt = scratch(sizeof(float) * (size_t)K * QR);
+        if (!row || !wt) {
+#pragma omp atomic write
+            failed = true;
+        }
+        for (int t0 = 0; t0 < T; t0 += QTC) {
+            const int t1 = T - t0 < QTC ? T : t0 + QTC;
+#pragma omp for schedule(static)
+            for (int i = 0; i < tiles; i++) {
+                if (!row || !wt) continue;   // this thread is out of memory: the call fails
+                const int n0 = i * QR, nr = N - n0 < QR ? N - n0 : QR;
+                dequant_tile(W, mat, n0, row, wt);
+                for (int t = t0; t < t1; t += 2) {
+                    float o0[QR], o1[QR];
+                    const bool two = t + 1 < t1;
+                    tile_dot(wt, K, x + (size_t)t * K, two ? x + (size_t)(t + 1) * K : NULL, o0, o1);
+                    for (int r = 0; r < nr; r++) y[(size_t)t * N + n0 + r] = o0[r];
+                    if (two)
+                        for (int r = 0; r < nr; r++) y[(size_t)(t + 1) * N + n0 + r] = o1[r];
+                }
+            }
+        }
+        free(row);
+        free(wt);
+    }
+    return failed ? -1 : 0;
+}
+
 // ---- full attention (§2.4) --------------------------------------------------------------------
 
 static float kv_get(const struct cpu_seq *cs, const void *base, size_t i) {
@@ -108,31 +228,22 @@ static void rope(float *x, int rope_dim, double theta, int p) {
     }
 }
 
-static int attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
-                     int cap, int p0, const float *u, int T, float *out) {
-    const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
-    float *qg = scratch(sizeof(float) * (size_t)T * 2 * QD);
-    float *k = scratch(sizeof(float) * (size_t)T * KVD), *v = scratch(sizeof(float) * (size_t)T * KVD);
-    float *o = scratch(sizeof(float) * (size_t)T * QD);
-    int rc = -1;
-    bool failed = false;
-    if (!qg || !k || !v || !o) goto out;
-    qmatmul(&L->q_proj, 0, u, T, qg);
-    qmatmul(&L->k_proj, 0, u, T, k);
-    qmatmul(&L->v_proj, 0, u, T, v);
-    // k: norm, RoPE, append; v: append raw.
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < NKV; j++) {
-            float *kh = k + (size_t)t * KVD + (size_t)j * D;
-            rmsnorm(kh, kh, L->k_norm, D, (float)g->rms_eps);
-            rope(kh, g->rope_dim, g->rope_theta, p0 + t);
-            size_t base = ((size_t)j * cap + (size_t)(p0 + t)) * D;
-            for (int d = 0; d < D; d++) {
-                kv_put(cs, cs->k[layer], base + d, kh[d]);
-                kv_put(cs, cs->v[layer], base + d, v[(size_t)t * KVD + (size_t)j * D + d]);
-            }
-        }
+// Query (t, h) of the chunk: q_norm and RoPE at position p0 + t into q [D].
+static void attn_query(const struct geometry *g, const struct layer_weights *L, const float *qg, int p0, int t, int h,
+                       float *q) {
+    const int D = g->head_dim, QD = geom_q_dim(g);
+    const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D;   // [query | gate] per head
+    rmsnorm(q, qh, L->q_norm, D, (float)g->rms_eps);
+    rope(q, g->rope_dim, g->rope_theta, p0 + t);
+}
+
+// The reference: one query (t, h) at a time, a serial dot per key and a serial sum per output.
+// o [T, QD] gets the gated heads. -1: out of memory.
+static int attend_ref(const struct geometry *g, const struct layer_weights *L, const struct cpu_seq *cs, int layer,
+                      int cap, int p0, const float *qg, int T, float *o) {
+    const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g);
     const float scale = 1.0f / sqrtf((float)D);
+    bool failed = false;
 #pragma omp parallel
     {
         float q[D];
@@ -145,10 +256,8 @@ static int attention(const struct geometry *g, const struct layer_weights *L, st
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++) {
                 if (!sc) continue;   // this thread is out of memory: the call fails
-                const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D;   // [query | gate] per head
-                const float *gate = qh + D;
-                rmsnorm(q, qh, L->q_norm, D, (float)g->rms_eps);
-                rope(q, g->rope_dim, g->rope_theta, p0 + t);
+                const float *gate = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D + D;
+                attn_query(g, L, qg, p0, t, h, q);
                 const int kvh = h / (NH / NKV), n_keys = p0 + t + 1;
                 const size_t kvbase = (size_t)kvh * cap * D;
                 float mx = -INFINITY;
@@ -170,8 +279,151 @@ static int attention(const struct geometry *g, const struct layer_weights *L, st
             }
         free(sc);
     }
-    if (failed) goto out;
-    qmatmul(&L->o_proj, 0, o, T, out);
+    return failed ? -1 : 0;
+}
+
+// Keys j0..j0+QR-1 of one KV head (rows of kv at element offset base) as fp32, transposed to
+// kt [D, QR]; keys at or past n are zeros.
+static void key_tile(const struct cpu_seq *cs, const void *kv, size_t base, int j0, int n, int D, float *kt) {
+    for (int r = 0; r < QR; r++) {
+        const size_t at = base + (size_t)(j0 + r) * D;
+        if (j0 + r >= n)
+            for (int d = 0; d < D; d++) kt[(size_t)d * QR + r] = 0;
+        else if (cs->kv_f32)
+            for (int d = 0; d < D; d++) kt[(size_t)d * QR + r] = ((const float *)kv)[at + d];
+        else
+            for (int d = 0; d < D; d++) kt[(size_t)d * QR + r] = bf16_to_f32(((const uint16_t *)kv)[at + d]);
+    }
+}
+
+// Rows j0..j0+n-1 of one KV head as fp32 [n, D]: the cache itself when it is fp32, else converted
+// into buf.
+static const float *value_rows(const struct cpu_seq *cs, const void *kv, size_t base, int j0, int n, int D,
+                               float *buf) {
+    const size_t at = base + (size_t)j0 * D;
+    if (cs->kv_f32) return (const float *)kv + at;
+    for (size_t i = 0; i < (size_t)n * D; i++) buf[i] = bf16_to_f32(((const uint16_t *)kv)[at + i]);
+    return buf;
+}
+
+// oh[d] += w[j] * v[j][d] for j < n, j ascending per d (the reference's order), v [n, D].
+static void weighted_rows(float *oh, const float *w, const float *v, int n, int D) {
+    int d = 0;
+#if defined(__GNUC__)
+    for (; d + 16 <= D; d += 16) {
+        vf4 a0 = vload(oh + d), a1 = vload(oh + d + 4), a2 = vload(oh + d + 8), a3 = vload(oh + d + 12);
+        for (int j = 0; j < n; j++) {
+            const float *vr = v + (size_t)j * D + d;
+            const float wj = w[j];
+            a0 += wj * vload(vr), a1 += wj * vload(vr + 4), a2 += wj * vload(vr + 8), a3 += wj * vload(vr + 12);
+        }
+        vstore(oh + d, a0), vstore(oh + d + 4, a1), vstore(oh + d + 8, a2), vstore(oh + d + 12, a3);
+    }
+#endif
+    for (; d < D; d++)
+        for (int j = 0; j < n; j++) oh[d] += w[j] * v[(size_t)j * D + d];
+}
+
+// attend_ref's result, a work item at a time: the AQ queries (heads of one KV head, then tokens)
+// that share keys. Scores: a tile of QR keys, transposed, gives 16 lanes per query (tile_dot, two
+// queries at a time); the softmax is the reference's loop per query; P.V: 16 output dims per
+// vector lane group over keys in order, from a tile of AVT value rows.
+static int attend(const struct geometry *g, const struct layer_weights *L, const struct cpu_seq *cs, int layer,
+                  int cap, int p0, const float *qg, int T, float *o) {
+    const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g), G = NH / NKV;
+    const int per = G * T, items = (per + AQ - 1) / AQ;   // queries of one KV head; items per KV head
+    const float scale = 1.0f / sqrtf((float)D);
+    bool failed = false;
+#pragma omp parallel
+    {
+        float *q = scratch(sizeof(float) * (size_t)AQ * D), *kt = scratch(sizeof(float) * (size_t)D * QR);
+        float *vb = scratch(sizeof(float) * (size_t)AVT * D);
+        float *sc = scratch(sizeof(float) * (size_t)AQ * (p0 + T));   // [AQ, p0 + T] scores, then weights
+        const bool ok = q && kt && vb && sc;
+        if (!ok) {
+#pragma omp atomic write
+            failed = true;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < NKV * items; it++) {
+            if (!ok) continue;   // this thread is out of memory: the call fails
+            const int kvh = it / items, i0 = (it % items) * AQ, nq = per - i0 < AQ ? per - i0 : AQ;
+            const size_t kvbase = (size_t)kvh * cap * D, ld = (size_t)(p0 + T);
+            int tq[AQ], hq[AQ], nk[AQ] = {0};   // query i: token, head, keys it sees
+            for (int i = 0; i < nq; i++) {
+                tq[i] = (i0 + i) / G, hq[i] = kvh * G + (i0 + i) % G, nk[i] = p0 + tq[i] + 1;
+                attn_query(g, L, qg, p0, tq[i], hq[i], q + (size_t)i * D);
+            }
+            const int nmax = nk[nq - 1];   // queries go by token: nk ascends
+            for (int j0 = 0; j0 < nmax; j0 += QR) {
+                key_tile(cs, cs->k[layer], kvbase, j0, nmax, D, kt);
+                int i = 0;
+                while (nk[i] <= j0) i++;   // queries that see none of these keys
+                for (; i < nq; i += 2) {
+                    float s0[QR], s1[QR];
+                    const bool two = i + 1 < nq;
+                    tile_dot(kt, D, q + (size_t)i * D, two ? q + (size_t)(i + 1) * D : NULL, s0, s1);
+                    for (int r = 0; r < QR && j0 + r < nk[i]; r++) sc[i * ld + j0 + r] = s0[r] * scale;
+                    if (two)
+                        for (int r = 0; r < QR && j0 + r < nk[i + 1]; r++) sc[(i + 1) * ld + j0 + r] = s1[r] * scale;
+                }
+            }
+            for (int i = 0; i < nq; i++) {   // softmax: the reference's loops; sc becomes the weights
+                float *s = sc + i * ld, mx = -INFINITY, sum = 0;
+                for (int j = 0; j < nk[i]; j++)
+                    if (s[j] > mx) mx = s[j];
+                for (int j = 0; j < nk[i]; j++) sum += s[j] = expf(s[j] - mx);
+                for (int j = 0; j < nk[i]; j++) s[j] = s[j] / sum;
+                float *oh = o + (size_t)tq[i] * QD + (size_t)hq[i] * D;
+                for (int d = 0; d < D; d++) oh[d] = 0;
+            }
+            for (int j0 = 0; j0 < nmax; j0 += AVT) {
+                const int n = nmax - j0 < AVT ? nmax - j0 : AVT;
+                const float *v = value_rows(cs, cs->v[layer], kvbase, j0, n, D, vb);
+                for (int i = 0; i < nq; i++)
+                    if (nk[i] > j0)
+                        weighted_rows(o + (size_t)tq[i] * QD + (size_t)hq[i] * D, sc + i * ld + j0, v,
+                                      nk[i] - j0 < n ? nk[i] - j0 : n, D);
+            }
+            for (int i = 0; i < nq; i++) {
+                float *oh = o + (size_t)tq[i] * QD + (size_t)hq[i] * D;
+                const float *gate = qg + (size_t)tq[i] * 2 * QD + (size_t)hq[i] * 2 * D + D;
+                for (int d = 0; d < D; d++) oh[d] *= sigmoid(gate[d]);
+            }
+        }
+        free(q);
+        free(kt);
+        free(vb);
+        free(sc);
+    }
+    return failed ? -1 : 0;
+}
+
+static int attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
+                     int cap, int p0, const float *u, int T, float *out) {
+    const int D = g->head_dim, NKV = g->n_kv_heads, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
+    float *qg = scratch(sizeof(float) * (size_t)T * 2 * QD);
+    float *k = scratch(sizeof(float) * (size_t)T * KVD), *v = scratch(sizeof(float) * (size_t)T * KVD);
+    float *o = scratch(sizeof(float) * (size_t)T * QD);
+    int rc = -1;
+    if (!qg || !k || !v || !o) goto out;
+    if (qmatmul(&L->q_proj, 0, u, T, qg) || qmatmul(&L->k_proj, 0, u, T, k) || qmatmul(&L->v_proj, 0, u, T, v))
+        goto out;
+    // k: norm, RoPE, append; v: append raw.
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < NKV; j++) {
+            float *kh = k + (size_t)t * KVD + (size_t)j * D;
+            rmsnorm(kh, kh, L->k_norm, D, (float)g->rms_eps);
+            rope(kh, g->rope_dim, g->rope_theta, p0 + t);
+            size_t base = ((size_t)j * cap + (size_t)(p0 + t)) * D;
+            for (int d = 0; d < D; d++) {
+                kv_put(cs, cs->k[layer], base + d, kh[d]);
+                kv_put(cs, cs->v[layer], base + d, v[(size_t)t * KVD + (size_t)j * D + d]);
+            }
+        }
+    if ((cpu_reference ? attend_ref : attend)(g, L, cs, layer, cap, p0, qg, T, o)) goto out;
+    if (qmatmul(&L->o_proj, 0, o, T, out)) goto out;
     rc = 0;
 out:
     free(qg);
@@ -195,11 +447,11 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
     int rc = -1;
     if (!xe || !y || !z || !b || !a || !o) goto out;   // before any state changes
     memcpy(xe, cs->conv[layer], sizeof(float) * (size_t)(KW - 1) * C);
-    qmatmul(&L->in_qkv, 0, u, T, xe + (size_t)(KW - 1) * C);
-    qmatmul(&L->in_z, 0, u, T, z);
-    qmatmul(&L->in_b, 0, u, T, b);
-    qmatmul(&L->in_a, 0, u, T, a);
+    if (qmatmul(&L->in_qkv, 0, u, T, xe + (size_t)(KW - 1) * C) || qmatmul(&L->in_z, 0, u, T, z) ||
+        qmatmul(&L->in_b, 0, u, T, b) || qmatmul(&L->in_a, 0, u, T, a))
+        goto out;
     // Causal depthwise conv + SiLU over all C channels; tap KW-1 is the current token.
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
             float s = 0;
@@ -208,6 +460,7 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
         }
     memcpy(cs->conv[layer], xe + (size_t)T * C, sizeof(float) * (size_t)(KW - 1) * C);
     // L2-normalise q and k per key head; q also by 1/sqrt(Dk).
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int kh = 0; kh < 2 * Hk; kh++) {
             float *x = y + (size_t)t * C + (size_t)kh * Dk;   // q heads then k heads
@@ -249,7 +502,7 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
             for (int dv = 0; dv < Dv; dv++) oh[dv] = L->gdn_norm[dv] * (oh[dv] * r) * silu(zh[dv]);
         }
     }
-    qmatmul(&L->out_proj, 0, o, T, out);
+    if (qmatmul(&L->out_proj, 0, o, T, out)) goto out;
     rc = 0;
 out:
     free(xe);
@@ -339,12 +592,10 @@ static int mlp(const struct qtensor *gate, const struct qtensor *up, const struc
     const int I = gate->rows;
     float *a = scratch(sizeof(float) * (size_t)T * I), *b = scratch(sizeof(float) * (size_t)T * I);
     int rc = -1;
-    if (a && b) {
-        qmatmul(gate, mat, x, T, a);
-        qmatmul(up, mat, x, T, b);
+    if (a && b && !qmatmul(gate, mat, x, T, a) && !qmatmul(up, mat, x, T, b)) {
+#pragma omp parallel for schedule(static)
         for (size_t i = 0; i < (size_t)T * I; i++) a[i] = silu(a[i]) * b[i];
-        qmatmul(down, mat, a, T, out);
-        rc = 0;
+        rc = qmatmul(down, mat, a, T, out);
     }
     free(a);
     free(b);
@@ -363,10 +614,10 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
     float *tw = scratch(sizeof(float) * (size_t)T);
     int rc = -1;
     if (!rl || !sg || !ids || !w || !xe || !ye || !tok || !tw) goto out;
-    qmatmul(&L->router, 0, u, T, rl);
-    qmatmul(&L->shared_gate, 0, u, T, sg);
+    if (qmatmul(&L->router, 0, u, T, rl) || qmatmul(&L->shared_gate, 0, u, T, sg)) goto out;
     if (rl_out) memcpy(rl_out, rl, sizeof(float) * (size_t)T * E);
     FILE *trace = router_trace();
+#pragma omp parallel for schedule(static) if (!trace)   // the trace is written in token order
     for (int t = 0; t < T; t++) {
         struct route_stats st;
         route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, trace ? &st : NULL);
@@ -374,6 +625,7 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
     }
     // Shared expert, scaled by sigmoid of its gate.
     if (mlp(&L->se_gate, &L->se_up, &L->se_down, 0, u, T, out)) goto out;
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int i = 0; i < H; i++) out[(size_t)t * H + i] *= sigmoid(sg[t]);
     // Routed experts: gather each expert's tokens, run them together, scatter-add.
@@ -389,6 +641,7 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
                 }
         if (!n) continue;
         if (mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye)) goto out;
+#pragma omp parallel for schedule(static) if (n > 1)   // a token is once in an expert's list
         for (int j = 0; j < n; j++)
             for (int i = 0; i < H; i++) out[(size_t)tok[j] * H + i] += tw[j] * ye[(size_t)j * H + i];
     }
@@ -411,6 +664,8 @@ static int cpu_load(struct engine *e, char *err, size_t errlen) {
     if (e->opts.threads > 0) omp_set_num_threads(e->opts.threads);
     const char *lim = getenv("CALLA_CPU_ALLOC_LIMIT");
     alloc_limit = lim && *lim ? (size_t)strtoull(lim, NULL, 10) : 0;
+    const char *ref = getenv("CALLA_CPU_REFERENCE");
+    cpu_reference = ref && *ref && strcmp(ref, "0");
     e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
     return 0;
 }
@@ -508,9 +763,11 @@ static int cpu_layer(const struct engine *e, struct seq *s, int i, float *x, flo
     const struct layer_weights *L = &e->model.w.layers[i];
     struct cpu_seq *cs = s->impl;
     const int H = g->hidden, p0 = s->pos;
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
     if (geom_is_attn(g, i) ? attention(g, L, cs, i, s->cap, p0, u, T, d) : deltanet(g, L, cs, i, u, T, d)) return -1;
     for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
     if (moe(g, L, i, p0, u, T, d, rl)) return -1;
     for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
@@ -535,7 +792,7 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
     for (int i = 0; i < g->n_layers; i++)
         if (cpu_layer(e, s, i, x, u, d, T, NULL)) goto out;
     for (int r = 0; r < nw; r++) rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
-    qmatmul(&W->lm_head, 0, hn, nw, lg);
+    if (qmatmul(&W->lm_head, 0, hn, nw, lg)) goto out;
     if (logits) memcpy(logits, lg, sizeof(float) * (size_t)n_rows * g->vocab);
     *next = argmax(lg + (size_t)(nw - 1) * g->vocab, g->vocab);
     rc = 0;
