@@ -154,15 +154,50 @@ static void tile_dot(const float *wt, int K, const float *x0, const float *x1, f
 #endif
 }
 
-// Rows n0..n0+QR-1 of matrix mat of W dequantized into wt [K, QR] (dequant_row's values, lane r
-// row n0 + r); rows past the matrix are zeros.
+// Rows n0..n0+QR-1 of matrix mat of W dequantized into wt [K, QR]: lane r is row n0 + r with
+// dequant_row's values (the same scale * q + bias per element, four rows per vector); rows past
+// the matrix are zeros. row [K] is scratch for the plain-C version.
 static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, float *wt) {
     const int K = W->cols;
+#if defined(__GNUC__)
+    typedef uint32_t vu4 __attribute__((vector_size(16)));
+    typedef int32_t vi4 __attribute__((vector_size(16)));
+    const int bits = W->bits, per = 32 / bits, words = QWEN_GROUP / per, groups = K / QWEN_GROUP;
+    const uint32_t mask = (1u << bits) - 1;
+    const size_t wpr = qt_words_per_row(W), gpr = qt_groups_per_row(W);
+    for (int r0 = 0; r0 < QR; r0 += 4) {
+        size_t at[4];   // row index in the tensor; rows past the matrix read row n0 with scale and bias 0
+        bool in[4];
+        for (int i = 0; i < 4; i++) {
+            in[i] = n0 + r0 + i < W->rows;
+            at[i] = (size_t)mat * W->rows + (size_t)(in[i] ? n0 + r0 + i : n0);
+        }
+        for (int g = 0; g < groups; g++) {
+            float s4[4], b4[4];
+            for (int i = 0; i < 4; i++) {
+                s4[i] = in[i] ? bf16_to_f32(qt_load_u16(W->scales, at[i] * gpr + g)) : 0.0f;
+                b4[i] = in[i] ? bf16_to_f32(qt_load_u16(W->biases, at[i] * gpr + g)) : 0.0f;
+            }
+            const vf4 sc = {s4[0], s4[1], s4[2], s4[3]}, bi = {b4[0], b4[1], b4[2], b4[3]};
+            const size_t w0 = (size_t)g * words;
+            for (int j = 0; j < words; j++) {
+                const vu4 w = {qt_load_u32(W->w, at[0] * wpr + w0 + j), qt_load_u32(W->w, at[1] * wpr + w0 + j),
+                               qt_load_u32(W->w, at[2] * wpr + w0 + j), qt_load_u32(W->w, at[3] * wpr + w0 + j)};
+                float *o = wt + (size_t)(g * QWEN_GROUP + j * per) * QR + r0;
+                for (int e = 0; e < per; e++) {
+                    const vf4 q = __builtin_convertvector((vi4)((w >> (e * bits)) & mask), vf4);   // exact: q < 2^bits
+                    vstore(o + (size_t)e * QR, sc * q + bi);
+                }
+            }
+        }
+    }
+#else
     for (int r = 0; r < QR; r++) {
         if (n0 + r < W->rows) dequant_row(W, mat, n0 + r, row);
         else memset(row, 0, sizeof(float) * (size_t)K);
         for (int k = 0; k < K; k++) wt[(size_t)k * QR + r] = row[k];
     }
+#endif
 }
 
 // qmatmul_ref's result, QR rows at a time: a dequantized tile serves every token, and each token
@@ -483,16 +518,22 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
             const float beta = sigmoid(b[(size_t)t * Hv + h]);
             const float gl = -expf(L->A_log[h]) * softplus(a[(size_t)t * Hv + h] + L->dt_bias[h]);
             const float alpha = expf(gl);
+            // omp simd: the dv loops' iterations are independent outputs (vector lanes), each with the
+            // same operations in the same order.
+#pragma omp simd
             for (int i = 0; i < Dk * Dv; i++) S[i] *= alpha;
             for (int dv = 0; dv < Dv; dv++) m[dv] = 0;
             for (int dk = 0; dk < Dk; dk++)
+#pragma omp simd
                 for (int dv = 0; dv < Dv; dv++) m[dv] += S[(size_t)dk * Dv + dv] * k[dk];
             for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);   // delta
             for (int dk = 0; dk < Dk; dk++)
+#pragma omp simd
                 for (int dv = 0; dv < Dv; dv++) S[(size_t)dk * Dv + dv] += k[dk] * m[dv];
             float *oh = o + (size_t)t * VD + (size_t)h * Dv;
             for (int dv = 0; dv < Dv; dv++) oh[dv] = 0;
             for (int dk = 0; dk < Dk; dk++)
+#pragma omp simd
                 for (int dv = 0; dv < Dv; dv++) oh[dv] += S[(size_t)dk * Dv + dv] * q[dk];
             // Gated RMSNorm (kind (b), no +1): w * norm(o) * silu(z).
             float ss = 0;
