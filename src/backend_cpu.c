@@ -1,22 +1,23 @@
 // backend_cpu.c: the reference forward pass (docs/MODEL.md §2) in portable C11, fp32 throughout.
 //
-// This is the oracle for every GPU test, so it stays obviously correct rather than fast:
+// This is the oracle for every GPU test, so it stays obviously correct first, fast second:
 // weights stay 4/8-bit and are dequantized row by row (w = scale * q + bias), every op is the
 // formula from the spec, and the DeltaNet runs the token-by-token delta rule (§2.5) for prefill
-// and decode alike. Threads (OpenMP) split matrix rows and heads, never a reduction, so results
-// do not depend on the thread count.
+// and decode alike. Threads (OpenMP) split matrix rows, heads and tokens, never a reduction, so
+// results do not depend on the thread count.
 //
 // Out of memory is an error, never an abort: every function that allocates returns 0 or -1, and
 // forward_chunk turns -1 into "out of memory" for the caller (the server answers 500 and goes on).
 // A chunk that fails part way may have advanced some layers' DeltaNet state: the caller resets or
 // copies into the sequence before using it again (engine.h).
 //
-// Fast paths (qmatmul, attention): the reference's loops are kept (qmatmul_ref, attend_ref) and
-// CALLA_CPU_REFERENCE=1 (read at load) selects them. The fast ones give the same bits: they change
-// which values are computed together, never the operations that make one value. Every output is
-// still one accumulator that starts at 0 and adds w * x over k in ascending order, one expression
-// per step as before (so a compiler that contracts a*b+s into an fma does so in both); the lanes of
-// a vector are different outputs, never parts of one sum (tests/test_engine.c compares the two).
+// Fast paths (qmatmul, attention), because the GPU tests need the oracle's prefill of 4,096 tokens:
+// the reference's loops are kept (qmatmul_ref, attend_ref) and CALLA_CPU_REFERENCE=1 (read at load)
+// selects them. The fast ones give the same bits: they change which values are computed together,
+// never the operations that make one value. Every output is still one accumulator that starts at 0
+// and adds w * x over k in ascending order, one expression per step as before (so a compiler that
+// contracts a*b+s into an fma does so in both; GCC in ISO C mode does not); the lanes of a vector
+// are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
 //
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
