@@ -118,9 +118,68 @@ static inline vf4 vload(const float *p) {
 static inline void vstore(float *p, vf4 v) { memcpy(p, &v, sizeof v); }
 #endif
 
+#if defined(__GNUC__) && defined(__x86_64__)
+// tile_dot with eight lanes to a register where the CPU has AVX (cpu_avx, set at load; the build
+// targets plain x86-64). vmulps and vaddps round each lane as mulps and addps do, and FMA is not
+// enabled here, so the bits are tile_dot's. CALLA_CPU_AVX=0 (a test hook) keeps the SSE loop.
+#define CPU_AVX 1
+static bool cpu_avx;
+typedef float vf8 __attribute__((vector_size(32)));
+
+__attribute__((target("avx"))) static void tile_dot_avx(const float *wt, int K, const float *x0, const float *x1,
+                                                        float *y0, float *y1) {
+    vf8 a0 = {0}, a1 = {0}, w0, w1;
+    if (x1) {
+        vf8 c0 = {0}, c1 = {0};
+        for (int k = 0; k < K; k++) {
+            memcpy(&w0, wt + (size_t)k * QR, sizeof w0);
+            memcpy(&w1, wt + (size_t)k * QR + 8, sizeof w1);
+            const float b0 = x0[k], b1 = x1[k];
+            a0 += w0 * b0, a1 += w1 * b0;
+            c0 += w0 * b1, c1 += w1 * b1;
+        }
+        memcpy(y1, &c0, sizeof c0), memcpy(y1 + 8, &c1, sizeof c1);
+    } else {
+        for (int k = 0; k < K; k++) {
+            memcpy(&w0, wt + (size_t)k * QR, sizeof w0);
+            memcpy(&w1, wt + (size_t)k * QR + 8, sizeof w1);
+            const float b0 = x0[k];
+            a0 += w0 * b0, a1 += w1 * b0;
+        }
+    }
+    memcpy(y0, &a0, sizeof a0), memcpy(y0 + 8, &a1, sizeof a1);
+}
+
+// Four tokens at once: eight independent sums in flight, enough to hide the add latency.
+__attribute__((target("avx"))) static void tile_dot4_avx(const float *wt, int K, const float *const x[4],
+                                                         float y[4][QR]) {
+    vf8 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0}, d0 = {0}, d1 = {0}, w0, w1;
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int k = 0; k < K; k++) {
+        memcpy(&w0, wt + (size_t)k * QR, sizeof w0);
+        memcpy(&w1, wt + (size_t)k * QR + 8, sizeof w1);
+        const float e0 = x0[k], e1 = x1[k], e2 = x2[k], e3 = x3[k];
+        a0 += w0 * e0, a1 += w1 * e0;
+        b0 += w0 * e1, b1 += w1 * e1;
+        c0 += w0 * e2, c1 += w1 * e2;
+        d0 += w0 * e3, d1 += w1 * e3;
+    }
+    memcpy(y[0], &a0, sizeof a0), memcpy(y[0] + 8, &a1, sizeof a1);
+    memcpy(y[1], &b0, sizeof b0), memcpy(y[1] + 8, &b1, sizeof b1);
+    memcpy(y[2], &c0, sizeof c0), memcpy(y[2] + 8, &c1, sizeof c1);
+    memcpy(y[3], &d0, sizeof d0), memcpy(y[3] + 8, &d1, sizeof d1);
+}
+#endif
+
 // y0[r] = sum_k wt[k][r] * x0[k] for the QR lanes r of a transposed tile wt [K, QR], and y1 from x1
 // when x1 is not NULL. Per lane: s = 0; s += w * x for k ascending, the reference's dot.
 static void tile_dot(const float *wt, int K, const float *x0, const float *x1, float *y0, float *y1) {
+#if defined(CPU_AVX)
+    if (cpu_avx) {
+        tile_dot_avx(wt, K, x0, x1, y0, y1);
+        return;
+    }
+#endif
 #if defined(__GNUC__)
     vf4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     if (x1) {
@@ -202,8 +261,8 @@ static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, f
 }
 
 // qmatmul_ref's result, QR rows at a time: a dequantized tile serves every token, and each token
-// (two at a time) fills 16 lanes. Tokens go in passes of QTC so that the slice of x the threads
-// share stays in cache; a tile is dequantized again per pass. -1: out of memory.
+// (two at a time, four with AVX) fills 16 lanes. Tokens go in passes of QTC so that the slice of x
+// the threads share stays in cache; a tile is dequantized again per pass. -1: out of memory.
 static int qmatmul(const struct qtensor *W, int mat, const float *x, int T, float *y) {
     if (cpu_reference) {
         qmatmul_ref(W, mat, x, T, y);
@@ -225,13 +284,24 @@ static int qmatmul(const struct qtensor *W, int mat, const float *x, int T, floa
                 if (!row || !wt) continue;   // this thread is out of memory: the call fails
                 const int n0 = i * QR, nr = N - n0 < QR ? N - n0 : QR;
                 dequant_tile(W, mat, n0, row, wt);
-                for (int t = t0; t < t1; t += 2) {
-                    float o0[QR], o1[QR];
-                    const bool two = t + 1 < t1;
-                    tile_dot(wt, K, x + (size_t)t * K, two ? x + (size_t)(t + 1) * K : NULL, o0, o1);
-                    for (int r = 0; r < nr; r++) y[(size_t)t * N + n0 + r] = o0[r];
-                    if (two)
-                        for (int r = 0; r < nr; r++) y[(size_t)(t + 1) * N + n0 + r] = o1[r];
+                for (int t = t0; t < t1;) {
+                    float o[4][QR];
+                    int nt = t1 - t;
+#if defined(CPU_AVX)
+                    if (cpu_avx && nt >= 3) {   // with three left, the fourth lane group repeats the third
+                        const float *xs[4] = {x + (size_t)t * K, x + (size_t)(t + 1) * K, x + (size_t)(t + 2) * K,
+                                              x + (size_t)(nt > 3 ? t + 3 : t + 2) * K};
+                        tile_dot4_avx(wt, K, xs, o);
+                        nt = nt > 3 ? 4 : 3;
+                    } else
+#endif
+                    {
+                        nt = nt > 1 ? 2 : 1;
+                        tile_dot(wt, K, x + (size_t)t * K, nt == 2 ? x + (size_t)(t + 1) * K : NULL, o[0], o[1]);
+                    }
+                    for (int j = 0; j < nt; j++)
+                        for (int r = 0; r < nr; r++) y[(size_t)(t + j) * N + n0 + r] = o[j][r];
+                    t += nt;
                 }
             }
         }
@@ -708,6 +778,10 @@ static int cpu_load(struct engine *e, char *err, size_t errlen) {
     alloc_limit = lim && *lim ? (size_t)strtoull(lim, NULL, 10) : 0;
     const char *ref = getenv("CALLA_CPU_REFERENCE");
     cpu_reference = ref && *ref && strcmp(ref, "0");
+#if defined(CPU_AVX)
+    const char *avx = getenv("CALLA_CPU_AVX");
+    cpu_avx = __builtin_cpu_supports("avx") && !(avx && !strcmp(avx, "0"));
+#endif
     e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
     return 0;
 }

@@ -3,8 +3,8 @@
 // CALLA_CPU_REFERENCE=1 at load selects the loops they replaced (qmatmul_ref, attend_ref: one serial
 // dot per output). Every logit of a chunked prefill and of decode steps after it must be the same
 // float, bit for bit (memcmp), on the tiny and small geometries, with both KV cache types, at token
-// counts that are not multiples of the 16 lanes, at other thread counts, and past one qmatmul pass
-// of 512 tokens.
+// counts that are not multiples of the 16 lanes, at other thread counts, past one qmatmul pass of
+// 512 tokens, and with the AVX kernel (x86-64 CPUs that have it) and without (CALLA_CPU_AVX=0).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,14 +26,17 @@ struct run {
 };
 
 // Logits of the run (prefill rows, then one row per decode step) into a new buffer; *n floats.
-static float *logits_of(const char *dir, bool reference, bool kv_f32, int threads, const struct run *r, size_t *n) {
+static float *logits_of(const char *dir, bool reference, bool avx, bool kv_f32, int threads, const struct run *r,
+                        size_t *n) {
     char err[512];
     struct engine *e;
     struct engine_options eo = {.backend = "cpu", .kv_f32 = kv_f32, .threads = threads};
-    // The hook is read at load and is process-wide: the engine opened next without it clears it.
+    // The hooks are read at load and are process-wide: the engine opened next without them clears them.
     if (reference) setenv("CALLA_CPU_REFERENCE", "1", 1);
+    if (!avx) setenv("CALLA_CPU_AVX", "0", 1);
     int rc = engine_open(dir, &eo, &e, err, sizeof err);
     unsetenv("CALLA_CPU_REFERENCE");
+    unsetenv("CALLA_CPU_AVX");
     if (rc) fail_msg("engine_open: %s", err);
     const int V = engine_geometry(e)->vocab, N = r->T + r->decode;
     int32_t *t = malloc(sizeof(int32_t) * (size_t)N);
@@ -62,18 +65,20 @@ static float *logits_of(const char *dir, bool reference, bool kv_f32, int thread
 
 static void same_bits(const char *dir, bool kv_f32, const struct run *r) {
     size_t na, nb;
-    float *ref = logits_of(dir, true, kv_f32, 1, r, &na);
-    float *fast = logits_of(dir, false, kv_f32, 3, r, &nb);
-    assert_int_equal(na, nb);
-    size_t diff = 0, first = 0;
-    for (size_t i = 0; i < na; i++)
-        if (memcmp(&ref[i], &fast[i], sizeof(float)) && !diff++) first = i;
-    if (diff)
-        fail_msg("%s kv %s T %d: %zu of %zu logits differ from the reference, first at %zu (%.9g vs %.9g)", dir,
-                 kv_f32 ? "f32" : "bf16", r->T, diff, na, first, (double)ref[first], (double)fast[first]);
-    assert_memory_equal(ref, fast, sizeof(float) * na);
+    float *ref = logits_of(dir, true, false, kv_f32, 1, r, &na);
+    for (int avx = 0; avx < 2; avx++) {
+        float *fast = logits_of(dir, false, avx, kv_f32, 3, r, &nb);
+        assert_int_equal(na, nb);
+        size_t diff = 0, first = 0;
+        for (size_t i = 0; i < na; i++)
+            if (memcmp(&ref[i], &fast[i], sizeof(float)) && !diff++) first = i;
+        if (diff)
+            fail_msg("%s kv %s T %d avx %d: %zu of %zu logits differ from the reference, first at %zu (%.9g vs %.9g)",
+                     dir, kv_f32 ? "f32" : "bf16", r->T, avx, diff, na, first, (double)ref[first], (double)fast[first]);
+        assert_memory_equal(ref, fast, sizeof(float) * na);
+        free(fast);
+    }
     free(ref);
-    free(fast);
 }
 
 // Chunks of 20 (20, 20, 5): attention at p0 > 0, partial lane groups; then 4 decode steps.
