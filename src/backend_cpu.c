@@ -748,12 +748,13 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
                 if (ids[(size_t)t * K + i] == e) {
                     tok[n] = t;
                     tw[n] = w[(size_t)t * K + i];
-                    memcpy(xe + (size_t)n * H, u + (size_t)t * H, sizeof(float) * (size_t)H);
                     n++;
                 }
         if (!n) continue;
+#pragma omp parallel for schedule(static) if (n >= 64)   // below that a thread team costs more than it saves
+        for (int j = 0; j < n; j++) memcpy(xe + (size_t)j * H, u + (size_t)tok[j] * H, sizeof(float) * (size_t)H);
         if (mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye)) goto out;
-#pragma omp parallel for schedule(static) if (n > 1)   // a token is once in an expert's list
+#pragma omp parallel for schedule(static) if (n >= 64)   // a token is once in an expert's list
         for (int j = 0; j < n; j++)
             for (int i = 0; i < H; i++) out[(size_t)tok[j] * H + i] += tw[j] * ye[(size_t)j * H + i];
     }
@@ -882,10 +883,12 @@ static int cpu_layer(const struct engine *e, struct seq *s, int i, float *x, flo
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->input_norm, H, (float)g->rms_eps);
     if (geom_is_attn(g, i) ? attention(g, L, cs, i, s->cap, p0, u, T, d) : deltanet(g, L, cs, i, u, T, d)) return -1;
+#pragma omp parallel for schedule(static)
     for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) rmsnorm(u + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, (float)g->rms_eps);
     if (moe(g, L, i, p0, u, T, d, rl)) return -1;
+#pragma omp parallel for schedule(static)
     for (size_t j = 0; j < (size_t)T * H; j++) x[j] += d[j];
     return 0;
 }
