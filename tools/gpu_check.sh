@@ -9,18 +9,19 @@
 # exact mode by test_cuda_decode e2e, and layer by layer against the CPU oracle by the layers stage
 # (test_cuda_layers: every layer fed the oracle's input). The sanitizer stage runs both modes.
 # Environment:
-#   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full timing
-#                      bench"; also "racecheck", and "score": tools/score_gate.py at the full shape,
-#                      HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens, 4096;
-#                      and "layers": test_cuda_layers at the full shape, the fast mode against the CPU
-#                      oracle layer by layer, each layer fed the oracle's input, over GPU_CHECK_LAYERS_LEN
-#                      positions (4096; the CPU oracle takes minutes), with the exact mode as control,
-#                      under timeout GPU_CHECK_LAYERS_TIMEOUT seconds (900))
+#   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full layers
+#                      timing bench"; also "racecheck", and "score": tools/score_gate.py at the full
+#                      shape, HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens,
+#                      4096). "layers": test_cuda_layers at the full shape, the fast mode against the
+#                      CPU oracle layer by layer, each layer fed the oracle's input, over
+#                      GPU_CHECK_LAYERS_LEN positions (4096: ~80 s of CPU oracle on 16 cores, about
+#                      2.5 minutes in all on the H200), with the exact mode as control, under timeout
+#                      GPU_CHECK_LAYERS_TIMEOUT seconds (900)
 #   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
 B=${1:-build}
-STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full timing bench}
+STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full layers timing bench}
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 TMP=${GPU_CHECK_TMP:-/tmp}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
