@@ -37,6 +37,8 @@ import tokenizers
 import unicodedata2 as ucd
 from tokenizers import Tokenizer, normalizers
 
+from make_unicode_tables import range_rows  # noqa: E402 (tools/, the directory of this script)
+
 HF_NFC, HF_NFD = normalizers.NFC(), normalizers.NFD()
 
 
@@ -103,14 +105,7 @@ def write_header(path, unknown):
              "#pragma once", "", "#include <stdint.h>", "",
              f"// {len(rs)} ranges, {len(unknown)} code points (inclusive)",
              "// clang-format off", "static const uint32_t nfc_unicode9_unknown[][2] = {"]
-    row = []
-    for lo, hi in rs:
-        row.append(f"{{0x{lo:05X}, 0x{hi:05X}}},")
-        if len(row) == 6:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    lines += range_rows(rs)
     lines += ["};", "// clang-format on", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))

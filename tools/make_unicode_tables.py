@@ -39,17 +39,15 @@ def ranges(major):
     return out
 
 
+def range_rows(rs):
+    """C initialiser lines for inclusive ranges, six {lo, hi} pairs a line (also tools/make_nfc_sweep.py)."""
+    cells = [f"{{0x{lo:05X}, 0x{hi:05X}}}," for lo, hi in rs]
+    return ["    " + " ".join(cells[i:i + 6]) for i in range(0, len(cells), 6)]
+
+
 def emit(name, what, rs):
     lines = [f"// {what}: {len(rs)} ranges, {sum(h - l + 1 for l, h in rs)} code points",
-             f"static const struct ucd_range {name}[] = {{"]
-    row = []
-    for lo, hi in rs:
-        row.append(f"{{0x{lo:05X}, 0x{hi:05X}}},")
-        if len(row) == 6:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+             f"static const struct ucd_range {name}[] = {{"] + range_rows(rs)
     lines.append("};")
     return "\n".join(lines)
 
