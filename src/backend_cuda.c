@@ -23,11 +23,10 @@
 // Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
 // read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to
 // bf16 as MLX does; the router, the shared-expert gate and the lm_head stay on the exact kernel),
-// and the DeltaNet layers run as
-// the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention
-// takes Q and P as bf16 (one mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0
-// (or CALLA_EXACT=1): the verification mode, operands split hi + lo and fp32 inputs to the
-// products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the
+// the DeltaNet layers run as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16
+// operands, and FlashAttention takes Q and P as bf16 (one mma per product; softmax statistics
+// fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the verification mode, operands split hi + lo
+// and fp32 inputs to the products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the
 // embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one
 // cuda_layer on hidden states from the host.
 #ifdef CALLA_CUDA

@@ -69,7 +69,7 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES, 1>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+                        qmatmul_bf16_kernel<BITS, STAGES>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];

@@ -224,16 +224,16 @@ static __device__ __forceinline__ void sums16(const float *xs, float *xs16, int 
     }
 }
 
-// Stage the input vector into shared memory: xs [K] fp32 with the input transform applied, xs16
-// [K / 16] the sums of 16.
-// RMS staging with x and the norm weights loaded in one round trip (a thread's float4s of both in
-// flight at once, held in registers through the block sum): K <= 16 per thread.
+// RMS staging (xs = x * rsqrt(mean(x^2) + eps) * w, k_rmsnorm, docs/MODEL.md §2.2) with x and the
+// norm weights loaded in one round trip: a thread's float4s of both in flight at once, held in
+// registers through the block sum. So K <= 4 STAGE_RMS_F4 per thread (every model shape);
+// stage_input keeps the two-trip form for larger K.
 enum { STAGE_RMS_F4 = 4 };
 static __device__ void stage_rms_one_trip(const struct dv_desc &d, float *xs, float *sh) {
     const float4 *x4 = (const float4 *)d.x, *w4 = (const float4 *)d.norm_w;
     const int n4 = d.K / 4;
     float4 xv[STAGE_RMS_F4], wv[STAGE_RMS_F4];
-    float ss = 0;
+    float ss = 0;   // (any order of the units)
 #pragma unroll
     for (int j = 0; j < STAGE_RMS_F4; j++) {
         const int i = j * blockDim.x + threadIdx.x;
@@ -252,6 +252,8 @@ static __device__ void stage_rms_one_trip(const struct dv_desc &d, float *xs, fl
     }
 }
 
+// Stage the input vector into shared memory: xs [K] fp32 with the input transform applied, xs16
+// [K / 16] the sums of 16.
 static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs16) {
     __shared__ float sh[32];
     const int K = d.K;
@@ -260,7 +262,7 @@ static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs
     } else {
         copy_to_smem<true>(xs, d.x, K);
         __syncthreads();
-        if (d.in_mode == DV_IN_RMS) {   // xs = x * rsqrt(mean(x^2) + eps) * w   (k_rmsnorm, docs/MODEL.md §2.2)
+        if (d.in_mode == DV_IN_RMS) {   // the two-trip form: x staged, then scaled by w from global
             float ss = 0;
             for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
             ss = block_sum(ss, sh);
@@ -390,10 +392,9 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
 //   dv_tc_split_kernel (K a multiple of 1,024: every model shape) a block takes a task and its
 //     warps split K (a quarter of the super-steps each, all loaded at once, the four partial sums
 //     added in shared memory): a task is one round trip of loads instead of a warp's walk through
-//     K / 256 super-steps two at a time. The first task's loads are issued before the input is
-//     staged (they do not depend on it), the next task's as soon as a task's codes are consumed.
-//     80 registers, 6 blocks an SM: the DeltaNet (772 tasks) and attention (576) input
-//     projections run as one wave of 792 blocks (at 128 registers, two waves of 528).
+//     K / 256 super-steps two at a time. 80 registers, 6 blocks an SM: the DeltaNet (772 tasks)
+//     and attention (576) input projections run as one wave of 792 blocks (at 128 registers, two
+//     waves of 528).
 //   dv_tc_kernel a warp takes a task whole: where there are more tasks than warps resident
 //     anyway (lm_head's 15,520), where K is not a multiple of 1,024 (test geometries), and for
 //     CALLA_TC_SPLIT=0.
@@ -645,17 +646,18 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
     }
 }
 
+// The whole-K form, out of line: gate/up takes it where K is not a multiple of 512 (test
+// geometries), and inlined beside the split form it would cost the split form registers.
+static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const uint16_t *sc, const uint16_t *bi, int R,
+                                                     int K, int n0, const unsigned char *sm) {
+    return tc_rows16(w, sc, bi, R, K, n0, sm);
+}
+
 // Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while every thread stages
 // u as bf16 (tcgemv.cuh); then a block takes a 16-row tile of one expert: warps 0 and 2 the gate
 // rows, 1 and 3 the up rows, each pair splitting K in halves (K a multiple of 512; otherwise warps 0
 // and 1 take all of K), and warp 0 writes silu(gate) * up. Block 0 writes ids / w for
 // k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
-// The whole-K form, out of line: only the test geometries take it, and inlined beside the split
-// form it would cost the split form registers.
-static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const uint16_t *sc, const uint16_t *bi, int R,
-                                                     int K, int n0, const unsigned char *sm) {
-    return tc_rows16(w, sc, bi, R, K, n0, sm);
-}
 static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) unsigned char gt_smem[];
     __shared__ int ids[WARP_SIZE];

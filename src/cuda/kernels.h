@@ -41,12 +41,12 @@ int k_qmatvec(struct dqt W, const int *ids, const float *x, int ldx, int xdiv, f
 int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy, const int *ymap,
               int M, const int *counts, const int *offs, int maxrows, void *stream);
 // The same product with x already in bf16 (uint16 [*, ldx], the fast prefill mode, issue 12): one
-// bf16 MMA per product, fp32 accumulation, the weights exact; the group's bias multiplies the sum of
-// the bf16 x. The result is W x_bf16 to fp32 rounding. Needs W.cols % 64 == 0, ldx % 8 == 0 and x
-// 16-byte aligned (else cudaErrorInvalidValue).
-void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
+// bf16 MMA per product, fp32 accumulation, each weight dequantized to bf16 (s q + b rounded once,
+// as MLX does). The result is bf16(W) x_bf16 to fp32 rounding. Needs W.cols % 64 == 0, ldx % 8 == 0
+// and x 16-byte aligned (else cudaErrorInvalidValue).
 int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream);
+void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
 // y[i] = bf16(x[i]), round to nearest even (n elements).
 int k_to_bf16(const float *x, uint16_t *y, long n, void *stream);
 

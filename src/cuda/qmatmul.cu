@@ -215,19 +215,19 @@ extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap,
 static int g_qb_blocks = 2;
 extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
 
-template <int BITS, int STAGES, int MINB>
+template <int BITS, int STAGES>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
                                const int *counts, const int *offs) {
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
     const size_t smem = qb_layout<BITS, STAGES>::BYTES;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, MINB>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, MINB>
+    qmatmul_bf16_kernel<BITS, STAGES>
         <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
     return launch_status();
 }
@@ -241,8 +241,8 @@ extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const in
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define QB_ARGS grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs
-    if (W.bits == 4) return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, 2>(QB_ARGS) : launch_qmatmul_bf16<4, 4, 1>(QB_ARGS);
-    if (W.bits == 8) return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, 2>(QB_ARGS) : launch_qmatmul_bf16<8, 4, 1>(QB_ARGS);
+    if (W.bits == 4) return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3>(QB_ARGS) : launch_qmatmul_bf16<4, 4>(QB_ARGS);
+    if (W.bits == 8) return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3>(QB_ARGS) : launch_qmatmul_bf16<8, 4>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
 }

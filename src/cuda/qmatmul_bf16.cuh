@@ -33,7 +33,10 @@
 enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256 };
 // Two forms (A/B, CALLA_QB_BLOCKS): STAGES = 3 at up to 128 registers, two blocks an SM (16 warps:
 // the default since version 6; one block's barrier and dequantization no longer idle the SM's
-// tensor cores), or STAGES = 4 at one block an SM (version 5's form).
+// tensor cores), or STAGES = 4 at one block an SM (version 5's pipeline). QB_BLOCKS: the blocks an SM
+// of each form, which its launch bounds ask for.
+template <int STAGES>
+inline constexpr int QB_BLOCKS = STAGES == 3 ? 2 : 1;
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
 
 template <int BITS, int STAGES>
@@ -66,8 +69,8 @@ static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 2
     return __float_as_uint((float)q) >> 16;
 }
 
-template <int BITS, int STAGES, int MINB>
-static __global__ void __launch_bounds__(QB_THREADS, MINB)
+template <int BITS, int STAGES>
+static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     qmatmul_bf16_kernel(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                         const int *ymap, int M, const int *counts, const int *offs) {
     using L = qb_layout<BITS, STAGES>;
