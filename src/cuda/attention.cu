@@ -698,12 +698,57 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
     return launch_status();
 }
 
+// The fast mode at D = 256 on warpgroup products (flash_wg.cuh) where this binary holds sm_90a code
+// for the device: a probe kernel reports whether the sm_90a features were compiled into the code the
+// device runs, once. CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
+#include "flash_wg.cuh"
+
+static int g_flash_wg = 1;
+static int flash_wg_ok(void);
+extern "C" void k_set_flash(int wg) { g_flash_wg = wg && flash_wg_ok(); }   // probes at init, not in a capture
+
+static __global__ void flash_wg_probe(int *ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+
+static int flash_wg_ok(void) {
+    static int known = -1;
+    if (known < 0) {
+        int *d = NULL, h = 0;
+        if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return 0;
+        flash_wg_probe<<<1, 1>>>(d);
+        const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+        cudaFree(d);
+        known = e == cudaSuccess && h == 1;
+    }
+    return known;
+}
+
+static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
+                           const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+    static bool raised;
+    const size_t smem = flash_wg_smem_bytes();
+    if (!raised) {
+        cudaError_t e = cudaFuncSetAttribute(flash_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        raised = true;
+    }
+    flash_wg_kernel<<<grid, FA_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    return launch_status();
+}
+
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                  int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream) {
     if (T <= 0) return 0;
     if (n_kv <= 0 || n_heads % n_kv || FA_BM % (n_heads / n_kv) || p0 + T > cap) return (int)cudaErrorInvalidValue;
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
+    if (!exact && D == FW_D && g_flash_wg && flash_wg_ok())
+        return flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 #define FA_CASE(d)                                                                                             \
     case d:                                                                                                    \
         return exact ? flash_launch<d, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv)            \

@@ -131,11 +131,14 @@ int main(int argc, char **argv) {
         a.exact = 1;
         const double ms = time_ms(run_flash, &a);
         a.exact = 0;
+        k_set_flash(0);
+        const double msm = time_ms(run_flash, &a);
+        k_set_flash(1);
         const double msf = time_ms(run_flash, &a);
         const double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
-        printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast (bf16 Q, P) "
-               "%8.3f ms %6.1f TFLOP/s | %.2fx\n", T, a.p0, ends[i], ms, flop / ms / 1e9, msf, flop / msf / 1e9,
-               ms / msf);
+        printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast mma.sync "
+               "%8.3f ms %6.1f TFLOP/s | fast wgmma %8.3f ms %6.1f TFLOP/s\n", T, a.p0, ends[i], ms, flop / ms / 1e9,
+               msm, flop / msm / 1e9, msf, flop / msf / 1e9);
     }
     // quantized products: dense DeltaNet projections and the grouped experts (uniform routing)
     const int H = QWEN_HIDDEN, E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, I = QWEN_MOE_INTER;

@@ -413,10 +413,14 @@ static void test_attention(int T, int p0, int cap, int split) {
     k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
     k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
-    int rc_exact = 0, rc_fast = 0;
-    if (T > 1) {
+    float *dmma = poisoned((size_t)T * QD * 4);
+    int rc_exact = 0, rc_fast = 0, rc_mma = 0;
+    if (T > 1) {   // fast: the wgmma kernel (default) and the mma.sync one (CALLA_FLASH=mma)
         rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, T, p0, cap, NH, NKV, D, 1, NULL);
         rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, T, p0, cap, NH, NKV, D, 0, NULL);
+        k_set_flash(0);
+        rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, T, p0, cap, NH, NKV, D, 0, NULL);
+        k_set_flash(1);
     }
     // CPU twin
     for (int t = 0; t < T; t++)
@@ -515,8 +519,13 @@ static void test_attention(int T, int p0, int cap, int split) {
         report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
         snprintf(shf, sizeof shf, "%s%s", sh, rc_fast ? " LAUNCH FAILED" : "");
         float *gf = back(dfast, n_out);
-        report("flash fast (bf16 QP)", shf, gf, of, n_out, 5e-4);
-        report_within("flash fast (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
+        report("flash fast wgmma (bf16 QP)", shf, gf, of, n_out, 5e-4);
+        report_within("flash fast wgmma (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
+        free(gf);
+        snprintf(shf, sizeof shf, "%s%s", sh, rc_mma ? " LAUNCH FAILED" : "");
+        gf = back(dmma, n_out);
+        report("flash fast mma.sync (bf16 QP)", shf, gf, of, n_out, 5e-4);
+        report_within("flash fast mma.sync (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
         free(gf);
     }
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
@@ -604,25 +613,29 @@ int main(int argc, char **argv) {
         return 77;   // ran nothing: never a pass (gpu_check records a FAIL)
     }
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
-    printf("# %s\n", why);
-    test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
-    test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
-    test_matvec(QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatvec router");
-    test_matvec(1, QWEN_HIDDEN, 8, "qmatvec shared gate");
-    test_matmul(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4, "qmatmul in_qkv");
-    test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
-    test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
-    test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-    test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4,
-                     "qmatmul in_qkv");
-    test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
-    test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
-    test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-    test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
-    test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
-    test_rmsnorm_embed();
-    test_swiglu();
-    test_moe(64);
+    // argv[2] "attention": only the attention checks (a quick run while working on those kernels)
+    const bool all = !(argc > 2 && !strcmp(argv[2], "attention"));
+    printf("# %s%s\n", why, all ? "" : "; attention checks only");
+    if (all) {
+        test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
+        test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
+        test_matvec(QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatvec router");
+        test_matvec(1, QWEN_HIDDEN, 8, "qmatvec shared gate");
+        test_matmul(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4, "qmatmul in_qkv");
+        test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+        test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+        test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+        test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4,
+                         "qmatmul in_qkv");
+        test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+        test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+        test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+        test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
+        test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
+        test_rmsnorm_embed();
+        test_swiglu();
+        test_moe(64);
+    }
     test_attention(1, 3000, 4096, 256);
     test_attention(1, 0, 16, 256);
     test_attention(100, 700, 1024, 256);
@@ -631,8 +644,10 @@ int main(int argc, char **argv) {
     test_attention(300, 1990, 2400, 1024);
     test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
     test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
-    test_deltanet(1);
-    test_deltanet(37);
+    if (all) {
+        test_deltanet(1);
+        test_deltanet(37);
+    }
     printf("test_cuda_kernels: %d checks, %d failed  %s\n", checks, fails, fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;
 }

@@ -1,0 +1,198 @@
+// flash_wg.cuh: the fast-mode prefill FlashAttention kernel on warpgroup products (sm_90a wgmma), for
+// this model's head dimension (256). Included by attention.cu after flash.cuh, whose mma.sync kernel
+// it replaces in the fast mode (CALLA_FLASH=mma keeps that one for A/B) and whose tiling, causal
+// limits and arithmetic it keeps:
+//   - a block takes 128 query rows that share one kv head (TPB tokens x G heads), keys in tiles of 64
+//     at absolute positions from key 0, so the result does not depend on how the prompt was cut into
+//     chunks (the session cache's continued prefill matches one prefill bit for bit);
+//   - Q and P rounded once to bf16, fp32 accumulation, the online softmax in base 2 in fp32.
+// What changes: two warpgroups of 64 rows each, and the products are wgmma that read K and V straight
+// from shared memory once per warpgroup. The mma.sync kernel's warps each read the whole K and V tile
+// through ldmatrix (576 KB of shared-memory reads per tile for 128 rows; at 128 bytes a clock that
+// alone is ~4,600 cycles against ~2,050 of tensor work): here Q K^T is 16 wgmma m64n64k16 per
+// warpgroup with Q and K from shared memory, and P V 4 wgmma m64n256k16 with P from registers (the
+// S accumulator converted in place) and V read MN-major, so the tile's shared-memory traffic is about
+// 160 KB.
+// Shared memory (bf16, 128-byte swizzle, wgmma.cuh): Q [4 slabs][128][64], K and V [2 stages][4
+// slabs][64][64]: 192 KB plus 1 KB to align the slabs to 1024 bytes; K(j + 1) and V(j + 1) load by
+// cp.async under all of tile j, as in the mma.sync kernel. One block of 8 warps an SM (the output
+// accumulator is 128 floats a thread).
+#pragma once
+
+#include "wgmma.cuh"
+
+enum { FW_D = 256, FW_SLAB = 64 * 64 };   // FW_SLAB: elements of one 64-row slab (8 KB)
+
+static size_t flash_wg_smem_bytes(void) { return (size_t)(FA_BM + 4 * FA_BN) * FW_D * sizeof(uint16_t) + 1024; }
+
+// Byte offset of 16-byte chunk c (0 .. 31) of row r in a tile of `rows` rows stored as 4 slabs.
+static __device__ __forceinline__ uint32_t fw_at(int r, int c, int rows) {
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Pins accumulator registers after a wgmma wait: their reads may not move above it.
+template <int N>
+static __device__ __forceinline__ void fw_pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+static __global__ void __launch_bounds__(FA_THREADS, 1)
+    flash_wg_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+                    int cap, int n_heads, int n_kv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int D = FW_D, CH = D / 8;
+    FA_DYNAMIC_SMEM(fw_raw);
+    // slabs on 1024-byte boundaries (the swizzle pattern repeats there; descriptors' base offset 0)
+    const uint32_t raw = smem_u32(fw_raw), base = (raw + 1023) & ~1023u;
+    char *sm = (char *)fw_raw + (base - raw);
+    const uint32_t sQ = base, sK = sQ + FA_BM * D * 2, sV = sK + 2 * FA_BN * D * 2;   // shared addresses
+    char *Qp = sm, *Kp = sm + (sK - base), *Vp = sm + (sV - base);
+    const int G = n_heads / n_kv, TPB = FA_BM / G;
+    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
+    const int wg = warp / 4;
+    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;
+    const int n_tiles = CEIL_DIV(n_keys, FA_BN);
+    const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
+    auto load_tile = [&](char *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
+        for (int i = tid; i < FA_BN * CH; i += FA_THREADS) {
+            const int r = i / CH, c = i % CH, key = j * FA_BN + r;
+            const bool ok = key < n_keys;
+            cp_async16(dst + fw_at(r, c, FA_BN), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
+        }
+    };
+    load_tile(Kp, kbase, 0);
+    cp_async_commit();
+    load_tile(Vp, vbase, 0);
+    cp_async_commit();
+    for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> bf16
+        const int r = i / CH, c = i % CH, t = t0 + r / G, h = kvh * G + r % G;
+        float v[8] = {};
+        if (t < T) {
+            const float4 *src = (const float4 *)(q + ((size_t)t * n_heads + h) * D + c * 8);
+            const float4 a = src[0], b = src[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        *(uint4 *)(Qp + fw_at(r, c, FA_BM)) =
+            make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]), bf16x2_rn(v[6], v[7]));
+    }
+    fence_async_smem();   // Q's st.shared, for wgmma (the barrier of tile 0 publishes it)
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
+    float acc[D / 2];   // this thread's part of the warpgroup's 64 x 256 output: acc[4 dn + e]
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) acc[i] = 0;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    for (int j = 0; j < n_tiles; j++) {
+        const bool more = j + 1 < n_tiles;
+        const uint32_t kt = sK + (j & 1) * FA_BN * D * 2, vt = sV + (j & 1) * FA_BN * D * 2;
+        cp_async_wait<1>();   // K(j) landed; V(j) may fly
+        fence_async_smem();
+        __syncthreads();      // ... and both warpgroups are done with tile j - 1's K and V stages
+        if (more) {
+            load_tile(Kp + ((j + 1) & 1) * FA_BN * D * 2, kbase, j + 1);
+            cp_async_commit();
+            load_tile(Vp + ((j + 1) & 1) * FA_BN * D * 2, vbase, j + 1);
+            cp_async_commit();
+        }
+        // S = Q K^T for this warpgroup's 64 rows: 16 steps of k16 (4 per 64-column slab)
+        float s[FA_BN / 2];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint32_t qa = sQ + (ks / 4) * FA_BM * 128 + wg * 64 * 128 + (ks % 4) * 32;
+            const uint32_t kb = kt + (ks / 4) * FA_BN * 128 + (ks % 4) * 32;
+            wgmma_64x64_ss(s, wg_desc(qa, 16, 1024), wg_desc(kb, 16, 1024), ks > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fw_pin(s);
+        // online softmax in base 2; masked scores are -inf whatever the key holds. s[4 ni + e]: row
+        // g (e < 2) or g + 8, key 8 ni + 2 c4 + (e & 1) of the tile (mma.cuh's C layout)
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < FA_BN / 8; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = j * FA_BN + ni * 8 + 2 * c4 + (e & 1);
+                const float v = key <= (e < 2 ? lim_a : lim_b) ? s[4 * ni + e] * sl2 : -INFINITY;
+                s[4 * ni + e] = v;
+                if (e < 2) mx_a = fmaxf(mx_a, v);
+                else mx_b = fmaxf(mx_b, v);
+            }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key 0 is in every row
+        const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
+        m_a = mn_a;
+        m_b = mn_b;
+        float rs_a = 0, rs_b = 0;
+#pragma unroll
+        for (int ni = 0; ni < FA_BN / 8; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[4 * ni + e] - (e < 2 ? mn_a : mn_b));
+                s[4 * ni + e] = p;
+                if (e < 2) rs_a += p;
+                else rs_b += p;
+            }
+        l_a = l_a * corr_a + rs_a;   // fp32 P; the products see bf16(P)
+        l_b = l_b * corr_b + rs_b;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            acc[4 * dn + 0] *= corr_a;
+            acc[4 * dn + 1] *= corr_a;
+            acc[4 * dn + 2] *= corr_b;
+            acc[4 * dn + 3] *= corr_b;
+        }
+        uint32_t pa[FA_BN / 16][4];   // P as the A fragments of the four k16 steps
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float *sv = &s[4 * (2 * kk + r / 2) + 2 * (r % 2)];
+                pa[kk][r] = bf16x2_rn(sv[0], sv[1]);
+            }
+        if (more) cp_async_wait<2>();   // V(j) landed; K(j + 1) and V(j + 1) may fly
+        else cp_async_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        // O += P V: 4 steps of 16 keys; V's 16 rows of a step are 2 groups of 8 (SBO), its 256
+        // columns 4 slabs (LBO)
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++)
+            wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
+        wg_commit();
+        wg_wait<0>();
+        fw_pin(acc);
+    }   // the barrier at the top of tile j + 1 guards the stages tile j read
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = half ? rb : ra, t = t0 + r / G;
+        if (t >= T) continue;
+        const int h = kvh * G + r % G;
+        const float inv = 1.0f / (half ? l_b : l_a);
+        float *dst = o + ((size_t)t * n_heads + h) * D;
+        const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            const int d = dn * 8 + 2 * c4;
+            dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
+            dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
+        }
+    }
+#else
+    __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_flash_wg_ok)
+#endif
+}
