@@ -575,7 +575,7 @@ int cmd_score(int argc, char **argv) {
         {"full-logits", OPT_FLAG, &full, 0, 0, "keep whole rows (at most 256 positions): exact KL in comparisons"},
         {"chunk", OPT_INT, &chunk, 1, QWEN_PREFILL_CHUNK, "tokens per forward call; holds chunk x vocab floats (512)"},
         {"decode-from", OPT_INT, &decode_from, 1, QWEN_MAX_CTX - 1,
-         "tokens before P as prefill, each later one alone through the decode path (1 <= P < tokens)"},
+         "tokens before N as prefill, each later one alone through the decode path (1 <= N < tokens)"},
         {"threads", OPT_INT, &threads, 0, 1024, "CPU threads (0: all cores)"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
     };
