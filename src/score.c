@@ -4,7 +4,9 @@
 // Shapes: N tokens, P = N - 1 positions, K = top-k, V = vocab, C = tokens per forward call.
 // The sequence is fed C tokens at a time with the logits of every row asked for ([C, V] floats
 // held at once); the engine's chunked prefill is bit-identical however the sequence is cut, so C
-// changes memory and speed, never the numbers.
+// changes memory and speed, never the numbers. With --decode-from D the tokens from D on are fed
+// one at a time through the decode path instead (a different kernel path on CUDA; the same
+// arithmetic on the CPU backend, tests/test_score.c).
 #include "score.h"
 
 #include "checkpoint.h"
@@ -219,6 +221,15 @@ int score_check_full(int n, char *err, size_t errlen) {
     return 0;
 }
 
+int score_check_decode_from(int d, int n, char *err, size_t errlen) {
+    if (d < 1 || d >= n) {
+        snprintf(err, errlen, "--decode-from %d is out of range: the sequence has %d tokens, so it must be 1..%d", d, n,
+                 n - 1);
+        return -1;
+    }
+    return 0;
+}
+
 int score_check_reference(const struct score_run *ref, const int32_t *tokens, int n, int V, char *err, size_t errlen) {
     if (ref->vocab != V) {
         snprintf(err, errlen, "reference has a vocabulary of %d, the model %d", ref->vocab, V);
@@ -248,9 +259,11 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
         return -1;
     }
     if (o->full_logits && score_check_full(n, err, errlen)) return -1;
+    if (o->decode_from && score_check_decode_from(o->decode_from, n, err, errlen)) return -1;
     if (o->ref && score_check_reference(o->ref, tokens, n, V, err, errlen)) return -1;
     if (run_alloc(out, n, K, V, o->full_logits, err, errlen)) return -1;
     snprintf(out->backend, sizeof out->backend, "%s", engine_backend(e));
+    out->decode_from = o->decode_from;
     memcpy(out->tokens, tokens, sizeof(int32_t) * (size_t)n);
     struct row_cmp *rc = NULL;
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)(C < P ? C : P));
@@ -268,8 +281,9 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
         goto out;
     }
     if (seq_new(e, n, &s, err, errlen)) goto out;
-    for (int p0 = 0; p0 < P; p0 += C) {
-        const int m = P - p0 < C ? P - p0 : C;
+    const int prefill_end = o->decode_from ? o->decode_from : P;   // positions before it: prefill
+    for (int p0 = 0, m; p0 < P; p0 += m) {
+        m = p0 >= prefill_end ? 1 : prefill_end - p0 < C ? prefill_end - p0 : C;   // 1: a decode step
         for (int i = 0; i < m; i++) rows[i] = i;
         struct forward_opts fo = {.logit_rows = rows, .n_logit_rows = m, .logits = logits};
         int32_t next;
@@ -358,6 +372,7 @@ int score_write_json(const char *path, const struct score_run *r, const struct s
             SCORE_FORMAT, SCORE_VERSION, CALLA_GIT_COMMIT, r->backend);
     fprintf(f, "  \"model\": %s, \"vocab\": %d, \"top_k\": %d, \"n_tokens\": %d,\n", mq ? mq : "\"\"", r->vocab, K,
             r->n_tokens);
+    if (r->decode_from) fprintf(f, "  \"decode_from\": %d,\n", r->decode_from);
     free(mq);
     json_decref(md);
     fprintf(f, "  \"totals\": {\"positions\": %d, \"nll\": %.9g, \"perplexity\": %.9g},\n", t.positions, t.nll,
@@ -508,6 +523,9 @@ void score_print_summary(FILE *f, const struct score_run *r, const struct score_
     struct score_totals t = score_totals_of(r);
     fprintf(f, "positions %d  nll %.6f  perplexity %.4f  (backend %s, top-%d kept)\n", t.positions, t.nll,
             t.perplexity, r->backend, r->top_k);
+    if (r->decode_from)
+        fprintf(f, "tokens 0..%d fed as prefill; positions %d..%d scored by one-token decode steps\n",
+                r->decode_from - 1, r->decode_from, t.positions - 1);
     if (!cmp) return;
     fprintf(f, "vs reference: KL mean %.3e  p99.9 %.3e  max %.3e  (reference tail mass up to %.2e)\n", cmp->kl_mean,
             cmp->kl_p999, cmp->kl_max, cmp->tail_max);
@@ -544,7 +562,7 @@ static int load_sequence(const char *dir, const char *tokens_path, const char *t
 
 int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *tokens_path = NULL, *text_path = NULL, *backend = NULL, *json = NULL, *ref_path = NULL;
-    long long top_k = SCORE_TOP_K_DEFAULT, chunk = SCORE_CHUNK_DEFAULT, threads = 0;
+    long long top_k = SCORE_TOP_K_DEFAULT, chunk = SCORE_CHUNK_DEFAULT, threads = 0, decode_from = 0;
     bool full = false, kv_f32 = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory"},
@@ -556,6 +574,8 @@ int cmd_score(int argc, char **argv) {
         {"reference", OPT_STR, &ref_path, 0, 0, "compare with a run written by --json or tools/hf_score.py"},
         {"full-logits", OPT_FLAG, &full, 0, 0, "keep whole rows (at most 256 positions): exact KL in comparisons"},
         {"chunk", OPT_INT, &chunk, 1, QWEN_PREFILL_CHUNK, "tokens per forward call; holds chunk x vocab floats (512)"},
+        {"decode-from", OPT_INT, &decode_from, 1, QWEN_MAX_CTX - 1,
+         "tokens before N as prefill, each later one alone through the decode path (1 <= N < tokens)"},
         {"threads", OPT_INT, &threads, 0, 1024, "CPU threads (0: all cores)"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
     };
@@ -576,7 +596,8 @@ int cmd_score(int argc, char **argv) {
     if (load_sequence(dir, tokens_path, text_path, QWEN_VOCAB, &ids, &n, err, sizeof err) ||
         (ref_path && score_read_json(ref_path, &ref, err, sizeof err)) ||
         (ref_path && score_check_reference(&ref, ids, n, QWEN_VOCAB, err, sizeof err)) ||
-        (full && score_check_full(n, err, sizeof err))) {
+        (full && score_check_full(n, err, sizeof err)) ||
+        (decode_from && score_check_decode_from((int)decode_from, n, err, sizeof err))) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;
     }
@@ -586,7 +607,8 @@ int cmd_score(int argc, char **argv) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;
     }
-    struct score_options so = {.top_k = (int)top_k, .chunk = (int)chunk, .full_logits = full, .ref = ref_path ? &ref : NULL};
+    struct score_options so = {.top_k = (int)top_k, .chunk = (int)chunk, .full_logits = full,
+                              .decode_from = (int)decode_from, .ref = ref_path ? &ref : NULL};
     if (score_sequence(e, ids, n, &so, &run, &cmp, err, sizeof err)) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;

@@ -38,6 +38,7 @@ struct score_run {
     float *top_logits;     // [P, K]
     float *full;           // [P, V] or NULL
     char backend[32];      // "cpu", "cuda", "hf-5.17.0-float32", ...
+    int decode_from;       // score_options.decode_from of the run (0: all prefill); not read back
 };
 
 struct score_totals {
@@ -61,6 +62,11 @@ struct score_options {
     int top_k;
     int chunk;             // tokens per engine_forward call (their logits are held: chunk x V floats)
     bool full_logits;      // keep whole rows
+    // 0: every token fed as prefill, `chunk` at a time. D in 1..N-1: tokens 0..D-1 as prefill (in
+    // chunks), then tokens D..N-2 one at a time through the decode path (engine_forward with
+    // n = 1), so positions D.. are the decode kernels' rows: a greedy continuation made elsewhere
+    // (tools/hf_score.py --greedy) is teacher-forced through them.
+    int decode_from;
     const struct score_run *ref;   // compare against this while scoring, or NULL
 };
 
@@ -75,6 +81,8 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
 // The reference must be of the same vocabulary and hold the same tokens. 0, or -1 with a message.
 int score_check_reference(const struct score_run *ref, const int32_t *tokens, int n, int vocab, char *err,
                           size_t errlen);
+// --decode-from D must satisfy 1 <= D < n. 0, or -1 with a message naming D.
+int score_check_decode_from(int decode_from, int n, char *err, size_t errlen);
 // Full rows are kept for at most SCORE_FULL_MAX_POSITIONS positions.
 int score_check_full(int n_tokens, char *err, size_t errlen);
 struct score_totals score_totals_of(const struct score_run *r);

@@ -1,7 +1,8 @@
 // test_score.c: `calla score` on the tiny geometry with the CPU backend: the scores are the
 // engine's own log-softmax, independent of how the sequence is cut; a run compared with itself
 // gives KL 0, agreement 1 and no logit error (top-k and full rows); a perturbed reference is
-// detected; bad input (files, token ids, lengths, reference JSON) fails cleanly with exit status 2.
+// detected; --decode-from (the later tokens one at a time through the decode path) gives the same
+// rows as prefill; bad input (files, token ids, lengths, reference JSON) fails cleanly with exit status 2.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,11 +28,16 @@ static void prompt(int32_t *t, int n) {   // the bench rule (docs/BENCH.md)
     for (int i = 0; i < n; i++) t[i] = (int32_t)(((uint64_t)i * 2654435761u & 0xffffffffu) % (uint32_t)V);
 }
 
+static void score_from(const int32_t *t, int n, int k, int chunk, bool full, int decode_from,
+                       const struct score_run *ref, struct score_run *r, struct score_cmp *c) {
+    char err[512];
+    struct score_options o = {.top_k = k, .chunk = chunk, .full_logits = full, .decode_from = decode_from, .ref = ref};
+    if (score_sequence(eng, t, n, &o, r, c, err, sizeof err)) fail_msg("score: %s", err);
+}
+
 static void score(const int32_t *t, int n, int k, int chunk, bool full, const struct score_run *ref,
                   struct score_run *r, struct score_cmp *c) {
-    char err[512];
-    struct score_options o = {.top_k = k, .chunk = chunk, .full_logits = full, .ref = ref};
-    if (score_sequence(eng, t, n, &o, r, c, err, sizeof err)) fail_msg("score: %s", err);
+    score_from(t, n, k, chunk, full, 0, ref, r, c);
 }
 
 static void write_text(const char *path, const char *text) {
@@ -114,6 +120,47 @@ static void test_chunk_does_not_matter(void **state) {
     score_run_free(&b);
 }
 
+// --decode-from D: tokens 0..D-1 as prefill (here in chunks of 7), tokens D..N-2 one at a time
+// through engine_forward with n = 1 (the decode path). On the CPU backend the two give the same
+// rows bit for bit, whole rows compared (measured: largest logit difference 0): backend_cpu.c
+// runs one forward pass for any T (the DeltaNet's token-by-token delta rule for prefill and decode
+// alike), and every output is one accumulator in a fixed order, whatever the tokens of a call. So
+// the tolerance is 0: any difference is a bug in how score feeds the tokens (a skipped or
+// repeated token, a row taken from the wrong call), not rounding. On CUDA the decode kernels are
+// another path and differ by rounding; tools/score_gate.py --greedy measures that against HF.
+static void test_decode_from_equals_prefill(void **state) {
+    int32_t t[N];
+    prompt(t, N);
+    struct score_run a, b;
+    const int from[] = {1, 13, 25, N - 2, N - 1};
+    score(t, N, 16, 0, true, NULL, &a, NULL);
+    for (size_t j = 0; j < sizeof from / sizeof *from; j++) {
+        score_from(t, N, 16, 7, true, from[j], NULL, &b, NULL);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)(N - 1) * V; i++) {
+            double d = fabs((double)a.full[i] - b.full[i]);
+            worst = d > worst ? d : worst;
+        }
+        printf("    decode from %d: largest logit difference from the prefill run %.3g\n", from[j], worst);
+        assert_true(worst == 0);
+        assert_int_equal(b.decode_from, from[j]);
+        for (int p = 0; p < N - 1; p++) assert_int_equal(a.top_ids[(size_t)p * 16], b.top_ids[(size_t)p * 16]);
+        assert_memory_equal(a.lse, b.lse, sizeof(float) * (N - 1));
+        assert_memory_equal(a.target, b.target, sizeof(float) * (N - 1));
+        assert_memory_equal(a.top_logits, b.top_logits, sizeof(float) * 16 * (N - 1));
+        score_run_free(&b);
+    }
+    score_run_free(&a);
+    // Out of range: refused with a message naming the value, nothing allocated.
+    char err[512];
+    struct score_options o = {.top_k = 16, .decode_from = N};
+    assert_int_equal(score_sequence(eng, t, N, &o, &b, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--decode-from 40 is out of range"));
+    o.decode_from = -3;
+    assert_int_equal(score_sequence(eng, t, N, &o, &b, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "-3"));
+}
+
 // Scores t[0..n) into a, and a's JSON read back into ref.
 static void scored_reference(const int32_t *t, int n, bool full, struct score_run *a, struct score_run *ref) {
     char err[512];
@@ -189,6 +236,12 @@ static void test_command_and_bad_input(void **state) {
     assert_int_equal(cli("--model", dir, "--text", "/nonexistent/text", "--backend", "cpu", NULL), 2);
     assert_int_equal(cli("--model", dir, "--backend", "cpu", NULL), 2);
     assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--top-k", "0", NULL), 2);
+    assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--decode-from", "30", "--reference",
+                         ref_path, "--json", tmp_path, NULL),
+                     0);
+    assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--decode-from", "40", NULL), 2);
+    assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--decode-from", "0", NULL), 2);
+    assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--decode-from", "x", NULL), 2);
     const char *bad_tokens[] = {"1 2 248320", "1 2 -3", "1, 2, x", "7", "", "1 2 99999999999999999999"};
     for (size_t i = 0; i < sizeof bad_tokens / sizeof *bad_tokens; i++) {
         write_text(tmp_path, bad_tokens[i]);
@@ -260,6 +313,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scores_are_the_engine_log_softmax),
         cmocka_unit_test(test_chunk_does_not_matter),
+        cmocka_unit_test(test_decode_from_equals_prefill),
         cmocka_unit_test(test_self_comparison),
         cmocka_unit_test(test_self_comparison_full_rows),
         cmocka_unit_test(test_perturbed_reference_detected),

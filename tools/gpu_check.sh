@@ -11,9 +11,15 @@
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full layers
 #                      timing bench"; also "racecheck", and "score": tools/score_gate.py at the full
-#                      shape, HF fp32/bf16 vs CUDA and the CPU oracle over GPU_CHECK_SCORE_LEN tokens,
-#                      4096). "layers": test_cuda_layers at the full shape, the fast mode against the
-#                      CPU oracle layer by layer, each layer fed the oracle's input, over
+#                      shape over GPU_CHECK_SCORE_LEN tokens (4096): HF fp32 the reference, CUDA exact
+#                      (CALLA_EXACT=1, gated: top-1 >= 99.5% where HF's margin > 0.05), CUDA fast
+#                      (reported), the CPU oracle with fp32 KV (gated: logit error <= 1e-4), HF bf16
+#                      (reported), and the greedy arm: HF fp32's 64 greedy tokens after the first
+#                      GPU_CHECK_SCORE_GREEDY prompt lengths (300,4096) teacher-forced through CUDA's
+#                      decode path in both modes (exact gated: every clear step equal), under timeout
+#                      GPU_CHECK_SCORE_TIMEOUT seconds (3600); each prompt length must be at most
+#                      GPU_CHECK_SCORE_LEN). "layers": test_cuda_layers at the full shape, the fast
+#                      mode against the CPU oracle layer by layer, each layer fed the oracle's input, over
 #                      GPU_CHECK_LAYERS_LEN positions (4096: ~80 s of CPU oracle on 16 cores, about
 #                      2.5 minutes in all on the H200), with the exact mode as control, under timeout
 #                      GPU_CHECK_LAYERS_TIMEOUT seconds (900)
@@ -103,9 +109,10 @@ for st in $STAGES; do
             "$B/gpu/test_cuda_timing" "$TMP/calla-full" 65536 16 0 ;;
     score)
         full_ckpt
-        run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" python3 tools/score_gate.py --calla "$B/calla" \
-            --model "$TMP/calla-full" --len ${GPU_CHECK_SCORE_LEN:-4096} --backends cuda,cpu-f32 --hf-device cuda \
-            --hf-bf16 --out "$OUTDIR/score-gate-$date-$commit" ;;
+        run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" timeout ${GPU_CHECK_SCORE_TIMEOUT:-3600} \
+            python3 tools/score_gate.py --calla "$B/calla" --model "$TMP/calla-full" \
+            --len ${GPU_CHECK_SCORE_LEN:-4096} --backends cuda-exact,cuda,cpu-f32 --hf-device cuda --hf-bf16 \
+            --greedy ${GPU_CHECK_SCORE_GREEDY:-300,4096} --gen 64 --out "$OUTDIR/score-gate-$date-$commit" ;;
     layers)
         full_ckpt
         run_step "layers FULL fast vs CPU ${GPU_CHECK_LAYERS_LEN:-4096}" timeout ${GPU_CHECK_LAYERS_TIMEOUT:-900} \

@@ -7,6 +7,8 @@ the JSON format of `calla score --json` so that either side can be the other's -
     python3 tools/hf_score.py --model DIR --bench-len 4096 --tokens-out seq.txt --json hf-fp32.json
     build/calla score --model DIR --tokens seq.txt --backend cuda --reference hf-fp32.json --json cuda.json
     python3 tools/hf_score.py --model DIR --tokens seq.txt --dtype bf16 --reference hf-fp32.json --json hf-bf16.json
+    python3 tools/hf_score.py --model DIR --bench-len 4096 --chunk 1024 --json hf-fp32.json \
+        --greedy 300,4096 --gen 64 --greedy-dir greedy/
 
 Per position p (0..N-2): lse of the row, the logit of token p+1 ("target"), lp = target - lse, and
 the top-k logits with their ids (torch.topk; --full-logits adds the whole row, at most 256 positions).
@@ -14,16 +16,30 @@ fp32 runs with TF32 off. --chunk C > 0 feeds C tokens at a time through HF's cac
 whose [N, vocab] logits do not fit at once); 0 (default) is one forward pass without a cache, as
 make_golden.py runs it.
 
+--greedy P1,P2 (with --gen G, --greedy-dir DIR), after the main scoring and with the same loaded
+model (loading the full shape in fp32 takes minutes and ~130 GiB): for each P, the first P tokens
+of the scored sequence are the prompt, HF generates G tokens greedily through its cache (argmax,
+lowest id on ties), and DIR/greedy-P.txt gets prompt + generated ids, DIR/greedy-P.json that
+sequence scored teacher-forced (same format and --chunk, so HF's top-2 margin at each generated
+token is there). `calla score --tokens greedy-P.txt --decode-from P --reference greedy-P.json`
+then feeds the generated tokens through Calla's decode path (tools/score_gate.py --greedy).
+Memory: with the fp32 full model about 8 GiB of the GPU are left, so give --chunk (1024) for long
+sequences; the prompt's prefill keeps only its last row of logits where HF allows
+(logits_to_keep), and each job's cache is freed before the next.
+
 --reference OTHER.json compares this run with another, exactly as `calla score --reference` does
 (src/score.h): KL(reference || run) over the reference's top-k plus a tail bucket (a lower bound;
 exact when the reference holds full rows), top-1 agreement overall and where the reference's top-2
 margin exceeds 0.05, and the normalised logit error over the reference's stored logits.
 """
 import argparse
+import gc
+import inspect
 import json
 import math
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import Checkpoint, build_hf, hash_prompt  # noqa: E402  (the shared MLX -> HF mapping)
@@ -45,6 +61,16 @@ def read_tokens(path, vocab):
     return ids
 
 
+def forward_cached(model, ids, device, cache, **kw):
+    """One forward call of ids through HF's cache (None: a new one). Returns (logits [n, V], cache).
+    transformers 5.2x names the cache `cache`, earlier versions `past_key_values`."""
+    import torch
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=torch.tensor([ids], device=device), use_cache=True, **{name: cache}, **kw)
+    new = out.get("cache") if "cache" in out else out.past_key_values
+    return out.logits[0], new
+
+
 def rows_of(model, ids, device, chunk):
     """Yields the logits rows (float32, on the device) for positions 0..N-2, a block at a time."""
     import torch
@@ -56,10 +82,8 @@ def rows_of(model, ids, device, chunk):
             return
         cache = None
         for p0 in range(0, len(feed), chunk):
-            out = model(input_ids=torch.tensor([feed[p0:p0 + chunk]], device=device), past_key_values=cache,
-                        use_cache=True)
-            cache = out.past_key_values
-            yield p0, out.logits[0].float()
+            logits, cache = forward_cached(model, feed[p0:p0 + chunk], device, cache)
+            yield p0, logits.float()
 
 
 def load_reference(path, ids, vocab):
@@ -131,6 +155,105 @@ def fmt(x):
     return "%.9g" % x
 
 
+def score(model, ids, device, chunk, top_k, full_logits, cmp):
+    """Teacher-forced rows of ids: per position lse, target, top-k ids and logits (and whole rows)."""
+    import torch
+    r = {"lse": [], "target": [], "ids": [], "logits": [], "full": []}
+    for p0, rows in rows_of(model, ids, device, chunk):
+        n = rows.shape[0]
+        nxt = torch.tensor(ids[p0 + 1:p0 + 1 + n], device=rows.device)
+        block_lse = torch.logsumexp(rows, dim=-1).tolist()   # fp32 values, as calla stores them
+        r["lse"] += block_lse
+        if cmp:
+            for i in range(n):
+                cmp.add(p0 + i, rows[i], block_lse[i])
+        r["target"] += rows.gather(1, nxt[:, None])[:, 0].tolist()
+        t = torch.topk(rows, top_k, dim=-1)
+        r["ids"] += t.indices.tolist()
+        r["logits"] += t.values.tolist()
+        if full_logits:
+            r["full"] += rows.cpu().tolist()
+    r["nll"] = sum(l - t for l, t in zip(r["lse"], r["target"])) / (len(ids) - 1)
+    return r
+
+
+def write_json(path, head, ids, r, comparison):
+    """The calla-score JSON (src/score.c score_write_json). head: model, vocab, top_k, backend, ver."""
+    P, nll = len(ids) - 1, r["nll"]
+    with open(path, "w") as f:
+        f.write('{\n  "format": "%s", "version": %d, "producer": "tools/hf_score.py (transformers %s)", '
+                '"backend": %s,\n' % (FORMAT, VERSION, head["ver"], json.dumps(head["backend"])))
+        f.write('  "model": %s, "vocab": %d, "top_k": %d, "n_tokens": %d,\n' % (
+            json.dumps(head["model"]), head["vocab"], head["top_k"], len(ids)))
+        if "greedy_from" in head:
+            f.write('  "greedy_from": %d, "greedy_gen": %d,\n' % (head["greedy_from"], head["greedy_gen"]))
+        f.write('  "totals": {"positions": %d, "nll": %s, "perplexity": %s},\n' % (P, fmt(nll), fmt(math.exp(min(nll, 700)))))
+        if comparison:
+            f.write('  "comparison": %s,\n' % json.dumps(comparison[0]))
+        f.write('  "tokens": [%s],\n  "positions": [\n' % ",".join(str(t) for t in ids))
+        for p in range(P):
+            extra = ', "full": [%s]' % ",".join(fmt(x) for x in r["full"][p]) if r["full"] else ""
+            if comparison:
+                extra = ', "kl": %s' % fmt(comparison[1][p]) + extra
+            f.write('    {"lp": %s, "lse": %s, "target": %s, "ids": [%s], "logits": [%s]%s}%s\n' % (
+                fmt(r["target"][p] - r["lse"][p]), fmt(r["lse"][p]), fmt(r["target"][p]),
+                ",".join(str(i) for i in r["ids"][p]), ",".join(fmt(x) for x in r["logits"][p]), extra,
+                "," if p + 1 < P else ""))
+        f.write("  ]\n}\n")
+
+
+def free_memory(device):
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+
+
+def greedy(model, prompt, gen, device, chunk):
+    """gen tokens after prompt, each the argmax (lowest id on ties) of HF's row, through its cache:
+    the prompt in chunks (only the last row's logits kept where the model allows), then one token a
+    call, as a decoder runs."""
+    import torch
+    step = chunk if chunk > 0 else len(prompt)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out, cache = [], None
+    with torch.no_grad():
+        for p0 in range(0, len(prompt), step):
+            logits, cache = forward_cached(model, prompt[p0:p0 + step], device, cache, **keep)
+            last = logits[-1].float()
+            del logits
+        while True:
+            out.append(int(last.argmax()))   # torch.argmax: the first maximal index
+            if len(out) == gen:
+                break
+            logits, cache = forward_cached(model, out[-1:], device, cache)
+            last = logits[-1].float()
+            del logits
+    del cache, last
+    free_memory(device)
+    return out
+
+
+def parse_greedy(a, n_ids):
+    """The prompt lengths of --greedy, checked against the scored sequence. [] without --greedy."""
+    if not a.greedy:
+        return []
+    try:
+        ps = [int(x) for x in a.greedy.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"hf_score: --greedy {a.greedy!r}: give prompt lengths separated by commas (300,4096)")
+    if not a.greedy_dir:
+        sys.exit("hf_score: --greedy needs --greedy-dir (where greedy-P.txt and greedy-P.json go)")
+    if a.gen < 1:
+        sys.exit(f"hf_score: --gen {a.gen}: give at least 1 token")
+    for p in ps:
+        if not 1 <= p <= n_ids:
+            sys.exit(f"hf_score: --greedy {p}: a prompt is the first P tokens of the scored sequence, so 1..{n_ids}")
+        if p + a.gen > MAX_CTX:
+            sys.exit(f"hf_score: --greedy {p} with --gen {a.gen}: {p + a.gen} tokens, more than the context {MAX_CTX}")
+    return ps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a Calla (MLX layout) checkpoint directory")
@@ -144,6 +267,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--reference", help="compare with a run written by calla score --json or this script")
+    ap.add_argument("--greedy", help="prompt lengths P1,P2,...: greedy continuations of the sequence's first P tokens")
+    ap.add_argument("--gen", type=int, default=64, help="tokens generated per --greedy prompt (64)")
+    ap.add_argument("--greedy-dir", help="where greedy-P.txt and greedy-P.json are written")
     a = ap.parse_args()
     if not 1 <= a.top_k <= TOP_K_MAX:
         sys.exit(f"hf_score: --top-k must be 1..{TOP_K_MAX}")
@@ -152,6 +278,7 @@ def main():
     if bool(a.tokens) == bool(a.bench_len):
         sys.exit("hf_score: give one of --tokens, --bench-len")
     ids = read_tokens(a.tokens, V) if a.tokens else hash_prompt(a.bench_len, 0, V)
+    greedy_ps = parse_greedy(a, len(ids))
     if a.tokens_out:
         with open(a.tokens_out, "w") as f:
             f.write(" ".join(str(t) for t in ids) + "\n")
@@ -163,48 +290,40 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     cmp = Comparison(load_reference(a.reference, ids, V)) if a.reference else None
+    t0 = time.time()
     model, ver = build_hf(Checkpoint(a.model), cfg, a.device, dtype)
-    backend = f"hf-{ver}-{a.dtype}"
-    lse, target, top_ids, top_logits, full = [], [], [], [], []
-    for p0, rows in rows_of(model, ids, a.device, a.chunk):
-        n = rows.shape[0]
-        nxt = torch.tensor(ids[p0 + 1:p0 + 1 + n], device=rows.device)
-        block_lse = torch.logsumexp(rows, dim=-1).tolist()   # fp32 values, as calla stores them
-        lse += block_lse
-        if cmp:
-            for i in range(n):
-                cmp.add(p0 + i, rows[i], block_lse[i])
-        target += rows.gather(1, nxt[:, None])[:, 0].tolist()
-        t = torch.topk(rows, a.top_k, dim=-1)
-        top_ids += t.indices.tolist()
-        top_logits += t.values.tolist()
-        if a.full_logits:
-            full += rows.cpu().tolist()
-    nll = sum(l - t for l, t in zip(lse, target)) / P
-    with open(a.json, "w") as f:
-        f.write('{\n  "format": "%s", "version": %d, "producer": "tools/hf_score.py (transformers %s)", '
-                '"backend": %s,\n' % (FORMAT, VERSION, ver, json.dumps(backend)))
-        f.write('  "model": %s, "vocab": %d, "top_k": %d, "n_tokens": %d,\n' % (json.dumps(a.model), V, a.top_k, len(ids)))
-        f.write('  "totals": {"positions": %d, "nll": %s, "perplexity": %s},\n' % (P, fmt(nll), fmt(math.exp(min(nll, 700)))))
-        if cmp:
-            c = cmp.summary(a.reference)
-            f.write('  "comparison": %s,\n' % json.dumps(c))
-        f.write('  "tokens": [%s],\n  "positions": [\n' % ",".join(str(t) for t in ids))
-        for p in range(P):
-            extra = ', "full": [%s]' % ",".join(fmt(x) for x in full[p]) if a.full_logits else ""
-            if cmp:
-                extra = ', "kl": %s' % fmt(cmp.kl[p]) + extra
-            f.write('    {"lp": %s, "lse": %s, "target": %s, "ids": [%s], "logits": [%s]%s}%s\n' % (
-                fmt(target[p] - lse[p]), fmt(lse[p]), fmt(target[p]), ",".join(str(i) for i in top_ids[p]),
-                ",".join(fmt(x) for x in top_logits[p]), extra, "," if p + 1 < P else ""))
-        f.write("  ]\n}\n")
-    print(f"{a.json}: {backend}, {P} positions, nll {nll:.6f}, perplexity {math.exp(min(nll, 700)):.4f}")
+    print(f"hf_score: model loaded ({a.dtype}, {a.device}) in {time.time() - t0:.1f} s", flush=True)
+    head = {"model": a.model, "vocab": V, "top_k": a.top_k, "backend": f"hf-{ver}-{a.dtype}", "ver": ver}
+    t0 = time.time()
+    r = score(model, ids, a.device, a.chunk, a.top_k, a.full_logits, cmp)
+    c = cmp.summary(a.reference) if cmp else None
+    write_json(a.json, head, ids, r, (c, cmp.kl) if cmp else None)
+    nll = r["nll"]
+    print(f"{a.json}: {head['backend']}, {P} positions, nll {nll:.6f}, perplexity {math.exp(min(nll, 700)):.4f} "
+          f"({time.time() - t0:.1f} s)")
     if cmp:
         print(f"vs reference: KL mean {c['kl_mean']:.3e}  p99.9 {c['kl_p999']:.3e}  max {c['kl_max']:.3e}  "
               f"(reference tail mass up to {c['ref_tail_max']:.2e})")
         print(f"  top-1 agreement {c['top1_agree']:.4f} ({c['top1_same']}/{P}); where the reference margin > "
               f"{c['clear_margin']}: {c['top1_agree_clear']:.4f} ({c['top1_same_clear']}/{c['n_clear']})")
         print(f"  normalised logit error: mean {c['nle_mean']:.3e}  max {c['nle_max']:.3e}  all {c['nle_all']:.3e}")
+    del r, cmp
+    free_memory(a.device)
+    if greedy_ps:
+        os.makedirs(a.greedy_dir, exist_ok=True)
+    for p in greedy_ps:
+        t0 = time.time()
+        seq = ids[:p] + greedy(model, ids[:p], a.gen, a.device, a.chunk)
+        t1 = time.time()
+        base = os.path.join(a.greedy_dir, f"greedy-{p}")
+        with open(base + ".txt", "w") as f:
+            f.write(" ".join(str(t) for t in seq) + "\n")
+        r = score(model, seq, a.device, a.chunk, a.top_k, False, None)
+        write_json(base + ".json", dict(head, greedy_from=p, greedy_gen=a.gen), seq, r, None)
+        print(f"{base}.txt, .json: {a.gen} greedy tokens after {p} ({t1 - t0:.1f} s), scored teacher-forced "
+              f"({time.time() - t1:.1f} s)", flush=True)
+        del r
+        free_memory(a.device)
     return 0
 
 
