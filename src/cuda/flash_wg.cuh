@@ -143,12 +143,17 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             }
         l_a = l_a * corr_a + rs_a;   // fp32 P; the products see bf16(P)
         l_b = l_b * corr_b + rs_b;
+        // Rescale the output only where a row's max moved (a product by exactly 1 changes nothing): a
+        // warp skips its 128 multiplies a thread once its 16 rows' maxima settle, most tiles of a
+        // long row
+        if (__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) {
 #pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            acc[4 * dn + 0] *= corr_a;
-            acc[4 * dn + 1] *= corr_a;
-            acc[4 * dn + 2] *= corr_b;
-            acc[4 * dn + 3] *= corr_b;
+            for (int dn = 0; dn < D / 8; dn++) {
+                acc[4 * dn + 0] *= corr_a;
+                acc[4 * dn + 1] *= corr_a;
+                acc[4 * dn + 2] *= corr_b;
+                acc[4 * dn + 3] *= corr_b;
+            }
         }
         uint32_t pa[FA_BN / 16][4];   // P as the A fragments of the four k16 steps
 #pragma unroll
