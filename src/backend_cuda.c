@@ -715,7 +715,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     const float eps = (float)g->rms_eps;
     int rc = 0;
     const struct layer_weights *L = &ce->w.layers[i];
-    KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
+    KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, NULL, T, H, eps, st));
     const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
     KL(rc);
     if (geom_is_attn(g, i)) {
@@ -752,7 +752,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
     }
     KL(k_add(b->x, b->d, (long)T * H, st));
-    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
+    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, NULL, T, H, eps, st));
     // MoE (the router and the shared-expert gate read the fp32 input in both modes)
     const uint16_t *mb = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
     KL(rc);
@@ -835,7 +835,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const size_t V = (size_t)g->vocab;
     for (int r0 = 0; r0 < nw; r0 += LM_ROWS) {
         const int n = nw - r0 < LM_ROWS ? nw - r0 : LM_ROWS;
-        KL(k_rmsnorm(b->x, b->rows + r0, ce->w.final_norm, ce->hn, n, H, eps, st));
+        KL(k_rmsnorm(b->x, b->rows + r0, ce->w.final_norm, ce->hn, NULL, n, H, eps, st));
         KL(mm(&ce->w.lm_head, ce->hn, n, ce->logits, st));
         if (logits && r0 < n_rows) {
             const int nc = n_rows - r0 < n ? n_rows - r0 : n;
