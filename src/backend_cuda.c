@@ -20,15 +20,21 @@
 // CALLA_PDL=0 turns programmatic dependent launch off;
 // CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
-// Prefill, fast mode (the default): each product's input is converted once to bf16 (k_to_bf16) and
-// read by k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to
-// bf16 as MLX does; the router, the shared-expert gate and the lm_head stay on the exact kernel),
-// the DeltaNet layers run as the chunked gated delta rule (src/cuda/gdn_chunked.cu) with bf16
-// operands, and FlashAttention takes Q and P as bf16 (one mma per product; softmax statistics
-// fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the verification mode, operands split hi + lo
-// and fp32 inputs to the products. CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the
-// embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one
-// cuda_layer on hidden states from the host.
+// Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
+// k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
+// MLX does; the router, the shared-expert gate and the lm_head stay on the exact kernel). Where the
+// input has a producer of its own, the producer writes the bf16 copy (issue 12): both RMS norms write
+// u and bf16(u) in one pass (u stays: the router and the shared-expert gate read it), and the up
+// product of each SwiGLU (routed experts and shared expert) ends in the activation, writing
+// bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu). Bit-identical
+// to k_to_bf16 (and k_swiglu) after the producer, without their fp32 round trips; the attention and
+// DeltaNet outputs still go through k_to_bf16. The DeltaNet layers run as the chunked gated delta
+// rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention takes Q and P as bf16 (one
+// mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
+// verification mode, operands split hi + lo and fp32 inputs to the products.
+// CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the embedding,
+// cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one cuda_layer on hidden
+// states from the host.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -717,9 +723,9 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     const float eps = (float)g->rms_eps;
     int rc = 0;
     const struct layer_weights *L = &ce->w.layers[i];
-    KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, T, H, eps, st));
-    const uint16_t *ub = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
-    KL(rc);
+    // fast: the norm writes u's bf16 copy xh too, the products' input (one pass, no k_to_bf16)
+    KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));
+    const uint16_t *ub = fast ? b->xh : NULL;
     if (geom_is_attn(g, i)) {
         KL(mmb(&L->q_proj, b->u, ub, T, b->qg, st));
         KL(mmb(&L->k_proj, b->u, ub, T, b->kb, st));
@@ -754,18 +760,23 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
     }
     KL(k_add(b->x, b->d, (long)T * H, st));
-    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, T, H, eps, st));
-    // MoE (the router and the shared-expert gate read the fp32 input in both modes)
-    const uint16_t *mb = to_bf16(fast, b->u, b->xh, (long)T * H, st, &rc);
-    KL(rc);
+    // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
+    // writes its bf16 copy xh too)
+    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));
+    const uint16_t *mb = fast ? b->xh : NULL;
     KL(mm(&L->router, b->u, T, b->rl, st));
     KL(mm(&L->shared_gate, b->u, T, b->sg, st));
     KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
     KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
-    KL(mmb(&L->se_up, b->u, mb, T, b->sup, st));
-    KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
-    const uint16_t *sb = to_bf16(fast, b->sact, b->xa, (long)T * S, st, &rc);
-    KL(rc);
+    const uint16_t *sb = NULL;   // fast: the up product's epilogue writes bf16(silu(gate) up) into xa
+    if (mb) {
+        KL(k_qmatmul_bf16_swiglu(dq(&L->se_up), mb, L->se_up.cols, NULL, 1, b->sgt, b->xa, L->se_up.rows, NULL, T, NULL,
+                                 NULL, 0, st));
+        sb = b->xa;
+    } else {
+        KL(mmb(&L->se_up, b->u, mb, T, b->sup, st));
+        KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
+    }
     KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
     if (T == 1) {
         KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
@@ -774,11 +785,10 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
     } else {
         KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-        if (mb) {   // fast: mb still holds bf16(u); the expert activations are converted into xa
+        if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
             KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul_bf16(dq(&L->ex_up), mb, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-            KL(k_to_bf16(b->ea, b->xa, (long)T * K * I, st));
+            KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, 0, ce->counts,
+                                     ce->offs, T, st));
             KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
                               st));
         } else {
@@ -837,7 +847,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     const size_t V = (size_t)g->vocab;
     for (int r0 = 0; r0 < nw; r0 += LM_ROWS) {
         const int n = nw - r0 < LM_ROWS ? nw - r0 : LM_ROWS;
-        KL(k_rmsnorm(b->x, b->rows + r0, ce->w.final_norm, ce->hn, n, H, eps, st));
+        KL(k_rmsnorm(b->x, b->rows + r0, ce->w.final_norm, ce->hn, NULL, n, H, eps, st));
         KL(mm(&ce->w.lm_head, ce->hn, n, ce->logits, st));
         if (logits && r0 < n_rows) {
             const int nc = n_rows - r0 < n ? n_rows - r0 : n;

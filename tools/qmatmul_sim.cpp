@@ -5,7 +5,10 @@
 // columns 2 (l % 4), +1 of each; mma.m16n8k16.row.col bf16 with fp32 accumulation). cp.async copies
 // at once (the pipeline's timing is not simulated, its index math is). Checks the dense and grouped
 // forms (xmap / xdiv, ymap, empty experts, row and feature tails, 4 and 8 bits) against a double
-// reference on the same bf16 x and the same bf16 weights (s q + b rounded once).
+// reference on the same bf16 x and the same bf16 weights (s q + b rounded once). Each case then runs
+// the GLU form (k_qmatmul_bf16_swiglu's epilogue) on a random gate and checks its bf16 output bit for
+// bit against the unfused computation on the plain form's y (k_swiglu's silu(g) u, then k_to_bf16's
+// rounding), and that it writes nothing else.
 //
 //   make qmatmul-sim
 #include <barrier>
@@ -36,6 +39,7 @@ struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+static float silu_f(float x) { return x / (1.0f + expf(-x)); }   // common.cuh's
 #include "sim_block.h"
 static uint32_t bf2_minus128(uint32_t v) {   // fma.rn.bf16x2 v * 1 + (-128): exact for 128 + q
     const uint16_t lo = f2bf16(bf16f((uint16_t)v) - 128.0f), hi = f2bf16(bf16f((uint16_t)(v >> 16)) - 128.0f);
@@ -53,9 +57,9 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int BITS, int STAGES>
+template <int BITS, int STAGES, bool GLU>
 static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                   const int *ymap, int M, const int *counts, const int *offs) {
+                   const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -69,7 +73,8 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+                        qmatmul_bf16_kernel<BITS, STAGES, GLU>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate,
+                                                               yb);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
@@ -102,17 +107,23 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
     for (int r = 0; r < R; r++) ymap[r] = r;
     if (use_ymap)
         for (int r = R - 1; r > 0; r--) std::swap(ymap[r], ymap[rnd() % (r + 1)]);   // a permutation
-    std::vector<float> y((size_t)yrows * ldy, NAN);
+    std::vector<float> y((size_t)yrows * ldy, NAN), gate((size_t)yrows * ldy);
+    for (auto &v : gate) v = 4.0f * frand();   // silu's curved part and both tails
+    std::vector<uint16_t> yb((size_t)yrows * ldy, 0xffff);   // the GLU form's output, poisoned (a NaN)
     struct dqt W = {w.data(), sc.data(), bi.data(), grouped ? E : 0, N, K, bits};
     const int rows = grouped ? maxrows : M;
     dim3s grid = {(unsigned)CEIL_DIV(N, QB_BN), (unsigned)CEIL_DIV(rows, QB_BM), (unsigned)(grouped ? E : 1)};
     if (rows > 0) {
-        auto go = [&](auto kern) {
-            kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, y.data(), ldy,
-                 use_ymap ? ymap.data() : nullptr, M, grouped ? counts.data() : nullptr, offs.data());
+        auto go = [&](auto kern, float *yo, const float *g, uint16_t *ybo) {
+            kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, yo, ldy, use_ymap ? ymap.data() : nullptr,
+                 M, grouped ? counts.data() : nullptr, offs.data(), g, ybo);
         };
-        if (bits == 4) g_stages == 3 ? go(launch<4, 3>) : go(launch<4, 4>);
-        else g_stages == 3 ? go(launch<8, 3>) : go(launch<8, 4>);
+        float *yp = y.data(), *gp = gate.data();
+        uint16_t *bp = yb.data();
+        if (bits == 4 && g_stages == 3) go(launch<4, 3, false>, yp, 0, 0), go(launch<4, 3, true>, 0, gp, bp);
+        if (bits == 4 && g_stages == 4) go(launch<4, 4, false>, yp, 0, 0), go(launch<4, 4, true>, 0, gp, bp);
+        if (bits == 8 && g_stages == 3) go(launch<8, 3, false>, yp, 0, 0), go(launch<8, 3, true>, 0, gp, bp);
+        if (bits == 8 && g_stages == 4) go(launch<8, 4, false>, yp, 0, 0), go(launch<8, 4, true>, 0, gp, bp);
     }
     // reference: y[yrow] = W[e] x[xrow], and every other element of y untouched (NaN)
     std::vector<char> written((size_t)yrows * ldy, 0);
@@ -137,12 +148,22 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
                 if (err > worst) worst = err;
             }
         }
-    long stray = 0;
+    long stray = 0, glu_diff = 0, glu_stray = 0;
     for (size_t i = 0; i < y.size(); i++) stray += !written[i] && !std::isnan(y[i]);
-    const bool ok = !bad && !stray;
+    // GLU: the unfused pair on the plain form's y, swiglu into fp32 memory then to_bf16
+    for (size_t i = 0; i < y.size(); i++) {
+        if (!written[i]) {
+            glu_stray += yb[i] != 0xffff;
+            continue;
+        }
+        volatile float act = silu_f(gate[i]) * y[i];   // k_swiglu's store
+        glu_diff += yb[i] != f2bf16(act);
+    }
+    const bool ok = !bad && !stray && !glu_diff && !glu_stray;
     fails += !ok;
-    printf("%-34s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray  %s\n", name, bits, N, K,
-           R, worst, bad, stray, ok ? "PASS" : "FAIL");
+    printf("%-34s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray; GLU %ld differ, %ld "
+           "stray  %s\n",
+           name, bits, N, K, R, worst, bad, stray, glu_diff, glu_stray, ok ? "PASS" : "FAIL");
 }
 
 int main() {

@@ -25,7 +25,9 @@ int k_embed(struct dqt E, const int32_t *tokens, int T, float *out, void *stream
 
 // y[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w; rows of n (n <= 8192). In place allowed.
 // x row t is x + xrow[t] * n when xrow != NULL (gather), else x + t * n.
-int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, int T, int n, float eps, void *stream);
+// yb != NULL: also yb[t] = bf16(y[t]) [T, n] (k_to_bf16's rounding; the fast products' input).
+int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
+              void *stream);
 
 // Matrix-vector / skinny products: y[j, n] = sum_k W[mat_j][n, k] * x[j / xdiv, k] for slot j < S.
 // mat_j = ids ? ids[j] : 0. x is [*, K] with row stride ldx, y is [S, N] with row stride ldy.
@@ -46,6 +48,13 @@ int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, 
 // and x 16-byte aligned (else cudaErrorInvalidValue).
 int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream);
+// The up product of a SwiGLU with its activation in the epilogue (fast prefill, issue 12):
+// yb[row, n] = bf16(silu(gate[row, n]) * (W x)[row, n]), row and n as y's of k_qmatmul_bf16 (ldy,
+// ymap, the grouped rows): gate is the gate product's fp32 output, yb [*, ldy] bf16 the down
+// product's input. Bit-identical to k_qmatmul_bf16, k_swiglu and k_to_bf16 in turn.
+int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, const float *gate,
+                          uint16_t *yb, int ldy, const int *ymap, int M, const int *counts, const int *offs,
+                          int maxrows, void *stream);
 void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
 // y[i] = bf16(x[i]), round to nearest even (n elements).
 int k_to_bf16(const float *x, uint16_t *y, long n, void *stream);

@@ -16,8 +16,9 @@
 // expert's count exit, so the grid is sized on the host from a bound alone and nothing is read back.
 //
 // The fast mode (issue 12, the default; CALLA_PREFILL_FAST=0 selects this kernel): k_qmatmul_bf16
-// (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input)
-// with one MMA per product; this exact kernel stays as it is, the verification mode.
+// (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input,
+// or its producer writes it: k_rmsnorm's bf16 copy, k_qmatmul_bf16_swiglu's epilogue) with one
+// MMA per product; this exact kernel stays as it is, the verification mode.
 #include "mma.cuh"
 
 enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
@@ -215,36 +216,53 @@ extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap,
 static int g_qb_blocks = 2;
 extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
 
-template <int BITS, int STAGES>
+template <int BITS, int STAGES, bool GLU>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
-                               const int *counts, const int *offs) {
+                               const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
     const size_t smem = qb_layout<BITS, STAGES>::BYTES;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES>
-        <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+    qmatmul_bf16_kernel<BITS, STAGES, GLU>
+        <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb);
     return launch_status();
 }
 
-extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                              const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
+// Both launchers: y = W x (fp32), or with gate != NULL yb = bf16(silu(gate) (W x)) (the GLU form).
+template <bool GLU>
+static int qmatmul_bf16_form(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
+                             const int *ymap, int M, const int *counts, const int *offs, int maxrows,
+                             const float *gate, uint16_t *yb, void *stream) {
     const int rows = counts ? maxrows : M;
     if (rows <= 0) return 0;
     if (W.cols % QB_BK || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W.w % 16) return (int)cudaErrorInvalidValue;
     dim3 grid(CEIL_DIV(W.rows, QB_BN), CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-#define QB_ARGS grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs
-    if (W.bits == 4) return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3>(QB_ARGS) : launch_qmatmul_bf16<4, 4>(QB_ARGS);
-    if (W.bits == 8) return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3>(QB_ARGS) : launch_qmatmul_bf16<8, 4>(QB_ARGS);
+#define QB_ARGS grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb
+    if (W.bits == 4)
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU>(QB_ARGS) : launch_qmatmul_bf16<4, 4, GLU>(QB_ARGS);
+    if (W.bits == 8)
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU>(QB_ARGS) : launch_qmatmul_bf16<8, 4, GLU>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
+                              const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
+    return qmatmul_bf16_form<false>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, maxrows, NULL, NULL, stream);
+}
+
+extern "C" int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv,
+                                     const float *gate, uint16_t *yb, int ldy, const int *ymap, int M,
+                                     const int *counts, const int *offs, int maxrows, void *stream) {
+    if (!gate || !yb) return (int)cudaErrorInvalidValue;
+    return qmatmul_bf16_form<true>(W, x, ldx, xmap, xdiv, NULL, ldy, ymap, M, counts, offs, maxrows, gate, yb, stream);
 }
 
 // y[i] = bf16(x[i]) (round to nearest even), 4 at a time where both are aligned.

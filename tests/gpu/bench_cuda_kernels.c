@@ -79,6 +79,8 @@ struct mctx {
     const int *xmap, *ymap, *counts, *offs;
     int xdiv, maxrows;
     const uint16_t *xb;   // the fast mode's bf16 x
+    const float *gate;    // the SwiGLU epilogue form's gate input and bf16 output
+    uint16_t *yb;
 };
 static int run_mm(void *c) {
     struct mctx *m = c;
@@ -89,6 +91,11 @@ static int run_mmb(void *c) {
     struct mctx *m = c;
     return k_qmatmul_bf16(m->W, m->xb, m->W.cols, m->xmap, m->xdiv, m->y, m->W.rows, m->ymap, m->T, m->counts,
                           m->offs, m->maxrows, NULL);
+}
+static int run_mmg(void *c) {
+    struct mctx *m = c;
+    return k_qmatmul_bf16_swiglu(m->W, m->xb, m->W.cols, m->xmap, m->xdiv, m->gate, m->yb, m->W.rows, m->ymap, m->T,
+                                 m->counts, m->offs, m->maxrows, NULL);
 }
 struct cctx {
     const float *x;
@@ -158,7 +165,8 @@ int main(int argc, char **argv) {
                  {"o_proj", H, QWEN_HEADS * QWEN_HEAD_DIM, 4},
                  {"se_gate", QWEN_SHARED_INTER, H, 4}};
     for (int i = 0; i < 6; i++) {
-        struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0, xb};
+        struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0,
+                         xb, NULL, NULL};
         const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m);
         const double flop = 2.0 * T * dense[i].rows * dense[i].cols;
         printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s\n",
@@ -185,12 +193,20 @@ int main(int argc, char **argv) {
     cudaMemcpy(dc, counts, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
-    struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb};
+    struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb, NULL, NULL};
     double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g);
     const double eflop = 2.0 * T * K * I * H;
     printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
            "%6.1f TFLOP/s\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
-    struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb};
+    {   // the up product with the SwiGLU in its epilogue (replaces fast up + k_swiglu + k_to_bf16)
+        g.gate = x;
+        cudaMalloc((void **)&g.yb, (size_t)T * K * I * 2);
+        const double msg = time_ms(run_mmg, &g);
+        printf("qmatmul experts up+swiglu epilogue, grouped, %d rows: fast %8.3f ms %6.1f TFLOP/s (plain %8.3f ms)\n",
+               T * K, msg, eflop / msg / 1e9, msf);
+        cudaFree(g.yb);
+    }
+    struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb, NULL, NULL};
     ms = time_ms(run_mm, &dn);
     msf = time_ms(run_mmb, &dn);
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "

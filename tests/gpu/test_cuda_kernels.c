@@ -342,8 +342,27 @@ static void test_rmsnorm_embed(void) {
         for (int i = 0; i < H; i++) yc[t * H + i] = x[t * H + i] * r * w[i];
     }
     float *dx = dup_d(x, (size_t)T * H * 4), *dw = dup_d(w, H * 4), *dy = poisoned((size_t)T * H * 4);
-    k_rmsnorm(dx, NULL, dw, dy, T, H, 1e-6f, NULL);
+    k_rmsnorm(dx, NULL, dw, dy, NULL, T, H, 1e-6f, NULL);
     report("rmsnorm", "T 7 x 2048", back(dy, (size_t)T * H), yc, (size_t)T * H, 1e-6);
+    {   // the fast prefill form: the same y and its bf16 copy, bit-identical to k_rmsnorm, k_to_bf16
+        const size_t n = (size_t)T * H;
+        float *dy2 = poisoned(n * 4);
+        uint16_t *dyb = poisoned(n * 2), *dref = poisoned(n * 2);
+        k_rmsnorm(dx, NULL, dw, dy2, dyb, T, H, 1e-6f, NULL);
+        k_to_bf16(dy, dref, (long)n, NULL);
+        float *y1 = back(dy, n), *y2 = back(dy2, n);
+        uint16_t *b1 = malloc(n * 2), *b2 = malloc(n * 2);
+        cudaMemcpy(b1, dref, n * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(b2, dyb, n * 2, cudaMemcpyDeviceToHost);
+        size_t dif = 0, difb = 0;
+        for (size_t i = 0; i < n; i++) dif += memcmp(&y1[i], &y2[i], 4) != 0, difb += b1[i] != b2[i];
+        checks++;
+        fails += dif || difb;
+        printf("%-22s %-34s y: %zu, bf16: %zu of %zu differ  %s\n", "rmsnorm + bf16 copy", "T 7 x 2048 vs +to_bf16",
+               dif, difb, n, dif || difb ? "FAIL" : "PASS");
+        free(y1), free(y2), free(b1), free(b2);
+        cudaFree(dy2), cudaFree(dyb), cudaFree(dref);
+    }
     // embed: 4-bit [V, H]; a few tokens
     struct hq e = make_q(0, QWEN_VOCAB, H, 4);
     int32_t tok[5] = {0, 1, 248319, 12345, 248044};
@@ -597,6 +616,82 @@ static void test_deltanet(int T) {
     report("gdn state", "[32, 128, 128] fp32", back(dS, (size_t)Hv * Dk * Dv), S, (size_t)Hv * Dk * Dv, 1e-5);
 }
 
+// The SwiGLU epilogue of the fast up products (k_qmatmul_bf16_swiglu) against the unfused kernels
+// run here on the GPU, bit for bit: k_qmatmul_bf16 (up), k_swiglu, k_to_bf16, as cuda_layer ran them
+// before issue 12's fusion. The gate is the gate product's own output (k_qmatmul_bf16). Dense: the
+// shared expert [N x H] (N = 200: a feature tail); grouped: the routed experts (x gathered by
+// slot / k, rows in expert order) with skewed routing, so that some experts have no rows and a few
+// more than one 128-row tile. Both forms of the kernel (k_set_qb_blocks 2 and 1).
+static void test_swiglu_epilogue(int T, int N, int grouped) {
+    const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, R = grouped ? T * K : T;
+    struct hq gq = make_q(grouped ? E : 0, N, H, 4), uq = make_q(grouped ? E : 0, N, H, 4);
+    const size_t nx = (size_t)T * H, ny = (size_t)R * N;
+    float *x = randv(nx, 1), *dx = dup_d(x, nx * 4);
+    uint16_t *dxb = poisoned(nx * 2);
+    k_to_bf16(dx, dxb, (long)nx, NULL);
+    int *counts = NULL, *offs = NULL, *slots = NULL, *di = NULL, n_empty = 0, n_big = 0;
+    if (grouped) {
+        int *ids = malloc(sizeof(int) * R);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < K; i++) {
+                int e, dup;
+                do {   // half the draws among 4 hot experts
+                    e = rnd() % 2 ? (int)(rnd() % 4) : (int)(rnd() % E);
+                    dup = 0;
+                    for (int j = 0; j < i; j++) dup |= ids[t * K + j] == e;
+                } while (dup);
+                ids[t * K + i] = e;
+            }
+        di = dup_d(ids, sizeof(int) * R);
+        counts = poisoned(E * 4), offs = poisoned(E * 4), slots = poisoned((size_t)R * 4);
+        k_moe_dispatch(di, T, E, K, counts, offs, slots, NULL);
+        int *hc = (int *)back(counts, E);
+        for (int e = 0; e < E; e++) n_empty += hc[e] == 0, n_big += hc[e] > 128;
+        free(ids), free(hc);
+    }
+    float *dg = poisoned(ny * 4), *du = poisoned(ny * 4), *da = poisoned(ny * 4);
+    uint16_t *dref = poisoned(ny * 2), *dfu = poisoned(ny * 2), *href = malloc(ny * 2), *hfu = malloc(ny * 2);
+    for (int form = 2; form >= 1; form--) {
+        k_set_qb_blocks(form);
+        cudaMemset(dref, 0xff, ny * 2);
+        cudaMemset(dfu, 0xff, ny * 2);
+        int rc;
+        if (grouped) {
+            rc = k_qmatmul_bf16(gq.d, dxb, H, slots, K, dg, N, NULL, 0, counts, offs, T, NULL);
+            rc = rc ? rc : k_qmatmul_bf16(uq.d, dxb, H, slots, K, du, N, NULL, 0, counts, offs, T, NULL);
+            rc = rc ? rc : k_qmatmul_bf16_swiglu(uq.d, dxb, H, slots, K, dg, dfu, N, NULL, 0, counts, offs, T, NULL);
+        } else {
+            rc = k_qmatmul_bf16(gq.d, dxb, H, NULL, 1, dg, N, NULL, T, NULL, NULL, 0, NULL);
+            rc = rc ? rc : k_qmatmul_bf16(uq.d, dxb, H, NULL, 1, du, N, NULL, T, NULL, NULL, 0, NULL);
+            rc = rc ? rc : k_qmatmul_bf16_swiglu(uq.d, dxb, H, NULL, 1, dg, dfu, N, NULL, T, NULL, NULL, 0, NULL);
+        }
+        rc = rc ? rc : k_swiglu(dg, du, da, (long)ny, NULL);
+        rc = rc ? rc : k_to_bf16(da, dref, (long)ny, NULL);
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            fprintf(stderr, "CUDA error in the swiglu epilogue test\n");
+            exit(1);
+        }
+        cudaMemcpy(href, dref, ny * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hfu, dfu, ny * 2, cudaMemcpyDeviceToHost);
+        size_t dif = 0, unwritten = 0;
+        for (size_t i = 0; i < ny; i++) dif += href[i] != hfu[i], unwritten += hfu[i] == 0xffff;
+        char sh[96];
+        const char *lf = rc ? " LAUNCH FAILED" : "";
+        if (grouped) snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped, %d blk/SM%s", T, E, N, H, form, lf);
+        else snprintf(sh, sizeof sh, "T %d [%d x %d], %d blk/SM%s", T, N, H, form, lf);
+        const int ok = !rc && !dif && !unwritten;
+        checks++;
+        fails += !ok;
+        printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", "swiglu epilogue", sh, dif, ny, unwritten,
+               ok ? "PASS" : "FAIL");
+    }
+    k_set_qb_blocks(2);
+    if (grouped) printf("%-22s %-34s %d empty experts, %d over one tile\n", "", "(routing)", n_empty, n_big);
+    free(x), free(href), free(hfu);
+    cudaFree(dx), cudaFree(dxb), cudaFree(dg), cudaFree(du), cudaFree(da), cudaFree(dref), cudaFree(dfu);
+    if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
+}
+
 static void test_swiglu(void) {
     const long n = 8L * QWEN_MOE_INTER * 37;
     float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
@@ -634,6 +729,9 @@ int main(int argc, char **argv) {
         test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
         test_rmsnorm_embed();
         test_swiglu();
+        test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
+        test_swiglu_epilogue(77, 200, 0);
+        test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
         test_moe(64);
     }
     test_attention(1, 3000, 4096, 256);
