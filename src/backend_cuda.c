@@ -452,6 +452,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
+    const char *qbw = getenv("CALLA_QB");
+    k_set_qb_wgmma(!(qbw && !strcmp(qbw, "mma")));
     const char *fl = getenv("CALLA_FLASH");
     k_set_flash(!(fl && !strcmp(fl, "mma")));
     const char *qbb = getenv("CALLA_QB_BLOCKS");

@@ -157,19 +157,27 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// Mean, 99.9th percentile (nearest rank) and max of the per-position KL.
+// The q-quantile (nearest rank) of x[0..n), or -1 when out of memory.
+static double quantile(const double *x, int n, double q) {
+    double *s = malloc(sizeof *s * (size_t)n), v;
+    if (!s) return -1;
+    memcpy(s, x, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    int rank = (int)ceil(q * n);
+    v = s[(rank > 0 ? rank : 1) - 1];
+    free(s);
+    return v;
+}
+
+// Mean, 99.9th percentile and max of the per-position KL; 99th percentile of the logit error.
 static void kl_summary(struct score_cmp *c) {
     int P = c->positions;
-    double *s = malloc(sizeof *s * (size_t)P), sum = 0;
-    for (int i = 0; i < P; i++) sum += c->kl[i];
+    double sum = 0, mx = 0;
+    for (int i = 0; i < P; i++) sum += c->kl[i], mx = c->kl[i] > mx ? c->kl[i] : mx;
     c->kl_mean = sum / P;
-    if (!s) return;
-    memcpy(s, c->kl, sizeof *s * (size_t)P);
-    qsort(s, (size_t)P, sizeof *s, cmp_double);
-    int rank = (int)ceil(0.999 * P);
-    c->kl_p999 = s[(rank > 0 ? rank : 1) - 1];
-    c->kl_max = s[P - 1];
-    free(s);
+    c->kl_p999 = quantile(c->kl, P, 0.999);
+    c->kl_max = mx;
+    c->nle_p99 = quantile(c->nle, P, 0.99);
 }
 
 // The totals of a comparison from its rows (c->kl allocated, c->positions set).
@@ -179,6 +187,7 @@ static void cmp_finish(struct score_cmp *c, const struct row_cmp *rc) {
     for (int p = 0; p < P; p++) {
         double nle = rc[p].nle_den > 0 ? sqrt(rc[p].nle_num / rc[p].nle_den) : 0;
         c->kl[p] = rc[p].kl;
+        c->nle[p] = nle;
         c->top1_same += rc[p].same;
         c->n_clear += rc[p].clear;
         c->top1_same_clear += rc[p].clear && rc[p].same;
@@ -274,9 +283,10 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
         memset(cmp, 0, sizeof *cmp);
         cmp->positions = P;
         cmp->kl = malloc(sizeof(double) * (size_t)P);
+        cmp->nle = malloc(sizeof(double) * (size_t)P);
         rc = malloc(sizeof *rc * (size_t)P);
     }
-    if (!logits || !rows || (o->ref && (!cmp->kl || !rc))) {
+    if (!logits || !rows || (o->ref && (!cmp->kl || !cmp->nle || !rc))) {
         snprintf(err, errlen, "out of memory (%d rows of %d logits)", C < P ? C : P, V);
         goto out;
     }
@@ -332,7 +342,9 @@ void score_run_free(struct score_run *r) {
 
 void score_cmp_free(struct score_cmp *c) {
     free(c->kl);
+    free(c->nle);
     c->kl = NULL;
+    c->nle = NULL;
 }
 
 // ---- JSON --------------------------------------------------------------------------------------------
@@ -347,12 +359,12 @@ static void write_comparison(FILE *f, const struct score_cmp *c, const char *ref
     fprintf(f,
             "  \"comparison\": {\"reference\": %s, \"positions\": %d, \"kl_mean\": %.9g, \"kl_p999\": %.9g, "
             "\"kl_max\": %.9g, \"top1_agree\": %.9g, \"top1_same\": %d, \"clear_margin\": %g, \"n_clear\": %d, "
-            "\"top1_agree_clear\": %.9g, \"top1_same_clear\": %d, \"nle_mean\": %.9g, \"nle_max\": %.9g, "
-            "\"nle_all\": %.9g, \"ref_tail_max\": %.9g},\n",
+            "\"top1_agree_clear\": %.9g, \"top1_same_clear\": %d, \"nle_mean\": %.9g, \"nle_p99\": %.9g, "
+            "\"nle_max\": %.9g, \"nle_all\": %.9g, \"ref_tail_max\": %.9g},\n",
             q ? q : "\"\"", c->positions, c->kl_mean, c->kl_p999, c->kl_max, (double)c->top1_same / c->positions,
             c->top1_same, SCORE_CLEAR_MARGIN, c->n_clear,
-            c->n_clear ? (double)c->top1_same_clear / c->n_clear : 1.0, c->top1_same_clear, c->nle_mean, c->nle_max,
-            c->nle_all, c->tail_max);
+            c->n_clear ? (double)c->top1_same_clear / c->n_clear : 1.0, c->top1_same_clear, c->nle_mean, c->nle_p99,
+            c->nle_max, c->nle_all, c->tail_max);
     free(q);
     json_decref(rp);
 }
@@ -384,7 +396,7 @@ int score_write_json(const char *path, const struct score_run *r, const struct s
     for (int p = 0; p < P; p++) {
         fprintf(f, "    {\"lp\": %.9g, \"lse\": %.9g, \"target\": %.9g, ", (double)r->target[p] - r->lse[p],
                 (double)r->lse[p], (double)r->target[p]);
-        if (cmp) fprintf(f, "\"kl\": %.9g, ", cmp->kl[p]);
+        if (cmp) fprintf(f, "\"kl\": %.9g, \"nle\": %.9g, ", cmp->kl[p], cmp->nle[p]);
         fprintf(f, "\"ids\": [");
         for (int k = 0; k < K; k++) fprintf(f, k ? ",%d" : "%d", r->top_ids[(size_t)p * K + k]);
         fprintf(f, "], \"logits\": [");
@@ -532,8 +544,8 @@ void score_print_summary(FILE *f, const struct score_run *r, const struct score_
     fprintf(f, "  top-1 agreement %.4f (%d/%d); where the reference margin > %g: %.4f (%d/%d)\n",
             (double)cmp->top1_same / cmp->positions, cmp->top1_same, cmp->positions, SCORE_CLEAR_MARGIN,
             cmp->n_clear ? (double)cmp->top1_same_clear / cmp->n_clear : 1.0, cmp->top1_same_clear, cmp->n_clear);
-    fprintf(f, "  normalised logit error: mean %.3e  max %.3e  all %.3e\n", cmp->nle_mean, cmp->nle_max,
-            cmp->nle_all);
+    fprintf(f, "  normalised logit error: mean %.3e  p99 %.3e  max %.3e  all %.3e\n", cmp->nle_mean, cmp->nle_p99,
+            cmp->nle_max, cmp->nle_all);
 }
 
 // The sequence from --tokens or --text. 0, or -1 with a message.

@@ -52,10 +52,11 @@ struct score_cmp {
     double kl_mean, kl_p999, kl_max;
     int top1_same;              // run's argmax == reference's top-1
     int n_clear, top1_same_clear;   // positions whose reference top-2 margin > SCORE_CLEAR_MARGIN
-    double nle_mean, nle_max;   // per-position normalised logit error
+    double nle_mean, nle_p99, nle_max;   // per-position normalised logit error (p99: nearest rank)
     double nle_all;             // over every stored logit of every position
     double tail_max;            // largest reference mass outside its top-k (how far KL is a bound)
     double *kl;                 // [P] per position
+    double *nle;                // [P] per position
 };
 
 struct score_options {

@@ -146,7 +146,8 @@ class Comparison:
                 "kl_p999": s[max(1, math.ceil(0.999 * P)) - 1], "kl_max": s[-1],
                 "top1_agree": sum(self.same) / P, "top1_same": sum(self.same), "clear_margin": self.clear_margin,
                 "n_clear": n_clear, "top1_agree_clear": same_clear / n_clear if n_clear else 1.0,
-                "top1_same_clear": same_clear, "nle_mean": sum(self.nle) / P, "nle_max": max(self.nle),
+                "top1_same_clear": same_clear, "nle_mean": sum(self.nle) / P,
+                "nle_p99": sorted(self.nle)[max(1, math.ceil(0.99 * P)) - 1], "nle_max": max(self.nle),
                 "nle_all": math.sqrt(sum(self.num) / sum(self.den)) if sum(self.den) > 0 else 0.0,
                 "ref_tail_max": max(self.tail)}
 
@@ -194,7 +195,7 @@ def write_json(path, head, ids, r, comparison):
         for p in range(P):
             extra = ', "full": [%s]' % ",".join(fmt(x) for x in r["full"][p]) if r["full"] else ""
             if comparison:
-                extra = ', "kl": %s' % fmt(comparison[1][p]) + extra
+                extra = ', "kl": %s, "nle": %s' % (fmt(comparison[1][p]), fmt(comparison[2][p])) + extra
             f.write('    {"lp": %s, "lse": %s, "target": %s, "ids": [%s], "logits": [%s]%s}%s\n' % (
                 fmt(r["target"][p] - r["lse"][p]), fmt(r["lse"][p]), fmt(r["target"][p]),
                 ",".join(str(i) for i in r["ids"][p]), ",".join(fmt(x) for x in r["logits"][p]), extra,
@@ -297,7 +298,7 @@ def main():
     t0 = time.time()
     r = score(model, ids, a.device, a.chunk, a.top_k, a.full_logits, cmp)
     c = cmp.summary(a.reference) if cmp else None
-    write_json(a.json, head, ids, r, (c, cmp.kl) if cmp else None)
+    write_json(a.json, head, ids, r, (c, cmp.kl, cmp.nle) if cmp else None)
     nll = r["nll"]
     print(f"{a.json}: {head['backend']}, {P} positions, nll {nll:.6f}, perplexity {math.exp(min(nll, 700)):.4f} "
           f"({time.time() - t0:.1f} s)")

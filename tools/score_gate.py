@@ -8,8 +8,19 @@ Backends (--backends), each `calla score --reference hf-fp32.json`:
     cuda-exact  CUDA with CALLA_EXACT=1 (the verification mode): GATED, top-1 agreement >= 99.5%
                 where HF fp32's top-2 margin > 0.05
     cuda        CUDA fast mode (the default; CALLA_EXACT removed from its environment): reported
-    cpu-f32     the CPU oracle with an fp32 KV cache: GATED, normalised logit error <= 1e-4 at every
-                position (over HF's stored top-k logits; see src/score.h)
+    cpu-f32     the CPU oracle with an fp32 KV cache: GATED, normalised logit error (over HF's stored
+                top-k logits; see src/score.h) <= 1e-4 at 99% of positions and <= 1e-2 at every one.
+                Why not 1e-4 at every position, as issue 13 first asked: at the full shape two fp32
+                implementations that sum in different orders still flip an occasional near-tie
+                between a token's 8th and 9th expert. Measured on the H200 (2026-12-01,
+                bench/results/2026-12-01-h200-v7/3-score-gate): the oracle's median error is 1.0e-6
+                and its 99th percentile 8.1e-5, but 34 of 4,095 positions exceed 1e-4, in four
+                clusters (506-521, 1228-1243, 1490-1496, and single ones), each a spike of ~1e-3 at
+                one position decaying over the next ~15 as the changed token fades from the
+                attention and DeltaNet state: the shape of one flipped routing decision. At those
+                positions CUDA's exact mode, summing in yet another order, agrees with HF to ~1e-5
+                (and has its own clusters elsewhere, where the oracle agrees with HF). A bug moves
+                every position, or by far more than 1e-2 (a lost key tile is ~1e-1).
     cpu         the CPU engine with its production bf16 KV cache: reported
     --hf-bf16   HF in bf16 against HF fp32: reported
 Every row reports KL(HF fp32 || run) mean and p99.9 and the top-1 agreement.
@@ -46,7 +57,8 @@ BACKENDS = {   # name: (calla score flags, environment changes: None removes the
     "cpu-f32": (["--backend", "cpu", "--kv-f32"], {}),
     "cpu": (["--backend", "cpu"], {}),
 }
-GATES = {"cuda-exact": ("top1_agree_clear", ">=", 0.995), "cpu-f32": ("nle_max", "<=", 1e-4)}
+GATES = {"cuda-exact": [("top1_agree_clear", ">=", 0.995)],   # every condition must hold
+         "cpu-f32": [("nle_p99", "<=", 1e-4), ("nle_max", "<=", 1e-2)]}
 GREEDY_GATED = {"cuda-exact", "cpu-f32"}   # every clear greedy step equal to HF's token
 HF_AUTO_CHUNK = 1024   # HF tokens per forward call for sequences longer than this (GPU memory)
 
@@ -166,13 +178,16 @@ def score_row(name, path):
     c = json.load(open(path))["comparison"]
     gate, failed = "reported", False
     if name in GATES:
-        key, op, lim = GATES[name]
-        ok = c[key] >= lim if op == ">=" else c[key] <= lim
-        failed = not ok
-        gate = f"{key} {op} {lim:g}: {'PASS' if ok else 'FAIL'} ({c[key]:.4g})"
+        parts = []
+        for key, op, lim in GATES[name]:
+            ok = c[key] >= lim if op == ">=" else c[key] <= lim
+            failed |= not ok
+            parts.append(f"{key} {op} {lim:g}: {'PASS' if ok else 'FAIL'} ({c[key]:.4g})")
+        gate = "; ".join(parts)
+    p99 = c.get("nle_p99")   # absent from score files written before it was added
     return (f"| {name} | {c['kl_mean']:.3e} | {c['kl_p999']:.3e} | {c['top1_agree']:.4f} | "
             f"{c['top1_agree_clear']:.4f} ({c['top1_same_clear']}/{c['n_clear']}) | {c['nle_mean']:.3e} | "
-            f"{c['nle_max']:.3e} | {gate} |"), failed
+            f"{'-' if p99 is None else f'{p99:.3e}'} | {c['nle_max']:.3e} | {gate} |"), failed
 
 
 def greedy_compare(hf_path, run_path, p):
@@ -219,8 +234,8 @@ def main():
     if a.dry_run:
         return 0
     head = [f"# Scored against HF fp32: {a.model}, {a.len} bench-rule tokens", "",
-            "| run | KL mean | KL p99.9 | top-1 agree | top-1 agree, margin > 0.05 | logit error mean | max | gate |",
-            "|---|---:|---:|---:|---:|---:|---:|---|"]
+            "| run | KL mean | KL p99.9 | top-1 agree | top-1 agree, margin > 0.05 | logit error mean | p99 | max | gate |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     greedy = ["", f"# Greedy: HF fp32's {a.gen} greedy tokens teacher-forced through Calla's decode path", "",
               "Steps: positions P-1 .. P+gen-2; clear: HF's top-2 margin > 0.05; first difference: the step "
               "(0-based) where Calla's top-1 first differs from HF's token; HF tf: steps where HF's teacher-forced "

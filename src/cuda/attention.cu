@@ -698,16 +698,14 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
     return launch_status();
 }
 
-// The fast mode at D = 256 on warpgroup products (flash_wg.cuh) where this binary holds sm_90a code
-// for the device: a probe kernel reports whether the sm_90a features were compiled into the code the
-// device runs, once. CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
+// The fast mode at D = 256 on warpgroup products (flash_wg.cuh) where the device runs this binary's
+// sm_90a code (k_has_sm90a). CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
 #include "flash_wg.cuh"
 
 static int g_flash_wg = 1;
-static int flash_wg_ok(void);
-extern "C" void k_set_flash(int wg) { g_flash_wg = wg && flash_wg_ok(); }   // probes at init, not in a capture
+extern "C" void k_set_flash(int wg) { g_flash_wg = wg && k_has_sm90a(); }   // probes at init, not in a capture
 
-static __global__ void flash_wg_probe(int *ok) {
+static __global__ void sm90a_probe(int *ok) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     *ok = 1;
 #else
@@ -715,12 +713,14 @@ static __global__ void flash_wg_probe(int *ok) {
 #endif
 }
 
-static int flash_wg_ok(void) {
+// Whether the code the device runs was compiled with the sm_90a features (wgmma): a probe kernel
+// reports it, once (the binary may hold sm_90 code too, and the driver picks).
+extern "C" int k_has_sm90a(void) {
     static int known = -1;
     if (known < 0) {
         int *d = NULL, h = 0;
         if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return 0;
-        flash_wg_probe<<<1, 1>>>(d);
+        sm90a_probe<<<1, 1>>>(d);
         const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
         cudaFree(d);
         known = e == cudaSuccess && h == 1;
@@ -747,7 +747,7 @@ extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t
     if (n_kv <= 0 || n_heads % n_kv || FA_BM % (n_heads / n_kv) || p0 + T > cap) return (int)cudaErrorInvalidValue;
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
-    if (!exact && D == FW_D && g_flash_wg && flash_wg_ok())
+    if (!exact && D == FW_D && g_flash_wg && k_has_sm90a())
         return flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 #define FA_CASE(d)                                                                                             \
     case d:                                                                                                    \

@@ -198,6 +198,6 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
         }
     }
 #else
-    __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_flash_wg_ok)
+    __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_has_sm90a)
 #endif
 }

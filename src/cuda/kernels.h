@@ -56,6 +56,11 @@ int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *x
                           uint16_t *yb, int ldy, const int *ymap, int M, const int *counts, const int *offs,
                           int maxrows, void *stream);
 void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
+// The fast qmatmul's products: 1 (default) warpgroup products (wgmma) where k_has_sm90a(), 0 mma.sync
+// (A/B, CALLA_QB=mma).
+void k_set_qb_wgmma(int on);
+// Whether the device runs this binary's sm_90a code (wgmma, setmaxnreg): probed once, not in a capture.
+int k_has_sm90a(void);
 // y[i] = bf16(x[i]), round to nearest even (n elements).
 int k_to_bf16(const float *x, uint16_t *y, long n, void *stream);
 

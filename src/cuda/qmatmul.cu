@@ -215,22 +215,36 @@ extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap,
 // 4-stage form at one (qmatmul_bf16.cuh).
 static int g_qb_blocks = 2;
 extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
+// CALLA_QB=mma (k_set_qb_wgmma(0)): the products on mma.sync instead of wgmma (A/B).
+static int g_qb_wg = 1;
+extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
+
+template <int BITS, int STAGES, bool GLU, bool WG>
+static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
+                                    const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
+                                    const int *counts, const int *offs, const float *gate, uint16_t *yb) {
+    static int attr_set;   // once per process and form (idempotent, so a race is harmless)
+    const size_t smem = QB_SMEM<BITS, STAGES, WG>;
+    if (!attr_set) {
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = 1;
+    }
+    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG>
+        <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb);
+    return launch_status();
+}
 
 template <int BITS, int STAGES, bool GLU>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
                                const int *counts, const int *offs, const float *gate, uint16_t *yb) {
-    static int attr_set;   // once per process and form (idempotent, so a race is harmless)
-    const size_t smem = qb_layout<BITS, STAGES>::BYTES;
-    if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
-    }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU>
-        <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb);
-    return launch_status();
+    if (g_qb_wg && k_has_sm90a())
+        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true>(grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M,
+                                                                 counts, offs, gate, yb);
+    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false>(grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M,
+                                                              counts, offs, gate, yb);
 }
 
 // Both launchers: y = W x (fp32), or with gate != NULL yb = bf16(silu(gate) (W x)) (the GLU form).

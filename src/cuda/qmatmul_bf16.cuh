@@ -3,6 +3,9 @@
 #pragma once
 
 #include "mma.cuh"
+#ifndef QB_HOST_SIM
+#include "wgmma.cuh"
+#endif
 
 // Fast mode: x already in bf16 (issue 12), the weights dequantized to bf16 as MLX does.
 //
@@ -79,15 +82,45 @@ static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 2
     return __float_as_uint((float)q) >> 16;
 }
 
+// Features n and n + 1 (those below N) of the output row at offset ro: y = v, or for GLU
+// yb = bf16(silu(gate) v): k_swiglu's expression, k_to_bf16's rounding.
+template <bool GLU>
+static __device__ __forceinline__ void qb_store(float *y, const float *gate, uint16_t *yb, size_t ro, int n, int N,
+                                                float v0, float v1) {
+    if constexpr (GLU) {
+        if (n < N) yb[ro + n] = f2bf16(silu_f(gate[ro + n]) * v0);
+        if (n + 1 < N) yb[ro + n + 1] = f2bf16(silu_f(gate[ro + n + 1]) * v1);
+    } else {
+        if (n < N) y[ro + n] = v0;
+        if (n + 1 < N) y[ro + n + 1] = v1;
+    }
+}
+
+// The products of one K step on warpgroup products (WG, sm_90a, the default where the device runs
+// this binary's sm_90a code; CALLA_QB=mma keeps mma.sync for A/B): the x tile and the dequantized
+// weight tile are already in wgmma's 128-byte-swizzle K-major layout (rows of 128 bytes, chunk c of
+// row r at c ^ (r & 7), wgmma.cuh) once their stages start on 1024-byte boundaries, so each
+// warpgroup (64 rows x 128 features) issues 4 wgmma m64n128k16 that read both straight from shared
+// memory, and dequantizes step kt + 1 while they run. The mma.sync form reads both through
+// ldmatrix, every warp its own 64 x 32 (~96 KB of shared-memory reads a step against ~48 KB).
+// Dynamic shared memory of a form: the layout, and for WG 1 KB to align its start.
+template <int BITS, int STAGES, bool WG>
+inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 0);
+
 // GLU: y unused; gate [*, ldy] fp32 and yb [*, ldy] bf16 (else both unused).
-template <int BITS, int STAGES, bool GLU>
+template <int BITS, int STAGES, bool GLU, bool WG = false>
 static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     qmatmul_bf16_kernel(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     using L = qb_layout<BITS, STAGES>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
-    QB_DYNAMIC_SMEM(qb_smem);
+    QB_DYNAMIC_SMEM(qb_raw);
+#ifndef QB_HOST_SIM
+    unsigned char *const qb_smem = WG ? qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023) : qb_raw;
+#else
+    unsigned char *const qb_smem = qb_raw;
+#endif
     uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
     uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
     uint16_t *const Wb = (uint16_t *)(qb_smem + L::WB);
@@ -197,8 +230,55 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     cp_async_wait<STAGES - 2>();   // step 0 has landed (this thread's copies)
     __syncthreads();
     dequant(0);
-
-    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32, g = lane / 4, c4 = lane % 4;
+    const int g = lane / 4, c4 = lane % 4;
+#if !defined(QB_HOST_SIM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (WG) {
+        // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
+        // fence.proxy.async in the writing thread, then a barrier.
+        fence_async_smem();
+        float acc[QB_BN / 2] = {};   // this warpgroup's 64 x 128: row g (+ 8) of the warp's 16, acc[4 ni + 2 h + j]
+        const int wg = warp / 4;
+        const uint64_t dX = wg_desc(smem_u32(Xt) + wg * 64 * 128, 16, 1024), dW = wg_desc(smem_u32(Wb), 16, 1024);
+        for (int kt = 0; kt < ng; kt++) {
+            const int st = kt % STAGES;
+            cp_async_wait<STAGES - 3>();   // this thread's copies of step kt + 1 have landed
+            fence_async_smem();
+            __syncthreads();   // as in the mma.sync loop below; step kt - 1's products were waited for
+            load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+            uint32_t nsv, nbv;
+            load_sb(kt + STAGES - 1, nsv, nbv);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < QB_BK / 16; kk++)
+                wgmma_64x128_ss(acc, dX + ((st * XT * 2 + kk * 32) >> 4),
+                                dW + (((kt % 2) * QB_BN * QB_BK * 2 + kk * 32) >> 4));
+            wg_commit();
+            dequant(kt + 1);   // under the products
+            fence_async_smem();
+            if (tid < QB_BN) {
+                Sc[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nsv;
+                Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
+            }
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < QB_BN / 2; i++) asm volatile("" : "+f"(acc[i])::"memory");
+        }
+        cp_async_wait<0>();
+        const int wr = wg * 64 + (warp % 4) * 16 + g;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int yr = yrow[wr + 8 * h];
+            if (yr < 0) continue;
+#pragma unroll
+            for (int ni = 0; ni < QB_BN / 8; ni++) {
+                const int n = n0 + ni * 8 + 2 * c4;
+                qb_store<GLU>(y, gate, yb, (size_t)yr * ldy, n, N, acc[4 * ni + 2 * h], acc[4 * ni + 2 * h + 1]);
+            }
+        }
+        return;
+    }
+#endif
+    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
     float acc[4][4][4] = {};
     for (int kt = 0; kt < ng; kt++) {
         const int st = kt % STAGES;
@@ -246,23 +326,10 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
         for (int h = 0; h < 2; h++) {
             const int yr = yrow[wm + mi * 16 + g + 8 * h];
             if (yr < 0) continue;
-            if constexpr (GLU) {   // yb = bf16(silu(gate) acc): k_swiglu's expression, k_to_bf16's rounding
-                const float *gp = gate + (size_t)yr * ldy;
-                uint16_t *bp = yb + (size_t)yr * ldy;
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    const int n = n0 + wn + ni * 8 + 2 * c4;
-                    if (n < N) bp[n] = f2bf16(silu_f(gp[n]) * acc[mi][ni][2 * h]);
-                    if (n + 1 < N) bp[n + 1] = f2bf16(silu_f(gp[n + 1]) * acc[mi][ni][2 * h + 1]);
-                }
-            } else {
-                float *yp = y + (size_t)yr * ldy;
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    const int n = n0 + wn + ni * 8 + 2 * c4;
-                    if (n < N) yp[n] = acc[mi][ni][2 * h];
-                    if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
-                }
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = n0 + wn + ni * 8 + 2 * c4;
+                qb_store<GLU>(y, gate, yb, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
         }
 }

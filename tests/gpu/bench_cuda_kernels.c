@@ -116,6 +116,14 @@ static int run_gdn(void *c) {
                            QWEN_LIN_V_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_DIM, 1e-6f, NULL);
 }
 
+// The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
+static double time_mma(struct mctx *m) {
+    k_set_qb_wgmma(0);
+    const double ms = time_ms(run_mmb, m);
+    k_set_qb_wgmma(1);
+    return ms;
+}
+
 int main(int argc, char **argv) {
     rng = 0x2545F4914F6CDD1Dull;
     char why[256];
@@ -167,10 +175,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 6; i++) {
         struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0,
                          xb, NULL, NULL};
-        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m);
+        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m), msm = time_mma(&m);
         const double flop = 2.0 * T * dense[i].rows * dense[i].cols;
-        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s\n",
-               dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms, flop / ms / 1e9, msf, flop / msf / 1e9);
+        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s "
+               "(mma.sync %8.3f ms %6.1f)\n", dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms,
+               flop / ms / 1e9, msf, flop / msf / 1e9, msm, flop / msm / 1e9);
         cudaFree((void *)m.W.w), cudaFree((void *)m.W.scales), cudaFree((void *)m.W.biases);
     }
     {   // the fast mode's conversions of the product inputs: [T, 2048] (normed hidden) and [8T, 512]
@@ -194,10 +203,11 @@ int main(int argc, char **argv) {
     cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
     struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb, NULL, NULL};
-    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g);
+    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g), msm = time_mma(&g);
     const double eflop = 2.0 * T * K * I * H;
     printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
+           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
+           eflop / msm / 1e9);
     {   // the up product with the SwiGLU in its epilogue (replaces fast up + k_swiglu + k_to_bf16)
         g.gate = x;
         cudaMalloc((void **)&g.yb, (size_t)T * K * I * 2);
@@ -209,8 +219,10 @@ int main(int argc, char **argv) {
     struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb, NULL, NULL};
     ms = time_ms(run_mm, &dn);
     msf = time_ms(run_mmb, &dn);
+    msm = time_mma(&dn);
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
+           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
+           eflop / msm / 1e9);
     // the DeltaNet recurrence over one chunk
     const int Hv = QWEN_LIN_V_HEADS, VD = Hv * QWEN_LIN_V_DIM;
     struct gctx gd = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)T * Hv * 4, 1), dev_random((size_t)T * Hv * 4, 1),

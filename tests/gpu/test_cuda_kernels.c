@@ -708,9 +708,35 @@ int main(int argc, char **argv) {
         return 77;   // ran nothing: never a pass (gpu_check records a FAIL)
     }
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
-    // argv[2] "attention": only the attention checks (a quick run while working on those kernels)
-    const bool all = !(argc > 2 && !strcmp(argv[2], "attention"));
-    printf("# %s%s\n", why, all ? "" : "; attention checks only");
+    // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
+    // SwiGLU epilogue and the norm's bf16 copy (quick runs while working on those kernels)
+    const char *only = argc > 2 ? argv[2] : "";
+    const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
+    printf("# %s%s%s\n", why, *only ? "; checks: " : "", only);
+    if (all || fast) {
+        test_rmsnorm_embed();
+        test_swiglu();
+        // the fast products on both forms: wgmma (the default where the device runs sm_90a code) and
+        // mma.sync (CALLA_QB=mma; a lighter set: the forms share everything but the products)
+        for (int wg = 1; wg >= 0; wg--) {
+            k_set_qb_wgmma(wg);
+            printf("# fast products on %s\n", wg && k_has_sm90a() ? "wgmma" : "mma.sync");
+            if (wg) {
+                test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
+                                 QWEN_HIDDEN, 4, "qmatmul in_qkv");
+                test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+                test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+                test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
+                test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
+                test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
+            }
+            test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+            test_swiglu_epilogue(77, 200, 0);
+            test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
+            test_moe(64);
+        }
+        k_set_qb_wgmma(1);
+    }
     if (all) {
         test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
         test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
@@ -720,28 +746,17 @@ int main(int argc, char **argv) {
         test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
         test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
         test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-        test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4,
-                         "qmatmul in_qkv");
-        test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
-        test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
-        test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-        test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
-        test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
-        test_rmsnorm_embed();
-        test_swiglu();
-        test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
-        test_swiglu_epilogue(77, 200, 0);
-        test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
-        test_moe(64);
     }
-    test_attention(1, 3000, 4096, 256);
-    test_attention(1, 0, 16, 256);
-    test_attention(100, 700, 1024, 256);
-    test_attention(37, 0, 64, 32);
-    test_attention(129, 0, 200, 256);
-    test_attention(300, 1990, 2400, 1024);
-    test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
-    test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
+    if (attn) {
+        test_attention(1, 3000, 4096, 256);
+        test_attention(1, 0, 16, 256);
+        test_attention(100, 700, 1024, 256);
+        test_attention(37, 0, 64, 32);
+        test_attention(129, 0, 200, 256);
+        test_attention(300, 1990, 2400, 1024);
+        test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
+        test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
+    }
     if (all) {
         test_deltanet(1);
         test_deltanet(37);
