@@ -29,7 +29,10 @@
 //   bias loads; dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step
 //   kt + STAGES - 1's scale / bias pairs to its stage.
 // So the tensor cores of one warp overlap the dequantization of another, and global loads run
-// STAGES - 1 steps ahead.
+// STAGES - 1 steps ahead. The WG form (the default on sm_90a; below the kernel's QB_SMEM) issues
+// step kt's products as wgmma before dequantizing step kt + 1, so each warpgroup's own
+// dequantization runs under its products, and waits for them at the end of the step. The host
+// simulator runs the mma.sync form (wgmma has no host model); test_cuda_kernels checks both.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
 // GLU (k_qmatmul_bf16_swiglu, issue 12): the up product of a SwiGLU ends in its activation. The
 // epilogue reads the gate product's fp32 output g at the element it would write (same ldy, ymap,
