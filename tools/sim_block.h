@@ -23,6 +23,16 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
     wsync();
     return r;
 }
+static int g_vote[8][32];
+static int __any_sync(unsigned, int p) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_vote[w][l] = p != 0;
+    wsync();
+    int r = 0;
+    for (int i = 0; i < 32; i++) r |= g_vote[w][i];
+    wsync();
+    return r;
+}
 static const void *g_addr[8][32];
 static void ldsm_x4(uint32_t r[4], const void *p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;

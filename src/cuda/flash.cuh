@@ -34,6 +34,98 @@ static size_t flash_smem_bytes(int D, bool exact) {
     return (size_t)(exact ? 2 * FA_BM + 3 * FA_BN : FA_BM + 4 * FA_BN) * D * sizeof(uint16_t);
 }
 
+// ---- pieces shared with the wgmma kernel (flash_wg.cuh) ----------------------------------------------
+// A thread holds two rows of its warp's 16, a (row g) and b (g + 8), and its scores and outputs in
+// mma.m16n8's C layout, flat: x[4 n + e] is row a (e < 2) or b, column 8 n + 2 c4 + (e & 1).
+
+// The 8 values of 16-byte chunk c of query row (token t, head h) as floats; zeros past the chunk.
+template <int D>
+static __device__ __forceinline__ void fa_q_load(const float *q, int t, int h, int c, int T, int n_heads, float v[8]) {
+    for (int e = 0; e < 8; e++) v[e] = 0;
+    if (t < T) {
+        const float4 *src = (const float4 *)(q + ((size_t)t * n_heads + h) * D + c * 8);
+        const float4 a = src[0], b = src[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+}
+
+struct fa_rows {   // the online softmax's running max m and sum l (of the fp32 P) of rows a and b
+    float m_a, m_b, l_a, l_b;
+};
+
+// The online softmax of the tile whose first key is key0, in base 2: scores scaled by sl2, keys past
+// a row's causal limit -inf whatever the key holds; updates r, leaves P (fp32) in s, and returns in
+// corr_a / corr_b the factors the output accumulated so far is to be rescaled by.
+template <int N>
+static __device__ __forceinline__ void fa_softmax(float (&s)[N], int key0, int c4, int lim_a, int lim_b, float sl2,
+                                                  fa_rows &r, float &corr_a, float &corr_b) {
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const int e = i % 4, key = key0 + (i / 4) * 8 + 2 * c4 + (e & 1);
+        const float v = key <= (e < 2 ? lim_a : lim_b) ? s[i] * sl2 : -INFINITY;
+        s[i] = v;
+        if (e < 2) mx_a = fmaxf(mx_a, v);
+        else mx_b = fmaxf(mx_b, v);
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    const float mn_a = fmaxf(r.m_a, mx_a), mn_b = fmaxf(r.m_b, mx_b);   // finite: key 0 is in every row
+    corr_a = exp2f(r.m_a - mn_a);
+    corr_b = exp2f(r.m_b - mn_b);
+    r.m_a = mn_a;
+    r.m_b = mn_b;
+    float rs_a = 0, rs_b = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const float p = exp2f(s[i] - (i % 4 < 2 ? mn_a : mn_b));
+        s[i] = p;
+        if (i % 4 < 2) rs_a += p;
+        else rs_b += p;
+    }
+    r.l_a = r.l_a * corr_a + rs_a;
+    r.l_b = r.l_b * corr_b + rs_b;
+}
+
+// acc *= corr per row, skipped where no row of the warp moved its max (a product by exactly 1
+// changes nothing; once the maxima settle, most tiles of a long row skip its D / 2 multiplies).
+template <int N>
+static __device__ __forceinline__ void fa_rescale(float (&acc)[N], float corr_a, float corr_b) {
+    if (!__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) return;
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] *= i % 4 < 2 ? corr_a : corr_b;
+}
+
+// The output of rows a (block row ra) and b (ra + 8): acc / l times the gate's sigmoid, rows past
+// the chunk not written.
+template <int D>
+static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_rows r, float *o, const float *qg, int ra,
+                                                int t0, int G, int kvh, int T, int n_heads, int c4) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, off);
+        r.l_b += __shfl_xor_sync(0xffffffffu, r.l_b, off);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = ra + 8 * half, t = t0 + row / G;
+        if (t >= T) continue;
+        const int h = kvh * G + row % G;
+        const float inv = 1.0f / (half ? r.l_b : r.l_a);
+        float *dst = o + ((size_t)t * n_heads + h) * D;
+        const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            const int d = dn * 8 + 2 * c4;
+            dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
+            dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
+        }
+    }
+}
+
 template <int D, bool EXACT>
 static __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_attention_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
@@ -60,13 +152,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     load_tile(Vs, vbase, 0);
     cp_async_commit();
     for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> bf16 (EXACT: hi and lo)
-        const int r = i / CH, c = i % CH, t = t0 + r / G, h = kvh * G + r % G;
-        float v[8] = {};
-        if (t < T) {
-            const float4 *src = (const float4 *)(q + ((size_t)t * n_heads + h) * D + c * 8);
-            const float4 a = src[0], b = src[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        }
+        const int r = i / CH, c = i % CH;
+        float v[8];
+        fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
         const int at = r * D + swz(r, c) * 8;
         if constexpr (EXACT) {
             uint16_t hi[8], lo[8];
@@ -86,8 +174,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     const int ra = warp * 16 + g, rb = ra + 8;
     const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
     const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
-    float acc[D / 8][4] = {};
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    float acc[D / 2] = {};   // acc[4 dn + e]: output columns 8 dn + 2 c4 + (e & 1)
+    fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
     for (int j = 0; j < n_tiles; j++) {
         const bool more = j + 1 < n_tiles;
         const uint16_t *Kt = Ks + (j & 1) * FA_BN * D, *Vt = EXACT ? Vs : Vs + (j & 1) * FA_BN * D;
@@ -110,7 +198,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
                 cp_async_commit();
             }
         }
-        float s[FA_BN / 8][4] = {};
+        float s[FA_BN / 2] = {};
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             uint32_t ah[4], al[4];
@@ -122,52 +210,15 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
                 uint32_t b[4];
                 const int kr = p * 16 + lane % 8 + 8 * (lane / 16), kcn = ks * 2 + (lane / 8) % 2;
                 ldsm_x4(b, Kt + kr * D + swz(kr, kcn) * 8);
-                mma_bf16(s[2 * p], ah, b[0], b[1]);
-                if constexpr (EXACT) mma_bf16(s[2 * p], al, b[0], b[1]);
-                mma_bf16(s[2 * p + 1], ah, b[2], b[3]);
-                if constexpr (EXACT) mma_bf16(s[2 * p + 1], al, b[2], b[3]);
+                mma_bf16(&s[8 * p], ah, b[0], b[1]);
+                if constexpr (EXACT) mma_bf16(&s[8 * p], al, b[0], b[1]);
+                mma_bf16(&s[8 * p + 4], ah, b[2], b[3]);
+                if constexpr (EXACT) mma_bf16(&s[8 * p + 4], al, b[2], b[3]);
             }
         }
-        // online softmax in base 2; masked scores are -inf whatever the key holds
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = j * FA_BN + ni * 8 + 2 * c4 + (e & 1);
-                const float v = key <= (e < 2 ? lim_a : lim_b) ? s[ni][e] * sl2 : -INFINITY;
-                s[ni][e] = v;
-                if (e < 2) mx_a = fmaxf(mx_a, v);
-                else mx_b = fmaxf(mx_b, v);
-            }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key 0 is in every row
-        const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float rs_a = 0, rs_b = 0;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[ni][e] - (e < 2 ? mn_a : mn_b));
-                s[ni][e] = p;
-                if (e < 2) rs_a += p;
-                else rs_b += p;
-            }
-        l_a = l_a * corr_a + rs_a;   // fp32 P (fast: the mma below sees bf16(P))
-        l_b = l_b * corr_b + rs_b;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            acc[dn][0] *= corr_a;
-            acc[dn][1] *= corr_a;
-            acc[dn][2] *= corr_b;
-            acc[dn][3] *= corr_b;
-        }
+        float corr_a, corr_b;   // fp32 P; the fast mode's products see bf16(P)
+        fa_softmax(s, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
+        fa_rescale(acc, corr_a, corr_b);
         if constexpr (EXACT) {
             if (more) cp_async_wait<1>();   // V(j) landed; K(j + 1) may fly
             else cp_async_wait<0>();
@@ -181,7 +232,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             uint32_t ph[4], pl[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {   // A fragment r: S tile 2 kk + r / 2, elements 2 (r % 2) ..
-                const float *sv = &s[2 * kk + r / 2][2 * (r % 2)];
+                const float *sv = &s[4 * (2 * kk + r / 2) + 2 * (r % 2)];
                 if constexpr (EXACT) {
                     uint16_t h0, l0, h1, l1;
                     split_bf16(sv[0], &h0, &l0);
@@ -197,10 +248,10 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
                 uint32_t b[4];
                 const int vr = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2), vcn = p * 2 + lane / 16;
                 ldsm_x4_t(b, Vt + vr * D + swz(vr, vcn) * 8);
-                mma_bf16(acc[2 * p], ph, b[0], b[1]);
-                if constexpr (EXACT) mma_bf16(acc[2 * p], pl, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], ph, b[2], b[3]);
-                if constexpr (EXACT) mma_bf16(acc[2 * p + 1], pl, b[2], b[3]);
+                mma_bf16(&acc[8 * p], ph, b[0], b[1]);
+                if constexpr (EXACT) mma_bf16(&acc[8 * p], pl, b[0], b[1]);
+                mma_bf16(&acc[8 * p + 4], ph, b[2], b[3]);
+                if constexpr (EXACT) mma_bf16(&acc[8 * p + 4], pl, b[2], b[3]);
             }
         }
         if constexpr (EXACT) {
@@ -211,24 +262,5 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             }
         }   // fast: the barrier at the top of tile j + 1 guards the stages tile j read
     }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? rb : ra, t = t0 + r / G;
-        if (t >= T) continue;
-        const int h = kvh * G + r % G;
-        const float inv = 1.0f / (half ? l_b : l_a);
-        float *dst = o + ((size_t)t * n_heads + h) * D;
-        const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            const int d = dn * 8 + 2 * c4;
-            dst[d] = acc[dn][2 * half] * inv * sigmoid_f(gate[d]);
-            dst[d + 1] = acc[dn][2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
-        }
-    }
+    fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 }

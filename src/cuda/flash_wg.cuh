@@ -67,13 +67,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     load_tile(Vp, vbase, 0);
     cp_async_commit();
     for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> bf16
-        const int r = i / CH, c = i % CH, t = t0 + r / G, h = kvh * G + r % G;
-        float v[8] = {};
-        if (t < T) {
-            const float4 *src = (const float4 *)(q + ((size_t)t * n_heads + h) * D + c * 8);
-            const float4 a = src[0], b = src[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        }
+        const int r = i / CH, c = i % CH;
+        float v[8];
+        fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
         *(uint4 *)(Qp + fw_at(r, c, FA_BM)) =
             make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]), bf16x2_rn(v[6], v[7]));
     }
@@ -84,7 +80,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     float acc[D / 2];   // this thread's part of the warpgroup's 64 x 256 output: acc[4 dn + e]
 #pragma unroll
     for (int i = 0; i < D / 2; i++) acc[i] = 0;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
     for (int j = 0; j < n_tiles; j++) {
         const bool more = j + 1 < n_tiles;
         const uint32_t kt = sK + (j & 1) * FA_BN * D * 2, vt = sV + (j & 1) * FA_BN * D * 2;
@@ -109,52 +105,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
         wg_commit();
         wg_wait<0>();
         fw_pin(s);
-        // online softmax in base 2; masked scores are -inf whatever the key holds. s[4 ni + e]: row
-        // g (e < 2) or g + 8, key 8 ni + 2 c4 + (e & 1) of the tile (mma.cuh's C layout)
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = j * FA_BN + ni * 8 + 2 * c4 + (e & 1);
-                const float v = key <= (e < 2 ? lim_a : lim_b) ? s[4 * ni + e] * sl2 : -INFINITY;
-                s[4 * ni + e] = v;
-                if (e < 2) mx_a = fmaxf(mx_a, v);
-                else mx_b = fmaxf(mx_b, v);
-            }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key 0 is in every row
-        const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float rs_a = 0, rs_b = 0;
-#pragma unroll
-        for (int ni = 0; ni < FA_BN / 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[4 * ni + e] - (e < 2 ? mn_a : mn_b));
-                s[4 * ni + e] = p;
-                if (e < 2) rs_a += p;
-                else rs_b += p;
-            }
-        l_a = l_a * corr_a + rs_a;   // fp32 P; the products see bf16(P)
-        l_b = l_b * corr_b + rs_b;
-        // Rescale the output only where a row's max moved (a product by exactly 1 changes nothing): a
-        // warp skips its 128 multiplies a thread once its 16 rows' maxima settle, most tiles of a
-        // long row
-        if (__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) {
-#pragma unroll
-            for (int dn = 0; dn < D / 8; dn++) {
-                acc[4 * dn + 0] *= corr_a;
-                acc[4 * dn + 1] *= corr_a;
-                acc[4 * dn + 2] *= corr_b;
-                acc[4 * dn + 3] *= corr_b;
-            }
-        }
+        float corr_a, corr_b;   // fp32 P; the products see bf16(P)
+        fa_softmax(s, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
+        fa_rescale(acc, corr_a, corr_b);
         uint32_t pa[FA_BN / 16][4];   // P as the A fragments of the four k16 steps
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; kk++)
@@ -177,26 +130,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
         wg_wait<0>();
         fw_pin(acc);
     }   // the barrier at the top of tile j + 1 guards the stages tile j read
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? rb : ra, t = t0 + r / G;
-        if (t >= T) continue;
-        const int h = kvh * G + r % G;
-        const float inv = 1.0f / (half ? l_b : l_a);
-        float *dst = o + ((size_t)t * n_heads + h) * D;
-        const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            const int d = dn * 8 + 2 * c4;
-            dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
-            dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
-        }
-    }
+    fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 #else
     __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_has_sm90a)
 #endif
