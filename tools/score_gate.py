@@ -19,8 +19,11 @@ Backends (--backends), each `calla score --reference hf-fp32.json`:
                 one position decaying over the next ~15 as the changed token fades from the
                 attention and DeltaNet state: the shape of one flipped routing decision. At those
                 positions CUDA's exact mode, summing in yet another order, agrees with HF to ~1e-5
-                (and has its own clusters elsewhere, where the oracle agrees with HF). A bug moves
-                every position, or by far more than 1e-2 (a lost key tile is ~1e-1).
+                (and has its own clusters elsewhere, where the oracle agrees with HF), and each
+                cluster starts at one of the oracle's closest 8th-vs-9th expert decisions (506 the
+                closest of the first 1,599 positions, logit gap 4.8e-7; 1490 the 3rd; 1228 the 5th:
+                3-score-gate/attribution-1600.txt). A bug moves every position, or by far more than
+                1e-2 (a lost key tile is ~1e-1).
     cpu         the CPU engine with its production bf16 KV cache: reported
     --hf-bf16   HF in bf16 against HF fp32: reported
 Every row reports KL(HF fp32 || run) mean and p99.9 and the top-1 agreement.
