@@ -10,7 +10,7 @@
 # (test_cuda_layers: every layer fed the oracle's input). The sanitizer stage runs both modes.
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full layers
-#                      timing bench"; also "racecheck", and "score": tools/score_gate.py at the full
+#                      score timing bench"; also "racecheck"). "score": tools/score_gate.py at the full
 #                      shape over GPU_CHECK_SCORE_LEN tokens (4096): HF fp32 the reference, CUDA exact
 #                      (CALLA_EXACT=1, gated: top-1 >= 99.5% where HF's margin > 0.05), CUDA fast
 #                      (reported), the CPU oracle with fp32 KV (gated: logit error <= 1e-4 at 99% of
@@ -28,7 +28,7 @@
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
 B=${1:-build}
-STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full layers timing bench}
+STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full layers score timing bench}
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 TMP=${GPU_CHECK_TMP:-/tmp}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
