@@ -119,19 +119,19 @@ tcgemv-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
-# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh) run on the host, a block as 256
-# threads (tools/qmatmul_sim.cpp): no GPU needed.
+# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, run on the
+# host, a block as 256 threads (tools/qmatmul_sim.cpp; wgmma modelled by tools/sim_wgmma.h): no GPU needed.
 .PHONY: qmatmul-sim
 qmatmul-sim:
 	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh $(BUILD)/qbsim/ && : > $(BUILD)/qbsim/mma.cuh
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
-# The prefill FlashAttention kernel (src/cuda/flash.cuh), both modes, run on the host, a block as 256
-# threads (tools/flash_sim.cpp): no GPU needed.
+# The prefill FlashAttention kernels (src/cuda/flash.cuh, both modes, and flash_wg.cuh on wgmma) run on
+# the host, a block as 256 threads (tools/flash_sim.cpp; wgmma modelled by tools/sim_wgmma.h): no GPU needed.
 .PHONY: flash-sim
 flash-sim:
-	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh
+	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh src/cuda/flash_wg.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh && : > $(BUILD)/fasim/wgmma.cuh
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/flash_sim.cpp
 	$(BUILD)/fasim/sim
 

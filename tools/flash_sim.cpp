@@ -7,6 +7,11 @@
 // of their own arithmetic: exact vs the softmax formula on fp32 q; fast vs q rounded to bf16 and the
 // online softmax over the same 64-key tiles with bf16(P) times V. Also: rows past the chunk and other
 // heads' outputs are never written.
+// The wgmma kernel (flash_wg.cuh, D = 256) runs on the warpgroup-product model of tools/sim_wgmma.h
+// (descriptors decoded, the 128-byte swizzle on shared addresses, fragments by the PTX layouts)
+// against the same fast twin and bounds, and must equal the mma.sync fast kernel bit for bit on the
+// same inputs (both models round each k16 product sum to float once, in the same k order); it also
+// runs with the dynamic shared memory starting off a 1 KB boundary (its own alignment must absorb it).
 //
 //   make flash-sim
 #include <algorithm>
@@ -27,12 +32,15 @@
 #define FA_HOST_SIM 1
 #define WARP_SIZE 32
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define FA_DYNAMIC_SMEM(name) alignas(16) static uint16_t name[(2 * FA_BM + 4 * FA_BN) * D]
+#define FA_DYNAMIC_SMEM(name)                                           \
+    alignas(16) static uint16_t name[(2 * FA_BM + 4 * FA_BN) * D]; \
+    sim_smem_region(name, sizeof name)
 struct uint4 { uint32_t x, y, z, w; };
 struct float4 { float x, y, z, w; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 #include "sim_bf16.h"
 #include "sim_block.h"
+#include "sim_wgmma.h"
 static int min(int a, int b) { return a < b ? a : b; }
 static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -54,13 +62,15 @@ static void ldsm_x4_t(uint32_t r[4], const void *p) {   // transposed: rows 2 (l
     wsync();
 }
 #include "flash.cuh"
+#define __CUDA_ARCH_FEAT_SM90_ALL 1   // flash_wg.cuh's wgmma body, on sim_wgmma.h's model
+#include "flash_wg.cuh"
 
 // ---- the check -----------------------------------------------------------------------------------------
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int D, bool EXACT>
+template <int D, bool EXACT, bool WG = false>
 static void launch(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
                    int cap, int n_heads, int n_kv) {
     gridDim = {(unsigned)CEIL_DIV(T, FA_BM / (n_heads / n_kv)), (unsigned)n_kv, 1};
@@ -69,6 +79,7 @@ static void launch(const float *q, const float *qg, const uint16_t *kc, const ui
             blockIdx = {bx, by, 0};
             std::barrier<> bar(FA_THREADS);
             for (int w = 0; w < 8; w++) g_wbar[w] = new std::barrier<>(32);
+            for (int w = 0; w < 2; w++) g_wgbar[w] = new std::barrier<>(128);
             g_bar = &bar;
             std::vector<std::thread> th;
             for (int t = 0; t < FA_THREADS; t++)
@@ -76,18 +87,23 @@ static void launch(const float *q, const float *qg, const uint16_t *kc, const ui
                     threadIdx = {(unsigned)t, 0, 0};
                     t_groups.clear();
                     t_open.clear();
-                    flash_attention_kernel<D, EXACT>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+                    if constexpr (WG) flash_wg_kernel(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+                    else flash_attention_kernel<D, EXACT>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
                 });
             for (auto &h : th) h.join();
             for (int w = 0; w < 8; w++) delete g_wbar[w];
+            for (int w = 0; w < 2; w++) delete g_wgbar[w];
         }
 }
 
 static int fails;
 static std::vector<std::vector<float>> g_out;   // each case's output with the copies at once
-template <int D, bool EXACT>
+// WG: the wgmma kernel (fast, D = 256), also compared bit for bit with the mma.sync fast kernel
+template <int D, bool EXACT, bool WG = false>
 static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
+    static_assert(!WG || (D == FW_D && !EXACT), "the wgmma kernel: fast mode, D = 256");
     if (flash_smem_bytes(D, EXACT) > (size_t)(2 * FA_BM + 4 * FA_BN) * D * 2) abort();
+    if (WG && flash_wg_smem_bytes() > (size_t)(2 * FA_BM + 4 * FA_BN) * D * 2) abort();
     rng = 88172645463325252ull + (uint64_t)idx;   // the same inputs in both cp.async modes
     const int cap = p0 + T + 5, G = n_heads / n_kv, QD = n_heads * D;
     std::vector<float> q((size_t)T * QD), qg((size_t)T * 2 * QD), o((size_t)(T + 2) * QD, NAN);
@@ -95,7 +111,13 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     for (auto &v : q) v = 1.5f * frand();
     for (auto &v : qg) v = 2.0f * frand();
     for (size_t i = 0; i < kc.size(); i++) kc[i] = f2bf16(frand()), vc[i] = f2bf16(frand());
-    launch<D, EXACT>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
+    launch<D, EXACT, WG>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
+    bool eq_mma = true;
+    if (WG) {   // the mma.sync fast kernel on the same inputs
+        std::vector<float> o2(o.size(), NAN);
+        launch<D, false>(q.data(), qg.data(), kc.data(), vc.data(), o2.data(), T, p0, cap, n_heads, n_kv);
+        eq_mma = !memcmp(o2.data(), o.data(), o.size() * sizeof(float));
+    }
     // twins in double; error relative to sigma_d sum_j pi_j |v_jd|
     const double sl2 = 1.0 / sqrt((double)D) * 1.4426950408889634;
     double worst = 0;
@@ -162,11 +184,14 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     bool same = true;   // the pipeline must not change a bit: copies at once or as late as allowed
     if (!g_defer) g_out.push_back(o);
     else same = !memcmp(g_out[idx].data(), o.data(), o.size() * sizeof(float));
-    const bool ok = !bad && !stray && same;
+    const bool ok = !bad && !stray && same && eq_mma;
     fails += !ok;
-    printf("%-5s D %3d G %d T %3d p0 %4d: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s  %s\n",
-           EXACT ? "exact" : "fast", D, G, T, p0, worst, bad, stray,
-           g_defer ? same ? ", = at once" : ", != at once" : "", ok ? "PASS" : "FAIL");
+    char smem[40] = "";
+    if (g_smem_addr0 % 1024) snprintf(smem, sizeof smem, " (smem at 1 KB + %u)", g_smem_addr0 % 1024);
+    printf("%-11s D %3d G %3d T %3d p0 %4d%s: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s%s  %s\n",
+           WG ? "fast wgmma" : EXACT ? "exact" : "fast", D, G, T, p0, smem, worst, bad, stray,
+           WG ? eq_mma ? ", = mma.sync" : ", != mma.sync" : "", g_defer ? same ? ", = at once" : ", != at once" : "",
+           ok ? "PASS" : "FAIL");
 }
 
 int main() {
@@ -178,6 +203,13 @@ int main() {
         run_case<64, true>(3, 45, 130, 8, 2);
         run_case<64, false>(4, 3, 0, 8, 2);       // one tile, mostly empty rows
         run_case<64, true>(5, 3, 0, 8, 2);
+        run_case<256, false, true>(6, 20, 70, 16, 2);    // wgmma: the model's G 8, 2 blocks a kv head, 2 tiles
+        run_case<256, false, true>(7, 45, 130, 8, 2);    // G 4: 3 key tiles, a partial block
+        run_case<256, false, true>(8, 130, 0, 2, 2);     // G 1: 128 tokens a block, 2 blocks, 3 tiles
+        run_case<256, false, true>(9, 3, 0, 32, 2);      // G 16: one tile, mostly empty rows
+        g_smem_addr0 = 1024 + 528;                        // dynamic shared memory off a 1 KB boundary
+        run_case<256, false, true>(10, 20, 70, 16, 2);
+        g_smem_addr0 = 1024;
     }
     printf("flash-sim: %s\n", fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;

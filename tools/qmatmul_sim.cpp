@@ -9,6 +9,12 @@
 // the GLU form (k_qmatmul_bf16_swiglu's epilogue) on a random gate and checks its bf16 output bit for
 // bit against the unfused computation on the plain form's y (k_swiglu's silu(g) u, then k_to_bf16's
 // rounding), and that it writes nothing else.
+// Both forms run: mma.sync, and WG (wgmma m64n128k16 from shared memory) on the warpgroup-product
+// model of tools/sim_wgmma.h (descriptors decoded, the 128-byte swizzle on shared addresses,
+// fragments by the PTX layouts), against the same reference and GLU check, and the WG form's outputs
+// must equal the mma.sync form's bit for bit (both models round each k16 sum to float once, in the
+// same order). The 4-stage passes also start the dynamic shared memory off a 1 KB boundary, which the
+// WG form's own alignment must absorb.
 //
 //   make qmatmul-sim
 #include <barrier>
@@ -18,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "bf16.h"
@@ -34,13 +41,16 @@
 #define WARP_SIZE 32
 #define QGROUP 64
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define QB_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[qb_layout<BITS, STAGES>::BYTES]
+#define QB_DYNAMIC_SMEM(name)                                                    \
+    alignas(16) static unsigned char name[QB_SMEM<BITS, STAGES, WG>]; \
+    sim_smem_region(name, sizeof name)
 struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 static float silu_f(float x) { return x / (1.0f + expf(-x)); }   // common.cuh's
 #include "sim_block.h"
+#include "sim_wgmma.h"
 static uint32_t bf2_minus128(uint32_t v) {   // fma.rn.bf16x2 v * 1 + (-128): exact for 128 + q
     const uint16_t lo = f2bf16(bf16f((uint16_t)v) - 128.0f), hi = f2bf16(bf16f((uint16_t)(v >> 16)) - 128.0f);
     return lo | (uint32_t)hi << 16;
@@ -50,6 +60,7 @@ static uint32_t bf2_fma(uint32_t a, uint32_t s, uint32_t b) {   // fma.rn.bf16x2
     const uint16_t hi = bf16_fma_round(bf16f((uint16_t)(a >> 16)), bf16f((uint16_t)(s >> 16)), bf16f((uint16_t)(b >> 16)));
     return lo | (uint32_t)hi << 16;
 }
+#define __CUDA_ARCH_FEAT_SM90_ALL 1   // the WG form's body, on sim_wgmma.h's model
 #include "qmatmul_bf16.cuh"
 
 // ---- the check -----------------------------------------------------------------------------------------
@@ -57,7 +68,7 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int BITS, int STAGES, bool GLU>
+template <int BITS, int STAGES, bool GLU, bool WG>
 static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     for (unsigned bz = 0; bz < grid.z; bz++)
@@ -66,6 +77,7 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
                 blockIdx = {bx, by, bz};
                 std::barrier<> bar(QB_THREADS);
                 for (int w = 0; w < 8; w++) g_wbar[w] = new std::barrier<>(32);
+                for (int w = 0; w < 2; w++) g_wgbar[w] = new std::barrier<>(128);
                 g_bar = &bar;
                 std::vector<std::thread> th;
                 for (int t = 0; t < QB_THREADS; t++)
@@ -73,11 +85,12 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES, GLU>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate,
+                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate,
                                                                yb);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
+                for (int w = 0; w < 2; w++) delete g_wgbar[w];
             }
 }
 
@@ -113,22 +126,10 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
     struct dqt W = {w.data(), sc.data(), bi.data(), grouped ? E : 0, N, K, bits};
     const int rows = grouped ? maxrows : M;
     dim3s grid = {(unsigned)CEIL_DIV(N, QB_BN), (unsigned)CEIL_DIV(rows, QB_BM), (unsigned)(grouped ? E : 1)};
-    if (rows > 0) {
-        auto go = [&](auto kern, float *yo, const float *g, uint16_t *ybo) {
-            kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, yo, ldy, use_ymap ? ymap.data() : nullptr,
-                 M, grouped ? counts.data() : nullptr, offs.data(), g, ybo);
-        };
-        float *yp = y.data(), *gp = gate.data();
-        uint16_t *bp = yb.data();
-        if (bits == 4 && g_stages == 3) go(launch<4, 3, false>, yp, 0, 0), go(launch<4, 3, true>, 0, gp, bp);
-        if (bits == 4 && g_stages == 4) go(launch<4, 4, false>, yp, 0, 0), go(launch<4, 4, true>, 0, gp, bp);
-        if (bits == 8 && g_stages == 3) go(launch<8, 3, false>, yp, 0, 0), go(launch<8, 3, true>, 0, gp, bp);
-        if (bits == 8 && g_stages == 4) go(launch<8, 4, false>, yp, 0, 0), go(launch<8, 4, true>, 0, gp, bp);
-    }
-    // reference: y[yrow] = W[e] x[xrow], and every other element of y untouched (NaN)
+    // reference: y[yrow] = W[e] x[xrow] in double, with sum |w x| for the bound; every other element
+    // of y untouched (NaN)
     std::vector<char> written((size_t)yrows * ldy, 0);
-    double worst = 0;
-    long bad = 0;
+    std::vector<double> ref((size_t)yrows * ldy, 0), refa((size_t)yrows * ldy, 0);
     for (int e = 0; e < E; e++)
         for (int r = offs[e]; r < offs[e] + (grouped ? counts[e] : M); r++) {
             const int xr = use_xmap ? xmap[r] / xdiv : r, yr = use_ymap ? ymap[r] : r;
@@ -141,35 +142,81 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
                     s += wk * bf16f(x[(size_t)xr * ldx + k]);
                     sa += fabs(wk * bf16f(x[(size_t)xr * ldx + k]));
                 }
-                const float g = y[(size_t)yr * ldy + n];
                 written[(size_t)yr * ldy + n] = 1;
-                const double err = fabs(g - s) / (sa * 1e-6 + 1e-30);
-                if (!(err <= 1)) bad++;
-                if (err > worst) worst = err;
+                ref[(size_t)yr * ldy + n] = s;
+                refa[(size_t)yr * ldy + n] = sa;
             }
         }
-    long stray = 0, glu_diff = 0, glu_stray = 0;
-    for (size_t i = 0; i < y.size(); i++) stray += !written[i] && !std::isnan(y[i]);
-    // GLU: the unfused pair on the plain form's y, swiglu into fp32 memory then to_bf16
-    for (size_t i = 0; i < y.size(); i++) {
-        if (!written[i]) {
-            glu_stray += yb[i] != 0xffff;
-            continue;
+    // Both forms on the same inputs: mma.sync (wg 0), then wgmma (wg 1, sim_wgmma.h's model), which
+    // must also equal the mma.sync form's y and GLU output bit for bit (the same k16 sums, each
+    // rounded to float once, in the same order).
+    std::vector<float> y_mma;
+    std::vector<uint16_t> yb_mma;
+    for (int wg = 0; wg < 2; wg++) {
+        std::fill(y.begin(), y.end(), NAN);
+        std::fill(yb.begin(), yb.end(), (uint16_t)0xffff);
+        if (rows > 0) {
+            auto go = [&](auto kern, float *yo, const float *g, uint16_t *ybo) {
+                kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, yo, ldy, use_ymap ? ymap.data() : nullptr,
+                     M, grouped ? counts.data() : nullptr, offs.data(), g, ybo);
+            };
+            auto forms = [&](auto b, auto st, auto wgc) {   // the plain form into y, the GLU form into yb
+                constexpr int B = decltype(b)::value, S = decltype(st)::value;
+                constexpr bool WG = decltype(wgc)::value;
+                go(launch<B, S, false, WG>, y.data(), nullptr, nullptr);
+                go(launch<B, S, true, WG>, nullptr, gate.data(), yb.data());
+            };
+            auto pick = [&](auto wgc) {
+                using I4 = std::integral_constant<int, 4>;
+                using I8 = std::integral_constant<int, 8>;
+                using S3 = std::integral_constant<int, 3>;
+                using S4 = std::integral_constant<int, 4>;
+                if (bits == 4 && g_stages == 3) forms(I4{}, S3{}, wgc);
+                if (bits == 4 && g_stages == 4) forms(I4{}, S4{}, wgc);
+                if (bits == 8 && g_stages == 3) forms(I8{}, S3{}, wgc);
+                if (bits == 8 && g_stages == 4) forms(I8{}, S4{}, wgc);
+            };
+            if (wg) pick(std::true_type{});
+            else pick(std::false_type{});
         }
-        volatile float act = silu_f(gate[i]) * y[i];   // k_swiglu's store
-        glu_diff += yb[i] != f2bf16(act);
+        double worst = 0;
+        long bad = 0, stray = 0, glu_diff = 0, glu_stray = 0;
+        for (size_t i = 0; i < y.size(); i++) {
+            if (!written[i]) {
+                stray += !std::isnan(y[i]);
+                continue;
+            }
+            const double err = fabs(y[i] - ref[i]) / (refa[i] * 1e-6 + 1e-30);
+            if (!(err <= 1)) bad++;
+            if (err > worst) worst = err;
+        }
+        // GLU: the unfused pair on the plain form's y, swiglu into fp32 memory then to_bf16
+        for (size_t i = 0; i < y.size(); i++) {
+            if (!written[i]) {
+                glu_stray += yb[i] != 0xffff;
+                continue;
+            }
+            volatile float act = silu_f(gate[i]) * y[i];   // k_swiglu's store
+            glu_diff += yb[i] != f2bf16(act);
+        }
+        bool same = true;
+        if (!wg) y_mma = y, yb_mma = yb;
+        else same = !memcmp(y.data(), y_mma.data(), y.size() * sizeof(float)) && yb == yb_mma;
+        const bool ok = !bad && !stray && !glu_diff && !glu_stray && same;
+        fails += !ok;
+        printf("%-8s %-38s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray; GLU %ld "
+               "differ, %ld stray%s  %s\n",
+               wg ? "wgmma" : "mma.sync", name, bits, N, K, R, worst, bad, stray, glu_diff, glu_stray,
+               wg ? same ? "; = mma.sync" : "; != mma.sync" : "", ok ? "PASS" : "FAIL");
     }
-    const bool ok = !bad && !stray && !glu_diff && !glu_stray;
-    fails += !ok;
-    printf("%-34s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray; GLU %ld differ, %ld "
-           "stray  %s\n",
-           name, bits, N, K, R, worst, bad, stray, glu_diff, glu_stray, ok ? "PASS" : "FAIL");
 }
 
 int main() {
     for (g_stages = 3; g_stages <= 4; g_stages++)
     for (g_defer = 0; g_defer < 2; g_defer++) {
-    printf("# %d stages, cp.async %s\n", g_stages, g_defer ? "deferred to its wait_group" : "at once");
+    g_smem_addr0 = g_stages == 4 ? 1024 + 528 : 1024;   // where the dynamic shared memory starts (sim_wgmma.h)
+    printf("# %d stages, cp.async %s, dynamic shared memory at shared address %u\n", g_stages,
+           g_defer ? "deferred to its wait_group" : "at once", g_smem_addr0);
     run_case("dense, row and feature tails", 4, 200, 256, 150, {}, 1, false, false);
     run_case("dense, 3 groups", 8, 130, 192, 37, {}, 1, false, false);
     run_case("dense, 1 group, 1 feature", 8, 1, 64, 5, {}, 1, false, false);

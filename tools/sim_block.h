@@ -15,7 +15,7 @@ static void __syncthreads() { g_bar->arrive_and_wait(); }
 static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
 static int swz(int r, int c) { return c ^ (r & 7); }
 static float g_slot[8][32];
-static float __shfl_xor_sync(unsigned, float v, int o) {
+[[maybe_unused]] static float __shfl_xor_sync(unsigned, float v, int o) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_slot[w][l] = v;
     wsync();
@@ -24,7 +24,7 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 static int g_vote[8][32];
-static int __any_sync(unsigned, int p) {
+[[maybe_unused]] static int __any_sync(unsigned, int p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_vote[w][l] = p != 0;
     wsync();

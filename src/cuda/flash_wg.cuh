@@ -17,6 +17,8 @@
 // slabs][64][64]: 192 KB plus 1 KB to align the slabs to 1024 bytes; K(j + 1) and V(j + 1) load by
 // cp.async under all of tile j, as in the mma.sync kernel. One block of 8 warps an SM (the output
 // accumulator is 128 floats a thread).
+// tools/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
+// tools/sim_wgmma.h, which stands in for wgmma.cuh there.
 #pragma once
 
 #include "wgmma.cuh"
@@ -30,11 +32,14 @@ static __device__ __forceinline__ uint32_t fw_at(int r, int c, int rows) {
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-// Pins accumulator registers after a wgmma wait: their reads may not move above it.
+// Pins accumulator registers after a wgmma wait: their reads may not move above it. (Not in the host
+// simulator: its wgmma model is synchronous, and a host compiler has no "f" register class for this.)
 template <int N>
 static __device__ __forceinline__ void fw_pin(float (&d)[N]) {
+#ifndef FA_HOST_SIM
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+#endif
 }
 
 static __global__ void __launch_bounds__(FA_THREADS, 1)

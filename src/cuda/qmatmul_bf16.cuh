@@ -32,7 +32,7 @@
 // STAGES - 1 steps ahead. The WG form (the default on sm_90a; below the kernel's QB_SMEM) issues
 // step kt's products as wgmma before dequantizing step kt + 1, so each warpgroup's own
 // dequantization runs under its products, and waits for them at the end of the step. The host
-// simulator runs the mma.sync form (wgmma has no host model); test_cuda_kernels checks both.
+// simulator runs both forms (wgmma on the model of tools/sim_wgmma.h); test_cuda_kernels checks both.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
 // GLU (k_qmatmul_bf16_swiglu, issue 12): the up product of a SwiGLU ends in its activation. The
 // epilogue reads the gate product's fp32 output g at the element it would write (same ldy, ymap,
@@ -119,11 +119,8 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
     QB_DYNAMIC_SMEM(qb_raw);
-#ifndef QB_HOST_SIM
+    // (the host simulator's smem_u32 models shared addresses too: tools/sim_wgmma.h)
     unsigned char *const qb_smem = WG ? qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023) : qb_raw;
-#else
-    unsigned char *const qb_smem = qb_raw;
-#endif
     uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
     uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
     uint16_t *const Wb = (uint16_t *)(qb_smem + L::WB);
@@ -234,7 +231,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     __syncthreads();
     dequant(0);
     const int g = lane / 4, c4 = lane % 4;
-#if !defined(QB_HOST_SIM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim_wgmma.h)
     if constexpr (WG) {
         // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
         // fence.proxy.async in the writing thread, then a barrier.
@@ -263,8 +260,10 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
                 Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
             }
             wg_wait<0>();
+#ifndef QB_HOST_SIM   // pins acc after the wait (the host model is synchronous; no "f" registers there)
 #pragma unroll
             for (int i = 0; i < QB_BN / 2; i++) asm volatile("" : "+f"(acc[i])::"memory");
+#endif
         }
         cp_async_wait<0>();
         const int wr = wg * 64 + (warp % 4) * 16 + g;
