@@ -101,6 +101,12 @@ def load_reference(path, ids, vocab):
     return pos
 
 
+def quantile(xs, q):
+    """The q-quantile of xs by nearest rank (src/score.c quantile)."""
+    s = sorted(xs)
+    return s[max(1, math.ceil(q * len(s))) - 1]
+
+
 class Comparison:
     """The reference's stored values against this run's whole rows (src/score.c compare_row)."""
 
@@ -139,15 +145,14 @@ class Comparison:
 
     def summary(self, ref_path):
         P = len(self.kl)
-        s = sorted(self.kl)
         n_clear = sum(self.clear)
         same_clear = sum(1 for c, m in zip(self.clear, self.same) if c and m)
         return {"reference": ref_path, "positions": P, "kl_mean": sum(self.kl) / P,
-                "kl_p999": s[max(1, math.ceil(0.999 * P)) - 1], "kl_max": s[-1],
+                "kl_p999": quantile(self.kl, 0.999), "kl_max": max(self.kl),
                 "top1_agree": sum(self.same) / P, "top1_same": sum(self.same), "clear_margin": self.clear_margin,
                 "n_clear": n_clear, "top1_agree_clear": same_clear / n_clear if n_clear else 1.0,
                 "top1_same_clear": same_clear, "nle_mean": sum(self.nle) / P,
-                "nle_p99": sorted(self.nle)[max(1, math.ceil(0.99 * P)) - 1], "nle_max": max(self.nle),
+                "nle_p99": quantile(self.nle, 0.99), "nle_max": max(self.nle),
                 "nle_all": math.sqrt(sum(self.num) / sum(self.den)) if sum(self.den) > 0 else 0.0,
                 "ref_tail_max": max(self.tail)}
 

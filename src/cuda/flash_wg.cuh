@@ -23,7 +23,7 @@
 
 #include "wgmma.cuh"
 
-enum { FW_D = 256, FW_SLAB = 64 * 64 };   // FW_SLAB: elements of one 64-row slab (8 KB)
+enum { FW_D = 256 };   // the head dimension this kernel is written for
 
 static size_t flash_wg_smem_bytes(void) { return (size_t)(FA_BM + 4 * FA_BN) * FW_D * sizeof(uint16_t) + 1024; }
 
