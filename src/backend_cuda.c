@@ -455,7 +455,7 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const char *qbw = getenv("CALLA_QB");
     k_set_qb_wgmma(!(qbw && !strcmp(qbw, "mma")));
     const char *fl = getenv("CALLA_FLASH");
-    k_set_flash(!(fl && !strcmp(fl, "mma")));
+    k_set_flash(!fl ? FLASH_DEFAULT : !strcmp(fl, "mma") ? 0 : !strcmp(fl, "wg") ? 1 : !strcmp(fl, "ws") ? 2 : !strcmp(fl, "pp") ? 3 : FLASH_DEFAULT);
     const char *qbb = getenv("CALLA_QB_BLOCKS");
     k_set_qb_blocks(qbb ? atoi(qbb) : 2);
     const char *tsp = getenv("CALLA_TC_SPLIT");

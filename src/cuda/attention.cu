@@ -702,8 +702,8 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
 // sm_90a code (k_has_sm90a). CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
 #include "flash_wg.cuh"
 
-static int g_flash_wg = 1;
-extern "C" void k_set_flash(int wg) { g_flash_wg = wg && k_has_sm90a(); }   // probes at init, not in a capture
+static int g_flash_wg = FLASH_DEFAULT;
+extern "C" void k_set_flash(int wg) { g_flash_wg = k_has_sm90a() ? wg : 0; }   // probes at init, not in a capture
 
 static __global__ void sm90a_probe(int *ok) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -728,17 +728,27 @@ extern "C" int k_has_sm90a(void) {
     return known;
 }
 
-static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                           const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    static bool raised;
+// g_flash_wg: 1 the lockstep kernel, 2 the warp-specialized one, 3 with ping-pong.
+template <auto KERN>
+static int flash_wg_run(dim3 grid, int threads, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
+                        const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+    static bool raised;   // one per kernel
     const size_t smem = flash_wg_smem_bytes();
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(flash_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
-    flash_wg_kernel<<<grid, FA_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    KERN<<<grid, threads, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
+}
+static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
+                           const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+    if (g_flash_wg == 3)
+        return flash_wg_run<flash_ws_kernel<true>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    if (g_flash_wg == 2)
+        return flash_wg_run<flash_ws_kernel<false>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    return flash_wg_run<flash_wg_kernel>(grid, FA_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 }
 
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,

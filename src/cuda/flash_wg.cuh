@@ -19,6 +19,9 @@
 // accumulator is 128 floats a thread).
 // tools/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
 // tools/sim_wgmma.h, which stands in for wgmma.cuh there.
+// The warp-specialized form below (the default since version 8: flash_ws_kernel<true>) does the same
+// arithmetic in the same order; it is not in the host model (mbarriers, named barriers and setmaxnreg
+// are not modelled): test_cuda_kernels holds it to the lockstep kernel's output bit for bit.
 #pragma once
 
 #include "wgmma.cuh"
@@ -138,5 +141,158 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 #else
     __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_has_sm90a)
+#endif
+}
+
+// ---- the warp-specialized form ------------------------------------------------------------------
+// The same tiles and arithmetic, with a producer warpgroup (warps 0-3) copying K and V into the two
+// stages and mbarriers in place of the block barriers: full_k / full_v [stage] (each producer warp
+// arrives once its copies landed and were fenced for the async proxy), empty [stage] (each consumer
+// warp arrives once its warpgroup's P V product of the stage is complete). The two consumer
+// warpgroups (warps 4-7 and 8-11) no longer meet at a barrier twice a tile, so one can run its
+// softmax while the other's products occupy the tensor cores. Registers: 384 threads get 168 each
+// at launch; the producer gives back to FW_PROD_REGS and the consumers take FW_CONS_REGS
+// (setmaxnreg), the 194 the lockstep kernel needs and more. PP (ping-pong, FlashAttention-3's
+// scheduling): named barriers 1 and 2 make the consumer warpgroups issue their Q K^T products in
+// turn, so that they settle half a tile apart.
+enum { FW_CONSUMERS = FA_THREADS, FW_WS_THREADS = FA_THREADS + 128 };
+#define FW_PROD_REGS "56"    // setmaxnreg operands (immediates)
+#define FW_CONS_REGS "224"
+
+static __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier at a has completed.
+static __device__ __forceinline__ void mbar_wait(uint32_t a, int parity) {
+    asm volatile("{\n.reg .pred p;\nFW_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra FW_WAIT_%=;\n}\n" ::"r"(a),
+                 "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+template <bool PP>
+static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
+    flash_ws_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+                    int cap, int n_heads, int n_kv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int D = FW_D, CH = D / 8;
+    FA_DYNAMIC_SMEM(fw_raw);
+    __shared__ __align__(8) uint64_t bars[6];   // full_k[2], full_v[2], empty[2]
+    const uint32_t raw = smem_u32(fw_raw), base = (raw + 1023) & ~1023u;
+    char *sm = (char *)fw_raw + (base - raw);
+    const uint32_t sQ = base, sK = sQ + FA_BM * D * 2, sV = sK + 2 * FA_BN * D * 2;
+    char *Qp = sm, *Kp = sm + (sK - base), *Vp = sm + (sV - base);
+    const uint32_t full_k = smem_u32(bars), full_v = full_k + 16, empty = full_k + 32;   // + 8 * stage
+    const int G = n_heads / n_kv, TPB = FA_BM / G;
+    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
+    const int lane = threadIdx.x % WARP_SIZE;
+    const bool producer = threadIdx.x < 128;
+    const int tid = threadIdx.x - 128, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;   // consumers'
+    const int wg = warp / 4;
+    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;
+    const int n_tiles = CEIL_DIV(n_keys, FA_BN);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; s++) {
+            mbar_init(full_k + 8 * s, 4);
+            mbar_init(full_v + 8 * s, 4);
+            mbar_init(empty + 8 * s, FW_CONSUMERS / WARP_SIZE);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (!producer) {
+        for (int i = tid; i < FA_BM * CH; i += FW_CONSUMERS) {   // Q rows -> bf16
+            const int r = i / CH, c = i % CH;
+            float v[8];
+            fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
+            *(uint4 *)(Qp + fw_at(r, c, FA_BM)) =
+                make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]), bf16x2_rn(v[6], v[7]));
+        }
+        fence_async_smem();
+    }
+    __syncthreads();   // Q and the barriers' initialisation, for every warp
+    if (producer) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 " FW_PROD_REGS ";\n");
+        const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
+        auto load_tile = [&](char *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
+            for (int i = threadIdx.x; i < FA_BN * CH; i += 128) {
+                const int r = i / CH, c = i % CH, key = j * FA_BN + r;
+                const bool ok = key < n_keys;
+                cp_async16(dst + fw_at(r, c, FA_BN), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        };
+        for (int j = 0; j < n_tiles; j++) {
+            const int s = j & 1;
+            if (j >= 2) mbar_wait(empty + 8 * s, ((j >> 1) - 1) & 1);   // tile j - 2's products are done
+            load_tile(Kp + s * FA_BN * D * 2, kbase, j);
+            load_tile(Vp + s * FA_BN * D * 2, vbase, j);
+            cp_async_wait<1>();
+            fence_async_smem();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(full_k + 8 * s);
+            cp_async_wait<0>();
+            fence_async_smem();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(full_v + 8 * s);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FW_CONS_REGS ";\n");
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) acc[i] = 0;
+    fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
+    if (PP && wg == 1) named_arrive(1, FW_CONSUMERS);   // warpgroup 0 issues first
+    for (int j = 0; j < n_tiles; j++) {
+        const int s = j & 1, ph = (j >> 1) & 1;
+        const uint32_t kt = sK + s * FA_BN * D * 2, vt = sV + s * FA_BN * D * 2;
+        mbar_wait(full_k + 8 * s, ph);
+        float sc[FA_BN / 2];
+        if (PP) named_sync(1 + wg, FW_CONSUMERS);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint32_t qa = sQ + (ks / 4) * FA_BM * 128 + wg * 64 * 128 + (ks % 4) * 32;
+            const uint32_t kb = kt + (ks / 4) * FA_BN * 128 + (ks % 4) * 32;
+            wgmma_64x64_ss(sc, wg_desc(qa, 16, 1024), wg_desc(kb, 16, 1024), ks > 0);
+        }
+        wg_commit();
+        if (PP && (wg == 0 || j + 1 < n_tiles)) named_arrive(2 - wg, FW_CONSUMERS);   // the other's turn
+        wg_wait<0>();
+        fw_pin(sc);
+        float corr_a, corr_b;
+        fa_softmax(sc, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
+        fa_rescale(acc, corr_a, corr_b);
+        uint32_t pa[FA_BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float *sv = &sc[4 * (2 * kk + r / 2) + 2 * (r % 2)];
+                pa[kk][r] = bf16x2_rn(sv[0], sv[1]);
+            }
+        mbar_wait(full_v + 8 * s, ph);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++)
+            wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
+        wg_commit();
+        wg_wait<0>();
+        fw_pin(acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * s);   // this warp is done with stage s
+    }
+    fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
+#else
+    __trap();
 #endif
 }

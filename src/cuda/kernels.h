@@ -87,8 +87,11 @@ int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint1
 // bf16, one mma per product, fp32 accumulation and softmax (~1e-3, bounded in test_cuda_kernels).
 int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
                       int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
-// The fast mode's kernel: 1 (default) warpgroup products (sm_90a, D = 256) where the device runs this
-// binary's sm_90a code, 0 the mma.sync kernel (CALLA_FLASH=mma, A/B).
+// The fast mode's kernel where the device runs this binary's sm_90a code (D = 256): 3 (default)
+// warp-specialized with ping-pong, 2 warp-specialized (a producer warpgroup, mbarriers), 1 warpgroup
+// products with the two warpgroups in lockstep; 0 the mma.sync kernel (CALLA_FLASH=pp|ws|wg|mma, A/B;
+// all four bit-identical but mma.sync, bench/NOTES.md version 8).
+enum { FLASH_DEFAULT = 3 };
 void k_set_flash(int wg);
 // Floats of partials k_attention needs.
 long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_len);

@@ -432,14 +432,19 @@ static void test_attention(int T, int p0, int cap, int split) {
     k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
     k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
-    float *dmma = poisoned((size_t)T * QD * 4);
-    int rc_exact = 0, rc_fast = 0, rc_mma = 0;
-    if (T > 1) {   // fast: the wgmma kernel (default) and the mma.sync one (CALLA_FLASH=mma)
+    float *dmma = poisoned((size_t)T * QD * 4), *dws[2] = {poisoned((size_t)T * QD * 4), poisoned((size_t)T * QD * 4)};
+    int rc_exact = 0, rc_fast = 0, rc_mma = 0, rc_ws[2] = {0, 0};
+    if (T > 1) {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
         rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, T, p0, cap, NH, NKV, D, 1, NULL);
+        k_set_flash(1);
         rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, T, p0, cap, NH, NKV, D, 0, NULL);
         k_set_flash(0);
         rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, T, p0, cap, NH, NKV, D, 0, NULL);
-        k_set_flash(1);
+        for (int w = 0; w < 2; w++) {
+            k_set_flash(2 + w);
+            rc_ws[w] = k_flash_attention(dq, dqg, dkc, dvc, dws[w], T, p0, cap, NH, NKV, D, 0, NULL);
+        }
+        k_set_flash(FLASH_DEFAULT);
     }
     // CPU twin
     for (int t = 0; t < T; t++)
@@ -546,6 +551,20 @@ static void test_attention(int T, int p0, int cap, int split) {
         report("flash fast mma.sync (bf16 QP)", shf, gf, of, n_out, 5e-4);
         report_within("flash fast mma.sync (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
         free(gf);
+        // The warp-specialized forms do the lockstep kernel's arithmetic in its order: bit-identical.
+        float *gl = back(dfast, n_out);
+        for (int w = 0; w < 2; w++) {
+            gf = back(dws[w], n_out);
+            size_t dif = 0;
+            for (size_t i = 0; i < n_out; i++) dif += memcmp(&gf[i], &gl[i], 4) != 0;
+            checks++;
+            fails += dif || rc_ws[w] || rc_fast;
+            printf("%-22s %-34s %zu of %zu differ from the lockstep wgmma kernel%s  %s\n",
+                   w ? "flash ws ping-pong" : "flash warp-specialized", sh, dif, n_out, rc_ws[w] ? " LAUNCH FAILED" : "",
+                   dif || rc_ws[w] || rc_fast ? "FAIL" : "PASS");
+            free(gf);
+        }
+        free(gl);
     }
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
 }
