@@ -45,13 +45,127 @@ static __global__ void gdn_l2norm_kernel(float *y, int C, int Hk, int Dk) {
     for (int d = threadIdx.x; d < Dk; d += blockDim.x) x[d] *= r;
 }
 
+// ---- conv + L2 norm in one pass (the default) ---------------------------------------------------
+//
+// A block of DK threads owns the DK channels of one head slice (q, k, or DK channels of v) and
+// GC_TT consecutive tokens: a thread reads its channel's GC_TT + KW - 1 rows of xe once, all loads
+// in flight together, and slides the conv window in registers. Bit-identical to gdn_conv_kernel
+// then gdn_l2norm_kernel (the A/B form, k_set_gdn_conv_fused(0)): the conv is the same fma chain
+// from 0 (j = 0 .. KW-1, as nvcc contracts the old loop), and each token's sum of squares is added
+// in the old block_sum's order: warp_sum's xor tree within a warp, then the 128-thread block's four
+// warp sums as its second warp_sum adds them, (w0 + w2) + (w1 + w3), with 0 for the warps a
+// head of DK < 128 leaves empty there (adding +0 to a sum of squares changes no bit).
+enum { GC_TT = 32 };   // tokens a block: one a lane after the transposed reduction
+
+// p[i]: this lane's value for token i. Returns, on lane l, the sum over the warp's lanes for token
+// l, in warp_sum's order: at the step of stride o a lane keeps the half of its open tokens on its
+// side of o and trades the other half with lane ^ o, so it adds the same pairs warp_sum adds (each
+// pair's sum is commutative), 31 shuffles for 32 tokens instead of 160.
+template <int O>
+static __device__ __forceinline__ void transposed_step(float (&p)[GC_TT], int lane) {
+    const bool hi = lane & O;
+#pragma unroll
+    for (int j = 0; j < O; j++) {   // p[j], p[j + O]: open tokens base + j, base + O + j
+        const float send = hi ? p[j] : p[j + O], keep = hi ? p[j + O] : p[j];
+        p[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+static __device__ __forceinline__ float warp_sum_transposed(float (&p)[GC_TT]) {
+    static_assert(GC_TT == WARP_SIZE, "one token a lane");
+    const int lane = threadIdx.x % WARP_SIZE;
+    transposed_step<16>(p, lane);
+    transposed_step<8>(p, lane);
+    transposed_step<4>(p, lane);
+    transposed_step<2>(p, lane);
+    transposed_step<1>(p, lane);
+    return p[0];
+}
+
+// grid (ceil(C / DK), ceil(T / GC_TT)); slices below 2 * Hk are q (below Hk) and k heads.
+template <int DK, int KW>
+static __global__ void __launch_bounds__(DK)
+    gdn_conv_norm_kernel(const float *__restrict__ xin, const float *__restrict__ state,
+                         const float *__restrict__ conv_w, float *__restrict__ y, int T, int C, int Hk) {
+    static_assert(DK % WARP_SIZE == 0 && DK <= 128, "the old l2norm's 128-thread block");
+    constexpr int NW = DK / WARP_SIZE, NX = GC_TT + KW - 1;
+    __shared__ float part[4][GC_TT];   // warp sums, 0 in the rows of warps that a DK < 128 leaves empty
+    __shared__ float rs[GC_TT];        // each token's scale
+    const int c = blockIdx.x * DK + threadIdx.x, t0 = blockIdx.y * GC_TT, cc = c < C ? c : C - 1;
+    float w[KW], xe[NX];   // xe[i]: row t0 + i of [state (KW - 1 rows) | xin]
+#pragma unroll
+    for (int j = 0; j < KW; j++) w[j] = conv_w[(size_t)cc * KW + j];
+#pragma unroll
+    for (int i = 0; i < KW - 1; i++)   // the first tile's halo is the state; a later tile's, xin rows
+        xe[i] = t0 == 0 ? state[(size_t)i * C + cc] : xin[(size_t)(t0 + i - (KW - 1)) * C + cc];
+#pragma unroll
+    for (int i = KW - 1; i < NX; i++)   // rows past T (the last tile's tail): row T - 1 again, not stored
+        xe[i] = xin[(size_t)min(t0 + i - (KW - 1), T - 1) * C + cc];
+    __syncthreads();   // keeps ptxas from spreading the loads through the compute: all NX in flight at once
+    float v[GC_TT];
+#pragma unroll
+    for (int i = 0; i < GC_TT; i++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KW; j++) s = fmaf(w[j], xe[i + j], s);
+        v[i] = silu_f(s);
+    }
+    if (blockIdx.x < 2 * Hk) {   // block-uniform; such a slice is whole (2 * Hk * DK <= C)
+        const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+        float p[GC_TT];
+#pragma unroll
+        for (int i = 0; i < GC_TT; i++) p[i] = __fmul_rn(v[i], v[i]);   // the old fma(x, x, 0)
+        part[wid][lane] = warp_sum_transposed(p);
+#pragma unroll
+        for (int k = NW; k < 4; k++)
+            if (threadIdx.x < GC_TT) part[k][threadIdx.x] = 0.0f;
+        __syncthreads();
+        if (threadIdx.x < GC_TT) {
+            const int i = threadIdx.x;
+            const float ss = (part[0][i] + part[2][i]) + (part[1][i] + part[3][i]);
+            float r = 1.0f / sqrtf(ss + 1e-6f);
+            if (blockIdx.x < Hk) r /= sqrtf((float)DK);
+            rs[i] = r;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < GC_TT; i++) v[i] = __fmul_rn(v[i], rs[i]);
+    }
+    if (c >= C) return;
+    float *yc = y + (size_t)t0 * C + c;
+    if (t0 + GC_TT <= T) {
+#pragma unroll
+        for (int i = 0; i < GC_TT; i++) yc[(size_t)i * C] = v[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < GC_TT; i++)
+            if (t0 + i < T) yc[(size_t)i * C] = v[i];
+    }
+}
+
+static int g_gdn_conv_fused = 1;
+extern "C" void k_set_gdn_conv_fused(int on) { g_gdn_conv_fused = on; }
+
+template <int DK>
+static void gdn_conv_norm(const float *xin, const float *state, const float *conv_w, float *y, int T, int C, int Hk,
+                          cudaStream_t st) {
+    gdn_conv_norm_kernel<DK, 4><<<dim3(CEIL_DIV(C, DK), CEIL_DIV(T, GC_TT)), DK, 0, st>>>(xin, state, conv_w, y, T,
+                                                                                           C, Hk);
+}
+
 extern "C" int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk,
                           int Dk, void *stream) {
     if (T <= 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
-    gdn_conv_kernel<<<dim3(CEIL_DIV(C, 256), T), 256, 0, st>>>(xin, state, conv_w, y, T, C, KW);
+    const bool fused = g_gdn_conv_fused && KW == 4 && (Dk == 32 || Dk == 64 || Dk == 128);
+    if (fused) {   // reads the old state: before gdn_conv_state_kernel overwrites it
+        if (Dk == 128) gdn_conv_norm<128>(xin, state, conv_w, y, T, C, Hk, st);
+        else if (Dk == 64) gdn_conv_norm<64>(xin, state, conv_w, y, T, C, Hk, st);
+        else gdn_conv_norm<32>(xin, state, conv_w, y, T, C, Hk, st);
+    } else {
+        gdn_conv_kernel<<<dim3(CEIL_DIV(C, 256), T), 256, 0, st>>>(xin, state, conv_w, y, T, C, KW);
+    }
     gdn_conv_state_kernel<<<CEIL_DIV(C, 256), 256, 0, st>>>(xin, state, T, C, KW);
-    gdn_l2norm_kernel<<<dim3(T, 2 * Hk), 128, 0, st>>>(y, C, Hk, Dk);
+    if (!fused) gdn_l2norm_kernel<<<dim3(T, 2 * Hk), 128, 0, st>>>(y, C, Hk, Dk);
     return launch_status();
 }
 

@@ -115,6 +115,15 @@ static int run_gdn(void *c) {
     return k_gdn_recurrent(g->y, g->b, g->a, g->z, g->Al, g->dtb, g->gn, g->S, g->o, g->T, QWEN_LIN_K_HEADS,
                            QWEN_LIN_V_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_DIM, 1e-6f, NULL);
 }
+struct cvctx {
+    float *xin, *state, *w, *y;
+    int T, C;
+};
+static int run_conv(void *c) {
+    struct cvctx *v = c;
+    return k_gdn_conv(v->xin, v->state, v->w, v->y, v->T, v->C, QWEN_CONV_KERNEL, QWEN_LIN_K_HEADS, QWEN_LIN_K_DIM,
+                      NULL);
+}
 
 // The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
 static double time_mma(struct mctx *m) {
@@ -228,6 +237,19 @@ int main(int argc, char **argv) {
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
            "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
            eflop / msm / 1e9);
+    {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update): fused, and the old two kernels
+        struct cvctx v = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)(QWEN_CONV_KERNEL - 1) * C * 4, 1),
+                          dev_random((size_t)C * QWEN_CONV_KERNEL * 4, 1), NULL, T, C};
+        cudaMalloc((void **)&v.y, (size_t)T * C * 4);
+        const double msc = time_ms(run_conv, &v);
+        k_set_gdn_conv_fused(0);
+        const double mso = time_ms(run_conv, &v);
+        k_set_gdn_conv_fused(1);
+        const double bytes = 2.0 * T * C * 4;   // xin read once, y written once
+        printf("gdn conv+l2norm T %d: %8.3f ms %6.1f GB/s (old conv, norm: %8.3f ms %6.1f GB/s)\n", T, msc,
+               bytes / msc / 1e6, mso, bytes / mso / 1e6);
+        cudaFree(v.xin), cudaFree(v.state), cudaFree(v.w), cudaFree(v.y);
+    }
     // the DeltaNet recurrence over one chunk
     const int Hv = QWEN_LIN_V_HEADS, VD = Hv * QWEN_LIN_V_DIM;
     struct gctx gd = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)T * Hv * 4, 1), dev_random((size_t)T * Hv * 4, 1),

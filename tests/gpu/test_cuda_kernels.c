@@ -569,6 +569,39 @@ static void test_attention(int T, int p0, int cap, int split) {
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
 }
 
+// The fused conv + norms (the default) against the two kernels it replaced (CALLA_GDN_CONV=old,
+// k_set_gdn_conv_fused(0)) on the same inputs: every bit of y and of the new state must agree.
+// Some weights and inputs are zeros of either sign, where a reordered sum would show in the sign.
+static void test_gdn_conv_ab(int T, int Hk, int Dk, int Hv, int Dv) {
+    const int KW = 4, C = 2 * Hk * Dk + Hv * Dv;
+    float *xin = randv((size_t)T * C, 1), *st = randv((size_t)(KW - 1) * C, 1), *cw = randv((size_t)C * KW, 0.5f);
+    for (size_t i = 0; i < (size_t)T * C; i += 61) xin[i] = i % 2 ? -0.0f : 0.0f;
+    for (int c = 0; c < C; c += 53)
+        for (int j = 0; j < KW; j++) cw[c * KW + j] = 0.0f;
+    float *dxin = dup_d(xin, (size_t)T * C * 4), *dcw = dup_d(cw, (size_t)C * KW * 4), *dst[2], *dy[2];
+    for (int old = 0; old < 2; old++) {
+        dst[old] = dup_d(st, (size_t)(KW - 1) * C * 4);
+        dy[old] = poisoned((size_t)T * C * 4);
+        k_set_gdn_conv_fused(!old);
+        k_gdn_conv(dxin, dst[old], dcw, dy[old], T, C, KW, Hk, Dk, NULL);
+    }
+    k_set_gdn_conv_fused(1);
+    float *y0 = back(dy[0], (size_t)T * C), *y1 = back(dy[1], (size_t)T * C);
+    float *s0 = back(dst[0], (size_t)(KW - 1) * C), *s1 = back(dst[1], (size_t)(KW - 1) * C);
+    size_t dif = 0, difs = 0;
+    for (size_t i = 0; i < (size_t)T * C; i++) dif += memcmp(&y0[i], &y1[i], 4) != 0;
+    for (size_t i = 0; i < (size_t)(KW - 1) * C; i++) difs += memcmp(&s0[i], &s1[i], 4) != 0;
+    char sh[64];
+    snprintf(sh, sizeof sh, "T %d C %d Dk %d", T, C, Dk);
+    checks++;
+    fails += dif || difs;
+    printf("%-22s %-34s y: %zu of %zu, state: %zu differ  %s\n", "gdn conv fused vs old", sh, dif, (size_t)T * C,
+           difs, dif || difs ? "FAIL" : "PASS");
+    free(xin), free(st), free(cw), free(y0), free(y1), free(s0), free(s1);
+    cudaFree(dxin), cudaFree(dcw);
+    for (int i = 0; i < 2; i++) cudaFree(dst[i]), cudaFree(dy[i]);
+}
+
 static void test_deltanet(int T) {
     const int Hk = QWEN_LIN_K_HEADS, Hv = QWEN_LIN_V_HEADS, Dk = QWEN_LIN_K_DIM, Dv = QWEN_LIN_V_DIM, KW = 4;
     const int KD = Hk * Dk, VD = Hv * Dv, C = 2 * KD + VD;
@@ -779,6 +812,13 @@ int main(int argc, char **argv) {
     if (all) {
         test_deltanet(1);
         test_deltanet(37);
+        // the fused conv on the model's heads and the test checkpoints' (Dk 32, 64), whole and partial tiles
+        const int ab_T[] = {1, 31, 37, 300, 4096};
+        for (int i = 0; i < 5; i++)
+            test_gdn_conv_ab(ab_T[i], QWEN_LIN_K_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_HEADS, QWEN_LIN_V_DIM);
+        test_gdn_conv_ab(45, 2, 32, 4, 32);
+        test_gdn_conv_ab(96, 4, 64, 8, 64);
+        test_gdn_conv_ab(40, 2, 32, 3, 48);   // v channels not a whole number of Dk: a partial slice
     }
     printf("test_cuda_kernels: %d checks, %d failed  %s\n", checks, fails, fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;
