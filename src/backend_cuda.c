@@ -790,10 +790,11 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     } else {
         KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
         if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
-            KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, 0, ce->counts,
+            // M = T K: the compact grid, the experts' row tiles only
+            KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
+            KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts,
                                      ce->offs, T, st));
-            KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T,
+            KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, T * K, ce->counts, ce->offs, T,
                               st));
         } else {
             KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));

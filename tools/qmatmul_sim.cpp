@@ -126,6 +126,7 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
     struct dqt W = {w.data(), sc.data(), bi.data(), grouped ? E : 0, N, K, bits};
     const int rows = grouped ? maxrows : M;
     dim3s grid = {(unsigned)CEIL_DIV(N, QB_BN), (unsigned)CEIL_DIV(rows, QB_BM), (unsigned)(grouped ? E : 1)};
+    if (grouped && M > 0) grid = {grid.x, (unsigned)(CEIL_DIV(M, QB_BM) + E), 1};   // the compact grid (qb_tile_of)
     // reference: y[yrow] = W[e] x[xrow] in double, with sum |w x| for the bound; every other element
     // of y untouched (NaN)
     std::vector<char> written((size_t)yrows * ldy, 0);
@@ -222,6 +223,9 @@ int main() {
     run_case("dense, 1 group, 1 feature", 8, 1, 64, 5, {}, 1, false, false);
     run_case("grouped gate (xmap / 2), empty expert", 4, 72, 128, 0, {5, 0, 140, 1}, 2, true, false);
     run_case("grouped down (ymap), empty expert", 4, 136, 320, 0, {3, 129, 0}, 1, false, true);
+    // the compact grid: M = the rows of all experts (here exact, and a loose bound)
+    run_case("grouped gate, compact grid", 4, 72, 128, 146, {5, 0, 140, 1}, 2, true, false);
+    run_case("grouped down, compact grid, loose M", 4, 136, 320, 300, {3, 129, 0, 0, 7}, 1, false, true);
     }
     printf("qmatmul-sim: %s\n", fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;

@@ -23,6 +23,15 @@ static float g_slot[8][32];
     wsync();
     return r;
 }
+static int g_islot[8][32];
+[[maybe_unused]] static int __shfl_up_sync(unsigned, int v, int o) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_islot[w][l] = v;
+    wsync();
+    const int r = g_islot[w][l >= o ? l - o : l];
+    wsync();
+    return r;
+}
 static int g_vote[8][32];
 [[maybe_unused]] static int __any_sync(unsigned, int p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;

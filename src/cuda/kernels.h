@@ -45,7 +45,9 @@ int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, 
 // The same product with x already in bf16 (uint16 [*, ldx], the fast prefill mode, issue 12): one
 // bf16 MMA per product, fp32 accumulation, each weight dequantized to bf16 (s q + b rounded once,
 // as MLX does). The result is bf16(W) x_bf16 to fp32 rounding. Needs W.cols % 64 == 0, ldx % 8 == 0
-// and x 16-byte aligned (else cudaErrorInvalidValue).
+// and x 16-byte aligned (else cudaErrorInvalidValue). Grouped with M > 0: M bounds the rows of all
+// experts together, and the grid holds only the experts' row tiles (M / 128 + E rows of blocks, not
+// E x maxrows / 128; E <= 256); the same results.
 int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream);
 // The up product of a SwiGLU with its activation in the epilogue (fast prefill, issue 12):

@@ -256,6 +256,11 @@ static int qmatmul_bf16_form(struct dqt W, const uint16_t *x, int ldx, const int
     if (rows <= 0) return 0;
     if (W.cols % QB_BK || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W.w % 16) return (int)cudaErrorInvalidValue;
     dim3 grid(CEIL_DIV(W.rows, QB_BN), CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
+    if (counts && M > 0) {   // the compact grid (qb_tile_of): M bounds the rows of all experts together
+        if (W.n_mat > QB_THREADS) return (int)cudaErrorInvalidValue;
+        grid.y = CEIL_DIV(M, QB_BM) + grid.z;
+        grid.z = 1;
+    }
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define QB_ARGS grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb

@@ -85,6 +85,31 @@ static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 2
     return __float_as_uint((float)q) >> 16;
 }
 
+// The compact grid of the grouped form (M > 0: the rows of all experts together, at most M): block
+// row y is the y-th row tile of all experts' tiles, ceil(count / QB_BM) each, counted in expert
+// order, so the grid has at most M / QB_BM + E rows of blocks instead of E x ceil(max count / QB_BM)
+// mostly past their expert's count (at 4,096 tokens, 8 of 256 experts, the down product's 131,072
+// blocks become 8,192). Sets e = -1 past the last tile. Block-wide (every thread; E <= QB_THREADS).
+static __device__ void qb_tile_of(const int *counts, int E, int y, int &e, int &mt) {
+    __shared__ int wsum[QB_THREADS / WARP_SIZE], res[2];
+    const int t = threadIdx.x, lane = t % WARP_SIZE, w = t / WARP_SIZE;
+    const int n = t < E ? CEIL_DIV(counts[t], QB_BM) : 0;
+    int inc = n;   // inclusive scan within the warp
+#pragma unroll
+    for (int o = 1; o < WARP_SIZE; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += v;
+    }
+    if (lane == WARP_SIZE - 1) wsum[w] = inc;
+    if (t == 0) res[0] = -1;
+    __syncthreads();
+    int first = inc - n;
+    for (int j = 0; j < w; j++) first += wsum[j];
+    if (y >= first && y < first + n) res[0] = t, res[1] = y - first;
+    __syncthreads();
+    e = res[0], mt = res[1];
+}
+
 // Features n and n + 1 (those below N) of the output row at offset ro: y = v, or for GLU
 // yb = bf16(silu(gate) v): k_swiglu's expression, k_to_bf16's rounding.
 template <bool GLU>
@@ -127,13 +152,17 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     uint32_t *const Sc = (uint32_t *)(qb_smem + L::SC), *const Bi = (uint32_t *)(qb_smem + L::BI);
     __shared__ int xrow[QB_BM], yrow[QB_BM];
 
-    const int e = blockIdx.z;
+    int e = blockIdx.z, mt = blockIdx.y;
+    if (counts && M > 0) {   // the compact grid
+        qb_tile_of(counts, W.n_mat, blockIdx.y, e, mt);
+        if (e < 0) return;
+    }
     int base = 0, cnt = M;
     if (counts) {
         base = offs[e];
         cnt = counts[e];
     }
-    const int r0 = blockIdx.y * QB_BM;
+    const int r0 = mt * QB_BM;
     if (r0 >= cnt) return;
     const int n0 = blockIdx.x * QB_BN;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;

@@ -222,6 +222,11 @@ int main(int argc, char **argv) {
     printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
            "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
            eflop / msm / 1e9);
+    g.T = T * K;   // the compact grid (M = T K, the experts' row tiles only)
+    const double msgc = time_ms(run_mmb, &g);
+    g.T = 0;
+    printf("qmatmul experts gate/up grouped, compact grid: fast %8.3f ms %6.1f TFLOP/s (full grid %8.3f ms)\n", msgc,
+           eflop / msgc / 1e9, msf);
     {   // the up product with the SwiGLU in its epilogue (replaces fast up + k_swiglu + k_to_bf16)
         g.gate = x;
         cudaMalloc((void **)&g.yb, (size_t)T * K * I * 2);
@@ -237,6 +242,11 @@ int main(int argc, char **argv) {
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
            "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
            eflop / msm / 1e9);
+    dn.T = T * K;
+    const double msdc = time_ms(run_mmb, &dn);
+    dn.T = 0;
+    printf("qmatmul experts down grouped, compact grid: fast %8.3f ms %6.1f TFLOP/s (full grid %8.3f ms)\n", msdc,
+           eflop / msdc / 1e9, msf);
     {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update): fused, and the old two kernels
         struct cvctx v = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)(QWEN_CONV_KERNEL - 1) * C * 4, 1),
                           dev_random((size_t)C * QWEN_CONV_KERNEL * 4, 1), NULL, T, C};

@@ -307,6 +307,27 @@ static void test_moe(int T) {
         snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, H, I, rc ? " LAUNCH FAILED" : "");
         report("grouped down bf16", sh, yd, dr, nd, 2e-5);
         report_bound("grouped down bf16", "vs fp32 x", yd, dc, da, nd);
+        // the compact grid (M = T K): the same tiles, so the same bits, gate and down, both forms
+        for (int form = 0; form < 2; form++) {
+            k_set_qb_wgmma(form);
+            float *dyc = poisoned(ny * 4), *ddc = poisoned(nd * 4), *dy0 = poisoned(ny * 4), *dd0 = poisoned(nd * 4);
+            int rcc = k_qmatmul_bf16(g.d, dxb, H, slots, K, dy0, I, NULL, 0, counts, offs, T, NULL);
+            rcc = rcc ? rcc : k_qmatmul_bf16(g.d, dxb, H, slots, K, dyc, I, NULL, T * K, counts, offs, T, NULL);
+            rcc = rcc ? rcc : k_qmatmul_bf16(dq.d, dab, I, NULL, 1, dd0, H, slots, 0, counts, offs, T, NULL);
+            rcc = rcc ? rcc : k_qmatmul_bf16(dq.d, dab, I, NULL, 1, ddc, H, slots, T * K, counts, offs, T, NULL);
+            float *a0 = back(dy0, ny), *a1 = back(dyc, ny), *b0 = back(dd0, nd), *b1 = back(ddc, nd);
+            size_t dif = 0;
+            for (size_t i = 0; i < ny; i++) dif += memcmp(&a0[i], &a1[i], 4) != 0;
+            for (size_t i = 0; i < nd; i++) dif += memcmp(&b0[i], &b1[i], 4) != 0;
+            checks++;
+            fails += dif || rcc;
+            printf("%-22s %-34s %zu of %zu differ from the full grid (%s)%s  %s\n", "grouped compact grid",
+                   "gate + down, M = T K", dif, ny + nd, form ? "wgmma" : "mma.sync", rcc ? " LAUNCH FAILED" : "",
+                   dif || rcc ? "FAIL" : "PASS");
+            free(a0), free(a1), free(b0), free(b1);
+            cudaFree(dyc), cudaFree(ddc), cudaFree(dy0), cudaFree(dd0);
+        }
+        k_set_qb_wgmma(1);
         free(xr), free(yr), free(yab), free(yf), free(act), free(actr), free(yd), free(dc), free(dr);
         free(da), free(hc), free(ho);
         cudaFree(dxb), cudaFree(dyf), cudaFree(dact), cudaFree(ddn), cudaFree(dab);
@@ -761,7 +782,8 @@ int main(int argc, char **argv) {
     }
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
-    // SwiGLU epilogue and the norm's bf16 copy (quick runs while working on those kernels)
+    // SwiGLU epilogue and the norm's bf16 copy; "gdn": the DeltaNet checks (quick runs while working
+    // on those kernels)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
     printf("# %s%s%s\n", why, *only ? "; checks: " : "", only);
@@ -809,7 +831,7 @@ int main(int argc, char **argv) {
         test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
         test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
     }
-    if (all) {
+    if (all || !strcmp(only, "gdn")) {
         test_deltanet(1);
         test_deltanet(37);
         // the fused conv on the model's heads and the test checkpoints' (Dk 32, 64), whole and partial tiles
