@@ -752,15 +752,18 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(mmb(&L->in_a, b->u, ub, T, b->aa, st));
         KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                       g->lin_k_dim, st));
-        if (b->gdn_ws && T > 1)   // chunks of 64 tokens on the tensor cores (this model's heads)
-            KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, b->gdn_ws,
-                             T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, ce->prefill_exact,
-                             st));
-        else
+        const uint16_t *gb = NULL;   // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
+        if (b->gdn_ws && T > 1) {   // chunks of 64 tokens on the tensor cores (this model's heads)
+            KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og,
+                             fast ? b->xh : NULL, b->gdn_ws, T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim,
+                             g->lin_v_dim, eps, ce->prefill_exact, st));
+            gb = fast ? b->xh : NULL;
+        } else {
             KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
                                g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
-        const uint16_t *gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
-        KL(rc);
+            gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
+            KL(rc);
+        }
         KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
     }
     KL(k_add(b->x, b->d, (long)T * H, st));
@@ -803,8 +806,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
         }
     }
-    KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->d, T, K, H, st));
-    KL(k_add(b->x, b->d, (long)T * H, st));
+    KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->x, T, K, H, 1, st));   // x += the MoE's output
     return 0;
 fail:
     return -1;

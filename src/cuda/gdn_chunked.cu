@@ -393,7 +393,9 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
 }
 
 // ---- 3. o[t, h] = w * rmsnorm(o[t, h]) * silu(z[t, h]); one warp per row ----------------------
-__global__ void gdn_gated_norm_warp_kernel(float *o, const float *z, const float *w, long rows, int Dv, float eps) {
+// ob (when set): o's bf16 copy, out_proj's input in the fast mode (k_to_bf16's rounding).
+__global__ void gdn_gated_norm_warp_kernel(float *o, uint16_t *ob, const float *z, const float *w, long rows, int Dv,
+                                           float eps) {
     const long row = (long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= rows) return;
@@ -403,7 +405,11 @@ __global__ void gdn_gated_norm_warp_kernel(float *o, const float *z, const float
     for (int d = lane; d < Dv; d += WARP_SIZE) ss += x[d] * x[d];
     ss = warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
-    for (int d = lane; d < Dv; d += WARP_SIZE) x[d] = w[d] * (x[d] * r) * silu_f(zz[d]);
+    for (int d = lane; d < Dv; d += WARP_SIZE) {
+        const float v = w[d] * (x[d] * r) * silu_f(zz[d]);
+        x[d] = v;
+        if (ob) ob[row * Dv + d] = f2bf16(v);
+    }
 }
 
 #ifndef GDN_HOST_EMU
@@ -445,8 +451,9 @@ extern "C" long k_gdn_chunked_ws_floats(int T, int Hv, int Dk) {
 
 #ifndef GDN_HOST_EMU
 extern "C" int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const float *z, const float *A_log,
-                                    const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T,
-                                    int Hk, int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream) {
+                                    const float *dt_bias, const float *gdn_norm, float *S, float *o, uint16_t *ob,
+                                    float *ws, int T, int Hk, int Hv, int Dk, int Dv, float eps, int exact, int stages,
+                                    void *stream) {
     if (T <= 0) return 0;
     if (Dk != DK || Dv != DV || Hk <= 0 || Hv % Hk) return (int)cudaErrorInvalidValue;
     const int C = 2 * Hk * Dk + Hv * Dv;
@@ -457,17 +464,17 @@ extern "C" int k_gdn_chunked_stages(const float *y, const float *b, const float 
     if (rc) return rc;
     if (stages & 4) {
         const long rows = (long)T * Hv;
-        gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, z, gdn_norm, rows, Dv,
-                                                                                          eps);
+        gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, ob, z, gdn_norm, rows,
+                                                                                          Dv, eps);
         return launch_status();
     }
     return 0;
 }
 
 extern "C" int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
-                             const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
-                             int Hv, int Dk, int Dv, float eps, int exact, void *stream) {
-    return k_gdn_chunked_stages(y, b, a, z, A_log, dt_bias, gdn_norm, S, o, ws, T, Hk, Hv, Dk, Dv, eps, exact, 7,
+                             const float *dt_bias, const float *gdn_norm, float *S, float *o, uint16_t *ob, float *ws,
+                             int T, int Hk, int Hv, int Dk, int Dv, float eps, int exact, void *stream) {
+    return k_gdn_chunked_stages(y, b, a, z, A_log, dt_bias, gdn_norm, S, o, ob, ws, T, Hk, Hv, Dk, Dv, eps, exact, 7,
                                 stream);
 }
 #endif

@@ -118,14 +118,15 @@ int k_gdn_recurrent(const float *y, const float *b, const float *a, const float 
 // exact 0: bf16 operands, fp32 accumulate (normalised error vs the fp32 recurrence ~3e-3);
 // exact 1: operands split into bf16 hi + lo (three products), ~1e-5. The state stays fp32.
 long k_gdn_chunked_ws_floats(int T, int Hv, int Dk);
+// ob (NULL: none): o's bf16 copy too (k_to_bf16's rounding), written by the gated norm.
 int k_gdn_chunked(const float *y, const float *b, const float *a, const float *z, const float *A_log,
-                  const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk, int Hv,
-                  int Dk, int Dv, float eps, int exact, void *stream);
+                  const float *dt_bias, const float *gdn_norm, float *S, float *o, uint16_t *ob, float *ws, int T,
+                  int Hk, int Hv, int Dk, int Dv, float eps, int exact, void *stream);
 // The same, running only some of its kernels (a benchmark's breakdown; stages 7 = k_gdn_chunked):
 // 1 the per-chunk preparation (U, W, P), 2 the state walk over the chunks, 4 the gated norm.
 int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const float *z, const float *A_log,
-                         const float *dt_bias, const float *gdn_norm, float *S, float *o, float *ws, int T, int Hk,
-                         int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream);
+                         const float *dt_bias, const float *gdn_norm, float *S, float *o, uint16_t *ob, float *ws,
+                         int T, int Hk, int Hv, int Dk, int Dv, float eps, int exact, int stages, void *stream);
 
 // MoE routing: softmax over E logits per token, top-k (ties: lower id), renormalised.
 // ids [T, k], w [T, k]. E <= 1024, k <= 32.
@@ -133,9 +134,10 @@ int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *
 // Expert dispatch for the grouped product: counts[E], offs[E], slots[T*k] (slot = t*k + i, grouped
 // by expert, tokens ascending within an expert). work must hold E ints.
 int k_moe_dispatch(const int *ids, int T, int E, int k, int *counts, int *offs, int *slots, void *stream);
-// out[t] = sigmoid(sg[t]) * shared[t] + sum_i w[t, i] * ye[t*k + i]   (rows of H)
+// out[t] = sigmoid(sg[t]) * shared[t] + sum_i w[t, i] * ye[t*k + i]   (rows of H); add: out[t] += that
+// instead (the residual add of the layer's end, as k_add after the store would round it)
 int k_moe_combine(const float *shared, const float *sg, const float *w, const float *ye, float *out, int T, int k,
-                  int H, void *stream);
+                  int H, int add, void *stream);
 
 // Argmax of x[n] (lowest index on ties) into *out.
 int k_argmax(const float *x, int n, int *out, void *stream);

@@ -75,17 +75,17 @@ extern "C" int k_moe_dispatch(const int *ids, int T, int E, int k, int *counts, 
 }
 
 static __global__ void moe_combine_kernel(const float *shared, const float *sg, const float *w, const float *ye,
-                                          float *out, int k, int H) {
+                                          float *out, int k, int H, int add) {
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= H) return;
     float acc = shared[(size_t)t * H + c] * sigmoid_f(sg[t]);
     for (int i = 0; i < k; i++) acc += w[(size_t)t * k + i] * ye[((size_t)t * k + i) * H + c];
-    out[(size_t)t * H + c] = acc;
+    out[(size_t)t * H + c] = add ? out[(size_t)t * H + c] + acc : acc;
 }
 
 extern "C" int k_moe_combine(const float *shared, const float *sg, const float *w, const float *ye, float *out, int T,
-                             int k, int H, void *stream) {
+                             int k, int H, int add, void *stream) {
     if (T <= 0) return 0;
-    moe_combine_kernel<<<dim3(CEIL_DIV(H, 256), T), 256, 0, (cudaStream_t)stream>>>(shared, sg, w, ye, out, k, H);
+    moe_combine_kernel<<<dim3(CEIL_DIV(H, 256), T), 256, 0, (cudaStream_t)stream>>>(shared, sg, w, ye, out, k, H, add);
     return launch_status();
 }

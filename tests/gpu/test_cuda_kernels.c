@@ -343,7 +343,7 @@ static void test_moe(int T) {
     float *sh_ = randv((size_t)T * H, 1), *sg = randv(T, 1), *ye = randv((size_t)T * K * H, 1);
     float *dsh = dup_d(sh_, (size_t)T * H * 4), *dsg = dup_d(sg, T * 4), *dye2 = dup_d(ye, (size_t)T * K * H * 4);
     float *dout = poisoned((size_t)T * H * 4), *oc = malloc(sizeof(float) * T * H);
-    k_moe_combine(dsh, dsg, dw, dye2, dout, T, K, H, NULL);
+    k_moe_combine(dsh, dsg, dw, dye2, dout, T, K, H, 0, NULL);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < H; c++) {
             float acc = sh_[t * H + c] * (1.0f / (1.0f + expf(-sg[t])));
@@ -782,11 +782,12 @@ int main(int argc, char **argv) {
     }
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
-    // SwiGLU epilogue and the norm's bf16 copy; "gdn": the DeltaNet checks (quick runs while working
-    // on those kernels)
+    // SwiGLU epilogue and the norm's bf16 copy; "gdn": the DeltaNet checks; "moe": the MoE checks
+    // (quick runs while working on those kernels)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
     printf("# %s%s%s\n", why, *only ? "; checks: " : "", only);
+    if (!strcmp(only, "moe")) test_moe(64);   // routing, dispatch, the grouped products (both grids), combine
     if (all || fast) {
         test_rmsnorm_embed();
         test_swiglu();

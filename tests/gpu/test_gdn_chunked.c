@@ -16,6 +16,7 @@
 //   test_gdn_chunked [seed]     exit 0: all pass; 1: a check failed; 2: a CUDA error; 77: no usable
 //                               GPU (ran nothing: gpu-check records a FAIL)
 #include "cuda/kernels.h"
+#include "bf16.h"
 #include "gdn_ref.h"
 
 #include <cuda_runtime.h>
@@ -133,6 +134,7 @@ static void free_inputs(struct inputs *in) {
 // Runs one kernel (mode -1: recurrent; 0: chunked bf16; 1: chunked exact; stages as
 // k_gdn_chunked_stages, 7 = all) over rows [t0, t0 + n) of the inputs, from the state in dS
 // (updated), into the poisoned dO rows.
+static uint16_t *g_ob;   // when set: the chunked modes' bf16 copy of o (rows of the whole call)
 static void run_stages(const struct inputs *in, int mode, int stages, int t0, int n, float *dS, float *dO, float *dws) {
     const float *y = in->dy + (size_t)t0 * C, *b = in->db + (size_t)t0 * HV, *a = in->da + (size_t)t0 * HV;
     const float *z = in->dz + (size_t)t0 * VD;
@@ -140,10 +142,11 @@ static void run_stages(const struct inputs *in, int mode, int stages, int t0, in
     if (mode < 0)
         CKL(k_gdn_recurrent(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, n, HK, HV, DK, DV, EPS, NULL));
     else if (stages == 7)
-        CKL(k_gdn_chunked(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, dws, n, HK, HV, DK, DV, EPS, mode, NULL));
+        CKL(k_gdn_chunked(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, g_ob ? g_ob + (size_t)t0 * VD : NULL, dws, n,
+                          HK, HV, DK, DV, EPS, mode, NULL));
     else
-        CKL(k_gdn_chunked_stages(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, dws, n, HK, HV, DK, DV, EPS, mode,
-                                 stages, NULL));
+        CKL(k_gdn_chunked_stages(y, b, a, z, in->dAl, in->ddtb, in->dgn, dS, o, NULL, dws, n, HK, HV, DK, DV, EPS,
+                                 mode, stages, NULL));
     CK(cudaGetLastError());
 }
 static void run_mode(const struct inputs *in, int mode, int t0, int n, float *dS, float *dO, float *dws) {
@@ -158,10 +161,14 @@ static void test_case(int T, int strong, int split, uint64_t seed) {
     const long wsf = k_gdn_chunked_ws_floats(T, HV, DK);
     float *dws = dmalloc(sizeof(float) * (size_t)wsf), *dS = dmalloc(sizeof(float) * ns), *dO = dmalloc(sizeof(float) * no);
     float *o[3], *S[3];   // per mode: recurrent, bf16, exact
+    uint16_t *dob = dmalloc(2 * no);
+    size_t ob_diff = 0;   // the gated norm's bf16 copy of o against o rounded here (the chunked modes)
     for (int m = -1; m <= 1; m++) {
         CK(cudaMemcpy(dS, in.S0, sizeof(float) * ns, cudaMemcpyHostToDevice));
         CK(cudaMemset(dO, 0xff, sizeof(float) * no));                        // NaN
+        CK(cudaMemset(dob, 0xff, 2 * no));
         CK(cudaMemset(dws, 0xff, sizeof(float) * (size_t)wsf));
+        g_ob = m >= 0 ? dob : NULL;
         if (split > 0 && split < T) {
             run_mode(&in, m, 0, split, dS, dO, dws);
             CK(cudaMemset(dws, 0xff, sizeof(float) * (size_t)wsf));
@@ -171,7 +178,15 @@ static void test_case(int T, int strong, int split, uint64_t seed) {
         }
         o[m + 1] = back(dO, no);
         S[m + 1] = back(dS, ns);
+        if (m >= 0) {
+            uint16_t *hob = hmalloc(2 * no);
+            CK(cudaMemcpy(hob, dob, 2 * no, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < no; i++) ob_diff += hob[i] != f32_to_bf16(o[m + 1][i]);
+            free(hob);
+        }
     }
+    g_ob = NULL;
+    CK(cudaFree(dob));
     char shape[64];
     snprintf(shape, sizeof shape, "T %d%s%s", T, strong ? " strong" : "", split > 0 ? " (2 calls)" : "");
     if (split > 0) snprintf(shape, sizeof shape, "T %d+%d%s", split, T - split, strong ? " strong" : "");
@@ -184,6 +199,10 @@ static void test_case(int T, int strong, int split, uint64_t seed) {
         snprintf(what, sizeof what, "%s vs recurrent: S", name[m]);
         check(what, shape, nerr_ff(S[m], S[0], ns), tol[m]);
     }
+    checks++;
+    fails += ob_diff != 0;
+    printf("%-34s %-22s %zu of %zu differ  %s\n", "chunked: o's bf16 copy (gated norm)", shape, ob_diff, 2 * no,
+           ob_diff ? "FAIL" : "PASS");
     if (T <= 300) {   // fp64 reference
         float *beta = hmalloc(sizeof(float) * (size_t)T * HV), *g = hmalloc(sizeof(float) * (size_t)T * HV);
         double *Sr = hmalloc(sizeof(double) * ns), *orf = hmalloc(sizeof(double) * no);

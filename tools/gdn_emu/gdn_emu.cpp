@@ -73,7 +73,7 @@ static int run(int T, int Hk, int Hv, int strong, uint64_t seed) {
     gdnref_gated_norm(on.data(), z.data(), gn.data(), T, Hv, DV, 1e-6);
     const long rows = (long)T * Hv;
     emu_launch(dim3((unsigned)CEIL_DIV(rows, 8)), 256, 0,
-               [&] { gdn_gated_norm_warp_kernel(o.data(), z.data(), gn.data(), rows, DV, 1e-6f); });
+               [&] { gdn_gated_norm_warp_kernel(o.data(), nullptr, z.data(), gn.data(), rows, DV, 1e-6f); });
     const double en = gdnref_nerr_f(o.data(), on.data(), no);
     const double tol = EXACT ? 1e-4 : 1e-2;
     const int ok = eo < tol && es < tol && en < 1e-5;
