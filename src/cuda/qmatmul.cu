@@ -19,15 +19,16 @@
 // (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input,
 // or its producer writes it: k_rmsnorm's bf16 copy, k_qmatmul_bf16_swiglu's epilogue) with one
 // MMA per product; this exact kernel stays as it is, the verification mode.
-#include "mma.cuh"
+#include "qmatmul_bf16.cuh"   // the fast kernel; the segment table (qm_segs: several products, one launch)
 
 enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
 static_assert(MM_BK == QGROUP, "one quantization group per K step");
 
-template <int BITS>
+// S: the products (one, or several dense ones of x: qm_segs in qmatmul_bf16.cuh).
+template <int BITS, bool SEGS>
 static __global__ void __launch_bounds__(MM_THREADS)
-    qmatmul_kernel(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                   const int *ymap, int M, const int *counts, const int *offs) {
+    qmatmul_kernel(const qm_segs S, const float *x, int ldx, const int *xmap, int xdiv, const int *ymap, int M,
+                   const int *counts, const int *offs) {
     constexpr int PER = 32 / BITS, WPT = 16 / PER;   // codes per word; words per thread per step
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ __align__(16) uint16_t Xh[MM_BM * MM_BK], Xl[MM_BM * MM_BK], Wq[MM_BN * MM_BK];
@@ -42,7 +43,9 @@ static __global__ void __launch_bounds__(MM_THREADS)
     }
     const int r0 = blockIdx.y * MM_BM;
     if (r0 >= cnt) return;
-    const int n0 = blockIdx.x * MM_BN;
+    const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
+    int n0;
+    const struct dqt W = qm_matrix<SEGS, MM_BN, BITS>(S, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
     if (tid < MM_BM) {
         int r = r0 + tid;
@@ -179,6 +182,8 @@ static __global__ void __launch_bounds__(MM_THREADS)
             __syncthreads();
         }
     }
+    float *const y = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.y; });
+    const int ldy = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.ldy; });
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -195,21 +200,36 @@ static __global__ void __launch_bounds__(MM_THREADS)
         }
 }
 
-extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                         const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
+static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, int ldx, const int *xmap, int xdiv,
+                          const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
     const int rows = counts ? maxrows : M;
     if (rows <= 0) return 0;
-    if (W.cols % MM_BK || ldx % 4) return (int)cudaErrorInvalidValue;
-    dim3 grid(CEIL_DIV(W.rows, MM_BN), CEIL_DIV(rows, MM_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
+    qm_segs S;
+    const int tiles = qm_table(seg, nseg, MM_BN, &S);
+    const struct dqt W = seg[0].W;
+    if (!tiles || W.cols % MM_BK || ldx % 4) return (int)cudaErrorInvalidValue;
+    dim3 grid(tiles, CEIL_DIV(rows, MM_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-    if (W.bits == 4) qmatmul_kernel<4><<<grid, MM_THREADS, 0, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
-    else if (W.bits == 8) qmatmul_kernel<8><<<grid, MM_THREADS, 0, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs);
+#define MM_ARGS <<<grid, MM_THREADS, 0, st>>>(S, x, ldx, xmap, xdiv, ymap, M, counts, offs)
+    if (W.bits == 4 && nseg > 1) qmatmul_kernel<4, true> MM_ARGS;
+    else if (W.bits == 4) qmatmul_kernel<4, false> MM_ARGS;
+    else if (W.bits == 8 && nseg > 1) qmatmul_kernel<8, true> MM_ARGS;
+    else if (W.bits == 8) qmatmul_kernel<8, false> MM_ARGS;
     else return (int)cudaErrorInvalidValue;
+#undef MM_ARGS
     return launch_status();
 }
 
-#include "qmatmul_bf16.cuh"
+extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
+                         const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
+    const struct qm_seg seg = {W, y, ldy};
+    return qmatmul_launch(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, stream);
+}
+
+extern "C" int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, int ldx, int M, void *stream) {
+    return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, stream);
+}
 
 // CALLA_QB_BLOCKS (k_set_qb_blocks): 2 (default) the 3-stage form at two blocks an SM, 1 the
 // 4-stage form at one (qmatmul_bf16.cuh).
@@ -219,64 +239,83 @@ extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
 static int g_qb_wg = 1;
 extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
 
-template <int BITS, int STAGES, bool GLU, bool WG>
-static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
-                                    const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
-                                    const int *counts, const int *offs, const float *gate, uint16_t *yb) {
+template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS>
+static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
+                                    const int *xmap, int xdiv, const int *ymap, int M, const int *counts,
+                                    const int *offs, const float *gate, uint16_t *yb) {
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
     const size_t smem = QB_SMEM<BITS, STAGES, WG>;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG>
-        <<<grid, QB_THREADS, smem, st>>>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb);
+    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>
+        <<<grid, QB_THREADS, smem, st>>>(S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb);
     return launch_status();
 }
 
-template <int BITS, int STAGES, bool GLU>
-static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, struct dqt W, const uint16_t *x, int ldx,
-                               const int *xmap, int xdiv, float *y, int ldy, const int *ymap, int M,
-                               const int *counts, const int *offs, const float *gate, uint16_t *yb) {
+template <int BITS, int STAGES, bool GLU, bool SEGS>
+static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
+                               const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
+                               const float *gate, uint16_t *yb) {
     if (g_qb_wg && k_has_sm90a())
-        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true>(grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M,
-                                                                 counts, offs, gate, yb);
-    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false>(grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M,
-                                                              counts, offs, gate, yb);
+        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true, SEGS>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
+                                                                       counts, offs, gate, yb);
+    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false, SEGS>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
+                                                                    offs, gate, yb);
 }
 
-// Both launchers: y = W x (fp32), or with gate != NULL yb = bf16(silu(gate) (W x)) (the GLU form).
-template <bool GLU>
-static int qmatmul_bf16_form(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                             const int *ymap, int M, const int *counts, const int *offs, int maxrows,
+// Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
+// (W x)) (the GLU form). SEGS: the kernels' segment lookup (more than one segment).
+template <bool GLU, bool SEGS>
+static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t *x, int ldx, const int *xmap,
+                             int xdiv, const int *ymap, int M, const int *counts, const int *offs, int maxrows,
                              const float *gate, uint16_t *yb, void *stream) {
     const int rows = counts ? maxrows : M;
     if (rows <= 0) return 0;
-    if (W.cols % QB_BK || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W.w % 16) return (int)cudaErrorInvalidValue;
-    dim3 grid(CEIL_DIV(W.rows, QB_BN), CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
+    qm_segs S;
+    const int tiles = qm_table(seg, nseg, QB_BN, &S);
+    const struct dqt W = seg[0].W;
+    if (!tiles || W.cols % QB_BK || ldx % 8 || (uintptr_t)x % 16) return (int)cudaErrorInvalidValue;
+    for (int i = 0; i < nseg; i++)
+        if ((uintptr_t)seg[i].W.w % 16) return (int)cudaErrorInvalidValue;
+    dim3 grid(tiles, CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-#define QB_ARGS grid, st, W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, gate, yb
+#define QB_ARGS grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb
     if (W.bits == 4)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU>(QB_ARGS) : launch_qmatmul_bf16<4, 4, GLU>(QB_ARGS);
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU, SEGS>(QB_ARGS)
+                                : launch_qmatmul_bf16<4, 4, GLU, SEGS>(QB_ARGS);
     if (W.bits == 8)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU>(QB_ARGS) : launch_qmatmul_bf16<8, 4, GLU>(QB_ARGS);
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU, SEGS>(QB_ARGS)
+                                : launch_qmatmul_bf16<8, 4, GLU, SEGS>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
 }
 
 extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                               const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
-    return qmatmul_bf16_form<false>(W, x, ldx, xmap, xdiv, y, ldy, ymap, M, counts, offs, maxrows, NULL, NULL, stream);
+    const struct qm_seg seg = {W, y, ldy};
+    return qmatmul_bf16_form<false, false>(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, NULL, NULL,
+                                           stream);
+}
+
+extern "C" int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M,
+                                   void *stream) {
+    if (n == 1)   // the single-product kernel
+        return qmatmul_bf16_form<false, false>(segs, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL, stream);
+    return qmatmul_bf16_form<false, true>(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL, stream);
 }
 
 extern "C" int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv,
                                      const float *gate, uint16_t *yb, int ldy, const int *ymap, int M,
                                      const int *counts, const int *offs, int maxrows, void *stream) {
     if (!gate || !yb) return (int)cudaErrorInvalidValue;
-    return qmatmul_bf16_form<true>(W, x, ldx, xmap, xdiv, NULL, ldy, ymap, M, counts, offs, maxrows, gate, yb, stream);
+    const struct qm_seg seg = {W, NULL, ldy};
+    return qmatmul_bf16_form<true, false>(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, gate, yb,
+                                          stream);
 }
 
 // y[i] = bf16(x[i]) (round to nearest even), 4 at a time where both are aligned.
