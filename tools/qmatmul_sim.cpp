@@ -98,8 +98,9 @@ static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>(S, x, ldx, xmap, xdiv, ymap, M, counts, offs,
-                                                                         gate, yb);
+                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>(S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y,
+                                                                         S.s[0].ldy, ymap, M, counts, offs, gate, yb,
+                                                                         S);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
@@ -316,7 +317,8 @@ static void launch_exact(dim3s grid, const qm_segs &S, const float *x, int ldx, 
             for (int t = 0; t < MM_THREADS; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {(unsigned)t, 0, 0};
-                    qmatmul_kernel<BITS, SEGS>(S, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr);
+                    qmatmul_kernel<BITS, SEGS>(S.s[0].W, x, ldx, nullptr, 1, S.s[0].y, S.s[0].ldy, nullptr, M, nullptr,
+                                               nullptr, S);
                 });
             for (auto &h : th) h.join();
             for (int w = 0; w < 8; w++) delete g_wbar[w];

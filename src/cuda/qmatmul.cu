@@ -35,7 +35,7 @@ static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, in
     dim3 grid(tiles, CEIL_DIV(rows, MM_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-#define MM_ARGS <<<grid, MM_THREADS, 0, st>>>(S, x, ldx, xmap, xdiv, ymap, M, counts, offs)
+#define MM_ARGS <<<grid, MM_THREADS, 0, st>>>(W, x, ldx, xmap, xdiv, seg[0].y, seg[0].ldy, ymap, M, counts, offs, S)
     if (W.bits == 4 && nseg > 1) qmatmul_kernel<4, true> MM_ARGS;
     else if (W.bits == 4) qmatmul_kernel<4, false> MM_ARGS;
     else if (W.bits == 8 && nseg > 1) qmatmul_kernel<8, true> MM_ARGS;
@@ -75,8 +75,8 @@ static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>
-        <<<grid, QB_THREADS, smem, st>>>(S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb);
+    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS><<<grid, QB_THREADS, smem, st>>>(
+        S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
     return launch_status();
 }
 

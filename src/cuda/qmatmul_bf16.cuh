@@ -119,10 +119,10 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 
 // in_b / in_a, k_proj / v_proj) fill the grid of a large one instead of paying a launch each. The
 // table rides in the kernel's parameters (nothing to upload); tile0 of the slots past the last
 // segment is the total tile count, so they are never picked. The kernels take SEGS as a template
-// parameter: without it (the single-product launchers, one segment) every field is segment 0's,
-// read from the parameters where it is used, as before segments; with it the fields are picked by
-// a select chain on constant indices (no local copy of the table), K from segment 0 (shared), the
-// output pointer and stride at the epilogue.
+// parameter: without it (the single-product launchers) the product is the kernel's own parameters
+// W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
+// registers they had); with it the fields are picked by a select chain on constant indices (no local
+// copy of the table), K from segment 0 (shared), the output pointer and stride at the epilogue.
 struct qm_segs {
     struct qm_seg s[QM_MAX_SEGS];
     int tile0[QM_MAX_SEGS];   // first N-tile (blockIdx.x) of segment i
@@ -168,15 +168,19 @@ static __device__ __forceinline__ auto qm_get(const qm_segs &S, int i, F f) {
     }
     return v;
 }
-// Segment i's matrix (K and bits: segment 0's, shared by every segment) and first feature of tile bx.
+// Segment i's matrix (K and bits: segment 0's, shared by every segment) and first feature of tile bx;
+// without SEGS the single product W1 and bx * BN.
 template <bool SEGS, int BN, int BITS>
-static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, int i, int bx, int *n0) {
-    int t0 = 0;
-    if constexpr (SEGS) {
-#pragma unroll
-        for (int j = 1; j < QM_MAX_SEGS; j++)
-            if (i == j) t0 = S.tile0[j];
+static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, const struct dqt &W1, int i, int bx,
+                                                       int *n0) {
+    if constexpr (!SEGS) {
+        *n0 = bx * BN;
+        return W1;
     }
+    int t0 = 0;
+#pragma unroll
+    for (int j = 1; j < QM_MAX_SEGS; j++)
+        if (i == j) t0 = S.tile0[j];
     *n0 = (bx - t0) * BN;
     struct dqt W;
     W.w = qm_get<SEGS>(S, i, [](const qm_seg &g) { return g.W.w; });
@@ -188,13 +192,24 @@ static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, int i, 
     W.bits = BITS;
     return W;
 }
+// Segment i's output and row stride; without SEGS the single product's y1, ldy1.
+template <bool SEGS>
+static __device__ __forceinline__ void qm_output(const qm_segs &S, int i, float *y1, int ldy1, float **y, int *ldy) {
+    *y = y1;
+    *ldy = ldy1;
+    if constexpr (SEGS) {
+        *y = qm_get<SEGS>(S, i, [](const qm_seg &o) { return o.y; });
+        *ldy = qm_get<SEGS>(S, i, [](const qm_seg &o) { return o.ldy; });
+    }
+}
 
-// S: the products (one, or several dense ones of x: qm_segs above). GLU (one segment): its y unused;
-// gate [*, ldy] fp32 and yb [*, ldy] bf16 (else both unused).
+// W1, y1, ldy1: the product (SEGS off); S: the products of one dense x (SEGS on; qm_segs above). GLU
+// (SEGS off): y1 unused; gate [*, ldy1] fp32 and yb [*, ldy1] bf16 (else both unused).
 template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false>
 static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
-    qmatmul_bf16_kernel(const qm_segs S, const uint16_t *x, int ldx, const int *xmap, int xdiv, const int *ymap,
-                        int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
+    qmatmul_bf16_kernel(struct dqt W1, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
+                        const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb,
+                        const qm_segs S) {
     using L = qb_layout<BITS, STAGES>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
@@ -217,7 +232,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     if (r0 >= cnt) return;
     const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
     int n0;
-    const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, seg, blockIdx.x, &n0);
+    const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
     if (tid < QB_BM) {
         int r = r0 + tid;
@@ -348,8 +363,9 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 #endif
         }
         cp_async_wait<0>();
-        float *const y = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.y; });
-        const int ldy = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.ldy; });
+        float *y;
+        int ldy;
+        qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
         const int wr = wg * 64 + (warp % 4) * 16 + g;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -406,8 +422,9 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
         }
     }
     cp_async_wait<0>();
-    float *const y = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.y; });
-    const int ldy = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.ldy; });
+    float *y;
+    int ldy;
+    qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll

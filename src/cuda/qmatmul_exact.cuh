@@ -8,11 +8,12 @@
 enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
 static_assert(MM_BK == QGROUP, "one quantization group per K step");
 
-// S: the products (one, or several dense ones of x: qm_segs in qmatmul_bf16.cuh).
+// W1, y1, ldy1: the product (SEGS off); S: the products of one dense x (SEGS on; qm_segs in
+// qmatmul_bf16.cuh).
 template <int BITS, bool SEGS>
 static __global__ void __launch_bounds__(MM_THREADS)
-    qmatmul_kernel(const qm_segs S, const float *x, int ldx, const int *xmap, int xdiv, const int *ymap, int M,
-                   const int *counts, const int *offs) {
+    qmatmul_kernel(struct dqt W1, const float *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
+                   const int *ymap, int M, const int *counts, const int *offs, const qm_segs S) {
     constexpr int PER = 32 / BITS, WPT = 16 / PER;   // codes per word; words per thread per step
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ __align__(16) uint16_t Xh[MM_BM * MM_BK], Xl[MM_BM * MM_BK], Wq[MM_BN * MM_BK];
@@ -29,7 +30,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
     if (r0 >= cnt) return;
     const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
     int n0;
-    const struct dqt W = qm_matrix<SEGS, MM_BN, BITS>(S, seg, blockIdx.x, &n0);
+    const struct dqt W = qm_matrix<SEGS, MM_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
     if (tid < MM_BM) {
         int r = r0 + tid;
@@ -166,8 +167,9 @@ static __global__ void __launch_bounds__(MM_THREADS)
             __syncthreads();
         }
     }
-    float *const y = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.y; });
-    const int ldy = qm_get<SEGS>(S, seg, [](const qm_seg &o) { return o.ldy; });
+    float *y;
+    int ldy;
+    qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
