@@ -119,11 +119,13 @@ tcgemv-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
-# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, run on the
-# host, a block as 256 threads (tools/qmatmul_sim.cpp; wgmma modelled by tools/sim_wgmma.h): no GPU needed.
+# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, and the exact one
+# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/qmatmul_sim.cpp; wgmma modelled by
+# tools/sim_wgmma.h): no GPU needed.
 .PHONY: qmatmul-sim
 qmatmul-sim:
-	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh $(BUILD)/qbsim/ && : > $(BUILD)/qbsim/mma.cuh
+	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh src/cuda/qmatmul_exact.cuh $(BUILD)/qbsim/ && \
+	    : > $(BUILD)/qbsim/mma.cuh
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 

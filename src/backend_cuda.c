@@ -32,9 +32,12 @@
 // rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention takes Q and P as bf16 (one
 // mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
 // verification mode, operands split hi + lo and fp32 inputs to the products.
-// CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. A prefill chunk is the embedding,
-// cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one cuda_layer on hidden
-// states from the host.
+// CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
+// as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v; the router with the shared-expert
+// gate), each output still its own buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B):
+// the small ones fill the grid of the large ones instead of paying a launch's fixed cost each. A
+// prefill chunk is the embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe)
+// runs one cuda_layer on hidden states from the host.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -99,6 +102,7 @@ struct cuda_engine {
     int decode_mode;                         // DEC_*
     int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
+    int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
 };
 
 struct cuda_seq {
@@ -448,6 +452,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const int exact = all && !strcmp(all, "1");
     k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
     ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
+    const char *seg = getenv("CALLA_PREFILL_SEGS");   // 0: the prefill products one launch each (A/B)
+    ce->prefill_segs = !(seg && !strcmp(seg, "0"));
     const char *dvp = getenv("CALLA_DV_PREFETCH");
     ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
     const char *occ = getenv("CALLA_DV_OCC");
@@ -566,6 +572,25 @@ static int mm(const struct qtensor *W, const float *x, int T, float *y, void *st
 static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
     if (!xb || T == 1) return mm(W, x, T, y, st);
     return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
+}
+// The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
+// one launch when T > 1 and they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on
+// x): bit-identical to mmb on each, without a launch's fixed cost per product. Else (decode's T = 1,
+// another K or bits, CALLA_PREFILL_SEGS=0) one mmb each.
+static int mm_segs(const struct cuda_engine *ce, const struct qtensor *const *W, float *const *y, int n,
+                   const float *x, const uint16_t *xb, int T, void *st) {
+    int one = ce->prefill_segs && T > 1 && n <= QM_MAX_SEGS;
+    for (int i = 1; i < n; i++) one = one && W[i]->cols == W[0]->cols && W[i]->bits == W[0]->bits;
+    if (!one) {
+        for (int i = 0; i < n; i++) {
+            const int rc = mmb(W[i], x, xb, T, y[i], st);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    struct qm_seg seg[QM_MAX_SEGS];
+    for (int i = 0; i < n; i++) seg[i] = (struct qm_seg){dq(W[i]), y[i], W[i]->rows};
+    return xb ? k_qmatmul_bf16_segs(seg, n, xb, W[0]->cols, T, st) : k_qmatmul_segs(seg, n, x, W[0]->cols, T, st);
 }
 // xb = bf16(x) [n] when fast, and the copy to read (NULL: the exact products on x).
 static uint16_t *to_bf16(int fast, const float *x, uint16_t *xb, long n, void *st, int *rc) {
@@ -731,9 +756,9 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     KL(k_rmsnorm(b->x, NULL, L->input_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));
     const uint16_t *ub = fast ? b->xh : NULL;
     if (geom_is_attn(g, i)) {
-        KL(mmb(&L->q_proj, b->u, ub, T, b->qg, st));
-        KL(mmb(&L->k_proj, b->u, ub, T, b->kb, st));
-        KL(mmb(&L->v_proj, b->u, ub, T, b->vb, st));
+        const struct qtensor *qkv[] = {&L->q_proj, &L->k_proj, &L->v_proj};
+        float *qkv_y[] = {b->qg, b->kb, b->vb};
+        KL(mm_segs(ce, qkv, qkv_y, 3, b->u, ub, T, st));
         KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
         if (T == 1)
@@ -746,10 +771,9 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(rc);
         KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
     } else {
-        KL(mmb(&L->in_qkv, b->u, ub, T, b->xin, st));
-        KL(mmb(&L->in_z, b->u, ub, T, b->z, st));
-        KL(mmb(&L->in_b, b->u, ub, T, b->bb, st));
-        KL(mmb(&L->in_a, b->u, ub, T, b->aa, st));
+        const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
+        float *in_y[] = {b->xin, b->z, b->bb, b->aa};
+        KL(mm_segs(ce, in, in_y, 4, b->u, ub, T, st));
         KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                       g->lin_k_dim, st));
         const uint16_t *gb = NULL;   // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
@@ -771,8 +795,9 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     // writes its bf16 copy xh too)
     KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));
     const uint16_t *mb = fast ? b->xh : NULL;
-    KL(mm(&L->router, b->u, T, b->rl, st));
-    KL(mm(&L->shared_gate, b->u, T, b->sg, st));
+    const struct qtensor *gates[] = {&L->router, &L->shared_gate};   // exact, on the fp32 u, in both modes
+    float *gates_y[] = {b->rl, b->sg};
+    KL(mm_segs(ce, gates, gates_y, 2, b->u, NULL, T, st));
     KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
     KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
     const uint16_t *sb = NULL;   // fast: the up product's epilogue writes bf16(silu(gate) up) into xa

@@ -57,6 +57,20 @@ int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, in
 int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, const float *gate,
                           uint16_t *yb, int ldy, const int *ymap, int M, const int *counts, const int *offs,
                           int maxrows, void *stream);
+// Several dense products of one input in one launch (prefill: the projections of a layer's normed
+// input, the router with the shared-expert gate): segment i writes segs[i].y [M, segs[i].ldy] =
+// segs[i].W x, bit-identical to its own k_qmatmul (k_qmatmul_bf16) launch; the blocks of small
+// products fill the grid of the large ones instead of paying a launch each. 1 <= n <= QM_MAX_SEGS;
+// every W with the same cols and bits (else cudaErrorInvalidValue) and rows > 0; no gather, no
+// experts (n_mat ignored: matrix 0). The single-product launchers are the one-segment case.
+enum { QM_MAX_SEGS = 4 };
+struct qm_seg {
+    struct dqt W;
+    float *y;   // [M, ldy]
+    int ldy;
+};
+int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, int ldx, int M, void *stream);
+int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M, void *stream);
 void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
 // The fast qmatmul's products: 1 (default) warpgroup products (wgmma) where k_has_sm90a(), 0 mma.sync
 // (A/B, CALLA_QB=mma).

@@ -135,11 +135,106 @@ static __device__ __forceinline__ void qb_store(float *y, const float *gate, uin
 template <int BITS, int STAGES, bool WG>
 inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 0);
 
-// GLU: y unused; gate [*, ldy] fp32 and yb [*, ldy] bf16 (else both unused).
-template <int BITS, int STAGES, bool GLU, bool WG = false>
+// Segments (k_qmatmul_segs, k_qmatmul_bf16_segs): up to QM_MAX_SEGS dense products of one input
+// (the same x, K and bits) in one launch, each into its own output with its own row stride. grid.x
+// counts the N-tiles of all of them, segment after segment (a tile never straddles two), and a
+// block maps its blockIdx.x to (segment, tile within it) at its start, then runs as the block of
+// that segment's own launch would: the same tile, the same operations in the same order, so the
+// outputs are bit-identical to separate launches. Tiny products (the router, the shared-expert gate,
+// in_b / in_a, k_proj / v_proj) fill the grid of a large one instead of paying a launch each. The
+// table rides in the kernel's parameters (nothing to upload); tile0 of the slots past the last
+// segment is the total tile count, so they are never picked. The kernels take SEGS as a template
+// parameter: without it (the single-product launchers) the product is the kernel's own parameters
+// W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
+// registers they had); with it the fields are picked by a select chain on constant indices (no local
+// copy of the table), K from segment 0 (shared), the output pointer and stride at the epilogue.
+struct qm_segs {
+    struct qm_seg s[QM_MAX_SEGS];
+    int tile0[QM_MAX_SEGS];   // first N-tile (blockIdx.x) of segment i
+};
+// Host: the table of n products on tiles of bn features; returns grid.x, the N-tiles of all, or 0
+// when the products cannot share a launch (n out of range, an empty product, another K or bits than
+// the first's).
+static inline int qm_table(const struct qm_seg *seg, int n, int bn, qm_segs *S) {
+    if (n < 1 || n > QM_MAX_SEGS) return 0;
+    int tiles = 0;
+    for (int i = 0; i < n; i++) {
+        if (seg[i].W.rows <= 0 || seg[i].W.cols != seg[0].W.cols || seg[i].W.bits != seg[0].W.bits) return 0;
+        S->s[i] = seg[i];
+        S->tile0[i] = tiles;
+        tiles += CEIL_DIV(seg[i].W.rows, bn);
+    }
+    for (int i = n; i < QM_MAX_SEGS; i++) {   // never picked: blockIdx.x < tiles
+        S->s[i] = seg[0];
+        S->tile0[i] = tiles;
+    }
+    return tiles;
+}
+
+// The segment of N-tile bx (0 without SEGS).
+template <bool SEGS>
+static __device__ __forceinline__ int qm_seg_of(const qm_segs &S, int bx) {
+    int i = 0;
+    if constexpr (SEGS) {
+#pragma unroll
+        for (int j = 1; j < QM_MAX_SEGS; j++)
+            if (bx >= S.tile0[j]) i = j;
+    }
+    return i;
+}
+// f(segment i) for a segment index known only at run time, by constant indices.
+template <bool SEGS, typename F>
+static __device__ __forceinline__ auto qm_get(const qm_segs &S, int i, F f) {
+    auto v = f(S.s[0]);
+    if constexpr (SEGS) {
+#pragma unroll
+        for (int j = 1; j < QM_MAX_SEGS; j++)
+            if (i == j) v = f(S.s[j]);
+    }
+    return v;
+}
+// Segment i's matrix (K and bits: segment 0's, shared by every segment) and first feature of tile bx;
+// without SEGS the single product W1 and bx * BN.
+template <bool SEGS, int BN, int BITS>
+static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, const struct dqt &W1, int i, int bx,
+                                                       int *n0) {
+    if constexpr (!SEGS) {
+        *n0 = bx * BN;
+        return W1;
+    }
+    int t0 = 0;
+#pragma unroll
+    for (int j = 1; j < QM_MAX_SEGS; j++)
+        if (i == j) t0 = S.tile0[j];
+    *n0 = (bx - t0) * BN;
+    struct dqt W;
+    W.w = qm_get<SEGS>(S, i, [](const qm_seg &g) { return g.W.w; });
+    W.scales = qm_get<SEGS>(S, i, [](const qm_seg &g) { return g.W.scales; });
+    W.biases = qm_get<SEGS>(S, i, [](const qm_seg &g) { return g.W.biases; });
+    W.n_mat = S.s[0].W.n_mat;
+    W.rows = qm_get<SEGS>(S, i, [](const qm_seg &g) { return g.W.rows; });
+    W.cols = S.s[0].W.cols;
+    W.bits = BITS;
+    return W;
+}
+// Segment i's output and row stride; without SEGS the single product's y1, ldy1.
+template <bool SEGS>
+static __device__ __forceinline__ void qm_output(const qm_segs &S, int i, float *y1, int ldy1, float **y, int *ldy) {
+    *y = y1;
+    *ldy = ldy1;
+    if constexpr (SEGS) {
+        *y = qm_get<SEGS>(S, i, [](const qm_seg &o) { return o.y; });
+        *ldy = qm_get<SEGS>(S, i, [](const qm_seg &o) { return o.ldy; });
+    }
+}
+
+// W1, y1, ldy1: the product (SEGS off); S: the products of one dense x (SEGS on; qm_segs above). GLU
+// (SEGS off): y1 unused; gate [*, ldy1] fp32 and yb [*, ldy1] bf16 (else both unused).
+template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false>
 static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
-    qmatmul_bf16_kernel(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
-                        const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
+    qmatmul_bf16_kernel(struct dqt W1, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
+                        const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb,
+                        const qm_segs S) {
     using L = qb_layout<BITS, STAGES>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
@@ -154,7 +249,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 
     int e = blockIdx.z, mt = blockIdx.y;
     if (counts && M > 0) {   // the compact grid
-        qb_tile_of(counts, W.n_mat, blockIdx.y, e, mt);
+        qb_tile_of(counts, W1.n_mat, blockIdx.y, e, mt);
         if (e < 0) return;
     }
     int base = 0, cnt = M;
@@ -164,7 +259,9 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     }
     const int r0 = mt * QB_BM;
     if (r0 >= cnt) return;
-    const int n0 = blockIdx.x * QB_BN;
+    const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
+    int n0;
+    const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
     if (tid < QB_BM) {
         int r = r0 + tid;
@@ -295,6 +392,9 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 #endif
         }
         cp_async_wait<0>();
+        float *y;
+        int ldy;
+        qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
         const int wr = wg * 64 + (warp % 4) * 16 + g;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -351,6 +451,9 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
         }
     }
     cp_async_wait<0>();
+    float *y;
+    int ldy;
+    qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll

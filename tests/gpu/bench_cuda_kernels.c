@@ -125,6 +125,30 @@ static int run_conv(void *c) {
                       NULL);
 }
 
+// A group of products of one input (cuda_layer's mm_segs): one launch each, or one segmented launch;
+// exact (fp32 x, k_qmatmul) or fast (bf16 x, k_qmatmul_bf16).
+struct sctx {
+    struct qm_seg s[QM_MAX_SEGS];
+    int n, T, exact;
+    const float *x;
+    const uint16_t *xb;
+};
+static int run_sep(void *c) {
+    struct sctx *g = c;
+    int rc = 0;
+    for (int i = 0; i < g->n && !rc; i++) {
+        const struct qm_seg *s = &g->s[i];
+        rc = g->exact ? k_qmatmul(s->W, g->x, s->W.cols, NULL, 1, s->y, s->ldy, NULL, g->T, NULL, NULL, 0, NULL)
+                      : k_qmatmul_bf16(s->W, g->xb, s->W.cols, NULL, 1, s->y, s->ldy, NULL, g->T, NULL, NULL, 0, NULL);
+    }
+    return rc;
+}
+static int run_seg(void *c) {
+    struct sctx *g = c;
+    return g->exact ? k_qmatmul_segs(g->s, g->n, g->x, g->s[0].W.cols, g->T, NULL)
+                    : k_qmatmul_bf16_segs(g->s, g->n, g->xb, g->s[0].W.cols, g->T, NULL);
+}
+
 // The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
 static double time_mma(struct mctx *m) {
     k_set_qb_wgmma(0);
@@ -195,6 +219,40 @@ int main(int argc, char **argv) {
                "(mma.sync %8.3f ms %6.1f)\n", dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms,
                flop / ms / 1e9, msf, flop / msf / 1e9, msm, flop / msm / 1e9);
         cudaFree((void *)m.W.w), cudaFree((void *)m.W.scales), cudaFree((void *)m.W.biases);
+    }
+    {   // cuda_layer's groups of products of one input: one launch each vs one segmented launch (mm_segs)
+        struct {
+            const char *name;
+            int n, bits, rows[QM_MAX_SEGS];
+        } grp[] = {
+            {"DeltaNet in_qkv+z+b+a", 4, 4, {C, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_LIN_V_HEADS, QWEN_LIN_V_HEADS}},
+            {"attention q+k+v", 3, 4, {2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_KV_HEADS * QWEN_HEAD_DIM,
+                                       QWEN_KV_HEADS * QWEN_HEAD_DIM}},
+            {"router+shared gate", 2, 8, {E, 1}},
+        };
+        for (int i = 0; i < 3; i++) {
+            struct sctx g = {.n = grp[i].n, .T = T, .x = x, .xb = xb};
+            double flop = 0;
+            for (int j = 0; j < g.n; j++) {
+                g.s[j] = (struct qm_seg){qmat(0, grp[i].rows[j], H, grp[i].bits), NULL, grp[i].rows[j]};
+                cudaMalloc((void **)&g.s[j].y, (size_t)T * grp[i].rows[j] * 4);
+                flop += 2.0 * T * grp[i].rows[j] * H;
+            }
+            g.exact = 1;
+            const double es = time_ms(run_sep, &g), eg = time_ms(run_seg, &g);
+            g.exact = 0;
+            const double fs = time_ms(run_sep, &g), fg = time_ms(run_seg, &g);
+            k_set_qb_wgmma(0);
+            const double ms_ = time_ms(run_sep, &g), mg = time_ms(run_seg, &g);
+            k_set_qb_wgmma(1);
+            printf("qmatmul group %-21s %d-bit, %d launches -> 1: exact %8.3f -> %8.3f ms | fast %8.3f -> %8.3f ms "
+                   "%6.1f TFLOP/s (mma.sync %8.3f -> %8.3f ms)\n", grp[i].name, grp[i].bits, g.n, es, eg, fs, fg,
+                   flop / fg / 1e9, ms_, mg);
+            for (int j = 0; j < g.n; j++) {
+                cudaFree(g.s[j].y);
+                cudaFree((void *)g.s[j].W.w), cudaFree((void *)g.s[j].W.scales), cudaFree((void *)g.s[j].W.biases);
+            }
+        }
     }
     {   // the fast mode's conversions of the product inputs: [T, 2048] (normed hidden) and [8T, 512]
         const long ns[2] = {(long)T * H, (long)T * K * I};

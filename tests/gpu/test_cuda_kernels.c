@@ -765,6 +765,90 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
     if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
 }
 
+// Segmented launches (k_qmatmul_bf16_segs, k_qmatmul_segs: cuda_layer's groups of products of one
+// input) against each product's own launch (k_qmatmul_bf16, k_qmatmul) on the same x, bit for bit:
+// every output buffer, poisoned before each run, must be equal (0 differing elements) and written.
+// The fast products on each form (wgmma and mma.sync, two blocks an SM and one) and the exact kernel.
+// Then a group of two bit widths must be refused (cudaErrorInvalidValue, nothing launched).
+static void test_segments(int T, const char *name, int n, const int *rows, int bits) {
+    const int H = QWEN_HIDDEN;
+    struct hq q[QM_MAX_SEGS];
+    float *alone[QM_MAX_SEGS], *seg[QM_MAX_SEGS];
+    size_t ny[QM_MAX_SEGS], total = 0;
+    for (int i = 0; i < n; i++) {
+        q[i] = make_q(0, rows[i], H, bits);
+        ny[i] = (size_t)T * rows[i];
+        total += ny[i];
+        alone[i] = poisoned(ny[i] * 4);
+        seg[i] = poisoned(ny[i] * 4);
+    }
+    const size_t nx = (size_t)T * H;
+    float *x = randv(nx, 1), *dx = dup_d(x, nx * 4);
+    uint16_t *dxb = poisoned(nx * 2);
+    k_to_bf16(dx, dxb, (long)nx, NULL);
+    float *ha = malloc(total * 4), *hs = malloc(total * 4);
+    char shape[96] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%d", i ? " + " : "", rows[i]);
+    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
+        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
+        k_set_qb_wgmma(wg);
+        k_set_qb_blocks(blocks);
+        struct qm_seg sg[QM_MAX_SEGS];
+        int rc = 0;
+        for (int i = 0; i < n; i++) {
+            cudaMemset(alone[i], 0xff, ny[i] * 4);
+            cudaMemset(seg[i], 0xff, ny[i] * 4);
+            sg[i] = (struct qm_seg){q[i].d, seg[i], rows[i]};
+            if (!rc)
+                rc = exact ? k_qmatmul(q[i].d, dx, H, NULL, 1, alone[i], rows[i], NULL, T, NULL, NULL, 0, NULL)
+                           : k_qmatmul_bf16(q[i].d, dxb, H, NULL, 1, alone[i], rows[i], NULL, T, NULL, NULL, 0, NULL);
+        }
+        if (!rc) rc = exact ? k_qmatmul_segs(sg, n, dx, H, T, NULL) : k_qmatmul_bf16_segs(sg, n, dxb, H, T, NULL);
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            fprintf(stderr, "CUDA error in the segments test\n");
+            exit(1);
+        }
+        size_t dif = 0, unwritten = 0, o = 0;
+        for (int i = 0; i < n; i++) {
+            cudaMemcpy(ha + o, alone[i], ny[i] * 4, cudaMemcpyDeviceToHost);
+            cudaMemcpy(hs + o, seg[i], ny[i] * 4, cudaMemcpyDeviceToHost);
+            o += ny[i];
+        }
+        for (size_t j = 0; j < total; j++) dif += memcmp(ha + j, hs + j, 4) != 0, unwritten += isnan(hs[j]);
+        char nm[64], sh[128];
+        snprintf(nm, sizeof nm, "segments %s", name);
+        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s%s", T, shape, bits,
+                 exact ? "exact" : wg && k_has_sm90a() ? "wgmma" : "mma.sync",
+                 exact ? "" : blocks == 2 ? " 2/SM" : " 1/SM", rc ? " LAUNCH FAILED" : "");
+        const int ok = !rc && !dif && !unwritten;
+        checks++;
+        fails += !ok;
+        printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", nm, sh, dif, total, unwritten,
+               ok ? "PASS" : "FAIL");
+    }
+    k_set_qb_wgmma(1);
+    k_set_qb_blocks(2);
+    {   // another bit width in the group: refused, both kernels
+        struct hq o = make_q(0, 32, H, 12 - bits);
+        struct qm_seg sg[2] = {{q[0].d, seg[0], rows[0]}, {o.d, seg[0], 32}};
+        const int r1 = k_qmatmul_segs(sg, 2, dx, H, T, NULL), r2 = k_qmatmul_bf16_segs(sg, 2, dxb, H, T, NULL);
+        const int ok = r1 == (int)cudaErrorInvalidValue && r2 == (int)cudaErrorInvalidValue;
+        checks++;
+        fails += !ok;
+        printf("%-22s %-34s %s\n", "segments mixed bits", "refused (cudaErrorInvalidValue)", ok ? "PASS" : "FAIL");
+        cudaFree((void *)o.d.w), cudaFree((void *)o.d.scales), cudaFree((void *)o.d.biases);
+        free((void *)o.h.w), free((void *)o.h.scales), free((void *)o.h.biases);
+    }
+    for (int i = 0; i < n; i++) {
+        cudaFree(alone[i]), cudaFree(seg[i]);
+        cudaFree((void *)q[i].d.w), cudaFree((void *)q[i].d.scales), cudaFree((void *)q[i].d.biases);
+        free((void *)q[i].h.w), free((void *)q[i].h.scales), free((void *)q[i].h.biases);
+    }
+    free(x), free(ha), free(hs);
+    cudaFree(dx), cudaFree(dxb);
+}
+
 static void test_swiglu(void) {
     const long n = 8L * QWEN_MOE_INTER * 37;
     float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
@@ -782,10 +866,12 @@ int main(int argc, char **argv) {
     }
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
-    // SwiGLU epilogue and the norm's bf16 copy; "gdn": the DeltaNet checks; "moe": the MoE checks
-    // (quick runs while working on those kernels)
+    // SwiGLU epilogue, segmented launches and the norm's bf16 copy; "segments": only the segmented
+    // launches; "gdn": the DeltaNet checks; "moe": the MoE checks (quick runs while working on those
+    // kernels)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
+    const bool segs = !strcmp(only, "segments");
     printf("# %s%s%s\n", why, *only ? "; checks: " : "", only);
     if (!strcmp(only, "moe")) test_moe(64);   // routing, dispatch, the grouped products (both grids), combine
     if (all || fast) {
@@ -811,6 +897,16 @@ int main(int argc, char **argv) {
             test_moe(64);
         }
         k_set_qb_wgmma(1);
+    }
+    if (all || fast || segs) {   // cuda_layer's groups of products of one input (mm_segs)
+        const int dn[] = {2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
+                          QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_LIN_V_HEADS, QWEN_LIN_V_HEADS};
+        const int at[] = {2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_KV_HEADS * QWEN_HEAD_DIM, QWEN_KV_HEADS * QWEN_HEAD_DIM};
+        const int gt[] = {QWEN_EXPERTS, 1};
+        test_segments(4096, "DeltaNet in", 4, dn, 4);
+        test_segments(1000, "attention qkv", 3, at, 4);
+        test_segments(4096, "router+sh.gate", 2, gt, 8);
+        test_segments(77, "router+sh.gate", 2, gt, 8);
     }
     if (all) {
         test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
