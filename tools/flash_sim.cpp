@@ -12,6 +12,9 @@
 // against the same fast twin and bounds, and must equal the mma.sync fast kernel bit for bit on the
 // same inputs (both models round each k16 product sum to float once, in the same k order); it also
 // runs with the dynamic shared memory starting off a 1 KB boundary (its own alignment must absorb it).
+// The warp-specialized kernel (flash_ws_kernel, both forms: 384 threads, a producer warpgroup,
+// mbarriers, named barriers, sim_wgmma.h's models of them) must equal the lockstep one bit for bit;
+// with the copies landing at once, a producer that refilled a stage still being read would show.
 //
 //   make flash-sim
 #include <algorithm>
@@ -29,6 +32,8 @@
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define FA_HOST_SIM 1
 #define WARP_SIZE 32
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
@@ -70,35 +75,43 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int D, bool EXACT, bool WG = false>
+// KIND 0: flash_attention_kernel<D, EXACT> (mma.sync); 1: flash_wg_kernel (wgmma, lockstep); 2, 3:
+// flash_ws_kernel<false / true> (warp-specialized; with ping-pong), 384 threads.
+template <int D, bool EXACT, int KIND = 0>
 static void launch(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
                    int cap, int n_heads, int n_kv) {
+    constexpr int NT = KIND >= 2 ? (int)FW_WS_THREADS : (int)FA_THREADS;
     gridDim = {(unsigned)CEIL_DIV(T, FA_BM / (n_heads / n_kv)), (unsigned)n_kv, 1};
     for (unsigned by = 0; by < gridDim.y; by++)
         for (unsigned bx = 0; bx < gridDim.x; bx++) {
             blockIdx = {bx, by, 0};
-            std::barrier<> bar(FA_THREADS);
-            for (int w = 0; w < 8; w++) g_wbar[w] = new std::barrier<>(32);
-            for (int w = 0; w < 2; w++) g_wgbar[w] = new std::barrier<>(128);
+            std::barrier<> bar(NT);
+            for (int w = 0; w < NT / 32; w++) g_wbar[w] = new std::barrier<>(32);
+            for (int w = 0; w < NT / 128; w++) g_wgbar[w] = new std::barrier<>(128);
+            for (int i = 1; i <= 2; i++) g_named[i] = new std::barrier<>(256);
+            g_mbars.clear();
             g_bar = &bar;
             std::vector<std::thread> th;
-            for (int t = 0; t < FA_THREADS; t++)
+            for (int t = 0; t < NT; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {(unsigned)t, 0, 0};
                     t_groups.clear();
                     t_open.clear();
-                    if constexpr (WG) flash_wg_kernel(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+                    if constexpr (KIND == 1) flash_wg_kernel(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+                    else if constexpr (KIND >= 2) flash_ws_kernel<KIND == 3>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
                     else flash_attention_kernel<D, EXACT>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
                 });
             for (auto &h : th) h.join();
-            for (int w = 0; w < 8; w++) delete g_wbar[w];
-            for (int w = 0; w < 2; w++) delete g_wgbar[w];
+            for (int w = 0; w < NT / 32; w++) delete g_wbar[w];
+            for (int w = 0; w < NT / 128; w++) delete g_wgbar[w];
+            for (int i = 1; i <= 2; i++) delete g_named[i];
         }
 }
 
 static int fails;
 static std::vector<std::vector<float>> g_out;   // each case's output with the copies at once
-// WG: the wgmma kernel (fast, D = 256), also compared bit for bit with the mma.sync fast kernel
+// WG: the wgmma kernel (fast, D = 256), also compared bit for bit with the mma.sync fast kernel, and
+// the warp-specialized kernel (both forms) with it
 template <int D, bool EXACT, bool WG = false>
 static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     static_assert(!WG || (D == FW_D && !EXACT), "the wgmma kernel: fast mode, D = 256");
@@ -111,12 +124,15 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     for (auto &v : q) v = 1.5f * frand();
     for (auto &v : qg) v = 2.0f * frand();
     for (size_t i = 0; i < kc.size(); i++) kc[i] = f2bf16(frand()), vc[i] = f2bf16(frand());
-    launch<D, EXACT, WG>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
-    bool eq_mma = true;
-    if (WG) {   // the mma.sync fast kernel on the same inputs
-        std::vector<float> o2(o.size(), NAN);
+    launch<D, EXACT, WG ? 1 : 0>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
+    bool eq_mma = true, eq_ws = true;
+    if (WG) {   // the mma.sync fast kernel on the same inputs; the warp-specialized forms
+        std::vector<float> o2(o.size(), NAN), o3(o.size(), NAN), o4(o.size(), NAN);
         launch<D, false>(q.data(), qg.data(), kc.data(), vc.data(), o2.data(), T, p0, cap, n_heads, n_kv);
         eq_mma = !memcmp(o2.data(), o.data(), o.size() * sizeof(float));
+        launch<D, false, 2>(q.data(), qg.data(), kc.data(), vc.data(), o3.data(), T, p0, cap, n_heads, n_kv);
+        launch<D, false, 3>(q.data(), qg.data(), kc.data(), vc.data(), o4.data(), T, p0, cap, n_heads, n_kv);
+        eq_ws = !memcmp(o3.data(), o.data(), o.size() * sizeof(float)) && !memcmp(o4.data(), o.data(), o.size() * sizeof(float));
     }
     // twins in double; error relative to sigma_d sum_j pi_j |v_jd|
     const double sl2 = 1.0 / sqrt((double)D) * 1.4426950408889634;
@@ -184,14 +200,14 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     bool same = true;   // the pipeline must not change a bit: copies at once or as late as allowed
     if (!g_defer) g_out.push_back(o);
     else same = !memcmp(g_out[idx].data(), o.data(), o.size() * sizeof(float));
-    const bool ok = !bad && !stray && same && eq_mma;
+    const bool ok = !bad && !stray && same && eq_mma && eq_ws;
     fails += !ok;
     char smem[40] = "";
     if (g_smem_addr0 % 1024) snprintf(smem, sizeof smem, " (smem at 1 KB + %u)", g_smem_addr0 % 1024);
-    printf("%-11s D %3d G %3d T %3d p0 %4d%s: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s%s  %s\n",
+    printf("%-11s D %3d G %3d T %3d p0 %4d%s: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s%s%s  %s\n",
            WG ? "fast wgmma" : EXACT ? "exact" : "fast", D, G, T, p0, smem, worst, bad, stray,
-           WG ? eq_mma ? ", = mma.sync" : ", != mma.sync" : "", g_defer ? same ? ", = at once" : ", != at once" : "",
-           ok ? "PASS" : "FAIL");
+           WG ? eq_mma ? ", = mma.sync" : ", != mma.sync" : "", WG ? eq_ws ? ", ws = pp = lockstep" : ", ws/pp != lockstep" : "",
+           g_defer ? same ? ", = at once" : ", != at once" : "", ok ? "PASS" : "FAIL");
 }
 
 int main() {

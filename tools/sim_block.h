@@ -4,17 +4,19 @@
 // shared arrays between warp barriers (g_wbar), by the PTX ISA fragment layouts, and cp.async in
 // two ways (g_defer 0: copies land at once, so one landing early over data still being read shows;
 // 1: each thread holds its copies until a wait_group lets their group complete, so data read before
-// its wait shows). Up to 8 warps. Include after <barrier>, <cstring>, <vector>, "sim_bf16.h".
+// its wait shows). Up to SIM_WARPS (12) warps; __syncwarp is the warp barrier. Include after <barrier>, <cstring>, <vector>, "sim_bf16.h".
 #pragma once
 
 struct dim3s { unsigned x, y, z; };
 static thread_local dim3s threadIdx;
 [[maybe_unused]] static dim3s blockIdx, gridDim;
-static std::barrier<> *g_bar, *g_wbar[8];
+enum { SIM_WARPS = 12 };
+static std::barrier<> *g_bar, *g_wbar[SIM_WARPS];
 static void __syncthreads() { g_bar->arrive_and_wait(); }
 static void wsync() { g_wbar[threadIdx.x / 32]->arrive_and_wait(); }
+[[maybe_unused]] static void __syncwarp() { wsync(); }
 static int swz(int r, int c) { return c ^ (r & 7); }
-static float g_slot[8][32];
+static float g_slot[SIM_WARPS][32];
 [[maybe_unused]] static float __shfl_xor_sync(unsigned, float v, int o) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_slot[w][l] = v;
@@ -23,7 +25,7 @@ static float g_slot[8][32];
     wsync();
     return r;
 }
-static int g_islot[8][32];
+static int g_islot[SIM_WARPS][32];
 [[maybe_unused]] static int __shfl_up_sync(unsigned, int v, int o) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_islot[w][l] = v;
@@ -32,7 +34,7 @@ static int g_islot[8][32];
     wsync();
     return r;
 }
-static int g_vote[8][32];
+static int g_vote[SIM_WARPS][32];
 [[maybe_unused]] static int __any_sync(unsigned, int p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_vote[w][l] = p != 0;
@@ -42,7 +44,7 @@ static int g_vote[8][32];
     wsync();
     return r;
 }
-static const void *g_addr[8][32];
+static const void *g_addr[SIM_WARPS][32];
 static void ldsm_x4(uint32_t r[4], const void *p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     g_addr[w][l] = p;
@@ -50,7 +52,7 @@ static void ldsm_x4(uint32_t r[4], const void *p) {
     for (int j = 0; j < 4; j++) memcpy(&r[j], (const char *)g_addr[w][8 * j + l / 4] + 4 * (l % 4), 4);
     wsync();
 }
-static uint32_t g_a[8][32][4], g_b[8][32][2];
+static uint32_t g_a[SIM_WARPS][32][4], g_b[SIM_WARPS][32][2];
 static void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
     for (int i = 0; i < 4; i++) g_a[w][l][i] = a[i];

@@ -2,8 +2,12 @@
 // wg_commit, wg_wait, fence_async_smem, wgmma_64x64_ss, wgmma_64x256_rs, wgmma_64x128_ss) for the host
 // simulators (tools/flash_sim.cpp, tools/qmatmul_sim.cpp), which include it in place of wgmma.cuh and
 // define __CUDA_ARCH_FEAT_SM90_ALL so that the kernels' wgmma bodies compile. Include after
-// sim_block.h. A launch creates the two 128-thread barriers g_wgbar (one per warpgroup of the 256
-// threads) and each thread registers the block's dynamic shared memory (sim_smem_region).
+// sim_block.h. A launch creates the 128-thread barriers g_wgbar (one per warpgroup: two, or three for
+// the warp-specialized FlashAttention kernel's 384 threads) and each thread registers the block's
+// dynamic shared memory (sim_smem_region). Also modelled for that kernel: mbarriers (init, arrive,
+// wait on a phase's parity; a thread waiting blocks until the phase completes), named barriers (a
+// launch creates g_named[1] and [2] for 256 threads: bar.sync waits, bar.arrive does not), and
+// setmaxnreg and the mbarrier-init fence as no-ops.
 //
 // Shared addresses. smem_u32(p) is p's byte offset from the start of the simulated dynamic shared
 // memory plus g_smem_addr0 (by default 1024: a multiple of 1024, as if 1 KB of static shared memory
@@ -56,8 +60,11 @@
 // what the sims check (with cp.async landing at once or as late as allowed, sim_block.h).
 #pragma once
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 // ---- shared addresses ------------------------------------------------------------------------------
 static uint32_t g_smem_addr0 = 1024;   // the shared address of the dynamic shared memory's first byte
@@ -104,10 +111,11 @@ static float wg_mnmajor(const wg_mat &t, int k, int n) {   // element (k, n) of 
 }
 
 // ---- the warpgroup-collective product ------------------------------------------------------------------
-static std::barrier<> *g_wgbar[2];
+enum { SIM_WGS = 3 };
+static std::barrier<> *g_wgbar[SIM_WGS];
 static void wgsync() { g_wgbar[threadIdx.x / 128]->arrive_and_wait(); }
-static uint64_t g_wg_desc[2][128][2];
-static uint32_t g_wg_a[2][128][4];
+static uint64_t g_wg_desc[SIM_WGS][128][2];
+static uint32_t g_wg_a[SIM_WGS][128][4];
 // d (+)= A B for this thread's fragment of the warpgroup's 64 x N: A from registers (a, the rs form)
 // or K-major shared memory (da), B (16 x N) K-major or, b_mn, MN-major; scale_d 0 overwrites d.
 template <int N>
@@ -158,3 +166,47 @@ static void wg_mma(float d[N / 2], const uint32_t *a, uint64_t da, uint64_t db, 
 [[maybe_unused]] static void wg_commit() {}
 template <int N> static void wg_wait() {}
 [[maybe_unused]] static void fence_async_smem() {}
+
+// ---- mbarriers, named barriers, setmaxnreg ---------------------------------------------------------------
+// An mbarrier is keyed by its address (the kernel's 8 bytes are not used): the arrivals a phase
+// counts, those still missing, and the phase number.
+struct sim_mbar {
+    int count, pending;
+    unsigned phase;
+};
+static std::mutex g_mbar_mu;
+static std::condition_variable g_mbar_cv;
+static std::map<const void *, sim_mbar> g_mbars;   // cleared by each launch
+[[maybe_unused]] static void mbar_init(uint64_t *b, int count) {
+    std::lock_guard<std::mutex> lk(g_mbar_mu);
+    g_mbars[b] = {count, count, 0};
+}
+[[maybe_unused]] static void mbar_init_fence() {}
+[[maybe_unused]] static void mbar_arrive(uint64_t *b) {
+    std::lock_guard<std::mutex> lk(g_mbar_mu);
+    auto it = g_mbars.find(b);
+    if (it == g_mbars.end()) wg_fail("mbarrier arrive before init", (uintptr_t)b);
+    if (--it->second.pending == 0) {
+        it->second.pending = it->second.count;
+        it->second.phase++;
+        g_mbar_cv.notify_all();
+    }
+}
+// Waits until the phase of parity `parity` has completed: the current phase's parity is the other one.
+[[maybe_unused]] static void mbar_wait(uint64_t *b, int parity) {
+    std::unique_lock<std::mutex> lk(g_mbar_mu);
+    auto it = g_mbars.find(b);
+    if (it == g_mbars.end()) wg_fail("mbarrier wait before init", (uintptr_t)b);
+    g_mbar_cv.wait(lk, [&] { return (int)(it->second.phase & 1) != parity; });
+}
+static std::barrier<> *g_named[3];   // ids 1 and 2, 256 threads each
+[[maybe_unused]] static void named_sync(int id, int n) {
+    if (id < 1 || id > 2 || n != 256) wg_fail("named barrier: only ids 1 and 2 of 256 threads are modelled", (unsigned)id);
+    g_named[id]->arrive_and_wait();
+}
+[[maybe_unused]] static void named_arrive(int id, int n) {
+    if (id < 1 || id > 2 || n != 256) wg_fail("named barrier: only ids 1 and 2 of 256 threads are modelled", (unsigned)id);
+    (void)g_named[id]->arrive();
+}
+[[maybe_unused]] static void regs_producer() {}
+[[maybe_unused]] static void regs_consumer() {}

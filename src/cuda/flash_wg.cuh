@@ -45,6 +45,36 @@ static __device__ __forceinline__ void fw_pin(float (&d)[N]) {
 #endif
 }
 
+// S = Q K^T for warpgroup wg's 64 rows against the 64 keys of the K stage at shared address kt: 16
+// k16 steps, 4 per 64-column slab, Q and K from shared memory.
+static __device__ __forceinline__ void fw_qk(float (&s)[FA_BN / 2], uint32_t sQ, uint32_t kt, int wg) {
+#pragma unroll
+    for (int ks = 0; ks < FW_D / 16; ks++) {
+        const uint32_t qa = sQ + (ks / 4) * FA_BM * 128 + wg * 64 * 128 + (ks % 4) * 32;
+        const uint32_t kb = kt + (ks / 4) * FA_BN * 128 + (ks % 4) * 32;
+        wgmma_64x64_ss(s, wg_desc(qa, 16, 1024), wg_desc(kb, 16, 1024), ks > 0);
+    }
+}
+
+// P (the S accumulator after the softmax, fp32) as bf16 A fragments of the four k16 steps of P V.
+static __device__ __forceinline__ void fw_p(const float (&s)[FA_BN / 2], uint32_t (&pa)[FA_BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < FA_BN / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float *sv = &s[4 * (2 * kk + r / 2) + 2 * (r % 2)];
+            pa[kk][r] = bf16x2_rn(sv[0], sv[1]);
+        }
+}
+
+// O += P V over the V stage at shared address vt: 4 steps of 16 keys; V's 16 rows of a step are 2
+// groups of 8 (SBO), its 256 columns 4 slabs (LBO).
+static __device__ __forceinline__ void fw_pv(float (&acc)[FW_D / 2], const uint32_t (&pa)[FA_BN / 16][4], uint32_t vt) {
+#pragma unroll
+    for (int kk = 0; kk < FA_BN / 16; kk++)
+        wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
+}
+
 static __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_wg_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
                     int cap, int n_heads, int n_kv) {
@@ -101,39 +131,23 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             load_tile(Vp + ((j + 1) & 1) * FA_BN * D * 2, vbase, j + 1);
             cp_async_commit();
         }
-        // S = Q K^T for this warpgroup's 64 rows: 16 steps of k16 (4 per 64-column slab)
         float s[FA_BN / 2];
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t qa = sQ + (ks / 4) * FA_BM * 128 + wg * 64 * 128 + (ks % 4) * 32;
-            const uint32_t kb = kt + (ks / 4) * FA_BN * 128 + (ks % 4) * 32;
-            wgmma_64x64_ss(s, wg_desc(qa, 16, 1024), wg_desc(kb, 16, 1024), ks > 0);
-        }
+        fw_qk(s, sQ, kt, wg);
         wg_commit();
         wg_wait<0>();
         fw_pin(s);
         float corr_a, corr_b;   // fp32 P; the products see bf16(P)
         fa_softmax(s, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
         fa_rescale(acc, corr_a, corr_b);
-        uint32_t pa[FA_BN / 16][4];   // P as the A fragments of the four k16 steps
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const float *sv = &s[4 * (2 * kk + r / 2) + 2 * (r % 2)];
-                pa[kk][r] = bf16x2_rn(sv[0], sv[1]);
-            }
+        uint32_t pa[FA_BN / 16][4];
+        fw_p(s, pa);
         if (more) cp_async_wait<2>();   // V(j) landed; K(j + 1) and V(j + 1) may fly
         else cp_async_wait<0>();
         fence_async_smem();
         __syncthreads();
-        // O += P V: 4 steps of 16 keys; V's 16 rows of a step are 2 groups of 8 (SBO), its 256
-        // columns 4 slabs (LBO)
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++)
-            wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
+        fw_pv(acc, pa, vt);
         wg_commit();
         wg_wait<0>();
         fw_pin(acc);
@@ -151,30 +165,11 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
 // warp arrives once its warpgroup's P V product of the stage is complete). The two consumer
 // warpgroups (warps 4-7 and 8-11) no longer meet at a barrier twice a tile, so one can run its
 // softmax while the other's products occupy the tensor cores. Registers: 384 threads get 168 each
-// at launch; the producer gives back to FW_PROD_REGS and the consumers take FW_CONS_REGS
-// (setmaxnreg), the 194 the lockstep kernel needs and more. PP (ping-pong, FlashAttention-3's
+// at launch; the producer gives back to 56 and the consumers take 224 (setmaxnreg: regs_producer,
+// regs_consumer in wgmma.cuh), the 194 the lockstep kernel needs and more. PP (ping-pong, FlashAttention-3's
 // scheduling): named barriers 1 and 2 make the consumer warpgroups issue their Q K^T products in
 // turn, so that they settle half a tile apart.
 enum { FW_CONSUMERS = FA_THREADS, FW_WS_THREADS = FA_THREADS + 128 };
-#define FW_PROD_REGS "56"    // setmaxnreg operands (immediates)
-#define FW_CONS_REGS "224"
-
-static __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint32_t a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier at a has completed.
-static __device__ __forceinline__ void mbar_wait(uint32_t a, int parity) {
-    asm volatile("{\n.reg .pred p;\nFW_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra FW_WAIT_%=;\n}\n" ::"r"(a),
-                 "r"(parity)
-                 : "memory");
-}
-static __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-static __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 template <bool PP>
 static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
@@ -183,12 +178,12 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = FW_D, CH = D / 8;
     FA_DYNAMIC_SMEM(fw_raw);
-    __shared__ __align__(8) uint64_t bars[6];   // full_k[2], full_v[2], empty[2]
+    __shared__ __align__(8) uint64_t bars[6];   // mbarriers a stage: full_k[2], full_v[2], empty[2]
+    uint64_t *const full_k = bars, *const full_v = bars + 2, *const empty = bars + 4;
     const uint32_t raw = smem_u32(fw_raw), base = (raw + 1023) & ~1023u;
     char *sm = (char *)fw_raw + (base - raw);
     const uint32_t sQ = base, sK = sQ + FA_BM * D * 2, sV = sK + 2 * FA_BN * D * 2;
     char *Qp = sm, *Kp = sm + (sK - base), *Vp = sm + (sV - base);
-    const uint32_t full_k = smem_u32(bars), full_v = full_k + 16, empty = full_k + 32;   // + 8 * stage
     const int G = n_heads / n_kv, TPB = FA_BM / G;
     const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
     const int lane = threadIdx.x % WARP_SIZE;
@@ -199,11 +194,11 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
     const int n_tiles = CEIL_DIV(n_keys, FA_BN);
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
-            mbar_init(full_k + 8 * s, 4);
-            mbar_init(full_v + 8 * s, 4);
-            mbar_init(empty + 8 * s, FW_CONSUMERS / WARP_SIZE);
+            mbar_init(&full_k[s], 4);
+            mbar_init(&full_v[s], 4);
+            mbar_init(&empty[s], FW_CONSUMERS / WARP_SIZE);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     if (!producer) {
         for (int i = tid; i < FA_BM * CH; i += FW_CONSUMERS) {   // Q rows -> bf16
@@ -217,7 +212,7 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
     }
     __syncthreads();   // Q and the barriers' initialisation, for every warp
     if (producer) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 " FW_PROD_REGS ";\n");
+        regs_producer();
         const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
         auto load_tile = [&](char *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
             for (int i = threadIdx.x; i < FA_BN * CH; i += 128) {
@@ -229,21 +224,21 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         };
         for (int j = 0; j < n_tiles; j++) {
             const int s = j & 1;
-            if (j >= 2) mbar_wait(empty + 8 * s, ((j >> 1) - 1) & 1);   // tile j - 2's products are done
+            if (j >= 2) mbar_wait(&empty[s], ((j >> 1) - 1) & 1);   // tile j - 2's products are done
             load_tile(Kp + s * FA_BN * D * 2, kbase, j);
             load_tile(Vp + s * FA_BN * D * 2, vbase, j);
             cp_async_wait<1>();
             fence_async_smem();
             __syncwarp();
-            if (lane == 0) mbar_arrive(full_k + 8 * s);
+            if (lane == 0) mbar_arrive(&full_k[s]);
             cp_async_wait<0>();
             fence_async_smem();
             __syncwarp();
-            if (lane == 0) mbar_arrive(full_v + 8 * s);
+            if (lane == 0) mbar_arrive(&full_v[s]);
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FW_CONS_REGS ";\n");
+    regs_consumer();
     const int ra = warp * 16 + g, rb = ra + 8;
     const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
     const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
@@ -255,16 +250,11 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
     for (int j = 0; j < n_tiles; j++) {
         const int s = j & 1, ph = (j >> 1) & 1;
         const uint32_t kt = sK + s * FA_BN * D * 2, vt = sV + s * FA_BN * D * 2;
-        mbar_wait(full_k + 8 * s, ph);
+        mbar_wait(&full_k[s], ph);
         float sc[FA_BN / 2];
         if (PP) named_sync(1 + wg, FW_CONSUMERS);
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t qa = sQ + (ks / 4) * FA_BM * 128 + wg * 64 * 128 + (ks % 4) * 32;
-            const uint32_t kb = kt + (ks / 4) * FA_BN * 128 + (ks % 4) * 32;
-            wgmma_64x64_ss(sc, wg_desc(qa, 16, 1024), wg_desc(kb, 16, 1024), ks > 0);
-        }
+        fw_qk(sc, sQ, kt, wg);
         wg_commit();
         if (PP && (wg == 0 || j + 1 < n_tiles)) named_arrive(2 - wg, FW_CONSUMERS);   // the other's turn
         wg_wait<0>();
@@ -273,23 +263,15 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         fa_softmax(sc, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
         fa_rescale(acc, corr_a, corr_b);
         uint32_t pa[FA_BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const float *sv = &sc[4 * (2 * kk + r / 2) + 2 * (r % 2)];
-                pa[kk][r] = bf16x2_rn(sv[0], sv[1]);
-            }
-        mbar_wait(full_v + 8 * s, ph);
+        fw_p(sc, pa);
+        mbar_wait(&full_v[s], ph);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++)
-            wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
+        fw_pv(acc, pa, vt);
         wg_commit();
         wg_wait<0>();
         fw_pin(acc);
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty + 8 * s);   // this warp is done with stage s
+        if (lane == 0) mbar_arrive(&empty[s]);   // this warp is done with stage s
     }
     fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 #else

@@ -110,6 +110,25 @@ static __device__ void qb_tile_of(const int *counts, int E, int y, int &e, int &
     e = res[0], mt = res[1];
 }
 
+// The x and y rows of a block's rows r0 .. r0 + BM - 1 of its expert (base: the expert's first row;
+// -1 past cnt), one thread each (both product kernels).
+template <int BM>
+static __device__ __forceinline__ void qm_rows(int r0, int cnt, int base, const int *xmap, int xdiv, const int *ymap,
+                                               int *xrow, int *yrow) {
+    const int tid = threadIdx.x;
+    if (tid < BM) {
+        int r = r0 + tid;
+        if (r < cnt) {
+            r += base;
+            xrow[tid] = xmap ? xmap[r] / xdiv : r;
+            yrow[tid] = ymap ? ymap[r] : r;
+        } else {
+            xrow[tid] = -1;
+            yrow[tid] = -1;
+        }
+    }
+}
+
 // Features n and n + 1 (those below N) of the output row at offset ro: y = v, or for GLU
 // yb = bf16(silu(gate) v): k_swiglu's expression, k_to_bf16's rounding.
 template <bool GLU>
@@ -263,17 +282,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     int n0;
     const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
-    if (tid < QB_BM) {
-        int r = r0 + tid;
-        if (r < cnt) {
-            r += base;
-            xrow[tid] = xmap ? xmap[r] / xdiv : r;
-            yrow[tid] = ymap ? ymap[r] : r;
-        } else {
-            xrow[tid] = -1;
-            yrow[tid] = -1;
-        }
-    }
+    qm_rows<QB_BM>(r0, cnt, base, xmap, xdiv, ymap, xrow, yrow);
     const size_t mat = counts ? (size_t)e : 0;
     const int wpr = K / PER, ng = K / QB_BK;
     const bool has_sc = tid < QB_BN && n0 + tid < N;

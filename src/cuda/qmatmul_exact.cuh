@@ -32,17 +32,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
     int n0;
     const struct dqt W = qm_matrix<SEGS, MM_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
-    if (tid < MM_BM) {
-        int r = r0 + tid;
-        if (r < cnt) {
-            r += base;
-            xrow[tid] = xmap ? xmap[r] / xdiv : r;
-            yrow[tid] = ymap ? ymap[r] : r;
-        } else {
-            xrow[tid] = -1;
-            yrow[tid] = -1;
-        }
-    }
+    qm_rows<MM_BM>(r0, cnt, base, xmap, xdiv, ymap, xrow, yrow);
     const size_t mat = counts ? (size_t)e : 0;
     const int wpr = K / PER, gpr = K / QGROUP;
     // Loader roles: x row xl, columns [xc, xc + 32); weight row wl, codes [wc, wc + 16); thread

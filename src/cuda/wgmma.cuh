@@ -28,6 +28,33 @@ static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fenc
 static __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 static __device__ __forceinline__ void wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// mbarriers in shared memory (the warp-specialized FlashAttention kernel): init with the arrival
+// count of a phase, fenced before other threads use them; arrive; wait until the phase of parity
+// `parity` has completed.
+static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    asm volatile("{\n.reg .pred p;\nMBAR_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra MBAR_WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+// Named barriers (ids 1 .. 15; 0 is __syncthreads'): n threads in all, some waiting, some arriving.
+static __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Registers of a producer / consumer warpgroup of a 384-thread block launched at 168 a thread:
+// 128 x 56 + 256 x 224 = 65,536 - 1,024 (setmaxnreg; the whole warpgroup executes it).
+static __device__ __forceinline__ void regs_producer(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n"); }
+static __device__ __forceinline__ void regs_consumer(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n"); }
+
 // Shared memory written by this thread's generic-proxy stores (cp.async, st.shared) made visible to
 // the async proxy that wgmma reads it through; a barrier after it publishes it to the block.
 static __device__ __forceinline__ void fence_async_smem(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
