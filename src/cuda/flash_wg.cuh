@@ -20,8 +20,8 @@
 // tools/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
 // tools/sim_wgmma.h, which stands in for wgmma.cuh there.
 // The warp-specialized form below (the default since version 8: flash_ws_kernel<true>) does the same
-// arithmetic in the same order; it is not in the host model (mbarriers, named barriers and setmaxnreg
-// are not modelled): test_cuda_kernels holds it to the lockstep kernel's output bit for bit.
+// arithmetic in the same order: test_cuda_kernels (on the GPU) and make flash-sim (on the host, with
+// models of the mbarriers and named barriers) hold it to the lockstep kernel's output bit for bit.
 #pragma once
 
 #include "wgmma.cuh"
