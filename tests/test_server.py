@@ -120,8 +120,11 @@ def raw(port, data, timeout=30):
     """Sends raw bytes, returns the raw reply (until the server closes or a timeout)."""
     s = socket.create_connection((HOST, port), timeout=timeout)
     try:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:   # EPIPE, ECONNRESET, ENOTCONN: the server answered (a 411, a 413) and closed
+            pass          # before the whole request went out; what it sent is still read below
         out = b""
         while True:
             try:
