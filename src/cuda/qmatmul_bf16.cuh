@@ -129,6 +129,22 @@ static __device__ __forceinline__ void qm_rows(int r0, int cnt, int base, const 
     }
 }
 
+// The mma.sync B fragments of a warp's 32 features wn .. wn + 31 at k16 step kk, from a bf16 weight
+// tile W [features][64] stored as x is (rows of 8 swizzled 16-byte chunks): two ldmatrix .x4, each
+// two n8 fragments (both product kernels).
+static __device__ __forceinline__ void qm_b_frags(uint32_t (&bq)[4][2], const uint16_t *W, int wn, int kk, int lane) {
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        const int n = wn + p * 16 + lane % 8 + 8 * (lane / 16), c = kk * 2 + (lane / 8) % 2;
+        uint32_t r4[4];
+        ldsm_x4(r4, &W[n * QGROUP + swz(n, c) * 8]);
+        bq[2 * p][0] = r4[0];
+        bq[2 * p][1] = r4[1];
+        bq[2 * p + 1][0] = r4[2];
+        bq[2 * p + 1][1] = r4[3];
+    }
+}
+
 // Features n and n + 1 (those below N) of the output row at offset ro: y = v, or for GLU
 // yb = bf16(silu(gate) v): k_swiglu's expression, k_to_bf16's rounding.
 template <bool GLU>
@@ -435,16 +451,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 #pragma unroll
         for (int kk = 0; kk < QB_BK / 16; kk++) {
             uint32_t bq[4][2];
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int n = wn + p * 16 + lane % 8 + 8 * (lane / 16), c = kk * 2 + (lane / 8) % 2;
-                uint32_t r4[4];
-                ldsm_x4(r4, &Wk[n * QB_BK + swz(n, c) * 8]);
-                bq[2 * p][0] = r4[0];
-                bq[2 * p][1] = r4[1];
-                bq[2 * p + 1][0] = r4[2];
-                bq[2 * p + 1][1] = r4[3];
-            }
+            qm_b_frags(bq, Wk, wn, kk, lane);
 #pragma unroll
             for (int mi = 0; mi < 4; mi++) {
                 const int r = wm + mi * 16 + lane % 16, c = kk * 2 + lane / 16;

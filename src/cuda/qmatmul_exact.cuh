@@ -121,16 +121,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
                 ldsm_x4(ah[mi], &Xh[r * MM_BK + swz(r, c) * 8]);
                 ldsm_x4(al[mi], &Xl[r * MM_BK + swz(r, c) * 8]);
             }
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int n = wn + p * 16 + lane % 8 + 8 * (lane / 16), c = kk * 2 + (lane / 8) % 2;
-                uint32_t r4[4];
-                ldsm_x4(r4, &Wq[n * MM_BK + swz(n, c) * 8]);
-                bq[2 * p][0] = r4[0];
-                bq[2 * p][1] = r4[1];
-                bq[2 * p + 1][0] = r4[2];
-                bq[2 * p + 1][1] = r4[3];
-            }
+            qm_b_frags(bq, Wq, wn, kk, lane);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
