@@ -105,7 +105,9 @@ enum { RW_MAXE = 256 };   // most experts route_warp handles (8 a lane)
 
 // The same routing by one warp (E <= RW_MAXE), a few microseconds sooner than route_block: lane l
 // holds experts l, l + 32, ...; the top k by k rounds of a warp-wide max over 64-bit keys
-// (probability, then the lower id), the weights renormalised by their sum in rank order.
+// (probability, then the lower id), the weights renormalised by their sum in rank order. A round is
+// two redux.sync (the high words, then the low words of the lanes holding that high word) on each
+// lane's best key; only the winning lane looks at its keys again (a tree of 8).
 // Writes ids[0..k) and w[0..k) from lanes 0..k-1.
 static __device__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
     const int lane = threadIdx.x % WARP_SIZE;
@@ -131,21 +133,30 @@ static __device__ void route_warp(const float *x, int E, int k, int *ids, float 
         const uint32_t e = lane + WARP_SIZE * j;
         key[j] = e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e) : 0ull;
     }
+    auto best_of = [&]() {   // the lane's largest key, by a tree
+        unsigned long long m[RW_MAXE / WARP_SIZE];
+#pragma unroll
+        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) m[j] = key[j];
+#pragma unroll
+        for (int h = RW_MAXE / WARP_SIZE / 2; h > 0; h /= 2)
+#pragma unroll
+            for (int j = 0; j < h; j++) m[j] = m[j + h] > m[j] ? m[j + h] : m[j];
+        return m[0];
+    };
+    unsigned long long mine = best_of();
     float top = 0, my_p = 0;
     int my_e = 0;
     for (int i = 0; i < k; i++) {
-        unsigned long long b = 0;
+        const uint32_t hi = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32));
+        const uint32_t lo = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32) == hi ? (uint32_t)mine : 0u);
+        const unsigned long long b = (unsigned long long)hi << 32 | lo;   // the warp's largest key
+        if (mine == b) {   // one lane: the ids in the low words differ
 #pragma unroll
-        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) b = key[j] > b ? key[j] : b;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long t = __shfl_xor_sync(0xffffffffu, b, o);
-            b = t > b ? t : b;
+            for (int j = 0; j < RW_MAXE / WARP_SIZE; j++)
+                if (key[j] == b) key[j] = 0;
+            mine = best_of();
         }
-#pragma unroll
-        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++)
-            if (key[j] == b) key[j] = 0;
-        const float p = __uint_as_float((uint32_t)(b >> 32));
+        const float p = __uint_as_float(hi);
         top += p;
         if (lane == i) my_e = (int)(0xFFFFFFFFu - (uint32_t)b), my_p = p;
     }

@@ -653,8 +653,8 @@ static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const ui
     return tc_rows16(w, sc, bi, R, K, n0, sm);
 }
 
-// Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while every thread stages
-// u as bf16 (tcgemv.cuh); then a block takes a 16-row tile of one expert: warps 0 and 2 the gate
+// Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while warps 1.. stage u as
+// bf16 (tcgemv.cuh: the two round trips side by side, not one after the other); then a block takes a 16-row tile of one expert: warps 0 and 2 the gate
 // rows, 1 and 3 the up rows, each pair splitting K in halves (K a multiple of 512; otherwise warps 0
 // and 1 take all of K), and warp 0 writes silu(gate) * up. Block 0 writes ids / w for
 // k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
@@ -669,7 +669,8 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(cons
     pdl_wait();
     pdl_trigger();
     if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
-    tc_stage_x(m.u, m.H, gt_smem);   // (its closing barrier publishes ids and wts too)
+    // (the staging's closing barrier publishes ids and wts too)
+    tc_stage_x(m.u, m.H, gt_smem, (int)threadIdx.x - WARP_SIZE, (int)blockDim.x - WARP_SIZE);
     if (blockIdx.x == 0 && threadIdx.x <= m.k) {
         m.ids[threadIdx.x] = threadIdx.x < m.k ? ids[threadIdx.x] : -1;
         m.w[threadIdx.x] = threadIdx.x < m.k ? wts[threadIdx.x] : sigmoid_f(m.shared_logit[0]);

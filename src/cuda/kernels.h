@@ -145,6 +145,8 @@ int k_gdn_chunked_stages(const float *y, const float *b, const float *a, const f
 // MoE routing: softmax over E logits per token, top-k (ties: lower id), renormalised.
 // ids [T, k], w [T, k]. E <= 1024, k <= 32.
 int k_route(const float *logits, int T, int E, int k, int *ids, float *w, void *stream);
+// The same by one warp per token (route_warp: the decode step's routing; E <= 256).
+int k_route_warp(const float *logits, int T, int E, int k, int *ids, float *w, void *stream);
 // Expert dispatch for the grouped product: counts[E], offs[E], slots[T*k] (slot = t*k + i, grouped
 // by expert, tokens ascending within an expert). work must hold E ints.
 int k_moe_dispatch(const int *ids, int T, int E, int k, int *counts, int *offs, int *slots, void *stream);

@@ -21,6 +21,19 @@ extern "C" int k_route(const float *logits, int T, int E, int k, int *ids, float
     return launch_status();
 }
 
+// One warp per token (route_warp, the decode kernels' routing): for its tests against k_route's.
+static __global__ void route_warp_kernel(const float *logits, int E, int k, int *ids, float *w) {
+    const int t = blockIdx.x;
+    route_warp(logits + (size_t)t * E, E, k, ids + (size_t)t * k, w + (size_t)t * k);
+}
+
+extern "C" int k_route_warp(const float *logits, int T, int E, int k, int *ids, float *w, void *stream) {
+    if (T <= 0) return 0;
+    if (E > RW_MAXE || k > WARP_SIZE || k > E) return (int)cudaErrorInvalidValue;
+    route_warp_kernel<<<T, WARP_SIZE, 0, (cudaStream_t)stream>>>(logits, E, k, ids, w);
+    return launch_status();
+}
+
 // One block per expert scans all n = T*k assignments in order. FILL = false: counts[e];
 // FILL = true: slots[offs[e] ..] = the assignment indices of expert e, ascending.
 template <bool FILL>

@@ -40,16 +40,18 @@
 // Alignment: codes 16-byte aligned rows (K / 2 bytes, K % 64 == 0), scales / biases 4-byte aligned
 // (the K % 256 == 0 path loads them by pairs).
 
-// Stage the input for tc_rows16, by every thread of the block (blockDim.x a multiple of 32), then
-// __syncthreads(). get8(u, v) writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least
-// tc_smem_bytes(K) bytes of shared memory, 16-byte aligned.
+// Stage the input for tc_rows16, by threads tid of nt (by default every thread of the block; nt and
+// the first thread a multiple of 32: whole warps), then __syncthreads() by the whole block. get8(u, v)
+// writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least tc_smem_bytes(K) bytes of shared
+// memory, 16-byte aligned.
 template <typename GET8>
-static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned char *sm) {
+static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned char *sm, int tid = threadIdx.x,
+                                                     int nt = blockDim.x) {
     const int nc = 32 * tc_nsuper(K), kc = K / 8;
     uint4 *xb = (uint4 *)sm;
     float2 *xs = (float2 *)(sm + tc_xs_byte(K));
-    for (int base = 0; base < nc; base += blockDim.x) {
-        const int u = base + (int)threadIdx.x;
+    for (int base = 0; tid >= 0 && base < nc; base += nt) {
+        const int u = base + tid;
         if (u < nc) {   // warp-uniform: nc and base are multiples of 32
             float v[8];
             if (u < kc) get8(u, v);
@@ -74,18 +76,19 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
             if ((u & 7) == 0) xs[u >> 3] = make_float2(sf, 128.0f * sb);
         }
     }
-    if (threadIdx.x < 4) xb[tc_zero_chunk(K) + threadIdx.x] = make_uint4(0, 0, 0, 0);
+    if (tid >= 0 && tid < 4) xb[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);
     __syncthreads();
 }
 
-// Plain fp32 input in global or shared memory (16-byte aligned).
-static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigned char *sm) {
+// Plain fp32 input in global or shared memory (16-byte aligned), by threads tid of nt as above.
+static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigned char *sm, int tid = threadIdx.x,
+                                                  int nt = blockDim.x) {
     tc_stage_x_by(
         [&](int u, float (&v)[8]) {
             const float4 a = ((const float4 *)x)[2 * u], b = ((const float4 *)x)[2 * u + 1];
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
-        K, sm);
+        K, sm, tid, nt);
 }
 
 // c = a b (+ c when ACC), m16n8k16, bf16 inputs, fp32 accumulate.

@@ -232,6 +232,8 @@ static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
 static void test_moe(int T) {
     const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, I = QWEN_MOE_INTER;
     float *lg = randv((size_t)T * E, 2), *x = randv((size_t)T * H, 1);
+    for (int t = 0; t < T; t += 3)   // ties: equal logits must go to the lower id
+        for (int e = 0; e < E; e += 5) lg[t * E + e] = lg[t * E + (e * 7) % E] = 1.5f + (float)(t % 4);
     int *ids = malloc(sizeof(int) * T * K);
     float *w = malloc(sizeof(float) * T * K);
     // CPU twin of route(): softmax, top-k lowest id on ties, renormalise
@@ -263,6 +265,18 @@ static void test_moe(int T) {
     fails += !same;
     printf("%-22s %-34s ids %s\n", "route top-k ids", "T 64.. E 256 k 8", same ? "identical  PASS" : "DIFFER  FAIL");
     report("route weights", "T, k 8", gw, w, (size_t)T * K, 1e-5);
+    {   // the decode kernels' routing (route_warp): the same experts in the same order
+        int *dj = poisoned((size_t)T * K * 4);
+        float *dv = poisoned((size_t)T * K * 4);
+        k_route_warp(dl, T, E, K, dj, dv, NULL);
+        int *wi = (int *)back(dj, (size_t)T * K);
+        const int same_w = !memcmp(wi, ids, sizeof(int) * T * K);
+        checks++;
+        fails += !same_w;
+        printf("%-22s %-34s ids %s\n", "route_warp top-k ids", "T 64.. E 256 k 8, ties", same_w ? "identical  PASS" : "DIFFER  FAIL");
+        report("route_warp weights", "T, k 8", back(dv, (size_t)T * K), w, (size_t)T * K, 1e-5);
+        cudaFree(dj), cudaFree(dv), free(wi);
+    }
     // grouped gate product over the routed experts
     struct hq g = make_q(E, I, H, 4);
     float *dx = dup_d(x, (size_t)T * H * 4), *dy = poisoned((size_t)T * K * I * 4);
