@@ -246,7 +246,9 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     pdl_wait();
     int n_split, len;
     dec_split(*d_pos + 1, stride, &n_split, &len);
-    const int h = blockIdx.x;
+    const int h = blockIdx.x, g = threadIdx.x / AT_MAXD, d = threadIdx.x % AT_MAXD;
+    // the output gate, read with the first inputs rather than after the sums
+    const float gate = g == 0 && d < D ? qg[(size_t)h * 2 * D + D + d] : 0.0f;
     const float *pp = part + (size_t)h * stride * (D + 2);
     float m = -INFINITY;
     for (int s = threadIdx.x; s < n_split; s += blockDim.x) m = fmaxf(m, pp[(size_t)s * (D + 2)]);
@@ -259,7 +261,6 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
         l += pp[(size_t)s * (D + 2) + 1] * w;
     }
     const float L = block_sum(l, sh);   // (its barriers also publish ws)
-    const int g = threadIdx.x / AT_MAXD, d = threadIdx.x % AT_MAXD;
     if (d < D) {
         float acc = 0;
 #pragma unroll 8
@@ -270,7 +271,7 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     if (g == 0 && d < D) {
         float acc = 0;
         for (int i = 0; i < DC_GROUPS; i++) acc += acc_g[i][d];
-        o[(size_t)h * D + d] = acc / L * sigmoid_f(qg[(size_t)h * 2 * D + D + d]);
+        o[(size_t)h * D + d] = acc / L * sigmoid_f(gate);
     }
 }
 

@@ -295,20 +295,44 @@ static __device__ __forceinline__ void best_reduce(unsigned long long best, unsi
 
 // ---- k_dv: staged input x up to 4 matrices ----------------------------------------------------
 
-// The epilogue of output row `row` of segment s with product v.
+// What the epilogue of an output row reads besides the product: the residual (DV_OUT_ADD), or the
+// conv taps and state rows (DV_OUT_CONV, KW <= DV_MAXKW). Where the row is known before the product
+// (a warp's first task), its storing lane copies them into its own slot of shared memory by cp.async
+// while the input is staged (dv_epi_load: no registers held, nothing waited for), so that the
+// epilogue does not wait one more round trip after the product.
+enum { DV_MAXKW = 4 };
+struct dv_epi {
+    float r;                                 // DV_OUT_ADD: y[row]
+    float w[DV_MAXKW], st[DV_MAXKW - 1];    // DV_OUT_CONV: taps, state rows (oldest first)
+};
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void dv_epi_load(const struct dv_desc &d, const struct dv_seg &s, int row,
+                                                   dv_epi *e) {
+    if (s.mode == DV_OUT_ADD) cp_async4(&e->r, s.y + row);
+    if (s.mode != DV_OUT_CONV) return;
+    for (int j = 0; j < d.KW; j++) cp_async4(&e->w[j], d.conv_w + (size_t)row * d.KW + j);
+    for (int j = 0; j + 1 < d.KW; j++) cp_async4(&e->st[j], d.conv_state + (size_t)j * d.C + row);
+}
+
+// The epilogue of output row `row` of segment s with product v. e: the row's inputs copied by
+// dv_epi_load (this thread's copies), or NULL: read them now.
 static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const struct dv_seg &s, int row, float v,
-                                              unsigned long long *best) {
+                                              unsigned long long *best, const dv_epi *e = nullptr) {
+    if (e) asm volatile("cp.async.wait_all;\n" ::: "memory");
     switch (s.mode) {
     case DV_OUT_STORE: s.y[row] = v; break;
-    case DV_OUT_ADD: s.y[row] += v; break;
+    case DV_OUT_ADD: s.y[row] = (e ? e->r : s.y[row]) + v; break;
     case DV_OUT_CONV: {   // channel row: y = silu(sum_j w_j xe_j) over xe = (state rows | v); shift
         const int C = d.C, KW = d.KW;
-        const float *w = d.conv_w + (size_t)row * KW;
+        const float *w = e ? e->w : d.conv_w + (size_t)row * KW;
         float *st = d.conv_state + row;
         float acc_c = 0;
-        for (int j = 0; j < KW - 1; j++) acc_c += w[j] * st[(size_t)j * C];
+        for (int j = 0; j < KW - 1; j++) acc_c += w[j] * (e ? e->st[j] : st[(size_t)j * C]);
         acc_c += w[KW - 1] * v;
-        for (int j = 0; j + 1 < KW - 1; j++) st[(size_t)j * C] = st[(size_t)(j + 1) * C];
+        for (int j = 0; j + 1 < KW - 1; j++) st[(size_t)j * C] = e ? e->st[j + 1] : st[(size_t)(j + 1) * C];
         st[(size_t)(KW - 2) * C] = v;
         s.y[row] = silu_f(acc_c);
         break;
@@ -322,24 +346,37 @@ static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const str
     }
 }
 
-// Rows of segment s at [n0, n0 + RW * rpp): lane group rip takes rows n0 + i * rpp + rip.
+// The row of pass i of a task at n0 that this lane's group takes.
+static __device__ __forceinline__ int dv_row(int n0, int i, const lanes &L) { return n0 + i * L.rpp + L.rip; }
+
+// The epilogue inputs of this lane's rows of a task (the lanes that store: L.sub == 0) into e[0..RW).
+template <int RW>
+static __device__ __forceinline__ void dv_task_epi(const struct dv_desc &d, const struct dv_seg &s, int n0,
+                                                   const lanes &L, dv_epi *e) {
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+        if (!L.sub && dv_row(n0, i, L) < s.W.rows) dv_epi_load(d, s, dv_row(n0, i, L), e + i);
+}
+
+// Rows of segment s at [n0, n0 + RW * rpp): lane group rip takes rows n0 + i * rpp + rip. e: the
+// epilogue inputs copied by dv_task_epi, or NULL.
 template <int BITS, int RW>
 static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const struct dv_seg &s, int n0, const lanes &L,
-                                               const float *xs, const float *xs16, unsigned long long *best) {
+                                               const float *xs, const float *xs16, const dv_epi *e,
+                                               unsigned long long *best) {
     const int R = s.W.rows;
     qrow r[RW];
-    int n[RW];
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
-        n[i] = n0 + i * L.rpp + L.rip;
-        r[i] = qrow_of(s.W, (size_t)min(n[i], R - 1));
-    }
+    for (int i = 0; i < RW; i++) r[i] = qrow_of(s.W, (size_t)min(dv_row(n0, i, L), R - 1));
     float acc[RW];
     rows_dot<BITS, RW>(r, L, xs, xs16, acc);
     if (L.sub) return;
 #pragma unroll
-    for (int i = 0; i < RW; i++)
-        if (n[i] < R) dv_out(d, s, n[i], acc[i], best);
+    for (int i = 0; i < RW; i++) {
+        const int n = dv_row(n0, i, L);
+        if (n >= R) continue;
+        dv_out(d, s, n, acc[i], best, e ? e + i : nullptr);
+    }
 }
 
 // The tasks of a descriptor: tasks of `per` rows, segment after segment.
@@ -377,11 +414,13 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     }
     pdl_wait();
     pdl_trigger();
+    __shared__ dv_epi epi[DV_THREADS][RW];   // the first task's epilogue inputs, copied with the input
+    if (gw < T.total()) dv_task_epi<RW>(d, d.seg[T.seg_of(gw)], (gw - T.first[T.seg_of(gw)]) * per, L, epi[threadIdx.x]);
     stage_input(d, xs, xs16);
     unsigned long long best = 0;
     for (int t = gw; t < T.total(); t += stride) {
         const int s = T.seg_of(t);
-        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, &best);
+        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, t == gw ? epi[threadIdx.x] : nullptr, &best);
     }
     if (d.best) best_reduce(best, d.best);
 }
@@ -402,9 +441,11 @@ enum { DV_TC_MIN_BLOCKS = 4, DV_TC_SPLIT_MIN_BLOCKS = 6, DV_TC_MIN_ROWS = 8192 }
 static bool tc_split_k(int K) { return K % (TC_SUPER * DV_WARPS) == 0; }
 
 // The prologue both forms share: (with PDL) an L2 prefetch of the tasks' codes a warp will run,
-// a quarter each when the block shares a task; the wait; the input staged twice.
-static __device__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first, int stride, bool split,
-                                   float *xs, float *xs16, unsigned char *tsm) {
+// a quarter each when the block shares a task; the wait; with epi (the split form) the epilogue
+// inputs of the block's first task copied by the lanes of warp 0 that store (epi[lane]); the input
+// staged twice.
+static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first, int stride, bool split,
+                                   float *xs, float *xs16, unsigned char *tsm, dv_epi *epi = nullptr) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (d.prefetch) {
         const size_t rb = (size_t)d.K / 2;
@@ -416,6 +457,10 @@ static __device__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T,
     }
     pdl_wait();
     pdl_trigger();
+    if (epi && first < T.total() && warp == 0 && !(lane & 1)) {
+        const int s = T.seg_of(first), row = (first - T.first[s]) * TC_ROWS + tc_lane_row(lane);
+        if (row < d.seg[s].W.rows) dv_epi_load(d, d.seg[s], row, &epi[lane]);
+    }
     stage_input(d, xs, xs16);
     const float4 *x4 = (const float4 *)xs;
     tc_stage_x_by(
@@ -452,15 +497,18 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_TC_SPLIT_MIN_BLOCKS) dv_
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const dv_taskmap T(d, TC_ROWS);
     const int nS = tc_nsuper(d.K), S0 = warp * nS / DV_WARPS, S1 = (warp + 1) * nS / DV_WARPS;
-    dv_tc_begin(d, T, blockIdx.x, gridDim.x, true, xs, xs16, tsm);
+    __shared__ dv_epi epi[WARP_SIZE];   // the first task's epilogue inputs, copied by warp 0 with the input
+    dv_tc_begin(d, T, blockIdx.x, gridDim.x, true, xs, xs16, tsm, epi);
     unsigned long long best = 0;
     for (int t = blockIdx.x; t < T.total(); t += gridDim.x) {
         const int s = T.seg_of(t), n0 = (t - T.first[s]) * TC_ROWS, row = n0 + tc_lane_row(lane);
         const struct dqt &W = d.seg[s].W;
         part[warp][lane] = tc_rows16<false>(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm, S0, S1);
         __syncthreads();
-        if (warp == 0 && !(lane & 1) && row < W.rows)
-            dv_out(d, d.seg[s], row, (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]), &best);
+        if (warp == 0 && !(lane & 1) && row < W.rows) {
+            const float v = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
+            dv_out(d, d.seg[s], row, v, &best, t == (int)blockIdx.x ? &epi[lane] : nullptr);
+        }
         __syncthreads();
     }
     if (d.best) best_reduce(best, d.best);
@@ -543,7 +591,8 @@ extern "C" int k_dv(const struct dv_desc *d, void *stream) {
         const struct dqt *W = &d->seg[s].W;
         if ((W->bits != 4 && W->bits != 8) || W->bits != bits || W->cols != d->K || W->rows < 1)
             return (int)cudaErrorInvalidValue;
-        if (d->seg[s].mode == DV_OUT_CONV && (!d->conv_w || !d->conv_state || d->KW < 2 || W->rows > d->C))
+        if (d->seg[s].mode == DV_OUT_CONV &&
+            (!d->conv_w || !d->conv_state || d->KW < 2 || d->KW > DV_MAXKW || W->rows > d->C))
             return (int)cudaErrorInvalidValue;
         if (d->seg[s].mode == DV_OUT_ARGMAX && !d->best) return (int)cudaErrorInvalidValue;
     }
@@ -709,9 +758,12 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
     pdl_wait();
     pdl_trigger();
     if (threadIdx.x <= m.k) ids[threadIdx.x] = m.ids[threadIdx.x], wts[threadIdx.x] = m.w[threadIdx.x];
+    const int n1 = blockIdx.x * DV_WARPS + warp;
+    float xn = lane == 0 && n1 < m.H ? m.x[n1] : 0.0f;   // the first row's residual, with the inputs
     stage_plain(m.act, nx, xs, xs16);
     const int cpr = m.I / 32, items = (m.k + 1) * cpr;
-    for (int n = blockIdx.x * DV_WARPS + warp; n < m.H; n += gridDim.x * DV_WARPS) {
+    for (int n = n1; n < m.H; n += gridDim.x * DV_WARPS) {
+        if (n != n1 && lane == 0) xn = m.x[n];
         uint4 q[DN_ITEMS][1];
         float sc[DN_ITEMS], bi[DN_ITEMS];
 #pragma unroll
@@ -733,7 +785,7 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
             acc = fmaf(wts[e], fmaf(sc[j], d[0], bi[j] * chunk_xsum<4>(xs16, cg)), acc);
         }
         acc = warp_sum(acc);
-        if (lane == 0) m.x[n] += acc;
+        if (lane == 0) m.x[n] = xn + acc;
     }
 }
 
@@ -787,10 +839,14 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     float st[DP];
 #pragma unroll
     for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];   // this step's own state: no wait needed
+    const float A = A_log[h], dtb = dt_bias[h], nw = norm_w[col];   // weights: no wait needed
     pdl_wait();
     pdl_trigger();
+    // Every input of the step in one round trip (q, k, v, b, a, z), before the first barrier.
     float qv = 0, kv = 0;
     if (threadIdx.x < DK) qv = y[(size_t)kh * DK + threadIdx.x], kv = y[KD + (size_t)kh * DK + threadIdx.x];
+    const float v = y[2 * (size_t)KD + (size_t)h * Dv + col], bh = b[h], ah = a[h];
+    const float zz = part == 0 ? z[(size_t)h * Dv + col] : 0.0f;
     const float qss = block_sum(qv * qv, sh);
     const float kss = block_sum(kv * kv, sh);
     if (threadIdx.x < DK) {
@@ -799,9 +855,8 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
         ks[threadIdx.x] = kv * rk;
     }
     __syncthreads();
-    const float v = y[2 * (size_t)KD + (size_t)h * Dv + col];
-    const float beta = sigmoid_f(b[h]);
-    const float alpha = expf(-expf(A_log[h]) * softplus_f(a[h] + dt_bias[h]));
+    const float beta = sigmoid_f(bh);
+    const float alpha = expf(-expf(A) * softplus_f(ah + dtb));
     float m = 0;
 #pragma unroll
     for (int i = 0; i < DP; i++) {
@@ -828,8 +883,8 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     for (int p = 0; p < GD_PARTS; p++) out += red[p][col];   // every part has the column's output
     const float ss = block_sum(part == 0 ? out * out : 0.0f, sh);
     if (part == 0) {
-        const float r = 1.0f / sqrtf(ss / (float)Dv + eps), zz = z[(size_t)h * Dv + col];
-        o[(size_t)h * Dv + col] = norm_w[col] * (out * r) * silu_f(zz);
+        const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
+        o[(size_t)h * Dv + col] = nw * (out * r) * silu_f(zz);
     }
 #pragma unroll
     for (int i = 0; i < DP; i++) Sh[(size_t)i * Dv] = st[i];
