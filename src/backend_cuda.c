@@ -35,9 +35,11 @@
 // CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
 // as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v; the router with the shared-expert
 // gate), each output still its own buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B):
-// the small ones fill the grid of the large ones instead of paying a launch's fixed cost each. A
-// prefill chunk is the embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe)
-// runs one cuda_layer on hidden states from the host.
+// the small ones fill the grid of the large ones instead of paying a launch's fixed cost each. The
+// o_proj / out_proj products add into the residual stream in their epilogue (k_qmatmul_bf16_add,
+// k_qmatmul_add; bit-identical to the product, then k_add). A prefill chunk is the embedding,
+// cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one cuda_layer on hidden
+// states from the host.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -573,6 +575,17 @@ static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int 
     if (!xb || T == 1) return mm(W, x, T, y, st);
     return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
+// y [T, W.rows] += x [T, W.cols] W^T (from xb when there is one, as mmb): the residual add in the
+// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into d, then k_add.
+// T == 1 (k_qmatvec): mm into d [W.rows], then k_add.
+static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, float *d, void *st) {
+    if (T == 1) {
+        const int rc = mm(W, x, 1, d, st);
+        return rc ? rc : k_add(y, d, W->rows, st);
+    }
+    if (xb) return k_qmatmul_bf16_add(dq(W), xb, W->cols, y, W->rows, T, st);
+    return k_qmatmul_add(dq(W), x, W->cols, y, W->rows, T, st);
+}
 // The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
 // one launch when T > 1 and they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on
 // x): bit-identical to mmb on each, without a launch's fixed cost per product. Else (decode's T = 1,
@@ -769,7 +782,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
                                  g->n_kv_heads, D, ce->prefill_exact, st));
         const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
         KL(rc);
-        KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
+        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
@@ -788,9 +801,8 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
             KL(rc);
         }
-        KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
+        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, b->d, st));   // x += the DeltaNet's output
     }
-    KL(k_add(b->x, b->d, (long)T * H, st));
     // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
     // writes its bf16 copy xh too)
     KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));

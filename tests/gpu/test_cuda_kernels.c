@@ -3,7 +3,7 @@
 // run so that unwritten elements show, and a normalised error |gpu - cpu|_2 / |cpu|_2 checked
 // against a per-op tolerance. The CPU twins are the formulas of backend_cpu.c.
 //
-//   test_cuda_kernels [seed]        prints one row per check; exit 0 when all pass
+//   test_cuda_kernels [seed [subset]]   prints one row per check; exit 0 when all pass (subsets: main)
 #include "checkpoint.h"
 #include "cuda/kernels.h"
 #include "engine.h"
@@ -849,6 +849,60 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
     cudaFree(dx), cudaFree(dxb);
 }
 
+// The add form of the dense products (k_qmatmul_bf16_add, k_qmatmul_add: cuda_layer's o_proj /
+// out_proj into the residual stream) against the plain product into d, then k_add, bit for bit. y
+// starts with random values (the stream's prior contents) and has 3 rows past M and 5 padding
+// columns (ldy = rows + 5), which must keep them: d is zeroed first, so k_add over the whole buffer
+// adds the plain form's output where it writes and +0 (exact) elsewhere. Each fast form (wgmma and
+// mma.sync, two blocks an SM and one) and the exact kernel; 0 differing elements to pass.
+static void test_add(int T, int rows, int cols, int bits, const char *name) {
+    const int ldy = rows + 5, Ty = T + 3;
+    const size_t nx = (size_t)T * cols, ny = (size_t)Ty * ldy;
+    struct hq q = make_q(0, rows, cols, bits);
+    float *x = randv(nx, 1), *y0 = randv(ny, 2), *dx = dup_d(x, nx * 4);
+    uint16_t *dxb = poisoned(nx * 2);
+    k_to_bf16(dx, dxb, (long)nx, NULL);
+    float *dd = poisoned(ny * 4), *dref = poisoned(ny * 4), *dadd = poisoned(ny * 4);
+    float *href = malloc(ny * 4), *hadd = malloc(ny * 4);
+    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
+        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
+        k_set_qb_wgmma(wg);
+        k_set_qb_blocks(blocks);
+        cudaMemset(dd, 0, ny * 4);
+        cudaMemcpy(dref, y0, ny * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dadd, y0, ny * 4, cudaMemcpyHostToDevice);
+        int rc = exact ? k_qmatmul(q.d, dx, cols, NULL, 1, dd, ldy, NULL, T, NULL, NULL, 0, NULL)
+                       : k_qmatmul_bf16(q.d, dxb, cols, NULL, 1, dd, ldy, NULL, T, NULL, NULL, 0, NULL);
+        rc = rc ? rc : k_add(dref, dd, (long)ny, NULL);
+        rc = rc ? rc : exact ? k_qmatmul_add(q.d, dx, cols, dadd, ldy, T, NULL)
+                             : k_qmatmul_bf16_add(q.d, dxb, cols, dadd, ldy, T, NULL);
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            fprintf(stderr, "CUDA error in the add test\n");
+            exit(1);
+        }
+        cudaMemcpy(href, dref, ny * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hadd, dadd, ny * 4, cudaMemcpyDeviceToHost);
+        size_t dif = 0, changed = 0;   // changed: elements the add moved off y's start (most of T x rows)
+        for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
+        char nm[64], sh[128];
+        snprintf(nm, sizeof nm, "add %s", name);
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s%s", T, rows, cols, bits,
+                 exact ? "exact" : wg && k_has_sm90a() ? "wgmma" : "mma.sync",
+                 exact ? "" : blocks == 2 ? " 2/SM" : " 1/SM", rc ? " LAUNCH FAILED" : "");
+        const int ok = !rc && !dif && changed > 0;
+        checks++;
+        fails += !ok;
+        printf("%-22s %-34s %zu of %zu differ from product + k_add, %zu changed  %s\n", nm, sh, dif, ny, changed,
+               ok ? "PASS" : "FAIL");
+    }
+    k_set_qb_wgmma(1);
+    k_set_qb_blocks(2);
+    cudaFree((void *)q.d.w), cudaFree((void *)q.d.scales), cudaFree((void *)q.d.biases);
+    free((void *)q.h.w), free((void *)q.h.scales), free((void *)q.h.biases);
+    free(x), free(y0), free(href), free(hadd);
+    cudaFree(dx), cudaFree(dxb), cudaFree(dd), cudaFree(dref), cudaFree(dadd);
+}
+
 static void test_swiglu(void) {
     const long n = 8L * QWEN_MOE_INTER * 37;
     float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
@@ -867,8 +921,9 @@ int main(int argc, char **argv) {
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
     // SwiGLU epilogue, segmented launches and the norm's bf16 copy; "segments": only the segmented
-    // launches; "gdn": the DeltaNet checks; "moe": the MoE checks (quick runs while working on those
-    // kernels)
+    // launches; "gdn": the DeltaNet checks; "moe": the MoE checks; "add": the products' add form
+    // (o_proj / out_proj into the residual) (quick runs while working on those kernels; "fast" runs the
+    // add checks as well)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
     const bool segs = !strcmp(only, "segments");
@@ -907,6 +962,11 @@ int main(int argc, char **argv) {
         test_segments(1000, "attention qkv", 3, at, 4);
         test_segments(4096, "router+sh.gate", 2, gt, 8);
         test_segments(77, "router+sh.gate", 2, gt, 8);
+    }
+    if (all || fast || !strcmp(only, "add")) {   // cuda_layer's o_proj / out_proj into the residual stream
+        test_add(4096, QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "o_proj");
+        test_add(300, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "out_proj");
+        test_add(77, 200, QWEN_HIDDEN, 8, "tails");   // rows and features not multiples of 128
     }
     if (all) {
         test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
