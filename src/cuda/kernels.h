@@ -28,6 +28,11 @@ int k_embed(struct dqt E, const int32_t *tokens, int T, float *out, void *stream
 // yb != NULL: also yb[t] = bf16(y[t]) [T, n] (k_to_bf16's rounding; the fast products' input).
 int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
               void *stream);
+// k_rmsnorm (y and yb bit-identical to it) and a 1-row product of the normed row: gy[t] = sum_k
+// y[t, k] G[0, k], G dequantized in fp32 (s q + b), fp32 sums in the block (the MoE's shared-expert
+// gate logit, issue 12). G: rows 1, cols n, 4 or 8 bits (else cudaErrorInvalidValue). gy [T].
+int k_rmsnorm_gate(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
+                   struct dqt G, float *gy, void *stream);
 
 // Matrix-vector / skinny products: y[j, n] = sum_k W[mat_j][n, k] * x[j / xdiv, k] for slot j < S.
 // mat_j = ids ? ids[j] : 0. x is [*, K] with row stride ldx, y is [S, N] with row stride ldy.

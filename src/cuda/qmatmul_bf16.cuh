@@ -179,10 +179,10 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 
 // counts the N-tiles of all of them, segment after segment (a tile never straddles two), and a
 // block maps its blockIdx.x to (segment, tile within it) at its start, then runs as the block of
 // that segment's own launch would: the same tile, the same operations in the same order, so the
-// outputs are bit-identical to separate launches. Tiny products (the router, the shared-expert gate,
-// in_b / in_a, k_proj / v_proj) fill the grid of a large one instead of paying a launch each. The
-// table rides in the kernel's parameters (nothing to upload); tile0 of the slots past the last
-// segment is the total tile count, so they are never picked. The kernels take SEGS as a template
+// outputs are bit-identical to separate launches. Tiny products (in_b / in_a, k_proj / v_proj) fill
+// the grid of a large one instead of paying a launch each. The table rides in the kernel's
+// parameters (nothing to upload); tile0 of the slots past the last segment is the total tile count,
+// so they are never picked. The kernels take SEGS as a template
 // parameter: without it (the single-product launchers) the product is the kernel's own parameters
 // W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
 // registers they had); with it the fields are picked by a select chain on constant indices (no local

@@ -903,6 +903,59 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
     cudaFree(dx), cudaFree(dxb), cudaFree(dd), cudaFree(dref), cudaFree(dadd);
 }
 
+// k_rmsnorm_gate (the post-attention norm with the shared-expert gate's logit): y and yb bit-identical
+// to k_rmsnorm's, and gy[t] = sum_k y[t, k] g[k] against a double twin on the kernel's own y (g
+// dequantized exactly from the bf16 scale and bias). Bound: the kernel's g_k = s q + b is rounded once
+// (s q is exact in fp32: 8 + 8 bits), each product y g_k once (or fused with its sum), and a term then
+// passes at most n / 256 sequential sums in its thread, 5 in the warp's xor tree and 5 in the block's:
+// with u = 2^-24, |gy - ref| <= (n / 256 + 12) u (1 + O(u)) sum_k |y g_k| = 20 u = 1.2e-6 of sum|y g| at
+// n = 2048. Held to 1e-5 of sum|y g| (8x that); a lost or misread group of 64 weighs ~1/32 of it.
+static void test_rmsnorm_gate(int T, int bits, int with_yb) {
+    const int H = QWEN_HIDDEN;
+    const size_t n = (size_t)T * H;
+    float *x = randv(n, 3), *w = randv(H, 1);
+    struct hq g = make_q(0, 1, H, bits);
+    float *dx = dup_d(x, n * 4), *dw = dup_d(w, H * 4), *dy1 = poisoned(n * 4), *dy2 = poisoned(n * 4);
+    float *dgy = poisoned((size_t)T * 4);
+    uint16_t *db1 = with_yb ? poisoned(n * 2) : NULL, *db2 = with_yb ? poisoned(n * 2) : NULL;
+    int rc = k_rmsnorm(dx, NULL, dw, dy1, db1, T, H, 1e-6f, NULL);
+    rc = rc ? rc : k_rmsnorm_gate(dx, NULL, dw, dy2, db2, T, H, 1e-6f, g.d, dgy, NULL);
+    float *y1 = back(dy1, n), *y2 = back(dy2, n), *gy = back(dgy, T);
+    size_t dif = 0, difb = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) dif += memcmp(&y1[i], &y2[i], 4) != 0;
+    if (with_yb) {
+        uint16_t *b1 = malloc(n * 2), *b2 = malloc(n * 2);
+        cudaMemcpy(b1, db1, n * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(b2, db2, n * 2, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < n; i++) difb += b1[i] != b2[i];
+        free(b1), free(b2);
+    }
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double ref = 0, mag = 0;
+        for (int k = 0; k < H; k++) {   // s q + b exactly in double (bf16 s and b, integer q)
+            const double gk = (double)qscale(&g.h, 0, k) * qcode(&g.h, 0, k) + qbias(&g.h, 0, k);
+            ref += (double)y1[(size_t)t * H + k] * gk;
+            mag += fabs((double)y1[(size_t)t * H + k] * gk);
+        }
+        const double e = fabs((double)gy[t] - ref) / (mag > 0 ? mag : 1);
+        bad += !(e <= 1e-5);
+        worst = e > worst ? e : worst;
+    }
+    char sh[96];
+    snprintf(sh, sizeof sh, "T %d x %d, %d-bit gate%s%s", T, H, bits, with_yb ? ", yb" : "", rc ? " LAUNCH FAILED" : "");
+    const int ok = !rc && !dif && !difb && !bad;
+    checks++;
+    fails += !ok;
+    printf("%-22s %-34s y %zu, yb %zu differ; gy err/sum|yg| max %.2e (tol 1e-5), %zu over  %s\n",
+           "rmsnorm + gate", sh, dif, difb, worst, bad, ok ? "PASS" : "FAIL");
+    free(x), free(w), free(y1), free(y2), free(gy);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy1), cudaFree(dy2), cudaFree(dgy);
+    if (with_yb) cudaFree(db1), cudaFree(db2);
+    cudaFree((void *)g.d.w), cudaFree((void *)g.d.scales), cudaFree((void *)g.d.biases);
+    free((void *)g.h.w), free((void *)g.h.scales), free((void *)g.h.biases);
+}
+
 static void test_swiglu(void) {
     const long n = 8L * QWEN_MOE_INTER * 37;
     float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
@@ -922,8 +975,8 @@ int main(int argc, char **argv) {
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
     // SwiGLU epilogue, segmented launches and the norm's bf16 copy; "segments": only the segmented
     // launches; "gdn": the DeltaNet checks; "moe": the MoE checks; "add": the products' add form
-    // (o_proj / out_proj into the residual) (quick runs while working on those kernels; "fast" runs the
-    // add checks as well)
+    // (o_proj / out_proj into the residual); "gate": the post-attention norm with the shared-expert
+    // gate's logit (quick runs while working on those kernels; "fast" runs the last two as well)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
     const bool segs = !strcmp(only, "segments");
@@ -967,6 +1020,12 @@ int main(int argc, char **argv) {
         test_add(4096, QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "o_proj");
         test_add(300, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "out_proj");
         test_add(77, 200, QWEN_HIDDEN, 8, "tails");   // rows and features not multiples of 128
+    }
+    if (all || fast || !strcmp(only, "gate")) {   // cuda_layer's post-attention norm, both modes' forms
+        test_rmsnorm_gate(7, 8, 1);
+        test_rmsnorm_gate(300, 8, 0);
+        test_rmsnorm_gate(300, 8, 1);
+        test_rmsnorm_gate(33, 4, 1);
     }
     if (all) {
         test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
