@@ -22,7 +22,8 @@
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
 // k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
-// MLX does; the router, the shared-expert gate and the lm_head stay on the exact kernel). Where the
+// MLX does; the router and the lm_head stay on the exact kernel, the shared-expert gate's one row is
+// an fp32 dot product in the post-attention norm, k_rmsnorm_gate). Where the
 // input has a producer of its own, the producer writes the bf16 copy (issue 12): both RMS norms write
 // u and bf16(u) in one pass (u stays: the router and the shared-expert gate read it), and the up
 // product of each SwiGLU (routed experts and shared expert) ends in the activation, writing
@@ -33,11 +34,12 @@
 // mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
 // verification mode, operands split hi + lo and fp32 inputs to the products.
 // CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
-// as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v; the router with the shared-expert
-// gate), each output still its own buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B):
-// the small ones fill the grid of the large ones instead of paying a launch's fixed cost each. A
-// prefill chunk is the embedding, cuda_layer per layer, the head; the layer probe (engine_layer_probe)
-// runs one cuda_layer on hidden states from the host.
+// as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output still its own
+// buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B): the small ones fill the grid of
+// the large ones instead of paying a launch's fixed cost each. The o_proj / out_proj products add
+// into the residual stream in their epilogue (k_qmatmul_bf16_add, k_qmatmul_add; bit-identical to
+// the product, then k_add). A prefill chunk is the embedding, cuda_layer per layer, the head; the
+// layer probe (engine_layer_probe) runs one cuda_layer on hidden states from the host.
 #ifdef CALLA_CUDA
 
 #include "engine.h"
@@ -573,6 +575,17 @@ static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int 
     if (!xb || T == 1) return mm(W, x, T, y, st);
     return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
+// y [T, W.rows] += x [T, W.cols] W^T (from xb when there is one, as mmb): the residual add in the
+// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into d, then k_add.
+// T == 1 (k_qmatvec): mm into d [W.rows], then k_add.
+static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, float *d, void *st) {
+    if (T == 1) {
+        const int rc = mm(W, x, 1, d, st);
+        return rc ? rc : k_add(y, d, W->rows, st);
+    }
+    if (xb) return k_qmatmul_bf16_add(dq(W), xb, W->cols, y, W->rows, T, st);
+    return k_qmatmul_add(dq(W), x, W->cols, y, W->rows, T, st);
+}
 // The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
 // one launch when T > 1 and they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on
 // x): bit-identical to mmb on each, without a launch's fixed cost per product. Else (decode's T = 1,
@@ -769,7 +782,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
                                  g->n_kv_heads, D, ce->prefill_exact, st));
         const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
         KL(rc);
-        KL(mmb(&L->o_proj, b->o, ob, T, b->d, st));
+        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
@@ -788,16 +801,16 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
             KL(rc);
         }
-        KL(mmb(&L->out_proj, b->og, gb, T, b->d, st));
+        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, b->d, st));   // x += the DeltaNet's output
     }
-    KL(k_add(b->x, b->d, (long)T * H, st));
     // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
-    // writes its bf16 copy xh too)
-    KL(k_rmsnorm(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, st));
+    // writes its bf16 copy xh too). The norm also forms the shared-expert gate's logit sg from u in
+    // fp32 (one row: in the router's launch it took a second wave of blocks); the router is the exact
+    // product alone.
+    KL(k_rmsnorm_gate(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, dq(&L->shared_gate), b->sg,
+                      st));
     const uint16_t *mb = fast ? b->xh : NULL;
-    const struct qtensor *gates[] = {&L->router, &L->shared_gate};   // exact, on the fp32 u, in both modes
-    float *gates_y[] = {b->rl, b->sg};
-    KL(mm_segs(ce, gates, gates_y, 2, b->u, NULL, T, st));
+    KL(mm(&L->router, b->u, T, b->rl, st));   // exact, on the fp32 u, in both modes
     KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
     KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
     const uint16_t *sb = NULL;   // fast: the up product's epilogue writes bf16(silu(gate) up) into xa

@@ -17,7 +17,9 @@
 // WG form's own alignment must absorb. The segmented launch (several products of one x: the kernel's
 // SEGS form, k_qmatmul_bf16_segs) must equal each product's own launch bit for bit, on both forms.
 // The exact kernel (qmatmul_exact.cuh: k_qmatmul, k_qmatmul_segs) runs too: each product alone against
-// a double reference, and its segmented launch against them bit for bit.
+// a double reference, and its segmented launch against them bit for bit. The add form of both kernels
+// (k_qmatmul_bf16_add, k_qmatmul_add: y += W x) must equal y's start plus the plain form's output bit
+// for bit, and leave every other element of y as it was.
 //
 //   make qmatmul-sim
 #include <barrier>
@@ -81,7 +83,7 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS = false>
+template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS = false, bool ADD = false>
 static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx, const int *xmap, int xdiv,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     for (unsigned bz = 0; bz < grid.z; bz++)
@@ -98,9 +100,9 @@ static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>(S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y,
-                                                                         S.s[0].ldy, ymap, M, counts, offs, gate, yb,
-                                                                         S);
+                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD>(S.s[0].W, x, ldx, xmap, xdiv,
+                                                                              S.s[0].y, S.s[0].ldy, ymap, M, counts,
+                                                                              offs, gate, yb, S);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
@@ -306,7 +308,7 @@ static void run_segs_case(const char *name, std::vector<int> Ns, int K, int M) {
 }
 
 // The exact kernel (qmatmul_exact.cuh, k_qmatmul / k_qmatmul_segs), a block as 256 threads.
-template <int BITS, bool SEGS>
+template <int BITS, bool SEGS, bool ADD = false>
 static void launch_exact(dim3s grid, const qm_segs &S, const float *x, int ldx, int M) {
     for (unsigned by = 0; by < grid.y; by++)
         for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -318,7 +320,7 @@ static void launch_exact(dim3s grid, const qm_segs &S, const float *x, int ldx, 
             for (int t = 0; t < MM_THREADS; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {(unsigned)t, 0, 0};
-                    qmatmul_kernel<BITS, SEGS>(S.s[0].W, x, ldx, nullptr, 1, S.s[0].y, S.s[0].ldy, nullptr, M, nullptr,
+                    qmatmul_kernel<BITS, SEGS, ADD>(S.s[0].W, x, ldx, nullptr, 1, S.s[0].y, S.s[0].ldy, nullptr, M, nullptr,
                                                nullptr, S);
                 });
             for (auto &h : th) h.join();
@@ -387,6 +389,56 @@ static void run_exact_segs_case(const char *name, std::vector<int> Ns, int K, in
            differ, n, written, want, ok ? "PASS" : "FAIL");
 }
 
+// The add form (k_qmatmul_bf16_add, k_qmatmul_add: the kernels' ADD epilogue, y += W x): y starts
+// with values of its own (row padding and rows past M included), and after the launch must equal
+// bit for bit that start plus the plain form's output (k_add's x[i] += d[i]) where the plain form
+// writes, and the start elsewhere. The fast kernel on this pass's form, then (EXACT) the exact one.
+template <int BITS, int STAGES, bool WG, bool EXACT = false>
+static void run_add_case(const char *name, int N, int K, int M) {
+    const int per = 32 / BITS, wpr = K / per, gpr = K / 64, ldx = K + 16, ldy = N + 3, yrows = M + 2;
+    std::vector<uint32_t> w((size_t)N * wpr);
+    std::vector<uint16_t> sc((size_t)N * gpr), bi((size_t)N * gpr);
+    for (auto &v : w) v = rnd() ^ (rnd() << 16);
+    for (size_t j = 0; j < sc.size(); j++)
+        sc[j] = f2bf16(0.01f * (1.5f + frand())), bi[j] = f2bf16(-0.05f + 0.02f * frand());
+    std::vector<uint16_t> xb((size_t)M * ldx + 64);
+    std::vector<float> xf((size_t)M * ldx + 4);
+    uint16_t *x = (uint16_t *)(((uintptr_t)xb.data() + 15) & ~(uintptr_t)15);
+    float *xe = (float *)(((uintptr_t)xf.data() + 15) & ~(uintptr_t)15);
+    for (int i = 0; i < M * ldx; i++) xe[i] = frand(), x[i] = f2bf16(xe[i]);
+    std::vector<float> y0((size_t)yrows * ldy), d((size_t)yrows * ldy, NAN);
+    for (auto &v : y0) v = 3.0f * frand();
+    std::vector<float> y = y0;
+    const qm_seg sd = {{w.data(), sc.data(), bi.data(), 0, N, K, BITS}, d.data(), ldy};
+    qm_seg sy = sd;
+    sy.y = y.data();
+    qm_segs Sd, Sy;
+    const int bn = EXACT ? (int)MM_BN : (int)QB_BN, tiles = qm_table(&sd, 1, bn, &Sd);
+    qm_table(&sy, 1, bn, &Sy);
+    if constexpr (EXACT) {
+        const dim3s grid = {(unsigned)tiles, (unsigned)CEIL_DIV(M, MM_BM), 1};
+        launch_exact<BITS, false>(grid, Sd, xe, ldx, M);
+        launch_exact<BITS, false, true>(grid, Sy, xe, ldx, M);
+    } else {
+        const dim3s grid = {(unsigned)tiles, (unsigned)CEIL_DIV(M, QB_BM), 1};
+        launch_segs<BITS, STAGES, false, WG>(grid, Sd, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr,
+                                             nullptr);
+        launch_segs<BITS, STAGES, false, WG, false, true>(grid, Sy, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr,
+                                                          nullptr, nullptr);
+    }
+    long differ = 0, added = 0;
+    for (size_t i = 0; i < y.size(); i++) {
+        float want = y0[i];
+        if (!std::isnan(d[i])) want = y0[i] + d[i], added++;   // k_add's sum
+        differ += memcmp(&want, &y[i], sizeof(float)) != 0;
+    }
+    const bool ok = !differ && added == (long)M * N;
+    fails += !ok;
+    printf("%-8s %-38s %d-bit N %4d K %4d rows %4d: %ld of %zu differ from start + plain form, %ld of %ld added  %s\n",
+           EXACT ? "exact" : WG ? "wgmma" : "mma.sync", name, BITS, N, K, M, differ, y.size(), added, (long)M * N,
+           ok ? "PASS" : "FAIL");
+}
+
 template <int STAGES>
 static void segs_cases() {
     auto both = [](auto wgc) {
@@ -395,6 +447,8 @@ static void segs_cases() {
         run_segs_case<4, STAGES, WG>("segments: attention-like", {256, 64, 64}, 128, 37);
         run_segs_case<8, STAGES, WG>("segments: router + shared gate", {130, 1}, 128, 129);
         run_segs_case<8, STAGES, WG>("segments: one", {72}, 64, 5);
+        run_add_case<4, STAGES, WG>("add: row and feature tails", 200, 192, 150);
+        run_add_case<8, STAGES, WG>("add: one tile", 72, 64, 5);
     };
     both(std::false_type{});
     both(std::true_type{});
@@ -423,6 +477,8 @@ int main() {
     run_exact_segs_case<4>("segments: attention-like", {256, 64, 64}, 128, 37);
     run_exact_segs_case<8>("segments: router + shared gate", {130, 1}, 128, 129);
     run_exact_segs_case<8>("segments: one", {72}, 64, 5);
+    run_add_case<4, 3, false, true>("add: row and feature tails", 200, 192, 150);
+    run_add_case<8, 3, false, true>("add: one tile", 72, 64, 5);
     printf("qmatmul-sim: %s\n", fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;
 }

@@ -28,6 +28,11 @@ int k_embed(struct dqt E, const int32_t *tokens, int T, float *out, void *stream
 // yb != NULL: also yb[t] = bf16(y[t]) [T, n] (k_to_bf16's rounding; the fast products' input).
 int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
               void *stream);
+// k_rmsnorm (y and yb bit-identical to it) and a 1-row product of the normed row: gy[t] = sum_k
+// y[t, k] G[0, k], G dequantized in fp32 (s q + b), fp32 sums in the block (the MoE's shared-expert
+// gate logit, issue 12). G: rows 1, cols n, 4 or 8 bits (else cudaErrorInvalidValue). gy [T].
+int k_rmsnorm_gate(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
+                   struct dqt G, float *gy, void *stream);
 
 // Matrix-vector / skinny products: y[j, n] = sum_k W[mat_j][n, k] * x[j / xdiv, k] for slot j < S.
 // mat_j = ids ? ids[j] : 0. x is [*, K] with row stride ldx, y is [S, N] with row stride ldy.
@@ -57,8 +62,16 @@ int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, in
 int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, const float *gate,
                           uint16_t *yb, int ldy, const int *ymap, int M, const int *counts, const int *offs,
                           int maxrows, void *stream);
+// The dense product added into y (cuda_layer's o_proj / out_proj into the residual stream, issue
+// 12): y[r, n] += (W x)[r, n] for r < M (one product, matrix 0; no gather). Each element is read and
+// written by the one thread that computes it, so y is bit-identical to the product into a buffer d,
+// then k_add(y, d): the same fp32 sum, without d's write and two reads and k_add's launch. The exact
+// kernel (k_qmatmul's) and the fast one (k_qmatmul_bf16's, on its form: wgmma or mma.sync, 2 or 1
+// blocks an SM), their requirements as those launchers'.
+int k_qmatmul_add(struct dqt W, const float *x, int ldx, float *y, int ldy, int M, void *stream);
+int k_qmatmul_bf16_add(struct dqt W, const uint16_t *x, int ldx, float *y, int ldy, int M, void *stream);
 // Several dense products of one input in one launch (prefill: the projections of a layer's normed
-// input, the router with the shared-expert gate): segment i writes segs[i].y [M, segs[i].ldy] =
+// input): segment i writes segs[i].y [M, segs[i].ldy] =
 // segs[i].W x, bit-identical to its own k_qmatmul (k_qmatmul_bf16) launch; the blocks of small
 // products fill the grid of the large ones instead of paying a launch each. 1 <= n <= QM_MAX_SEGS;
 // every W with the same cols and bits (else cudaErrorInvalidValue) and rows > 0; no gather, no

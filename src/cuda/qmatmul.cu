@@ -24,19 +24,23 @@
 #include "qmatmul_bf16.cuh"    // the fast kernel; the segment table (qm_segs: several products, one launch)
 #include "qmatmul_exact.cuh"   // the exact kernel
 
+// add: y += W x (one dense product: k_qmatmul_add).
 static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, int ldx, const int *xmap, int xdiv,
-                          const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
+                          const int *ymap, int M, const int *counts, const int *offs, int maxrows, bool add,
+                          void *stream) {
     const int rows = counts ? maxrows : M;
     if (rows <= 0) return 0;
     qm_segs S;
     const int tiles = qm_table(seg, nseg, MM_BN, &S);
     const struct dqt W = seg[0].W;
-    if (!tiles || W.cols % MM_BK || ldx % 4) return (int)cudaErrorInvalidValue;
+    if (!tiles || W.cols % MM_BK || ldx % 4 || (add && (nseg > 1 || counts))) return (int)cudaErrorInvalidValue;
     dim3 grid(tiles, CEIL_DIV(rows, MM_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define MM_ARGS <<<grid, MM_THREADS, 0, st>>>(W, x, ldx, xmap, xdiv, seg[0].y, seg[0].ldy, ymap, M, counts, offs, S)
-    if (W.bits == 4 && nseg > 1) qmatmul_kernel<4, true> MM_ARGS;
+    if (W.bits == 4 && add) qmatmul_kernel<4, false, true> MM_ARGS;
+    else if (W.bits == 8 && add) qmatmul_kernel<8, false, true> MM_ARGS;
+    else if (W.bits == 4 && nseg > 1) qmatmul_kernel<4, true> MM_ARGS;
     else if (W.bits == 4) qmatmul_kernel<4, false> MM_ARGS;
     else if (W.bits == 8 && nseg > 1) qmatmul_kernel<8, true> MM_ARGS;
     else if (W.bits == 8) qmatmul_kernel<8, false> MM_ARGS;
@@ -48,11 +52,16 @@ static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, in
 extern "C" int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                          const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream) {
     const struct qm_seg seg = {W, y, ldy};
-    return qmatmul_launch(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, stream);
+    return qmatmul_launch(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, false, stream);
+}
+
+extern "C" int k_qmatmul_add(struct dqt W, const float *x, int ldx, float *y, int ldy, int M, void *stream) {
+    const struct qm_seg seg = {W, y, ldy};
+    return qmatmul_launch(&seg, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, true, stream);
 }
 
 extern "C" int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, int ldx, int M, void *stream) {
-    return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, stream);
+    return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, false, stream);
 }
 
 // CALLA_QB_BLOCKS (k_set_qb_blocks): 2 (default) the 3-stage form at two blocks an SM, 1 the
@@ -63,37 +72,38 @@ extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
 static int g_qb_wg = 1;
 extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
 
-template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS>
+template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS, bool ADD>
 static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
                                     const int *xmap, int xdiv, const int *ymap, int M, const int *counts,
                                     const int *offs, const float *gate, uint16_t *yb) {
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
     const size_t smem = QB_SMEM<BITS, STAGES, WG>;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS><<<grid, QB_THREADS, smem, st>>>(
+    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
         S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
     return launch_status();
 }
 
-template <int BITS, int STAGES, bool GLU, bool SEGS>
+template <int BITS, int STAGES, bool GLU, bool SEGS, bool ADD>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
                                const float *gate, uint16_t *yb) {
     if (g_qb_wg && k_has_sm90a())
-        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true, SEGS>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
-                                                                       counts, offs, gate, yb);
-    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false, SEGS>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
-                                                                    offs, gate, yb);
+        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
+                                                                            counts, offs, gate, yb);
+    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
+                                                                         counts, offs, gate, yb);
 }
 
 // Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
-// (W x)) (the GLU form). SEGS: the kernels' segment lookup (more than one segment).
-template <bool GLU, bool SEGS>
+// (W x)) (the GLU form), or for ADD (one dense segment) y += W x. SEGS: the kernels' segment lookup
+// (more than one segment).
+template <bool GLU, bool SEGS, bool ADD = false>
 static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t *x, int ldx, const int *xmap,
                              int xdiv, const int *ymap, int M, const int *counts, const int *offs, int maxrows,
                              const float *gate, uint16_t *yb, void *stream) {
@@ -103,6 +113,7 @@ static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t 
     const int tiles = qm_table(seg, nseg, QB_BN, &S);
     const struct dqt W = seg[0].W;
     if (!tiles || W.cols % QB_BK || ldx % 8 || (uintptr_t)x % 16) return (int)cudaErrorInvalidValue;
+    if (ADD && (nseg > 1 || counts)) return (int)cudaErrorInvalidValue;
     for (int i = 0; i < nseg; i++)
         if ((uintptr_t)seg[i].W.w % 16) return (int)cudaErrorInvalidValue;
     dim3 grid(tiles, CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
@@ -115,11 +126,11 @@ static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t 
     cudaStream_t st = (cudaStream_t)stream;
 #define QB_ARGS grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb
     if (W.bits == 4)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU, SEGS>(QB_ARGS)
-                                : launch_qmatmul_bf16<4, 4, GLU, SEGS>(QB_ARGS);
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU, SEGS, ADD>(QB_ARGS)
+                                : launch_qmatmul_bf16<4, 4, GLU, SEGS, ADD>(QB_ARGS);
     if (W.bits == 8)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU, SEGS>(QB_ARGS)
-                                : launch_qmatmul_bf16<8, 4, GLU, SEGS>(QB_ARGS);
+        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU, SEGS, ADD>(QB_ARGS)
+                                : launch_qmatmul_bf16<8, 4, GLU, SEGS, ADD>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
 }
@@ -129,6 +140,12 @@ extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const in
     const struct qm_seg seg = {W, y, ldy};
     return qmatmul_bf16_form<false, false>(&seg, 1, x, ldx, xmap, xdiv, ymap, M, counts, offs, maxrows, NULL, NULL,
                                            stream);
+}
+
+extern "C" int k_qmatmul_bf16_add(struct dqt W, const uint16_t *x, int ldx, float *y, int ldy, int M, void *stream) {
+    const struct qm_seg seg = {W, y, ldy};
+    return qmatmul_bf16_form<false, false, true>(&seg, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL,
+                                                 stream);
 }
 
 extern "C" int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M,

@@ -145,14 +145,18 @@ static __device__ __forceinline__ void qm_b_frags(uint32_t (&bq)[4][2], const ui
     }
 }
 
-// Features n and n + 1 (those below N) of the output row at offset ro: y = v, or for GLU
-// yb = bf16(silu(gate) v): k_swiglu's expression, k_to_bf16's rounding.
-template <bool GLU>
+// Features n and n + 1 (those below N) of the output row at offset ro: y = v, for ADD y += v
+// (k_add's x[i] += d[i]: the same fp32 sum), or for GLU yb = bf16(silu(gate) v): k_swiglu's
+// expression, k_to_bf16's rounding.
+template <bool GLU, bool ADD = false>
 static __device__ __forceinline__ void qb_store(float *y, const float *gate, uint16_t *yb, size_t ro, int n, int N,
                                                 float v0, float v1) {
     if constexpr (GLU) {
         if (n < N) yb[ro + n] = f2bf16(silu_f(gate[ro + n]) * v0);
         if (n + 1 < N) yb[ro + n + 1] = f2bf16(silu_f(gate[ro + n + 1]) * v1);
+    } else if constexpr (ADD) {
+        if (n < N) y[ro + n] += v0;
+        if (n + 1 < N) y[ro + n + 1] += v1;
     } else {
         if (n < N) y[ro + n] = v0;
         if (n + 1 < N) y[ro + n + 1] = v1;
@@ -175,10 +179,10 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 
 // counts the N-tiles of all of them, segment after segment (a tile never straddles two), and a
 // block maps its blockIdx.x to (segment, tile within it) at its start, then runs as the block of
 // that segment's own launch would: the same tile, the same operations in the same order, so the
-// outputs are bit-identical to separate launches. Tiny products (the router, the shared-expert gate,
-// in_b / in_a, k_proj / v_proj) fill the grid of a large one instead of paying a launch each. The
-// table rides in the kernel's parameters (nothing to upload); tile0 of the slots past the last
-// segment is the total tile count, so they are never picked. The kernels take SEGS as a template
+// outputs are bit-identical to separate launches. Tiny products (in_b / in_a, k_proj / v_proj) fill
+// the grid of a large one instead of paying a launch each. The table rides in the kernel's
+// parameters (nothing to upload); tile0 of the slots past the last segment is the total tile count,
+// so they are never picked. The kernels take SEGS as a template
 // parameter: without it (the single-product launchers) the product is the kernel's own parameters
 // W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
 // registers they had); with it the fields are picked by a select chain on constant indices (no local
@@ -264,12 +268,16 @@ static __device__ __forceinline__ void qm_output(const qm_segs &S, int i, float 
 }
 
 // W1, y1, ldy1: the product (SEGS off); S: the products of one dense x (SEGS on; qm_segs above). GLU
-// (SEGS off): y1 unused; gate [*, ldy1] fp32 and yb [*, ldy1] bf16 (else both unused).
-template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false>
+// (SEGS off): y1 unused; gate [*, ldy1] fp32 and yb [*, ldy1] bf16 (else both unused). ADD (SEGS and
+// GLU off, k_qmatmul_bf16_add): y1 += W x, each element read and written by the one thread that
+// computes it, so bit-identical to the plain form into a buffer d, then k_add(y1, d) (the residual
+// add of cuda_layer's o_proj / out_proj without d's write and two reads).
+template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false, bool ADD = false>
 static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     qmatmul_bf16_kernel(struct dqt W1, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb,
                         const qm_segs S) {
+    static_assert(!(ADD && (GLU || SEGS)), "the add form: one plain product");
     using L = qb_layout<BITS, STAGES>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
@@ -428,7 +436,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 #pragma unroll
             for (int ni = 0; ni < QB_BN / 8; ni++) {
                 const int n = n0 + ni * 8 + 2 * c4;
-                qb_store<GLU>(y, gate, yb, (size_t)yr * ldy, n, N, acc[4 * ni + 2 * h], acc[4 * ni + 2 * h + 1]);
+                qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[4 * ni + 2 * h], acc[4 * ni + 2 * h + 1]);
             }
         }
         return;
@@ -479,7 +487,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
 #pragma unroll
             for (int ni = 0; ni < 4; ni++) {
                 const int n = n0 + wn + ni * 8 + 2 * c4;
-                qb_store<GLU>(y, gate, yb, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
         }
 }

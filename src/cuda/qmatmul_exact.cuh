@@ -9,11 +9,13 @@ enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
 static_assert(MM_BK == QGROUP, "one quantization group per K step");
 
 // W1, y1, ldy1: the product (SEGS off); S: the products of one dense x (SEGS on; qm_segs in
-// qmatmul_bf16.cuh).
-template <int BITS, bool SEGS>
+// qmatmul_bf16.cuh). ADD (SEGS off, k_qmatmul_add): y1 += W x, as the fast kernel's ADD form (one
+// thread reads and writes each element: bit-identical to the product into d, then k_add).
+template <int BITS, bool SEGS, bool ADD = false>
 static __global__ void __launch_bounds__(MM_THREADS)
     qmatmul_kernel(struct dqt W1, const float *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
                    const int *ymap, int M, const int *counts, const int *offs, const qm_segs S) {
+    static_assert(!(ADD && SEGS), "the add form: one product");
     constexpr int PER = 32 / BITS, WPT = 16 / PER;   // codes per word; words per thread per step
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ __align__(16) uint16_t Xh[MM_BM * MM_BK], Xl[MM_BM * MM_BK], Wq[MM_BN * MM_BK];
@@ -161,8 +163,13 @@ static __global__ void __launch_bounds__(MM_THREADS)
 #pragma unroll
             for (int ni = 0; ni < 4; ni++) {
                 const int n = n0 + wn + ni * 8 + 2 * c4;
-                if (n < N) yp[n] = acc[mi][ni][2 * h];
-                if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
+                if constexpr (ADD) {
+                    if (n < N) yp[n] += acc[mi][ni][2 * h];
+                    if (n + 1 < N) yp[n + 1] += acc[mi][ni][2 * h + 1];
+                } else {
+                    if (n < N) yp[n] = acc[mi][ni][2 * h];
+                    if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
+                }
             }
         }
 }

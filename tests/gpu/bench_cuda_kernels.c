@@ -149,6 +149,57 @@ static int run_seg(void *c) {
                     : k_qmatmul_bf16_segs(g->s, g->n, g->xb, g->s[0].W.cols, g->T, NULL);
 }
 
+// o_proj / out_proj into the residual stream y: the product into d then k_add, or the add form
+// (k_qmatmul_bf16_add, k_qmatmul_add: the sum in the epilogue); exact or fast.
+struct rctx {
+    struct dqt W;
+    const float *x;
+    const uint16_t *xb;
+    float *y, *d;
+    int T, exact;
+};
+static int run_res_sep(void *c) {
+    struct rctx *r = c;
+    const struct dqt W = r->W;
+    const int rc = r->exact ? k_qmatmul(W, r->x, W.cols, NULL, 1, r->d, W.rows, NULL, r->T, NULL, NULL, 0, NULL)
+                            : k_qmatmul_bf16(W, r->xb, W.cols, NULL, 1, r->d, W.rows, NULL, r->T, NULL, NULL, 0, NULL);
+    return rc ? rc : k_add(r->y, r->d, (long)r->T * r->W.rows, NULL);
+}
+static int run_res_add(void *c) {
+    struct rctx *r = c;
+    return r->exact ? k_qmatmul_add(r->W, r->x, r->W.cols, r->y, r->W.rows, r->T, NULL)
+                    : k_qmatmul_bf16_add(r->W, r->xb, r->W.cols, r->y, r->W.rows, r->T, NULL);
+}
+// The post-attention norm and the MoE's two gates (cuda_layer): before, k_rmsnorm then the router and
+// the shared-expert gate as one exact segmented launch; now k_rmsnorm_gate (the shared gate's logit)
+// then the router alone.
+struct nctx {
+    const float *x, *w;
+    float *u, *rl, *sg;
+    uint16_t *ub;
+    struct dqt R, G;
+    int T;
+};
+static int run_norm_segs(void *c) {
+    struct nctx *n = c;
+    const struct qm_seg s[2] = {{n->R, n->rl, n->R.rows}, {n->G, n->sg, 1}};
+    const int rc = k_rmsnorm(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, NULL);
+    return rc ? rc : k_qmatmul_segs(s, 2, n->u, QWEN_HIDDEN, n->T, NULL);
+}
+static int run_norm_gate(void *c) {
+    struct nctx *n = c;
+    const int rc = k_rmsnorm_gate(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, n->G, n->sg, NULL);
+    return rc ? rc : k_qmatmul(n->R, n->u, QWEN_HIDDEN, NULL, 1, n->rl, n->R.rows, NULL, n->T, NULL, NULL, 0, NULL);
+}
+static int run_norm(void *c) {
+    struct nctx *n = c;
+    return k_rmsnorm(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, NULL);
+}
+static int run_norm_gate_only(void *c) {
+    struct nctx *n = c;
+    return k_rmsnorm_gate(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, n->G, n->sg, NULL);
+}
+
 // The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
 static double time_mma(struct mctx *m) {
     k_set_qb_wgmma(0);
@@ -253,6 +304,36 @@ int main(int argc, char **argv) {
                 cudaFree((void *)g.s[j].W.w), cudaFree((void *)g.s[j].W.scales), cudaFree((void *)g.s[j].W.biases);
             }
         }
+    }
+    {   // o_proj / out_proj into the residual stream: product + k_add against the add form
+        const int cols[2] = {QWEN_HEADS * QWEN_HEAD_DIM, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM};
+        const char *names[2] = {"o_proj", "out_proj"};
+        float *d;
+        cudaMalloc((void **)&d, (size_t)T * H * 4);
+        for (int i = 0; i < 2; i++) {
+            struct rctx r = {qmat(0, H, cols[i], 4), x, xb, y, d, T, 1};
+            const double es = time_ms(run_res_sep, &r), ea = time_ms(run_res_add, &r);
+            r.exact = 0;
+            const double fs = time_ms(run_res_sep, &r), fa = time_ms(run_res_add, &r);
+            printf("residual %-8s [%d x %d] 4-bit, product + k_add -> add form: exact %8.3f -> %8.3f ms | fast "
+                   "%8.3f -> %8.3f ms\n", names[i], H, cols[i], es, ea, fs, fa);
+            cudaFree((void *)r.W.w), cudaFree((void *)r.W.scales), cudaFree((void *)r.W.biases);
+        }
+        cudaFree(d);
+    }
+    {   // the post-attention norm with the router and the shared-expert gate
+        struct nctx n = {.x = x, .w = x + (size_t)T * H, .ub = xb, .R = qmat(0, E, H, 8), .G = qmat(0, 1, H, 8),
+                         .T = T};
+        cudaMalloc((void **)&n.u, (size_t)T * H * 4);
+        cudaMalloc((void **)&n.rl, (size_t)T * E * 4);
+        cudaMalloc((void **)&n.sg, (size_t)T * 4);
+        const double seg = time_ms(run_norm_segs, &n), gate = time_ms(run_norm_gate, &n);
+        const double nm = time_ms(run_norm, &n), ng = time_ms(run_norm_gate_only, &n);
+        printf("post-attention norm + router + shared gate: norm, segmented router+gate %8.3f ms -> norm with gate, "
+               "router alone %8.3f ms (k_rmsnorm %8.3f ms, k_rmsnorm_gate %8.3f ms)\n", seg, gate, nm, ng);
+        cudaFree(n.u), cudaFree(n.rl), cudaFree(n.sg);
+        cudaFree((void *)n.R.w), cudaFree((void *)n.R.scales), cudaFree((void *)n.R.biases);
+        cudaFree((void *)n.G.w), cudaFree((void *)n.G.scales), cudaFree((void *)n.G.biases);
     }
     {   // the fast mode's conversions of the product inputs: [T, 2048] (normed hidden) and [8T, 512]
         const long ns[2] = {(long)T * H, (long)T * K * I};

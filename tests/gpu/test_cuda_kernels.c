@@ -3,7 +3,7 @@
 // run so that unwritten elements show, and a normalised error |gpu - cpu|_2 / |cpu|_2 checked
 // against a per-op tolerance. The CPU twins are the formulas of backend_cpu.c.
 //
-//   test_cuda_kernels [seed]        prints one row per check; exit 0 when all pass
+//   test_cuda_kernels [seed [subset]]   prints one row per check; exit 0 when all pass (subsets: main)
 #include "checkpoint.h"
 #include "cuda/kernels.h"
 #include "engine.h"
@@ -863,6 +863,113 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
     cudaFree(dx), cudaFree(dxb);
 }
 
+// The add form of the dense products (k_qmatmul_bf16_add, k_qmatmul_add: cuda_layer's o_proj /
+// out_proj into the residual stream) against the plain product into d, then k_add, bit for bit. y
+// starts with random values (the stream's prior contents) and has 3 rows past M and 5 padding
+// columns (ldy = rows + 5), which must keep them: d is zeroed first, so k_add over the whole buffer
+// adds the plain form's output where it writes and +0 (exact) elsewhere. Each fast form (wgmma and
+// mma.sync, two blocks an SM and one) and the exact kernel; 0 differing elements to pass.
+static void test_add(int T, int rows, int cols, int bits, const char *name) {
+    const int ldy = rows + 5, Ty = T + 3;
+    const size_t nx = (size_t)T * cols, ny = (size_t)Ty * ldy;
+    struct hq q = make_q(0, rows, cols, bits);
+    float *x = randv(nx, 1), *y0 = randv(ny, 2), *dx = dup_d(x, nx * 4);
+    uint16_t *dxb = poisoned(nx * 2);
+    k_to_bf16(dx, dxb, (long)nx, NULL);
+    float *dd = poisoned(ny * 4), *dref = poisoned(ny * 4), *dadd = poisoned(ny * 4);
+    float *href = malloc(ny * 4), *hadd = malloc(ny * 4);
+    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
+        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
+        k_set_qb_wgmma(wg);
+        k_set_qb_blocks(blocks);
+        cudaMemset(dd, 0, ny * 4);
+        cudaMemcpy(dref, y0, ny * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dadd, y0, ny * 4, cudaMemcpyHostToDevice);
+        int rc = exact ? k_qmatmul(q.d, dx, cols, NULL, 1, dd, ldy, NULL, T, NULL, NULL, 0, NULL)
+                       : k_qmatmul_bf16(q.d, dxb, cols, NULL, 1, dd, ldy, NULL, T, NULL, NULL, 0, NULL);
+        rc = rc ? rc : k_add(dref, dd, (long)ny, NULL);
+        rc = rc ? rc : exact ? k_qmatmul_add(q.d, dx, cols, dadd, ldy, T, NULL)
+                             : k_qmatmul_bf16_add(q.d, dxb, cols, dadd, ldy, T, NULL);
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            fprintf(stderr, "CUDA error in the add test\n");
+            exit(1);
+        }
+        cudaMemcpy(href, dref, ny * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hadd, dadd, ny * 4, cudaMemcpyDeviceToHost);
+        size_t dif = 0, changed = 0;   // changed: elements the add moved off y's start (most of T x rows)
+        for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
+        char nm[64], sh[128];
+        snprintf(nm, sizeof nm, "add %s", name);
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s%s", T, rows, cols, bits,
+                 exact ? "exact" : wg && k_has_sm90a() ? "wgmma" : "mma.sync",
+                 exact ? "" : blocks == 2 ? " 2/SM" : " 1/SM", rc ? " LAUNCH FAILED" : "");
+        const int ok = !rc && !dif && changed > 0;
+        checks++;
+        fails += !ok;
+        printf("%-22s %-34s %zu of %zu differ from product + k_add, %zu changed  %s\n", nm, sh, dif, ny, changed,
+               ok ? "PASS" : "FAIL");
+    }
+    k_set_qb_wgmma(1);
+    k_set_qb_blocks(2);
+    cudaFree((void *)q.d.w), cudaFree((void *)q.d.scales), cudaFree((void *)q.d.biases);
+    free((void *)q.h.w), free((void *)q.h.scales), free((void *)q.h.biases);
+    free(x), free(y0), free(href), free(hadd);
+    cudaFree(dx), cudaFree(dxb), cudaFree(dd), cudaFree(dref), cudaFree(dadd);
+}
+
+// k_rmsnorm_gate (the post-attention norm with the shared-expert gate's logit): y and yb bit-identical
+// to k_rmsnorm's, and gy[t] = sum_k y[t, k] g[k] against a double twin on the kernel's own y (g
+// dequantized exactly from the bf16 scale and bias). Bound: the kernel's g_k = s q + b is rounded once
+// (s q is exact in fp32: 8 + 8 bits), each product y g_k once (or fused with its sum), and a term then
+// passes at most n / 256 sequential sums in its thread, 5 in the warp's xor tree and 5 in the block's:
+// with u = 2^-24, |gy - ref| <= (n / 256 + 12) u (1 + O(u)) sum_k |y g_k| = 20 u = 1.2e-6 of sum|y g| at
+// n = 2048. Held to 1e-5 of sum|y g| (8x that); a lost or misread group of 64 weighs ~1/32 of it.
+static void test_rmsnorm_gate(int T, int bits, int with_yb) {
+    const int H = QWEN_HIDDEN;
+    const size_t n = (size_t)T * H;
+    float *x = randv(n, 3), *w = randv(H, 1);
+    struct hq g = make_q(0, 1, H, bits);
+    float *dx = dup_d(x, n * 4), *dw = dup_d(w, H * 4), *dy1 = poisoned(n * 4), *dy2 = poisoned(n * 4);
+    float *dgy = poisoned((size_t)T * 4);
+    uint16_t *db1 = with_yb ? poisoned(n * 2) : NULL, *db2 = with_yb ? poisoned(n * 2) : NULL;
+    int rc = k_rmsnorm(dx, NULL, dw, dy1, db1, T, H, 1e-6f, NULL);
+    rc = rc ? rc : k_rmsnorm_gate(dx, NULL, dw, dy2, db2, T, H, 1e-6f, g.d, dgy, NULL);
+    float *y1 = back(dy1, n), *y2 = back(dy2, n), *gy = back(dgy, T);
+    size_t dif = 0, difb = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) dif += memcmp(&y1[i], &y2[i], 4) != 0;
+    if (with_yb) {
+        uint16_t *b1 = malloc(n * 2), *b2 = malloc(n * 2);
+        cudaMemcpy(b1, db1, n * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(b2, db2, n * 2, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < n; i++) difb += b1[i] != b2[i];
+        free(b1), free(b2);
+    }
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double ref = 0, mag = 0;
+        for (int k = 0; k < H; k++) {   // s q + b exactly in double (bf16 s and b, integer q)
+            const double gk = (double)qscale(&g.h, 0, k) * qcode(&g.h, 0, k) + qbias(&g.h, 0, k);
+            ref += (double)y1[(size_t)t * H + k] * gk;
+            mag += fabs((double)y1[(size_t)t * H + k] * gk);
+        }
+        const double e = fabs((double)gy[t] - ref) / (mag > 0 ? mag : 1);
+        bad += !(e <= 1e-5);
+        worst = e > worst ? e : worst;
+    }
+    char sh[96];
+    snprintf(sh, sizeof sh, "T %d x %d, %d-bit gate%s%s", T, H, bits, with_yb ? ", yb" : "", rc ? " LAUNCH FAILED" : "");
+    const int ok = !rc && !dif && !difb && !bad;
+    checks++;
+    fails += !ok;
+    printf("%-22s %-34s y %zu, yb %zu differ; gy err/sum|yg| max %.2e (tol 1e-5), %zu over  %s\n",
+           "rmsnorm + gate", sh, dif, difb, worst, bad, ok ? "PASS" : "FAIL");
+    free(x), free(w), free(y1), free(y2), free(gy);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy1), cudaFree(dy2), cudaFree(dgy);
+    if (with_yb) cudaFree(db1), cudaFree(db2);
+    cudaFree((void *)g.d.w), cudaFree((void *)g.d.scales), cudaFree((void *)g.d.biases);
+    free((void *)g.h.w), free((void *)g.h.scales), free((void *)g.h.biases);
+}
+
 static void test_swiglu(void) {
     const long n = 8L * QWEN_MOE_INTER * 37;
     float *g = randv(n, 2), *u = randv(n, 1), *yc = malloc(sizeof(float) * n);
@@ -881,8 +988,9 @@ int main(int argc, char **argv) {
     if (argc > 1) rng ^= strtoull(argv[1], NULL, 10) * 0x9E3779B97F4A7C15ull;
     // argv[2] "attention": only the attention checks; "fast": only the fast prefill's products, their
     // SwiGLU epilogue, segmented launches and the norm's bf16 copy; "segments": only the segmented
-    // launches; "gdn": the DeltaNet checks; "moe": the MoE checks (quick runs while working on those
-    // kernels)
+    // launches; "gdn": the DeltaNet checks; "moe": the MoE checks; "add": the products' add form
+    // (o_proj / out_proj into the residual); "gate": the post-attention norm with the shared-expert
+    // gate's logit (quick runs while working on those kernels; "fast" runs the last two as well)
     const char *only = argc > 2 ? argv[2] : "";
     const bool all = !*only, fast = !strcmp(only, "fast"), attn = all || !strcmp(only, "attention");
     const bool segs = !strcmp(only, "segments");
@@ -921,6 +1029,17 @@ int main(int argc, char **argv) {
         test_segments(1000, "attention qkv", 3, at, 4);
         test_segments(4096, "router+sh.gate", 2, gt, 8);
         test_segments(77, "router+sh.gate", 2, gt, 8);
+    }
+    if (all || fast || !strcmp(only, "add")) {   // cuda_layer's o_proj / out_proj into the residual stream
+        test_add(4096, QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "o_proj");
+        test_add(300, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "out_proj");
+        test_add(77, 200, QWEN_HIDDEN, 8, "tails");   // rows and features not multiples of 128
+    }
+    if (all || fast || !strcmp(only, "gate")) {   // cuda_layer's post-attention norm, both modes' forms
+        test_rmsnorm_gate(7, 8, 1);
+        test_rmsnorm_gate(300, 8, 0);
+        test_rmsnorm_gate(300, 8, 1);
+        test_rmsnorm_gate(33, 4, 1);
     }
     if (all) {
         test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
