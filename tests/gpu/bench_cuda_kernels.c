@@ -69,7 +69,7 @@ struct actx {
 };
 static int run_flash(void *c) {
     struct actx *a = c;
-    return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
+    return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, NULL, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
                              QWEN_HEAD_DIM, a->exact, NULL);
 }
 struct mctx {
