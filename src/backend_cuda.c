@@ -28,8 +28,9 @@
 // u and bf16(u) in one pass (u stays: the router and the shared-expert gate read it), and the up
 // product of each SwiGLU (routed experts and shared expert) ends in the activation, writing
 // bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu). Bit-identical
-// to k_to_bf16 (and k_swiglu) after the producer, without their fp32 round trips; the attention and
-// DeltaNet outputs still go through k_to_bf16. The DeltaNet layers run as the chunked gated delta
+// to k_to_bf16 (and k_swiglu) after the producer, without their fp32 round trips; so do FlashAttention
+// (its o, o_proj's input: only the bf16 copy, no fp32 o) and the chunked DeltaNet's gated norm (the
+// recurrent form's output still goes through k_to_bf16). The DeltaNet layers run as the chunked gated delta
 // rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention takes Q and P as bf16 (one
 // mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
 // verification mode, operands split hi + lo and fp32 inputs to the products.
@@ -774,14 +775,15 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(mm_segs(ce, qkv, qkv_y, 3, b->u, ub, T, st));
         KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+        // fast (T > 1 always): the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32
+        // o, no k_to_bf16); else o in fp32
+        const uint16_t *ob = fast ? b->xh : NULL;
         if (T == 1)
             KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
                            g->n_kv_heads, D, DECODE_SPLIT, st));
         else
-            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, T, p0, s->cap, g->n_heads,
-                                 g->n_kv_heads, D, ce->prefill_exact, st));
-        const uint16_t *ob = to_bf16(fast, b->o, b->xh, (long)T * geom_q_dim(g), st, &rc);
-        KL(rc);
+            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, fast ? b->xh : NULL, T, p0,
+                                 s->cap, g->n_heads, g->n_kv_heads, D, ce->prefill_exact, st));
         KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};

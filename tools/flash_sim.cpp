@@ -15,6 +15,9 @@
 // The warp-specialized kernel (flash_ws_kernel, both forms: 384 threads, a producer warpgroup,
 // mbarriers, named barriers, sim_wgmma.h's models of them) must equal the lockstep one bit for bit;
 // with the copies landing at once, a producer that refilled a stage still being read would show.
+// The bf16 store (the fast mode's o_proj input, k_flash_attention's ob; fa_store on uint16_t): every
+// fast form (mma.sync at D 64 and 256, lockstep, ws, pp) run again with it must write f2bf16 of its own
+// fp32 output, bit for bit, and nothing past the chunk.
 //
 //   make flash-sim
 #include <algorithm>
@@ -76,9 +79,10 @@ static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; ret
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
 // KIND 0: flash_attention_kernel<D, EXACT> (mma.sync); 1: flash_wg_kernel (wgmma, lockstep); 2, 3:
-// flash_ws_kernel<false / true> (warp-specialized; with ping-pong), 384 threads.
-template <int D, bool EXACT, int KIND = 0>
-static void launch(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+// flash_ws_kernel<false / true> (warp-specialized; with ping-pong), 384 threads. OT: the output's type
+// (float; uint16_t: the bf16 store, fast mode only).
+template <int D, bool EXACT, int KIND = 0, typename OT = float>
+static void launch(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T, int p0,
                    int cap, int n_heads, int n_kv) {
     constexpr int NT = KIND >= 2 ? (int)FW_WS_THREADS : (int)FA_THREADS;
     gridDim = {(unsigned)CEIL_DIV(T, FA_BM / (n_heads / n_kv)), (unsigned)n_kv, 1};
@@ -110,6 +114,19 @@ static void launch(const float *q, const float *qg, const uint16_t *kc, const ui
 
 static int fails;
 static std::vector<std::vector<float>> g_out;   // each case's output with the copies at once
+
+// The fast form KIND run with the bf16 store on the inputs that gave the fp32 output o ([T + 2] rows):
+// whether it wrote f2bf16(o) over the chunk's T rows and nothing past them (poison 0xffff kept).
+template <int D, int KIND>
+static bool bf16_store_ok(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc,
+                          const std::vector<float> &o, int T, int p0, int cap, int n_heads, int n_kv) {
+    std::vector<uint16_t> ob(o.size(), 0xffff);
+    launch<D, false, KIND>(q, qg, kc, vc, ob.data(), T, p0, cap, n_heads, n_kv);
+    const size_t n = (size_t)T * n_heads * D;
+    for (size_t i = 0; i < ob.size(); i++)
+        if (ob[i] != (i < n ? f2bf16(o[i]) : (uint16_t)0xffff)) return false;
+    return true;
+}
 // WG: the wgmma kernel (fast, D = 256), also compared bit for bit with the mma.sync fast kernel, and
 // the warp-specialized kernel (both forms) with it
 template <int D, bool EXACT, bool WG = false>
@@ -125,14 +142,22 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     for (auto &v : qg) v = 2.0f * frand();
     for (size_t i = 0; i < kc.size(); i++) kc[i] = f2bf16(frand()), vc[i] = f2bf16(frand());
     launch<D, EXACT, WG ? 1 : 0>(q.data(), qg.data(), kc.data(), vc.data(), o.data(), T, p0, cap, n_heads, n_kv);
-    bool eq_mma = true, eq_ws = true;
-    if (WG) {   // the mma.sync fast kernel on the same inputs; the warp-specialized forms
+    bool eq_mma = true, eq_ws = true, bf_ok = true;
+    if (WG) {   // the mma.sync fast kernel on the same inputs; the warp-specialized forms; the bf16 stores
         std::vector<float> o2(o.size(), NAN), o3(o.size(), NAN), o4(o.size(), NAN);
         launch<D, false>(q.data(), qg.data(), kc.data(), vc.data(), o2.data(), T, p0, cap, n_heads, n_kv);
         eq_mma = !memcmp(o2.data(), o.data(), o.size() * sizeof(float));
         launch<D, false, 2>(q.data(), qg.data(), kc.data(), vc.data(), o3.data(), T, p0, cap, n_heads, n_kv);
         launch<D, false, 3>(q.data(), qg.data(), kc.data(), vc.data(), o4.data(), T, p0, cap, n_heads, n_kv);
         eq_ws = !memcmp(o3.data(), o.data(), o.size() * sizeof(float)) && !memcmp(o4.data(), o.data(), o.size() * sizeof(float));
+        if constexpr (WG) {
+            bf_ok = bf16_store_ok<D, 1>(q.data(), qg.data(), kc.data(), vc.data(), o, T, p0, cap, n_heads, n_kv) &&
+                    bf16_store_ok<D, 0>(q.data(), qg.data(), kc.data(), vc.data(), o2, T, p0, cap, n_heads, n_kv) &&
+                    bf16_store_ok<D, 2>(q.data(), qg.data(), kc.data(), vc.data(), o3, T, p0, cap, n_heads, n_kv) &&
+                    bf16_store_ok<D, 3>(q.data(), qg.data(), kc.data(), vc.data(), o4, T, p0, cap, n_heads, n_kv);
+        }
+    } else if constexpr (!EXACT) {   // the mma.sync kernel's bf16 store
+        bf_ok = bf16_store_ok<D, 0>(q.data(), qg.data(), kc.data(), vc.data(), o, T, p0, cap, n_heads, n_kv);
     }
     // twins in double; error relative to sigma_d sum_j pi_j |v_jd|
     const double sl2 = 1.0 / sqrt((double)D) * 1.4426950408889634;
@@ -200,14 +225,15 @@ static void run_case(int idx, int T, int p0, int n_heads, int n_kv) {
     bool same = true;   // the pipeline must not change a bit: copies at once or as late as allowed
     if (!g_defer) g_out.push_back(o);
     else same = !memcmp(g_out[idx].data(), o.data(), o.size() * sizeof(float));
-    const bool ok = !bad && !stray && same && eq_mma && eq_ws;
+    const bool ok = !bad && !stray && same && eq_mma && eq_ws && bf_ok;
     fails += !ok;
     char smem[40] = "";
     if (g_smem_addr0 % 1024) snprintf(smem, sizeof smem, " (smem at 1 KB + %u)", g_smem_addr0 % 1024);
-    printf("%-11s D %3d G %3d T %3d p0 %4d%s: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s%s%s  %s\n",
+    printf("%-11s D %3d G %3d T %3d p0 %4d%s: err/(1e-5 sigma sum pi|v|) max %.3f, %ld bad, %ld stray%s%s%s%s  %s\n",
            WG ? "fast wgmma" : EXACT ? "exact" : "fast", D, G, T, p0, smem, worst, bad, stray,
            WG ? eq_mma ? ", = mma.sync" : ", != mma.sync" : "", WG ? eq_ws ? ", ws = pp = lockstep" : ", ws/pp != lockstep" : "",
-           g_defer ? same ? ", = at once" : ", != at once" : "", ok ? "PASS" : "FAIL");
+           EXACT ? "" : bf_ok ? ", bf16 o = bf16(o)" : ", bf16 o != bf16(o)", g_defer ? same ? ", = at once" : ", != at once" : "",
+           ok ? "PASS" : "FAIL");
 }
 
 int main() {

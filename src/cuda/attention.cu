@@ -684,18 +684,18 @@ extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *
 
 #include "flash.cuh"
 
-template <int D, bool EXACT>
+template <int D, bool EXACT, typename OT>
 static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                        const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+                        const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
     static bool raised;   // the dynamic shared-memory limit, once per kernel
     const size_t smem = flash_smem_bytes(D, EXACT);
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<D, EXACT>,
+        cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, OT>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
-    flash_attention_kernel<D, EXACT><<<grid, FA_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    flash_attention_kernel<D, EXACT, OT><<<grid, FA_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
 }
 
@@ -729,10 +729,11 @@ extern "C" int k_has_sm90a(void) {
     return known;
 }
 
-// g_flash_wg: 1 the lockstep kernel, 2 the warp-specialized one, 3 with ping-pong.
-template <auto KERN>
+// g_flash_wg: 1 the lockstep kernel, 2 the warp-specialized one, 3 with ping-pong. OT: float (o) or
+// uint16_t (its bf16 copy only, fa_store).
+template <auto KERN, typename OT>
 static int flash_wg_run(dim3 grid, int threads, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                        const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+                        const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
     static bool raised;   // one per kernel
     const size_t smem = flash_wg_smem_bytes();
     if (!raised) {
@@ -743,26 +744,33 @@ static int flash_wg_run(dim3 grid, int threads, cudaStream_t st, const float *q,
     KERN<<<grid, threads, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
 }
+template <typename OT>
 static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                           const uint16_t *vc, float *o, int T, int p0, int cap, int n_heads, int n_kv) {
+                           const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
     if (g_flash_wg == 3)
-        return flash_wg_run<flash_ws_kernel<true>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        return flash_wg_run<flash_ws_kernel<true, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     if (g_flash_wg == 2)
-        return flash_wg_run<flash_ws_kernel<false>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    return flash_wg_run<flash_wg_kernel>(grid, FA_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        return flash_wg_run<flash_ws_kernel<false, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    return flash_wg_run<flash_wg_kernel<OT>>(grid, FA_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 }
 
+// ob (fast mode only; NULL: o in fp32): the kernel writes o's bf16 copy there instead (o unused), o_proj's
+// input, bit-identical to o then k_to_bf16 (issue 12: no 134 MB read + 67 MB write a 4K chunk and layer).
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
-                                 int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream) {
+                                 uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact,
+                                 void *stream) {
     if (T <= 0) return 0;
     if (n_kv <= 0 || n_heads % n_kv || FA_BM % (n_heads / n_kv) || p0 + T > cap) return (int)cudaErrorInvalidValue;
+    if (ob && (exact || (uintptr_t)ob % 4)) return (int)cudaErrorInvalidValue;   // pairs stored as 4 bytes
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
     if (!exact && D == FW_D && g_flash_wg && k_has_sm90a())
-        return flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        return ob ? flash_wg_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
+                  : flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 #define FA_CASE(d)                                                                                             \
     case d:                                                                                                    \
         return exact ? flash_launch<d, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv)            \
+               : ob  ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)           \
                      : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     switch (D) {
         FA_CASE(256)

@@ -100,10 +100,14 @@ static __device__ __forceinline__ void fa_rescale(float (&acc)[N], float corr_a,
 }
 
 // The output of rows a (block row ra) and b (ra + 8): acc / l times the gate's sigmoid, rows past
-// the chunk not written.
-template <int D>
-static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_rows r, float *o, const float *qg, int ra,
+// the chunk not written. OT float: o in fp32; OT uint16_t (the fast mode, issue 12): only o's bf16
+// copy, o_proj's input, each value rounded by f2bf16 as k_to_bf16 rounds it, so bit-identical to
+// the fp32 store then k_to_bf16 without their round trip (a compile-time choice: the fp32 form's
+// code stays as it was).
+template <int D, typename OT>
+static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_rows r, OT *o, const float *qg, int ra,
                                                 int t0, int G, int kvh, int T, int n_heads, int c4) {
+    static_assert(sizeof(OT) == 4 || sizeof(OT) == 2, "fp32 or bf16 output");
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
         r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, off);
@@ -115,21 +119,29 @@ static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_ro
         if (t >= T) continue;
         const int h = kvh * G + row % G;
         const float inv = 1.0f / (half ? r.l_b : r.l_a);
-        float *dst = o + ((size_t)t * n_heads + h) * D;
+        OT *dst = o + ((size_t)t * n_heads + h) * D;
         const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
 #pragma unroll
         for (int dn = 0; dn < D / 8; dn++) {
             const int d = dn * 8 + 2 * c4;
-            dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
-            dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
+            if constexpr (sizeof(OT) == 4) {
+                dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
+                dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
+            } else {   // columns d, d + 1 in one 4-byte store (d even; the caller checks ob's alignment)
+                const float v0 = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
+                const float v1 = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
+                *(uint32_t *)(dst + d) = pack2(f2bf16(v0), f2bf16(v1));
+            }
         }
     }
 }
 
-template <int D, bool EXACT>
+// OT: the output's type, float or uint16_t (bf16, the fast mode only: fa_store).
+template <int D, bool EXACT, typename OT>
 static __global__ void __launch_bounds__(FA_THREADS, 1)
-    flash_attention_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
+    flash_attention_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T,
                            int p0, int cap, int n_heads, int n_kv) {
+    static_assert(!EXACT || sizeof(OT) == 4, "the exact mode stores fp32 (the exact o_proj reads it)");
     constexpr int CH = D / 8;   // 16-byte chunks per row
     FA_DYNAMIC_SMEM(fa_smem);
     // Ql: EXACT only; Vs: one stage (EXACT) or two

@@ -75,8 +75,10 @@ static __device__ __forceinline__ void fw_pv(float (&acc)[FW_D / 2], const uint3
         wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
 }
 
+// OT: the output's type, float or uint16_t (bf16: fa_store).
+template <typename OT>
 static __global__ void __launch_bounds__(FA_THREADS, 1)
-    flash_wg_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+    flash_wg_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T, int p0,
                     int cap, int n_heads, int n_kv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = FW_D, CH = D / 8;
@@ -171,9 +173,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
 // turn, so that they settle half a tile apart.
 enum { FW_CONSUMERS = FA_THREADS, FW_WS_THREADS = FA_THREADS + 128 };
 
-template <bool PP>
+template <bool PP, typename OT>
 static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
-    flash_ws_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T, int p0,
+    flash_ws_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T, int p0,
                     int cap, int n_heads, int n_kv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = FW_D, CH = D / 8;

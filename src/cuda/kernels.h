@@ -114,8 +114,10 @@ int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint1
 // Needs n_heads / n_kv to divide 128. exact 1: Q and P split into bf16 hi + lo, the same result as
 // k_attention to fp32 rounding (~5e-6); exact 0 (the fast prefill mode): Q and P rounded once to
 // bf16, one mma per product, fp32 accumulation and softmax (~1e-3, bounded in test_cuda_kernels).
-int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, int T,
-                      int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
+// ob (NULL: o in fp32): exact 0 only, 4-byte aligned: the kernel writes o's bf16 copy to ob instead of
+// o (o unused), the fast o_proj's input, bit-identical to o then k_to_bf16.
+int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
+                      uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
 // The fast mode's kernel where the device runs this binary's sm_90a code (D = 256): 3 (default)
 // warp-specialized with ping-pong, 2 warp-specialized (a producer warpgroup, mbarriers), 1 warpgroup
 // products with the two warpgroups in lockstep; 0 the mma.sync kernel (CALLA_FLASH=pp|ws|wg|mma, A/B;

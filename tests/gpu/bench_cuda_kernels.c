@@ -64,13 +64,22 @@ static double time_ms(launch_fn f, void *ctx) {
 
 struct actx {
     float *q, *qg, *o;
-    uint16_t *kc, *vc;
+    uint16_t *kc, *vc, *ob;   // ob: the fast mode's bf16 o (NULL: fp32 o)
     int T, p0, cap, exact;
 };
 static int run_flash(void *c) {
     struct actx *a = c;
-    return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
+    return k_flash_attention(a->q, a->qg, a->kc, a->vc, a->o, a->ob, a->T, a->p0, a->cap, QWEN_HEADS, QWEN_KV_HEADS,
                              QWEN_HEAD_DIM, a->exact, NULL);
+}
+// The fast mode's o_proj input as before the bf16 store: fp32 o, then k_to_bf16 into ob.
+static int run_flash_conv(void *c) {
+    struct actx *a = c;
+    uint16_t *ob = a->ob;
+    a->ob = NULL;
+    int rc = run_flash(a);
+    a->ob = ob;
+    return rc ? rc : k_to_bf16(a->o, ob, (long)a->T * QWEN_HEADS * QWEN_HEAD_DIM, NULL);
 }
 struct mctx {
     struct dqt W;
@@ -220,8 +229,10 @@ int main(int argc, char **argv) {
     // attention: one chunk of T queries ending at 4K .. 256K keys
     const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, cap = 262144;
     struct actx a = {dev_random((size_t)T * NH * D * 4, 1), dev_random((size_t)T * NH * 2 * D * 4, 1), NULL,
-                     dev_random((size_t)NKV * cap * D * 2, 0), dev_random((size_t)NKV * cap * D * 2, 0), T, 0, cap, 1};
+                     dev_random((size_t)NKV * cap * D * 2, 0), dev_random((size_t)NKV * cap * D * 2, 0), NULL, T, 0, cap, 1};
     cudaMalloc((void **)&a.o, (size_t)T * NH * D * 4);
+    uint16_t *obuf;
+    cudaMalloc((void **)&obuf, (size_t)T * NH * D * 2);
     // useful FLOP, causal: 4 T keys_avg D n_heads (exact's hi/lo operands do twice that on the tensor cores)
     const int ends[] = {4096, 65536, 131072, 262144};
     for (int i = 0; i < 4; i++) {
@@ -238,11 +249,16 @@ int main(int argc, char **argv) {
             mw[v] = time_ms(run_flash, &a);
         }
         k_set_flash(FLASH_DEFAULT);
+        a.ob = obuf;   // o_proj's bf16 input, default form: fp32 o then k_to_bf16 (before) vs the bf16 store
+        const double mconv = time_ms(run_flash_conv, &a), mbf = time_ms(run_flash, &a);
+        a.ob = NULL;
         const double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
         printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast mma.sync "
                "%8.3f ms %6.1f | wgmma lockstep %8.3f ms %6.1f | warp-specialized %8.3f ms %6.1f | ping-pong %8.3f ms "
                "%6.1f TFLOP/s\n", T, a.p0, ends[i], ms, flop / ms / 1e9, msm, flop / msm / 1e9, mw[0], flop / mw[0] / 1e9,
                mw[1], flop / mw[1] / 1e9, mw[2], flop / mw[2] / 1e9);
+        printf("flash attention T %d p0 %6d keys to %6d: o_proj's bf16 input (default form): fp32 o + k_to_bf16 "
+               "%8.3f ms | bf16 store %8.3f ms\n", T, a.p0, ends[i], mconv, mbf);
     }
     // quantized products: dense DeltaNet projections and the grouped experts (uniform routing)
     const int H = QWEN_HIDDEN, E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, I = QWEN_MOE_INTER;

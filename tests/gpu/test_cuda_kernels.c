@@ -469,15 +469,25 @@ static void test_attention(int T, int p0, int cap, int split) {
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
     float *dmma = poisoned((size_t)T * QD * 4), *dws[2] = {poisoned((size_t)T * QD * 4), poisoned((size_t)T * QD * 4)};
     int rc_exact = 0, rc_fast = 0, rc_mma = 0, rc_ws[2] = {0, 0};
+    // each fast form's bf16 store (ob: o_proj's input in the fast mode, no fp32 o): lockstep wgmma,
+    // mma.sync, warp-specialized, ping-pong; poisoned (0xffff), so an element left unwritten differs from
+    // the rounded fp32 o (which the checks below hold to be no NaN)
+    uint16_t *dob[4] = {NULL, NULL, NULL, NULL};
+    int rc_ob[4] = {0, 0, 0, 0}, rc_ob_exact = 0;
     if (T > 1) {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
-        rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, T, p0, cap, NH, NKV, D, 1, NULL);
+        for (int f = 0; f < 4; f++) dob[f] = poisoned((size_t)T * QD * 2);
+        rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
+        rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob[0], T, p0, cap, NH, NKV, D, 1, NULL);
         k_set_flash(1);
-        rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, T, p0, cap, NH, NKV, D, 0, NULL);
+        rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
+        rc_ob[0] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[0], T, p0, cap, NH, NKV, D, 0, NULL);
         k_set_flash(0);
-        rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, T, p0, cap, NH, NKV, D, 0, NULL);
+        rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
+        rc_ob[1] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[1], T, p0, cap, NH, NKV, D, 0, NULL);
         for (int w = 0; w < 2; w++) {
             k_set_flash(2 + w);
-            rc_ws[w] = k_flash_attention(dq, dqg, dkc, dvc, dws[w], T, p0, cap, NH, NKV, D, 0, NULL);
+            rc_ws[w] = k_flash_attention(dq, dqg, dkc, dvc, dws[w], NULL, T, p0, cap, NH, NKV, D, 0, NULL);
+            rc_ob[2 + w] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[2 + w], T, p0, cap, NH, NKV, D, 0, NULL);
         }
         k_set_flash(FLASH_DEFAULT);
     }
@@ -600,6 +610,31 @@ static void test_attention(int T, int p0, int cap, int split) {
             free(gf);
         }
         free(gl);
+        // The bf16 store (k_flash_attention's ob, the fast mode's o_proj input): each form's bf16 output
+        // must be its own fp32 output rounded by f32_to_bf16 (k_to_bf16's rounding), every element, bit
+        // for bit. The exact mode refuses ob (its o_proj reads the fp32 o).
+        const float *const fo[4] = {dfast, dmma, dws[0], dws[1]};
+        const int rc_fo[4] = {rc_fast, rc_mma, rc_ws[0], rc_ws[1]};
+        const char *const fname[4] = {"flash bf16 o wgmma", "flash bf16 o mma.sync", "flash bf16 o ws", "flash bf16 o pp"};
+        uint16_t *hb = malloc(n_out * 2);
+        for (int f = 0; f < 4; f++) {
+            gf = back(fo[f], n_out);
+            cudaMemcpy(hb, dob[f], n_out * 2, cudaMemcpyDeviceToHost);
+            size_t dif = 0;
+            for (size_t i = 0; i < n_out; i++) dif += hb[i] != f32_to_bf16(gf[i]);
+            const bool bad = dif || rc_ob[f] || rc_fo[f];
+            checks++;
+            fails += bad;
+            printf("%-22s %-34s %zu of %zu differ from bf16(fp32 o)%s  %s\n", fname[f], sh, dif, n_out,
+                   rc_ob[f] || rc_fo[f] ? " LAUNCH FAILED" : "", bad ? "FAIL" : "PASS");
+            free(gf);
+            cudaFree(dob[f]);
+        }
+        free(hb);
+        checks++;
+        fails += rc_ob_exact != (int)cudaErrorInvalidValue;
+        printf("%-22s %-34s rc %d  %s\n", "flash bf16 o exact", "refused (cudaErrorInvalidValue)", rc_ob_exact,
+               rc_ob_exact == (int)cudaErrorInvalidValue ? "PASS" : "FAIL");
     }
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
 }
