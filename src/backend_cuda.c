@@ -104,6 +104,7 @@ struct cuda_engine {
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
     int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
+    int lm_prefetch;                         // lm_head too: off (its 286 MB do not fit in L2; version 9), CALLA_LM_PREFETCH=1 on
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
     int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
 };
@@ -459,6 +460,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->prefill_segs = !(seg && !strcmp(seg, "0"));
     const char *dvp = getenv("CALLA_DV_PREFETCH");
     ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
+    const char *lmp = getenv("CALLA_LM_PREFETCH");
+    ce->lm_prefetch = lmp && !strcmp(lmp, "1");
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *qbw = getenv("CALLA_QB");
@@ -679,7 +682,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
         KL(k_dv_moe_down(&m, st));
     }
     struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
-                         .best = d->best, .prefetch = pf, .n_seg = 1};
+                         .best = d->best, .prefetch = pf && ce->lm_prefetch, .n_seg = 1};
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     KL(k_dv(&lm, st));
     CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
@@ -742,6 +745,28 @@ static int cuda_decode(struct engine *e, struct seq *s, int32_t token, int want_
     return 0;
 fail:
     cudaStreamSynchronize(st);
+    return -1;
+}
+
+int backend_cuda_decode_replay(struct engine *e, struct seq *s, int n, double *ms) {
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    cudaEvent_t a = NULL, b = NULL;
+    float t = 0;
+    if (!cs->graph || n < 1 || cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) goto fail;
+    if (cudaEventRecord(a, ce->stream) != cudaSuccess) goto fail;
+    for (int i = 0; i < n; i++)
+        if (cudaGraphLaunch(cs->graph, ce->stream) != cudaSuccess) goto fail;
+    if (cudaEventRecord(b, ce->stream) != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess ||
+        cudaEventElapsedTime(&t, a, b) != cudaSuccess)
+        goto fail;
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    *ms = t / n;
+    return 0;
+fail:
+    cudaStreamSynchronize(ce->stream);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
     return -1;
 }
 

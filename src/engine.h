@@ -144,4 +144,8 @@ extern const struct backend_ops backend_cuda;
 int backend_cuda_available(char *msg, size_t msglen);
 // Decode path for tests and A/B measurement: "graph" (default), "eager" or "legacy"; pdl 0/1.
 void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
+// Test hook: s's captured decode graph (graph mode, after a decode step of s) launched n times back to
+// back on the device, the same step each time (its token and position), with no host round trip
+// between: *ms = device time per step. s's state is garbage afterwards. 0 or -1.
+int backend_cuda_decode_replay(struct engine *e, struct seq *s, int n, double *ms);
 #endif

@@ -9,7 +9,7 @@
 // - prefill: FlashAttention on the tensor cores (k_flash_attention below; the kernel in flash.cuh).
 #include "mma.cuh"
 
-enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16, AT_MIN_SPLIT = 64, AT_MAX_SPLITS = 1024 };
+enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16, AT_MIN_SPLIT = 64, AT_MAX_SPLITS = 1024, AT_PREP_THREADS = 128 };
 
 // ---- prep: norm + RoPE; k/v into the cache --------------------------------------------------
 
@@ -19,34 +19,53 @@ static __global__ void attn_prep_kernel(const float *qg, const float *k, const f
                                         double theta, float eps) {
     __shared__ float buf[AT_MAXD];
     __shared__ float sh[32];
+    const int t = blockIdx.x, h = blockIdx.y, p = (d_pos ? *d_pos : p0) + t;   // (written before the step)
+    // RoPE's cos / sin of this thread's columns before the wait: they depend on the position only
+    constexpr int PER = AT_MAXD / AT_PREP_THREADS;
+    const int half = rope_dim / 2;
+    float rc[PER], rs[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int d = threadIdx.x + i * AT_PREP_THREADS, m = d < half ? d : d - half;
+        rc[i] = rs[i] = 0.0f;
+        if (d < rope_dim) {
+            const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * m) / rope_dim));
+            const float ang = (float)p * inv_freq;
+            rc[i] = (float)cos((double)ang), rs[i] = (float)sin((double)ang);
+        }
+    }
     pdl_wait();
-    const int t = blockIdx.x, h = blockIdx.y, p = (d_pos ? *d_pos : p0) + t;
     const bool is_q = h < n_heads;
     const int j = h - n_heads;
     const float *src = is_q ? qg + ((size_t)t * n_heads + h) * 2 * D : k + ((size_t)t * n_kv + j) * D;
     const float *nw = is_q ? q_norm : k_norm;
+    float vv[PER];   // the raw v of this thread's columns (kv heads), read with the input
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int d = threadIdx.x + i * AT_PREP_THREADS;
+        vv[i] = !is_q && d < D ? v[((size_t)t * n_kv + j) * D + d] : 0.0f;
+    }
     float ss = 0;
     for (int d = threadIdx.x; d < D; d += blockDim.x) ss += src[d] * src[d];
     ss = block_sum(ss, sh);
     const float r = 1.0f / sqrtf(ss / (float)D + eps);
     for (int d = threadIdx.x; d < D; d += blockDim.x) buf[d] = src[d] * r * nw[d];
     __syncthreads();
-    const int half = rope_dim / 2;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int d = threadIdx.x + i * AT_PREP_THREADS;
+        if (d >= D) break;
         float out = buf[d];
         if (d < rope_dim) {
             const int m = d < half ? d : d - half;
-            const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * m) / rope_dim));
-            const float ang = (float)p * inv_freq;
-            const float c = (float)cos((double)ang), s = (float)sin((double)ang);
-            const float a = buf[m], b = buf[m + half];
+            const float c = rc[i], s = rs[i], a = buf[m], b = buf[m + half];
             out = d < half ? a * c - b * s : a * s + b * c;
         }
         if (is_q) q[((size_t)t * n_heads + h) * D + d] = out;
         else {
             const size_t at = ((size_t)j * cap + p) * D + d;
             kc[at] = f2bf16(out);
-            vc[at] = f2bf16(v[((size_t)t * n_kv + j) * D + d]);
+            vc[at] = f2bf16(vv[i]);
         }
     }
 }
@@ -57,7 +76,7 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
     if (T <= 0) return 0;
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
     dim3 grid(T, n_heads + n_kv);
-    attn_prep_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(qg, k, v, q_norm, k_norm, q, kc, vc, p0, nullptr, cap,
+    attn_prep_kernel<<<grid, AT_PREP_THREADS, 0, (cudaStream_t)stream>>>(qg, k, v, q_norm, k_norm, q, kc, vc, p0, nullptr, cap,
                                                              n_heads, n_kv, D, rope_dim, theta, eps);
     return launch_status();
 }
@@ -66,7 +85,7 @@ extern "C" int k_dec_attn_prep(const float *qg, const float *k, const float *v, 
                                const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap,
                                int n_heads, int n_kv, int D, int rope_dim, double theta, float eps, void *stream) {
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
-    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(128), 0, stream, qg, k, v, q_norm, k_norm, q, kc,
+    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, stream, qg, k, v, q_norm, k_norm, q, kc,
                     vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
 }
 

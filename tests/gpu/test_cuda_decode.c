@@ -389,6 +389,47 @@ static int e2e(const char *dir, int n, int steps) {
     return bad;
 }
 
+// The host's share of a decode step (a measurement, not a check of speed): steps greedy steps as
+// engine_forward runs them (launch, wait, read the token back), then the same captured step
+// replayed back to back on the device with no host round trip between.
+static int replay(const char *dir, int n, int steps) {
+    char err[512];
+    struct engine *e;
+    struct engine_options o = {.backend = "cuda"};
+    if (engine_open(dir, &o, &e, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    backend_cuda_set_decode(e, "graph", 1);
+    const int V = engine_geometry(e)->vocab;
+    struct seq *s;
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)n), next;
+    for (int i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)V);
+    if (seq_new(e, n + steps + 1, &s, err, sizeof err) || engine_forward(e, s, p, n, NULL, &next, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    double t = 0, dev = 0;
+    for (int k = 0; k < steps; k++) {
+        const double t0 = now_s();
+        if (engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            return 2;
+        }
+        if (k >= 2) t += now_s() - t0;
+    }
+    const double host = 1000 * t / (steps - 2);
+    const int rc = backend_cuda_decode_replay(e, s, steps, &dev);
+    checks++;
+    if (rc || !(dev > 0)) fails++, printf("FAIL replay rc %d\n", rc);
+    printf("decode step at %d: %.4f ms through engine_forward, %.4f ms replayed back to back: host share %.4f ms\n", n,
+           host, dev, host - dev);
+    seq_free(s);
+    engine_close(e);
+    free(p);
+    return rc;
+}
+
 // One decode step on the eager path between cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of a step).
 static int profile_step(const char *dir, int n) {
@@ -431,8 +472,9 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "lab")) lab(argc >= 3 ? atoi(argv[2]) : -1);
     else if (argc >= 5 && !strcmp(argv[1], "e2e")) e2e(argv[2], atoi(argv[3]), atoi(argv[4]));
     else if (argc >= 4 && !strcmp(argv[1], "profile")) profile_step(argv[2], atoi(argv[3]));
+    else if (argc >= 5 && !strcmp(argv[1], "replay")) replay(argv[2], atoi(argv[3]), atoi(argv[4]));
     else {
-        fprintf(stderr, "usage: test_cuda_decode lab | e2e MODEL_DIR N STEPS\n");
+        fprintf(stderr, "usage: test_cuda_decode lab | e2e MODEL_DIR N STEPS | replay MODEL_DIR N STEPS\n");
         return 2;
     }
     printf("%d passed, %d failed\n", checks - fails, fails);
