@@ -42,6 +42,16 @@ static __device__ __forceinline__ float block_reduce(float v, float *sh, float i
     return WARP(t);
 }
 static __device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<warp_sum>(v, sh, 0.0f); }
+// Two block sums at once (a and b each exactly as block_sum would give), with one pair of barriers.
+// sh: >= 64 floats.
+static __device__ __forceinline__ float2 block_sum2(float a, float b, float *sh) {
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, nw = CEIL_DIV(blockDim.x, WARP_SIZE);
+    a = warp_sum(a), b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) sh[wid] = a, sh[WARP_SIZE + wid] = b;
+    __syncthreads();
+    return make_float2(warp_sum(lane < nw ? sh[lane] : 0.0f), warp_sum(lane < nw ? sh[WARP_SIZE + lane] : 0.0f));
+}
 static __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<warp_max>(v, sh, -INFINITY); }
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }

@@ -440,12 +440,48 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
 enum { DV_TC_MIN_BLOCKS = 4, DV_TC_SPLIT_MIN_BLOCKS = 6, DV_TC_MIN_ROWS = 8192 };
 static bool tc_split_k(int K) { return K % (TC_SUPER * DV_WARPS) == 0; }
 
+// The RMS-normalised input x * rsqrt(mean(x^2) + eps) * w staged for tc_rows16 in one pass, with no
+// fp32 copy in shared memory (two barriers and a pass fewer than stage_input then tc_stage_x_by):
+// thread t loads the x and w of units t + j blockDim.x (j < U), the units it then converts. The sum
+// of squares adds in another order than stage_input's (r may differ in its last bit).
+template <int U>
+static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, unsigned char *tsm) {
+    __shared__ float sh[32];
+    const int K = d.K, nc = 32 * tc_nsuper(K), kc = K / 8, nt = blockDim.x;
+    const float4 *x4 = (const float4 *)d.x, *w4 = (const float4 *)d.norm_w;
+    float4 xv[2 * U], wv[2 * U];
+    float ss = 0;   // (any order of the units)
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        const int u = j * nt + (int)threadIdx.x;
+        const float4 z = make_float4(0, 0, 0, 0);
+        xv[2 * j] = u < kc ? __ldg(x4 + 2 * u) : z, xv[2 * j + 1] = u < kc ? __ldg(x4 + 2 * u + 1) : z;
+        wv[2 * j] = u < kc ? __ldg(w4 + 2 * u) : z, wv[2 * j + 1] = u < kc ? __ldg(w4 + 2 * u + 1) : z;
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * U; j++) ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
+    const float r = 1.0f / sqrtf(block_sum(ss, sh) / (float)K + d.eps);
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        const int u = j * nt + (int)threadIdx.x;
+        if (u >= nc) break;   // warp-uniform
+        const float4 a = xv[2 * j], b = xv[2 * j + 1], wa = wv[2 * j], wb = wv[2 * j + 1];
+        const float v[8] = {a.x * r * wa.x, a.y * r * wa.y, a.z * r * wa.z, a.w * r * wa.w,
+                            b.x * r * wb.x, b.y * r * wb.y, b.z * r * wb.z, b.w * r * wb.w};
+        tc_stage_unit(u, v, K, tsm);
+    }
+    if (threadIdx.x < 4) ((uint4 *)tsm)[tc_zero_chunk(K) + threadIdx.x] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+}
+enum { TC_RMS_UNITS = 2 };   // tc_stage_rms's units a thread: K <= 16 blockDim.x (every model shape)
+
 // The prologue both forms share: (with PDL) an L2 prefetch of the tasks' codes a warp will run,
 // a quarter each when the block shares a task; the wait; with epi (the split form) the epilogue
 // inputs of the block's first task copied by the lanes of warp 0 that store (epi[lane]); the input
-// staged twice.
-static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first, int stride, bool split,
-                                   float *xs, float *xs16, unsigned char *tsm, dv_epi *epi = nullptr) {
+// staged in tc's layout (an RMS input in one pass, tc_stage_rms; else staged as k_dv's, then again).
+static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first,
+                                                   int stride, bool split, float *xs, float *xs16, unsigned char *tsm,
+                                                   dv_epi *epi = nullptr) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (d.prefetch) {
         const size_t rb = (size_t)d.K / 2;
@@ -460,6 +496,10 @@ static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, cons
     if (epi && first < T.total() && warp == 0 && !(lane & 1)) {
         const int s = T.seg_of(first), row = (first - T.first[s]) * TC_ROWS + tc_lane_row(lane);
         if (row < d.seg[s].W.rows) dv_epi_load(d, d.seg[s], row, &epi[lane]);
+    }
+    if (d.in_mode == DV_IN_RMS && !d.x_out && 32 * tc_nsuper(d.K) <= TC_RMS_UNITS * (int)blockDim.x) {
+        tc_stage_rms<TC_RMS_UNITS>(d, tsm);   // every model shape
+        return;
     }
     stage_input(d, xs, xs16);
     const float4 *x4 = (const float4 *)xs;
@@ -703,10 +743,11 @@ static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const ui
 }
 
 // Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while warps 1.. stage u as
-// bf16 (tcgemv.cuh: the two round trips side by side, not one after the other); then a block takes a 16-row tile of one expert: warps 0 and 2 the gate
-// rows, 1 and 3 the up rows, each pair splitting K in halves (K a multiple of 512; otherwise warps 0
-// and 1 take all of K), and warp 0 writes silu(gate) * up. Block 0 writes ids / w for
-// k_dv_moe_down, and every block prefetches its share of the down matrices, as above.
+// bf16 (tcgemv.cuh: the two round trips side by side, not one after the other); then a block takes
+// a 16-row tile of one expert: warps 0 and 2 the gate rows, 1 and 3 the up rows, each pair splitting
+// K in halves (K a multiple of 512; otherwise warps 0 and 1 take all of K), and warp 0 writes
+// silu(gate) * up. Block 0 writes ids / w for k_dv_moe_down, and every block prefetches its share of
+// the down matrices, as above, once its tiles are done (their own weight loads go out first).
 static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) unsigned char gt_smem[];
     __shared__ int ids[WARP_SIZE];
@@ -724,7 +765,6 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(cons
         m.ids[threadIdx.x] = threadIdx.x < m.k ? ids[threadIdx.x] : -1;
         m.w[threadIdx.x] = threadIdx.x < m.k ? wts[threadIdx.x] : sigmoid_f(m.shared_logit[0]);
     }
-    prefetch_down(m, ids);
     const size_t wpr = (size_t)m.H / 8, gpr = (size_t)m.H / QGROUP;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const int e = t / tiles_e, n0 = (t % tiles_e) * TC_ROWS;
@@ -743,6 +783,7 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(cons
             m.act[(size_t)e * m.I + row] = silu_f(part[0][lane] + part[2][lane]) * (part[1][lane] + part[3][lane]);
         __syncthreads();   // part is read before the next tile writes it
     }
+    prefetch_down(m, ids);   // after the tiles: their weight loads go out first
 }
 
 // x[n] += sum_{e <= k} w_e * down_e[n] act_e: a warp per output row, its lanes over the (expert,
@@ -832,7 +873,7 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
                   const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dv) {
     constexpr int DP = DK / GD_PARTS;
     __shared__ float qs[DK], ks[DK], red[GD_PARTS][GD_MAXDV];
-    __shared__ float sh[32];
+    __shared__ float sh[2 * 32];
     const int h = blockIdx.x, col = threadIdx.x % Dv, part = threadIdx.x / Dv;
     const int kh = h / (Hv / Hk), KD = Hk * DK;
     float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + col;
@@ -847,8 +888,8 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     if (threadIdx.x < DK) qv = y[(size_t)kh * DK + threadIdx.x], kv = y[KD + (size_t)kh * DK + threadIdx.x];
     const float v = y[2 * (size_t)KD + (size_t)h * Dv + col], bh = b[h], ah = a[h];
     const float zz = part == 0 ? z[(size_t)h * Dv + col] : 0.0f;
-    const float qss = block_sum(qv * qv, sh);
-    const float kss = block_sum(kv * kv, sh);
+    const float2 qk = block_sum2(qv * qv, kv * kv, sh);
+    const float qss = qk.x, kss = qk.y;
     if (threadIdx.x < DK) {
         const float rq = 1.0f / sqrtf(qss + 1e-6f) / sqrtf((float)DK), rk = 1.0f / sqrtf(kss + 1e-6f);
         qs[threadIdx.x] = qv * rq;

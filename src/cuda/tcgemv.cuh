@@ -40,6 +40,29 @@
 // Alignment: codes 16-byte aligned rows (K / 2 bytes, K % 64 == 0), scales / biases 4-byte aligned
 // (the K % 256 == 0 path loads them by pairs).
 
+// One unit of the staging (inputs 8u .. 8u+7, values v): their bf16 codes in tc's layout, and the
+// group's (sum, 128 sum bf16) by the 8 aligned lanes holding its units. Called by whole warps.
+static __device__ __forceinline__ void tc_stage_unit(int u, const float (&v)[8], int K, unsigned char *sm) {
+    uint4 *xb = (uint4 *)sm;
+    float2 *xs = (float2 *)(sm + tc_xs_byte(K));
+    uint32_t h[8];
+    float sf = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        h[j] = f2bf16(v[j]);
+        sf += v[j];
+        sb += bf16f((uint16_t)h[j]);
+    }
+    // position j holds input tc_pack_order(j): words (x0,x4) (x1,x5) (x2,x6) (x3,x7)
+    xb[tc_xb_chunk(u)] = make_uint4(h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16);
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {   // the 8 chunks of a group are 8 aligned lanes
+        sf += __shfl_xor_sync(0xffffffffu, sf, o);
+        sb += __shfl_xor_sync(0xffffffffu, sb, o);
+    }
+    if ((u & 7) == 0) xs[u >> 3] = make_float2(sf, 128.0f * sb);
+}
+
 // Stage the input for tc_rows16, by threads tid of nt (by default every thread of the block; nt and
 // the first thread a multiple of 32: whole warps), then __syncthreads() by the whole block. get8(u, v)
 // writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least tc_smem_bytes(K) bytes of shared
@@ -49,7 +72,6 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
                                                      int nt = blockDim.x) {
     const int nc = 32 * tc_nsuper(K), kc = K / 8;
     uint4 *xb = (uint4 *)sm;
-    float2 *xs = (float2 *)(sm + tc_xs_byte(K));
     for (int base = 0; tid >= 0 && base < nc; base += nt) {
         const int u = base + tid;
         if (u < nc) {   // warp-uniform: nc and base are multiples of 32
@@ -58,22 +80,7 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
             else
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.0f;
-            uint32_t h[8];
-            float sf = 0.0f, sb = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                h[j] = f2bf16(v[j]);
-                sf += v[j];
-                sb += bf16f((uint16_t)h[j]);
-            }
-            // position j holds input tc_pack_order(j): words (x0,x4) (x1,x5) (x2,x6) (x3,x7)
-            xb[tc_xb_chunk(u)] = make_uint4(h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16);
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) {   // the 8 chunks of a group are 8 aligned lanes
-                sf += __shfl_xor_sync(0xffffffffu, sf, o);
-                sb += __shfl_xor_sync(0xffffffffu, sb, o);
-            }
-            if ((u & 7) == 0) xs[u >> 3] = make_float2(sf, 128.0f * sb);
+            tc_stage_unit(u, v, K, sm);
         }
     }
     if (tid >= 0 && tid < 4) xb[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);
