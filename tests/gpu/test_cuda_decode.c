@@ -389,26 +389,35 @@ static int e2e(const char *dir, int n, int steps) {
     return bad;
 }
 
+// A CUDA engine on dir with decode path mode (PDL on) and a sequence of n + extra positions holding
+// an n-token prompt (token i = i * 2654435761 mod vocab); *next: the prompt's greedy token. 0 or -1.
+static int open_prefilled(const char *dir, const char *mode, int n, int extra, struct engine **pe, struct seq **ps,
+                          int32_t *next) {
+    char err[512];
+    struct engine_options o = {.backend = "cuda"};
+    if (engine_open(dir, &o, pe, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    backend_cuda_set_decode(*pe, mode, 1);
+    const int V = engine_geometry(*pe)->vocab;
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)V);
+    const int rc = seq_new(*pe, n + extra, ps, err, sizeof err) || engine_forward(*pe, *ps, p, n, NULL, next, err, sizeof err);
+    free(p);
+    if (rc) fprintf(stderr, "%s\n", err);
+    return rc ? -1 : 0;
+}
+
 // The host's share of a decode step (a measurement, not a check of speed): steps greedy steps as
 // engine_forward runs them (launch, wait, read the token back), then the same captured step
 // replayed back to back on the device with no host round trip between.
 static int replay(const char *dir, int n, int steps) {
     char err[512];
     struct engine *e;
-    struct engine_options o = {.backend = "cuda"};
-    if (engine_open(dir, &o, &e, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
-    backend_cuda_set_decode(e, "graph", 1);
-    const int V = engine_geometry(e)->vocab;
     struct seq *s;
-    int32_t *p = malloc(sizeof(int32_t) * (size_t)n), next;
-    for (int i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)V);
-    if (seq_new(e, n + steps + 1, &s, err, sizeof err) || engine_forward(e, s, p, n, NULL, &next, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
+    int32_t next;
+    if (open_prefilled(dir, "graph", n, steps + 1, &e, &s, &next)) return 2;
     double t = 0, dev = 0;
     for (int k = 0; k < steps; k++) {
         const double t0 = now_s();
@@ -426,7 +435,6 @@ static int replay(const char *dir, int n, int steps) {
            host, dev, host - dev);
     seq_free(s);
     engine_close(e);
-    free(p);
     return rc;
 }
 
@@ -435,18 +443,10 @@ static int replay(const char *dir, int n, int steps) {
 static int profile_step(const char *dir, int n) {
     char err[512];
     struct engine *e;
-    struct engine_options o = {.backend = "cuda"};
-    if (engine_open(dir, &o, &e, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
-    backend_cuda_set_decode(e, "eager", 1);
-    const int V = engine_geometry(e)->vocab;
     struct seq *s;
-    int32_t *p = malloc(sizeof(int32_t) * (size_t)n), next;
-    for (int i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)V);
-    if (seq_new(e, n + 4, &s, err, sizeof err) || engine_forward(e, s, p, n, NULL, &next, err, sizeof err) ||
-        engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err)) {
+    int32_t next;
+    if (open_prefilled(dir, "eager", n, 4, &e, &s, &next)) return 2;
+    if (engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }
@@ -457,7 +457,6 @@ static int profile_step(const char *dir, int n) {
     if (rc) fails++, fprintf(stderr, "%s\n", err);
     seq_free(s);
     engine_close(e);
-    free(p);
     return rc;
 }
 

@@ -814,6 +814,13 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
     if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
 }
 
+// The product form a check ran: exact, or wgmma / mma.sync at 1 or 2 blocks an SM.
+static const char *qb_form(int exact, int wg, int blocks) {
+    if (exact) return "exact";
+    const int w = wg && k_has_sm90a();
+    return blocks == 2 ? (w ? "wgmma 2/SM" : "mma.sync 2/SM") : (w ? "wgmma 1/SM" : "mma.sync 1/SM");
+}
+
 // Segmented launches (k_qmatmul_bf16_segs, k_qmatmul_segs: cuda_layer's groups of products of one
 // input) against each product's own launch (k_qmatmul_bf16, k_qmatmul) on the same x, bit for bit:
 // every output buffer, poisoned before each run, must be equal (0 differing elements) and written.
@@ -867,9 +874,8 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         for (size_t j = 0; j < total; j++) dif += memcmp(ha + j, hs + j, 4) != 0, unwritten += isnan(hs[j]);
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "segments %s", name);
-        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s%s", T, shape, bits,
-                 exact ? "exact" : wg && k_has_sm90a() ? "wgmma" : "mma.sync",
-                 exact ? "" : blocks == 2 ? " 2/SM" : " 1/SM", rc ? " LAUNCH FAILED" : "");
+        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, qb_form(exact, wg, blocks),
+                 rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && !unwritten;
         checks++;
         fails += !ok;
@@ -935,9 +941,8 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "add %s", name);
-        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s%s", T, rows, cols, bits,
-                 exact ? "exact" : wg && k_has_sm90a() ? "wgmma" : "mma.sync",
-                 exact ? "" : blocks == 2 ? " 2/SM" : " 1/SM", rc ? " LAUNCH FAILED" : "");
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, qb_form(exact, wg, blocks),
+                 rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && changed > 0;
         checks++;
         fails += !ok;
