@@ -802,13 +802,13 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
         // fast (T > 1 always): the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32
         // o, no k_to_bf16); else o in fp32
-        const uint16_t *ob = fast ? b->xh : NULL;
+        uint16_t *ob = fast ? b->xh : NULL;
         if (T == 1)
             KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
                            g->n_kv_heads, D, DECODE_SPLIT, st));
         else
-            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, fast ? b->xh : NULL, T, p0,
-                                 s->cap, g->n_heads, g->n_kv_heads, D, ce->prefill_exact, st));
+            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads,
+                                 g->n_kv_heads, D, ce->prefill_exact, st));
         KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};

@@ -59,15 +59,18 @@ static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f
 static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
 
 // out[k] = dequant(E[row, k]) for k < E.cols, by the threads of one block (an embedding row, §2.1).
+// Element k of a row (codes w, scales s, biases b of that row; per codes a word): s q + b in fp32.
+static __device__ __forceinline__ float dequant_at(const uint32_t *w, const uint16_t *s, const uint16_t *b, int k,
+                                                   int bits, int per, uint32_t mask) {
+    const uint32_t q = (w[k / per] >> ((k % per) * bits)) & mask;
+    return bf16f(s[k / QGROUP]) * (float)q + bf16f(b[k / QGROUP]);
+}
 static __device__ __forceinline__ void dequant_row(const struct dqt &E, size_t row, float *out) {
     const int K = E.cols, per = 32 / E.bits;
     const uint32_t *w = E.w + row * (size_t)(K / per);
     const uint16_t *s = E.scales + row * (size_t)(K / QGROUP), *b = E.biases + row * (size_t)(K / QGROUP);
     const uint32_t mask = (1u << E.bits) - 1;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
-        const uint32_t q = (w[k / per] >> ((k % per) * E.bits)) & mask;
-        out[k] = bf16f(s[k / QGROUP]) * (float)q + bf16f(b[k / QGROUP]);
-    }
+    for (int k = threadIdx.x; k < K; k += blockDim.x) out[k] = dequant_at(w, s, b, k, E.bits, per, mask);
 }
 
 static inline int launch_status(void) { return (int)cudaGetLastError(); }

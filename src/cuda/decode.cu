@@ -470,8 +470,7 @@ static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, uns
                             b.x * r * wb.x, b.y * r * wb.y, b.z * r * wb.z, b.w * r * wb.w};
         tc_stage_unit(u, v, K, tsm);
     }
-    if (threadIdx.x < 4) ((uint4 *)tsm)[tc_zero_chunk(K) + threadIdx.x] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
+    tc_stage_close(K, tsm, threadIdx.x);
 }
 enum { TC_RMS_UNITS = 2 };   // tc_stage_rms's units a thread: K <= 16 blockDim.x (every model shape)
 

@@ -159,17 +159,11 @@ static __global__ void __launch_bounds__(MM_THREADS)
         for (int h = 0; h < 2; h++) {
             const int yr = yrow[wm + mi * 16 + g + 8 * h];
             if (yr < 0) continue;
-            float *yp = y + (size_t)yr * ldy;
 #pragma unroll
             for (int ni = 0; ni < 4; ni++) {
                 const int n = n0 + wn + ni * 8 + 2 * c4;
-                if constexpr (ADD) {
-                    if (n < N) yp[n] += acc[mi][ni][2 * h];
-                    if (n + 1 < N) yp[n + 1] += acc[mi][ni][2 * h + 1];
-                } else {
-                    if (n < N) yp[n] = acc[mi][ni][2 * h];
-                    if (n + 1 < N) yp[n + 1] = acc[mi][ni][2 * h + 1];
-                }
+                qb_store<false, ADD>(y, nullptr, nullptr, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h],
+                                     acc[mi][ni][2 * h + 1]);
             }
         }
 }

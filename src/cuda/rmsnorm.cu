@@ -8,12 +8,6 @@
 // against the router's 0.111 ms alone at 4,096 tokens).
 #include "common.cuh"
 
-// G[0, i] in fp32, as dequant_row (s q + b; per codes a word).
-static __device__ __forceinline__ float gate_weight(const struct dqt &G, int i, int per, uint32_t mask) {
-    const uint32_t q = (G.w[i / per] >> ((i % per) * G.bits)) & mask;
-    return bf16f(G.scales[i / QGROUP]) * (float)q + bf16f(G.biases[i / QGROUP]);
-}
-
 // GATE: gy[t] = sum_k y[t, k] G[0, k].
 template <bool GATE>
 static __global__ void rmsnorm_kernel(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int n,
@@ -35,13 +29,13 @@ static __global__ void rmsnorm_kernel(const float *x, const int *xrow, const flo
             const float v = xr[i] * r * w[i];
             yr[i] = v;
             br[i] = f2bf16(v);
-            if constexpr (GATE) dot += v * gate_weight(G, i, per, mask);
+            if constexpr (GATE) dot += v * dequant_at(G.w, G.scales, G.biases, i, G.bits, per, mask);
         }
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const float v = xr[i] * r * w[i];
             yr[i] = v;
-            if constexpr (GATE) dot += v * gate_weight(G, i, per, mask);
+            if constexpr (GATE) dot += v * dequant_at(G.w, G.scales, G.biases, i, G.bits, per, mask);
         }
     }
     if constexpr (GATE) {

@@ -63,6 +63,13 @@ static __device__ __forceinline__ void tc_stage_unit(int u, const float (&v)[8],
     if ((u & 7) == 0) xs[u >> 3] = make_float2(sf, 128.0f * sb);
 }
 
+// The end of a staging: the zero chunk (thread tid < 4 of the staging threads), then
+// __syncthreads() by the whole block.
+static __device__ __forceinline__ void tc_stage_close(int K, unsigned char *sm, int tid) {
+    if (tid >= 0 && tid < 4) ((uint4 *)sm)[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+}
+
 // Stage the input for tc_rows16, by threads tid of nt (by default every thread of the block; nt and
 // the first thread a multiple of 32: whole warps), then __syncthreads() by the whole block. get8(u, v)
 // writes inputs 8u .. 8u+7 (u < K / 8) into float v[8]. sm: at least tc_smem_bytes(K) bytes of shared
@@ -71,7 +78,6 @@ template <typename GET8>
 static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned char *sm, int tid = threadIdx.x,
                                                      int nt = blockDim.x) {
     const int nc = 32 * tc_nsuper(K), kc = K / 8;
-    uint4 *xb = (uint4 *)sm;
     for (int base = 0; tid >= 0 && base < nc; base += nt) {
         const int u = base + tid;
         if (u < nc) {   // warp-uniform: nc and base are multiples of 32
@@ -83,8 +89,7 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
             tc_stage_unit(u, v, K, sm);
         }
     }
-    if (tid >= 0 && tid < 4) xb[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
+    tc_stage_close(K, sm, tid);
 }
 
 // Plain fp32 input in global or shared memory (16-byte aligned), by threads tid of nt as above.
