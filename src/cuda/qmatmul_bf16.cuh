@@ -163,6 +163,26 @@ static __device__ __forceinline__ void qb_store(float *y, const float *gate, uin
     }
 }
 
+// A warp's mma.sync accumulator tiles into the output through qb_store: tile (mi, ni) holds rows
+// wm + 16 mi + g (+ 8) (yrow's entries; < 0: no row) and features n0 + wn + 8 ni + 2 c4 (+ 1).
+template <bool GLU, bool ADD, int MI>
+static __device__ __forceinline__ void qm_store_frags(const float (&acc)[MI][4][4], const int *yrow, int wm, int wn,
+                                                      int g, int c4, int n0, int N, float *y, int ldy,
+                                                      const float *gate, uint16_t *yb) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int yr = yrow[wm + mi * 16 + g + 8 * h];
+            if (yr < 0) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = n0 + wn + ni * 8 + 2 * c4;
+                qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+        }
+}
+
 // The products of one K step on warpgroup products (WG, sm_90a, the default where the device runs
 // this binary's sm_90a code; CALLA_QB=mma keeps mma.sync for A/B): the x tile and the dequantized
 // weight tile are already in wgmma's 128-byte-swizzle K-major layout (rows of 128 bytes, chunk c of
@@ -478,17 +498,6 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     float *y;
     int ldy;
     qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int yr = yrow[wm + mi * 16 + g + 8 * h];
-            if (yr < 0) continue;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int n = n0 + wn + ni * 8 + 2 * c4;
-                qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-            }
-        }
+    qm_store_frags<GLU, ADD>(acc, yrow, wm, wn, g, c4, n0, N, y, ldy, gate, yb);
 }
 

@@ -153,17 +153,5 @@ static __global__ void __launch_bounds__(MM_THREADS)
     float *y;
     int ldy;
     qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int yr = yrow[wm + mi * 16 + g + 8 * h];
-            if (yr < 0) continue;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int n = n0 + wn + ni * 8 + 2 * c4;
-                qb_store<false, ADD>(y, nullptr, nullptr, (size_t)yr * ldy, n, N, acc[mi][ni][2 * h],
-                                     acc[mi][ni][2 * h + 1]);
-            }
-        }
+    qm_store_frags<false, ADD>(acc, yrow, wm, wn, g, c4, n0, N, y, ldy, nullptr, nullptr);
 }
