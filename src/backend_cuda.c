@@ -107,6 +107,7 @@ struct cuda_engine {
     int lm_prefetch;                         // lm_head too: off (its 286 MB do not fit in L2; version 9), CALLA_LM_PREFETCH=1 on
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
     int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
+    int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
 };
 
 struct cuda_seq {
@@ -115,6 +116,7 @@ struct cuda_seq {
     float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
     cudaGraphExec_t graph;                       // the decode step, captured on first use
     int graph_pdl;                               // k_pdl() at capture
+    int graph_probe;                             // probe_stage * 4 + probe_reps at capture
 };
 
 #define CK(call)                                                                                       \
@@ -633,6 +635,8 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
     const int pf = k_pdl() && ce->dv_prefetch;
+// The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
+#define STAGE(sg, call) for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
     KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
@@ -643,14 +647,14 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             in.seg[1] = (struct dv_seg){dq(&L->k_proj), d->kb, DV_OUT_STORE};
             in.seg[2] = (struct dv_seg){dq(&L->v_proj), d->vb, DV_OUT_STORE};
             in.n_seg = 3;
-            KL(k_dv(&in, st));
-            KL(k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
+            STAGE(DS_ATTN_IN, k_dv(&in, st));
+            STAGE(DS_ATTN_PREP, k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
                                g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            KL(k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(g, s->cap), s->cap,
+            STAGE(DS_ATTN, k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(g, s->cap), s->cap,
                                g->n_heads, g->n_kv_heads, D, st));
             struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
             out.seg[0] = (struct dv_seg){dq(&L->o_proj), d->x, DV_OUT_ADD};
-            KL(k_dv(&out, st));
+            STAGE(DS_ATTN_OUT, k_dv(&out, st));
         } else {
             in.seg[0] = (struct dv_seg){dq(&L->in_qkv), d->y, DV_OUT_CONV};
             in.seg[1] = (struct dv_seg){dq(&L->in_z), d->z, DV_OUT_STORE};
@@ -661,30 +665,31 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             in.conv_state = cs->conv[i];
             in.C = geom_conv_dim(g);
             in.KW = g->conv_kernel;
-            KL(k_dv(&in, st));
-            KL(k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->z, L->gdn_norm, eps, d->og,
+            STAGE(DS_GDN_IN, k_dv(&in, st));
+            STAGE(DS_GDN, k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->z, L->gdn_norm, eps, d->og,
                         g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, st));
             struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf,
                                   .n_seg = 1};
             out.seg[0] = (struct dv_seg){dq(&L->out_proj), d->x, DV_OUT_ADD};
-            KL(k_dv(&out, st));
+            STAGE(DS_GDN_OUT, k_dv(&out, st));
         }
         struct dv_desc r = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
                             .x_out = d->u, .prefetch = pf, .n_seg = 2};
         r.seg[0] = (struct dv_seg){dq(&L->router), d->rl, DV_OUT_STORE};
         r.seg[1] = (struct dv_seg){dq(&L->shared_gate), d->sg, DV_OUT_STORE};
-        KL(k_dv(&r, st));
+        STAGE(DS_ROUTER, k_dv(&r, st));
         const struct dv_moe m = {.logits = d->rl, .shared_logit = d->sg, .u = d->u, .gate = dq(&L->ex_gate),
                                  .up = dq(&L->ex_up), .down = dq(&L->ex_down), .sgate = dq(&L->se_gate), .sup = dq(&L->se_up),
                                  .sdown = dq(&L->se_down), .E = g->n_experts, .k = K, .H = H, .I = g->moe_inter,
                                  .act = d->act, .ids = d->ids, .w = d->w, .x = d->x};
-        KL(k_dv_moe_gateup(&m, st));
-        KL(k_dv_moe_down(&m, st));
+        STAGE(DS_GATEUP, k_dv_moe_gateup(&m, st));
+        STAGE(DS_DOWN, k_dv_moe_down(&m, st));
     }
     struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
                          .best = d->best, .prefetch = pf && ce->lm_prefetch, .n_seg = 1};
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
-    KL(k_dv(&lm, st));
+    STAGE(DS_LM, k_dv(&lm, st));
+#undef STAGE
     CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
     return 0;
 fail:
@@ -695,7 +700,8 @@ fail:
 static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
-    if (cs->graph && cs->graph_pdl == k_pdl()) return 0;
+    const int probe = ce->probe_stage * 4 + ce->probe_reps;
+    if (cs->graph && cs->graph_pdl == k_pdl() && cs->graph_probe == probe) return 0;
     if (cs->graph) cudaGraphExecDestroy(cs->graph);
     cs->graph = NULL;
     cudaGraph_t graph = NULL;
@@ -712,6 +718,7 @@ static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen
     cudaGraphDestroy(graph);
     CK(ei);
     cs->graph_pdl = k_pdl();
+    cs->graph_probe = probe;
     return 0;
 fail:
     cudaGetLastError();
@@ -768,6 +775,15 @@ fail:
     if (a) cudaEventDestroy(a);
     if (b) cudaEventDestroy(b);
     return -1;
+}
+
+const char *const dec_stage_names[DS_COUNT] = {"none", "gdn in", "gdn step", "gdn out", "attn in", "attn prep",
+                                                "attention", "attn out", "router", "gate/up", "down", "lm_head"};
+
+void backend_cuda_probe_stage(struct engine *e, enum dec_stage stage, int reps) {
+    struct cuda_engine *ce = e->impl;
+    ce->probe_stage = stage;
+    ce->probe_reps = stage == DS_NONE ? 1 : reps;
 }
 
 void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {

@@ -5,6 +5,8 @@
 //                                            GB/s of each against its bytes (the kernel lab)
 //   test_cuda_decode profile MODEL_DIR N     one eager decode step at context N between
 //                                            cudaProfilerStart/Stop (run under ncu)
+//   test_cuda_decode stages MODEL_DIR N STEPS  what each stage costs in the captured step (skipped,
+//                                            doubled; a measurement)
 //   test_cuda_decode e2e MODEL_DIR N STEPS   prefill N hash-prompt tokens, then STEPS greedy steps
 //                                            on the graph, eager and legacy paths and (N <= 512)
 //                                            the CPU oracle: logits per step compared, tokens
@@ -438,6 +440,39 @@ static int replay(const char *dir, int n, int steps) {
     return rc;
 }
 
+// What each stage of the decode step costs inside the captured step (a measurement, not a check of
+// speed): the step replayed as it is, then with one stage's launches skipped and then doubled in
+// every layer. A stage's cost on the step's chain is about "as is - skipped"; "doubled - as is" is
+// its chain with its weights already in L2. The outputs of the probed steps are garbage.
+static int stages(const char *dir, int n, int steps) {
+    struct engine *e;
+    struct seq *s;
+    int32_t next;
+    if (open_prefilled(dir, "graph", n, 2 * DS_COUNT + 2, &e, &s, &next)) return 2;
+    char err[512];
+    int rc = engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err);   // captures the real step
+    double base = 0, t0 = 0, t2 = 0;
+    rc = rc || backend_cuda_decode_replay(e, s, steps, &base);
+    printf("decode step at %d: %.4f ms replayed (%d steps a row)\n%-10s %10s %10s %10s %10s\n", n, base, steps, "stage",
+           "skipped", "doubled", "as-skip", "dbl-as");
+    for (int st = DS_NONE + 1; st < DS_COUNT && !rc; st++) {
+        // engine_forward captures the probed step; its token is garbage (none at all with lm_head skipped)
+        backend_cuda_probe_stage(e, (enum dec_stage)st, 0);
+        engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err);
+        rc = backend_cuda_decode_replay(e, s, steps, &t0);
+        backend_cuda_probe_stage(e, (enum dec_stage)st, 2);
+        engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err);
+        rc = rc || backend_cuda_decode_replay(e, s, steps, &t2);
+        printf("%-10s %10.4f %10.4f %10.4f %10.4f\n", dec_stage_names[st], t0, t2, base - t0, t2 - base);
+    }
+    checks++;
+    if (rc) fails++, printf("FAIL stage probe rc %d\n", rc);
+    backend_cuda_probe_stage(e, DS_NONE, 1);
+    seq_free(s);
+    engine_close(e);
+    return rc;
+}
+
 // One decode step on the eager path between cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of a step).
 static int profile_step(const char *dir, int n) {
@@ -472,8 +507,9 @@ int main(int argc, char **argv) {
     else if (argc >= 5 && !strcmp(argv[1], "e2e")) e2e(argv[2], atoi(argv[3]), atoi(argv[4]));
     else if (argc >= 4 && !strcmp(argv[1], "profile")) profile_step(argv[2], atoi(argv[3]));
     else if (argc >= 5 && !strcmp(argv[1], "replay")) replay(argv[2], atoi(argv[3]), atoi(argv[4]));
+    else if (argc >= 5 && !strcmp(argv[1], "stages")) stages(argv[2], atoi(argv[3]), atoi(argv[4]));
     else {
-        fprintf(stderr, "usage: test_cuda_decode lab | e2e MODEL_DIR N STEPS | replay MODEL_DIR N STEPS\n");
+        fprintf(stderr, "usage: test_cuda_decode lab | e2e MODEL_DIR N STEPS | replay MODEL_DIR N STEPS | stages MODEL_DIR N STEPS\n");
         return 2;
     }
     printf("%d passed, %d failed\n", checks - fails, fails);
