@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# session 17 call 2: the MoE's gate/up and down in one launch with a grid barrier (k_dv_moe), A/B against
+# version 9 and against its own two launches (CALLA_MOE_FUSED=0); the lab's bit-identity check; the stage probe
+set -u
+t0=$(date +%s)
+el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+rm -rf build-carry; tar xJf .carry/b.txz; mkdir -p build-old; xz -dc .carry/v9.xz > build-old/v9; chmod +x build-old/*
+export LD_LIBRARY_PATH=$PWD/build-carry/devlibs
+B=build-carry
+[ -f /tmp/calla-full/config.json ] || $B/calla synth --geometry full --seed 1 --out /tmp/calla-full >/tmp/synth.log 2>&1
+el synth
+mkdir -p /tmp/chk
+timeout 100 $B/gpu/test_cuda_decode lab > /tmp/chk/decode-lab.txt 2>&1; echo "decode lab rc $?"; grep -E "FAIL|moe" /tmp/chk/decode-lab.txt; tail -1 /tmp/chk/decode-lab.txt
+CALLA_PREFILL_FAST=1 timeout 120 $B/gpu/test_cuda_decode stages /tmp/calla-full 4096 64 > /tmp/chk/stages-4096.txt 2>&1; echo "stages rc $?"; cat /tmp/chk/stages-4096.txt
+el "lab, stages"
+for r in 1 2; do
+  for c in 4096 65536; do
+    for v in v9 two new; do
+      bin=$B/calla; [ $v = v9 ] && bin=build-old/v9
+      f=1; [ $v = two ] && f=0
+      CALLA_MOE_FUSED=$f timeout 100 $bin bench --model /tmp/calla-full --context $c --decode 64 --backend cuda --json /tmp/chk/bench-$c-$v-r$r.json 2>&1 | tail -1 | sed "s/, rss.*//;s/prefill.*decode/decode/;s/^/$v r$r /"
+    done
+  done
+done
+python3 - <<'PY'
+import json
+for c in (4096, 65536):
+    for r in (1, 2):
+        a = json.load(open(f"/tmp/chk/bench-{c}-v9-r{r}.json"))
+        for v in ("two", "new"):
+            b = json.load(open(f"/tmp/chk/bench-{c}-{v}-r{r}.json"))
+            print(c, r, v, "tokens identical to version 9's" if a["tokens"]["ids"] == b["tokens"]["ids"] else "TOKENS DIFFER")
+PY
+el "A/B"
+timeout 200 $B/gpu/test_cuda_decode e2e /tmp/calla-full 4096 48 > /tmp/chk/decode-full.txt 2>&1; echo "decode paths full rc $?"; tail -3 /tmp/chk/decode-full.txt
+$B/calla synth --geometry small --seed 1 --out /tmp/calla-small >/dev/null 2>&1; $B/calla synth --geometry tiny --seed 1 --out /tmp/calla-tiny >/dev/null 2>&1
+timeout 100 $B/gpu/test_cuda_decode e2e /tmp/calla-small 300 16 > /tmp/chk/decode-small.txt 2>&1; echo "decode paths small rc $?"; tail -1 /tmp/chk/decode-small.txt
+timeout 100 $B/gpu/test_cuda_decode e2e /tmp/calla-tiny 64 32 > /tmp/chk/decode-tiny.txt 2>&1; echo "decode paths tiny rc $?"; tail -1 /tmp/chk/decode-tiny.txt
+el done
+tar cf $OUT/checks.tar -C /tmp chk
