@@ -118,62 +118,68 @@ enum { RW_MAXE = 256 };   // most experts route_warp handles (8 a lane)
 
 // The same routing by one warp (E <= RW_MAXE), a few microseconds sooner than route_block: lane l
 // holds experts l, l + 32, ...; the top k by k rounds of a warp-wide max over 64-bit keys
-// (probability, then the lower id), the weights renormalised by their sum in rank order. A round is
-// two redux.sync (the high words, then the low words of the lanes holding that high word) on each
-// lane's best key; only the winning lane looks at its keys again (a tree of 8).
+// (probability, then the lower id), the weights renormalised by their sum in rank order. Each lane
+// sorts its 8 keys once (a network of 19 compare-exchanges); a round is two redux.sync (the high words,
+// then the low words of the lanes holding that high word) on each lane's first key, and the winning
+// lane shifts its list (predicated moves: no branch). FULL (E == RW_MAXE, the model's 256 experts):
+// no lane holds padding, so the softmax and the keys are straight-line code.
 // Writes ids[0..k) and w[0..k) from lanes 0..k-1.
-static __device__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
+template <bool FULL>
+static __device__ __forceinline__ void route_warp_of(const float *x, int E, int k, int *ids, float *w) {
+    constexpr int N = RW_MAXE / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    float v[RW_MAXE / WARP_SIZE];
+    float v[N];
     float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
+    for (int j = 0; j < N; j++) {
         const int e = lane + WARP_SIZE * j;
-        v[j] = e < E ? x[e] : -INFINITY;
+        v[j] = FULL || e < E ? x[e] : -INFINITY;
         mx = fmaxf(mx, v[j]);
     }
     mx = warp_max(mx);
     float sum = 0;
 #pragma unroll
-    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
-        v[j] = lane + WARP_SIZE * j < E ? expf(v[j] - mx) : 0.0f;
+    for (int j = 0; j < N; j++) {
+        v[j] = FULL || lane + WARP_SIZE * j < E ? expf(v[j] - mx) : 0.0f;
         sum += v[j];
     }
     sum = warp_sum(sum);
-    unsigned long long key[RW_MAXE / WARP_SIZE];   // 0: padding or taken
+    unsigned long long key[N];   // 0: padding or taken
 #pragma unroll
-    for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) {
+    for (int j = 0; j < N; j++) {
         const uint32_t e = lane + WARP_SIZE * j;
-        key[j] = e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e) : 0ull;
+        key[j] = FULL || e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e) : 0ull;
     }
-    auto best_of = [&]() {   // the lane's largest key, by a tree
-        unsigned long long m[RW_MAXE / WARP_SIZE];
+    // descending (Batcher's odd-even merge sort of 8)
+    constexpr int net[19][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 2}, {1, 3}, {4, 6}, {5, 7}, {1, 2}, {5, 6},
+                                {0, 4}, {1, 5}, {2, 6}, {3, 7}, {2, 4}, {3, 5}, {1, 2}, {3, 4}, {5, 6}};
+    static_assert(N == 8, "the sorting network is for 8 keys a lane");
 #pragma unroll
-        for (int j = 0; j < RW_MAXE / WARP_SIZE; j++) m[j] = key[j];
-#pragma unroll
-        for (int h = RW_MAXE / WARP_SIZE / 2; h > 0; h /= 2)
-#pragma unroll
-            for (int j = 0; j < h; j++) m[j] = m[j + h] > m[j] ? m[j + h] : m[j];
-        return m[0];
-    };
-    unsigned long long mine = best_of();
+    for (int c = 0; c < 19; c++) {
+        const unsigned long long a = key[net[c][0]], b = key[net[c][1]];
+        key[net[c][0]] = a > b ? a : b;
+        key[net[c][1]] = a > b ? b : a;
+    }
     float top = 0, my_p = 0;
     int my_e = 0;
     for (int i = 0; i < k; i++) {
+        const unsigned long long mine = key[0];
         const uint32_t hi = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32));
         const uint32_t lo = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32) == hi ? (uint32_t)mine : 0u);
         const unsigned long long b = (unsigned long long)hi << 32 | lo;   // the warp's largest key
-        if (mine == b) {   // one lane: the ids in the low words differ
+        const bool won = mine == b;   // one lane: the ids in the low words differ
 #pragma unroll
-            for (int j = 0; j < RW_MAXE / WARP_SIZE; j++)
-                if (key[j] == b) key[j] = 0;
-            mine = best_of();
-        }
+        for (int j = 0; j + 1 < N; j++) key[j] = won ? key[j + 1] : key[j];
+        key[N - 1] = won ? 0ull : key[N - 1];
         const float p = __uint_as_float(hi);
         top += p;
         if (lane == i) my_e = (int)(0xFFFFFFFFu - (uint32_t)b), my_p = p;
     }
     if (lane < k) ids[lane] = my_e, w[lane] = my_p / top;
+}
+static __device__ __noinline__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
+    if (E == RW_MAXE) route_warp_of<true>(x, E, k, ids, w);
+    else route_warp_of<false>(x, E, k, ids, w);
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while its
