@@ -116,7 +116,7 @@ struct cuda_seq {
     float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
     cudaGraphExec_t graph;                       // the decode step, captured on first use
     int graph_pdl;                               // k_pdl() at capture
-    int graph_probe;                             // probe_stage * 4 + probe_reps at capture
+    int graph_stage, graph_reps;                 // the stage probe's probe_stage, probe_reps at capture
 };
 
 #define CK(call)                                                                                       \
@@ -700,8 +700,8 @@ fail:
 static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
-    const int probe = ce->probe_stage * 4 + ce->probe_reps;
-    if (cs->graph && cs->graph_pdl == k_pdl() && cs->graph_probe == probe) return 0;
+    if (cs->graph && cs->graph_pdl == k_pdl() && cs->graph_stage == ce->probe_stage && cs->graph_reps == ce->probe_reps)
+        return 0;
     if (cs->graph) cudaGraphExecDestroy(cs->graph);
     cs->graph = NULL;
     cudaGraph_t graph = NULL;
@@ -718,7 +718,7 @@ static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen
     cudaGraphDestroy(graph);
     CK(ei);
     cs->graph_pdl = k_pdl();
-    cs->graph_probe = probe;
+    cs->graph_stage = ce->probe_stage, cs->graph_reps = ce->probe_reps;
     return 0;
 fail:
     cudaGetLastError();

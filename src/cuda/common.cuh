@@ -177,6 +177,7 @@ static __device__ __forceinline__ void route_warp_of(const float *x, int E, int 
     }
     if (lane < k) ids[lane] = my_e, w[lane] = my_p / top;
 }
+// Out of line: inlined, its registers pushed the gate/up kernel's spills from 24 to 40 bytes of stack.
 static __device__ __noinline__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
     if (E == RW_MAXE) route_warp_of<true>(x, E, k, ids, w);
     else route_warp_of<false>(x, E, k, ids, w);
