@@ -9,12 +9,16 @@
 //   k_dv_moe_gateup routing (softmax, top-k) in every block, then gate and up of the k routed
 //                   experts and the shared expert with SwiGLU (fast mode: on the tensor cores)
 //   k_dv_moe_down   the down products of the k + 1 experts, weighted, added into the residual
+//                   (fast mode: on the tensor cores, a warp an expert)
 //   k_dv_gdn        the gated delta rule step of one value head (state in registers) + its gated norm
 // Exact mode: activations stay fp32 (per group of 64, scale * sum(q x) + bias * sum(x)), and codes
 // become floats without conversion instructions: byte-permute a code under the exponent of 2^23,
-// subtract 2^23. Fast mode (the default) runs the products of 8,192 rows or more (the DeltaNet and
-// attention input projections, lm_head) and the experts' gate and up on the tensor cores with the
-// input rounded to bf16 (tcgemv.cuh): ~1.3 instructions per code instead of ~3.5.
+// subtract 2^23. Fast mode (the default) runs every 4-bit product on the tensor cores with the input
+// rounded to bf16 (tcgemv.cuh): ~1.3 instructions per code instead of ~3.5: the DeltaNet and attention
+// input projections, lm_head, o_proj / out_proj, the experts' gate, up and down (the 8-bit router and
+// shared gate stay on the CUDA cores). A kernel's time is the chain of its few warps (bench/NOTES.md,
+// versions 10 and 11), so the products split K over the warps of a block, each warp's super-steps
+// loaded at once: one round trip of loads a task.
 // The position is read on the device and no kernel depends on the host, so the whole step is one
 // CUDA graph; with programmatic dependent launch (default; CALLA_PDL=0 off) each kernel starts while its
 // predecessor drains, prefetches its own weights into L2, and waits only before reading the
@@ -26,7 +30,7 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2;
+static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2, g_gateup_warps = 8, g_tc_small = 1, g_down_tc = 1;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
@@ -35,6 +39,12 @@ extern "C" void k_set_pdl(int on) { g_pdl = on; }
 // the split), 1 wherever K allows it, 2 (default) only where the tasks do not fill the GPU's warps.
 extern "C" void k_set_tc_split(int mode) { g_tc_split = mode; }
 extern "C" int k_pdl(void) { return g_pdl; }
+// o_proj / out_proj on the tensor cores (fast mode; dv_tc8_launch): 1 (default) or 0 (k_dv's CUDA-core form, A/B).
+extern "C" void k_set_tc_small(int on) { g_tc_small = on; }
+// The MoE down products on the tensor cores (fast mode, dv_down_tc_kernel): 1 (default) or 0 (CUDA cores, A/B).
+extern "C" void k_set_down_tc(int on) { g_down_tc = on; }
+// Warps of a gate/up tile (fast mode): 8 (default) or 4 (version 10's form, A/B).
+extern "C" void k_set_gateup_warps(int n) { g_gateup_warps = n == 4 ? 4 : 8; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
 extern "C" void k_set_dv_occupancy(int blocks_per_sm) { g_dv_occ = blocks_per_sm; }
@@ -486,7 +496,7 @@ static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, cons
         const size_t rb = (size_t)d.K / 2;
         for (int t = first; t < T.total(); t += stride) {
             const int s = T.seg_of(t), n0 = (t - T.first[s]) * TC_ROWS, nr = min(TC_ROWS, d.seg[s].W.rows - n0);
-            const size_t n = (size_t)nr * rb, q = split ? n / DV_WARPS : n;
+            const size_t n = (size_t)nr * rb, q = split ? n / (blockDim.x / WARP_SIZE) : n;
             prefetch_range((const char *)d.seg[s].W.w + (size_t)n0 * rb + (split ? warp * q : 0), q, lane);
         }
     }
@@ -498,6 +508,10 @@ static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, cons
     }
     if (d.in_mode == DV_IN_RMS && !d.x_out && 32 * tc_nsuper(d.K) <= TC_RMS_UNITS * (int)blockDim.x) {
         tc_stage_rms<TC_RMS_UNITS>(d, tsm);   // every model shape
+        return;
+    }
+    if (d.in_mode == DV_IN_PLAIN && !d.x_out) {   // o_proj / out_proj (dv_tc_split_kernel<8>): bf16 from x at once
+        tc_stage_x(d.x, d.K, tsm);
         return;
     }
     stage_input(d, xs, xs16);
@@ -528,14 +542,15 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_TC_MIN_BLOCKS) dv_tc_ker
     if (d.best) best_reduce(best, d.best);
 }
 
-static __global__ void __launch_bounds__(DV_THREADS, DV_TC_SPLIT_MIN_BLOCKS) dv_tc_split_kernel(const struct dv_desc d) {
+template <int NW, int MINB>
+static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_tc_split_kernel(const struct dv_desc d) {
     extern __shared__ __align__(16) float dv_smem[];
-    __shared__ float part[DV_WARPS][WARP_SIZE];
+    __shared__ float part[NW][WARP_SIZE];
     float *xs = dv_smem, *xs16 = dv_smem + d.K;
     unsigned char *tsm = (unsigned char *)(xs16 + d.K / 16);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const dv_taskmap T(d, TC_ROWS);
-    const int nS = tc_nsuper(d.K), S0 = warp * nS / DV_WARPS, S1 = (warp + 1) * nS / DV_WARPS;
+    const int nS = tc_nsuper(d.K), S0 = warp * nS / NW, S1 = (warp + 1) * nS / NW;
     __shared__ dv_epi epi[WARP_SIZE];   // the first task's epilogue inputs, copied by warp 0 with the input
     dv_tc_begin(d, T, blockIdx.x, gridDim.x, true, xs, xs16, tsm, epi);
     unsigned long long best = 0;
@@ -545,7 +560,8 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_TC_SPLIT_MIN_BLOCKS) dv_
         part[warp][lane] = tc_rows16<false>(W.w, W.scales, W.biases, W.rows, d.K, n0, tsm, S0, S1);
         __syncthreads();
         if (warp == 0 && !(lane & 1) && row < W.rows) {
-            const float v = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
+            float v = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
+            if (NW == 8) v += (part[4][lane] + part[5][lane]) + (part[6][lane] + part[7][lane]);
             dv_out(d, d.seg[s], row, v, &best, t == (int)blockIdx.x ? &epi[lane] : nullptr);
         }
         __syncthreads();
@@ -602,11 +618,24 @@ static int dv_tc_launch(const struct dv_desc *d, void *stream) {
     const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
     if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident)))
-        return launch_k(dv_tc_split_kernel,
-                        dim3(grid_for_tasks<dv_tc_split_kernel>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS),
+        return launch_k(dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>,
+                        dim3(grid_for_tasks<dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS),
                         smem, stream, *d);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
                     stream, *d);
+}
+
+// o_proj and out_proj (2,048 rows, K = 4,096: 128 tasks of 16 rows) on the tensor cores, a block of 8 warps a
+// task, each warp's two super-steps loaded at once (fast mode; CALLA_TC_SMALL=0: k_dv's CUDA-core form).
+// 80 registers, three blocks an SM: the tasks in one wave.
+enum { DV_TC8_WARPS = 8, DV_TC8_MIN_BLOCKS = 3, DV_TC8_MAX_TASKS = 132 * DV_TC8_MIN_BLOCKS };
+static int dv_tc8_launch(const struct dv_desc *d, void *stream) {
+    long tasks = 0;
+    for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
+    const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
+    constexpr auto kern = dv_tc_split_kernel<DV_TC8_WARPS, DV_TC8_MIN_BLOCKS>;
+    return launch_k(kern, dim3(grid_for_tasks<kern>(tasks * DV_TC8_WARPS, DV_TC8_WARPS * WARP_SIZE, smem)),
+                    dim3(DV_TC8_WARPS * WARP_SIZE), smem, stream, *d);
 }
 
 template <int BITS>
@@ -615,6 +644,9 @@ static int dv_pick(const struct dv_desc *d, void *stream) {
         long rows = 0;
         for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
         if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, stream);
+        if (g_tc_small && d->in_mode == DV_IN_PLAIN && !d->x_out && !d->best && d->K % (TC_SUPER * DV_TC8_WARPS) == 0 &&
+            CEIL_DIV(rows, TC_ROWS) <= DV_TC8_MAX_TASKS)
+            return dv_tc8_launch(d, stream);
     }
     // Two rows per pass keep x reads shared; one row (and all four of its chunks a lane in flight
     // at once) where one-row tasks still fit on the GPU in one wave.
@@ -741,23 +773,33 @@ static __device__ __noinline__ float tc_rows16_whole(const uint32_t *w, const ui
     return tc_rows16(w, sc, bi, R, K, n0, sm);
 }
 
-// Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while warps 1.. stage u as
+// Fast mode: gate and up on the tensor cores. Warp 0 routes (route_warp) while the others stage u as
 // bf16 (tcgemv.cuh: the two round trips side by side, not one after the other); then a block takes
-// a 16-row tile of one expert: warps 0 and 2 the gate rows, 1 and 3 the up rows, each pair splitting
-// K in halves (K a multiple of 512; otherwise warps 0 and 1 take all of K), and warp 0 writes
-// silu(gate) * up. Block 0 writes ids / w for k_dv_moe_down, and every block prefetches its share of
-// the down matrices, as above, once its tiles are done (their own weight loads go out first).
-static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(const struct dv_moe m) {
+// a 16-row tile of one expert: its NW warps alternate gate and up rows, each matrix's NW / 2 warps
+// splitting K, and warp 0 writes silu(gate) * up. Block 0 writes ids / w for k_dv_moe_down, and every
+// block prefetches its share of the down matrices, as above, once its tiles are done (their own
+// weight loads go out first). Two forms:
+//   NW = 8 (the model's shape: 256 experts, K a multiple of 4 super-steps): each warp's two
+//     super-steps loaded at once, one round trip (with 4 warps a warp walks four: two); 80 registers
+//     for three blocks an SM (the 288 tiles in one wave), so no calls: the routing inline (an out-of-line
+//     call spills around it) and no whole-K path;
+//   NW = 4: any shape (K not a multiple of 2 super-steps: warps 0 and 1 take all of K).
+template <int NW, int MINB>
+static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_gateup_tc_kernel(const struct dv_moe m) {
     extern __shared__ __align__(16) unsigned char gt_smem[];
     __shared__ int ids[WARP_SIZE];
-    __shared__ float wts[WARP_SIZE], part[DV_WARPS][WARP_SIZE];
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, half = warp / 2;
+    __shared__ float wts[WARP_SIZE], part[NW][WARP_SIZE];
+    constexpr int NK = NW / 2;   // warps a matrix
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, kq = warp / 2;
     const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = (m.k + 1) * tiles_e;
-    const bool split = m.tc_split && m.H % (2 * TC_SUPER) == 0;
-    const int nS = tc_nsuper(m.H), S0 = half * nS / 2, S1 = (half + 1) * nS / 2;
+    const bool split = m.tc_split && m.H % (NK * TC_SUPER) == 0;
+    const int nS = tc_nsuper(m.H), S0 = kq * nS / NK, S1 = (kq + 1) * nS / NK;
     pdl_wait();
     pdl_trigger();
-    if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
+    if (warp == 0) {
+        if (NW == 8) route_warp_of<true>(m.logits, m.E, m.k, ids, wts);   // (E == RW_MAXE: the host checks)
+        else route_warp(m.logits, m.E, m.k, ids, wts);
+    }
     // (the staging's closing barrier publishes ids and wts too)
     tc_stage_x(m.u, m.H, gt_smem, (int)threadIdx.x - WARP_SIZE, (int)blockDim.x - WARP_SIZE);
     if (blockIdx.x == 0 && threadIdx.x <= m.k) {
@@ -771,15 +813,19 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dv_gateup_tc_kernel(cons
         const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
         const size_t base = shared ? 0 : (size_t)ids[e] * m.I;
         float v = 0;
-        if (split)
+        if (NW == 8 || split)   // (NW == 8: split, the host checks)
             v = tc_rows16<false>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem, S0, S1);
-        else if (half == 0)
+        else if (kq == 0)
             v = tc_rows16_whole(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem);
         part[warp][lane] = v;
         __syncthreads();
         const int row = n0 + tc_lane_row(lane);
-        if (warp == 0 && !(lane & 1) && row < m.I)
-            m.act[(size_t)e * m.I + row] = silu_f(part[0][lane] + part[2][lane]) * (part[1][lane] + part[3][lane]);
+        if (warp == 0 && !(lane & 1) && row < m.I) {
+            float g = 0, u = 0;
+#pragma unroll
+            for (int q = 0; q < NK; q++) g += part[2 * q][lane], u += part[2 * q + 1][lane];
+            m.act[(size_t)e * m.I + row] = silu_f(g) * u;
+        }
         __syncthreads();   // part is read before the next tile writes it
     }
     prefetch_down(m, ids);   // after the tiles: their weight loads go out first
@@ -829,6 +875,51 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
     }
 }
 
+// Fast mode, K = I a multiple of 256 (the model's 512): x[n] += sum_e w_e (down_e[n] bf16(act_e)) on the
+// tensor cores. A block takes 16 output rows and has a warp an expert (k + 1 <= DN_TC_MAXW): the block
+// stages each expert's act as bf16 (tcgemv.cuh's layout, an area an expert), warp e multiplies expert
+// e's 16 rows by it (its super-steps loaded at once), and warp 0 adds the experts' sums, weighted, into
+// the residual in the experts' order. (k_dv_moe_down's CUDA-core form walked each row on one warp:
+// ~3.5 instructions a code against ~1.3 here.)
+enum { DN_TC_MAXW = 16 };
+static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_kernel(const struct dv_moe m) {
+    extern __shared__ __align__(16) unsigned char dt_smem[];
+    __shared__ float part[DN_TC_MAXW][WARP_SIZE], wts[DN_TC_MAXW];
+    __shared__ int ids[DN_TC_MAXW];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, E1 = m.k + 1, I = m.I;
+    const int sb = tc_smem_bytes(I), n0 = blockIdx.x * TC_ROWS, row = n0 + tc_lane_row(lane);
+    const bool stores = warp == 0 && !(lane & 1) && row < m.H;
+    pdl_wait();
+    pdl_trigger();
+    if ((int)threadIdx.x < E1) ids[threadIdx.x] = m.ids[threadIdx.x], wts[threadIdx.x] = m.w[threadIdx.x];
+    const float xn = stores ? m.x[row] : 0.0f;   // the residual, with the inputs
+    const int upe = 32 * tc_nsuper(I), kc = I / 8;   // units an expert's staging has, and real ones
+    for (int gu = threadIdx.x; gu < E1 * upe; gu += blockDim.x) {   // warp-uniform: upe, blockDim.x multiples of 32
+        const int e = gu / upe, u = gu % upe;
+        float v[8] = {};
+        if (u < kc) {
+            const float4 a = __ldg((const float4 *)(m.act + (size_t)e * I) + 2 * u);
+            const float4 b = __ldg((const float4 *)(m.act + (size_t)e * I) + 2 * u + 1);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        tc_stage_unit(u, v, I, dt_smem + (size_t)e * sb);
+    }
+    if ((int)threadIdx.x < 4 * E1)   // each area's zero chunk (tc_stage_close's, for all at once)
+        ((uint4 *)(dt_smem + (size_t)(threadIdx.x / 4) * sb))[tc_zero_chunk(I) + threadIdx.x % 4] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const bool shared = warp == m.k;
+    const struct dqt &D = shared ? m.sdown : m.down;
+    const size_t base = shared ? 0 : (size_t)ids[warp] * m.H, wpr = (size_t)I / 8, gpr = (size_t)I / QGROUP;
+    part[warp][lane] = tc_rows16<false>(D.w + base * wpr, D.scales + base * gpr, D.biases + base * gpr, m.H, I, n0,
+                                        dt_smem + (size_t)warp * sb);
+    __syncthreads();
+    if (stores) {
+        float acc = 0;
+        for (int e = 0; e < E1; e++) acc = fmaf(wts[e], part[e][lane], acc);
+        m.x[row] = xn + acc;
+    }
+}
+
 extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->E > RT_MAXE || m->H % 64 || m->H > DV_MAXK || m->I % 64 ||
         m->gate.bits != 4 || m->up.bits != 4 || m->sgate.bits != 4 || m->sup.bits != 4 || m->sgate.rows != m->I)
@@ -838,9 +929,13 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
         struct dv_moe mm = *m;
         mm.tc_split = g_tc_split != 0;
-        return launch_k(dv_gateup_tc_kernel,
-                        dim3(grid_for_tasks<dv_gateup_tc_kernel>(tiles * DV_WARPS, DV_THREADS, tsmem)),
-                        dim3(DV_THREADS), tsmem, stream, mm);
+        if (g_gateup_warps == 4 || m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))
+            return launch_k(dv_gateup_tc_kernel<4, 4>,
+                            dim3(grid_for_tasks<dv_gateup_tc_kernel<4, 4>>(tiles * 4, 4 * WARP_SIZE, tsmem)),
+                            dim3(4 * WARP_SIZE), tsmem, stream, mm);
+        return launch_k(dv_gateup_tc_kernel<8, 3>,
+                        dim3(grid_for_tasks<dv_gateup_tc_kernel<8, 3>>(tiles * 8, 8 * WARP_SIZE, tsmem)),
+                        dim3(8 * WARP_SIZE), tsmem, stream, mm);
     }
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
     const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));
@@ -852,6 +947,16 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->I % 64 || m->down.bits != 4 || m->sdown.bits != 4 ||
         m->sdown.cols != m->I || (m->k + 1) * (m->I / 32) > DN_ITEMS * WARP_SIZE)
         return (int)cudaErrorInvalidValue;
+    if (!g_exact && g_down_tc && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
+        const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
+        static size_t raised;
+        if (smem > 48 * 1024 && smem > raised) {
+            const cudaError_t e = cudaFuncSetAttribute(dv_down_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return (int)e;
+            raised = smem;
+        }
+        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, stream, *m);
+    }
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
     return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)),

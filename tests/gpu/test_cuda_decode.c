@@ -2,7 +2,8 @@
 //
 //   test_cuda_decode lab [CASE]              k_dv at this model's decode shapes against a double
 //                                            CPU reference (outputs poisoned first), then timed:
-//                                            GB/s of each against its bytes (the kernel lab)
+//                                            GB/s of each against its bytes (the kernel lab);
+//                                            the MoE gate/up forms (CASE 100: only them)
 //   test_cuda_decode profile MODEL_DIR N     one eager decode step at context N between
 //                                            cudaProfilerStart/Stop (run under ncu)
 //   test_cuda_decode stages MODEL_DIR N STEPS  what each stage costs in the captured step (skipped,
@@ -216,6 +217,118 @@ static void lab_run(const struct lab_case *c, FILE *table) {
     free(x), free(nw), free(xs), free(cw), free(cst), free(y0);
 }
 
+// k_dv_moe_gateup's fast forms at the model's shape (256 experts, top 8, H 2048, I 512): the 8-warp
+// tile (default) against the 4-warp one (CALLA_GATEUP_WARPS=4) and both against a double reference
+// of silu(gate u) * (up u) for the routed and shared experts; ids and weights identical; then
+// k_dv_moe_down's two fast forms on that output against a double reference; each timed.
+static void lab_gateup(void) {
+    const int E = 256, K = 8, H = 2048, I = 512;
+    struct hq gate = hq_new(E * I, H, 4), up = hq_new(E * I, H, 4), sg = hq_new(I, H, 4), su = hq_new(I, H, 4);
+    struct hq down = hq_new(E * H, I, 4), sd = hq_new(H, I, 4);   // prefetched by the kernel only
+    float *lg = malloc(4 * E), *u = malloc(4 * (size_t)H), sl = 0.3f;
+    for (int e = 0; e < E; e++) lg[e] = 2 * frand();
+    for (int i = 0; i < H; i++) u[i] = frand();
+    float *dact, *dw;
+    int *dids;
+    CUDA_OK(cudaMalloc((void **)&dact, 4 * (size_t)(K + 1) * I));
+    CUDA_OK(cudaMalloc((void **)&dw, 4 * (K + 1)));
+    CUDA_OK(cudaMalloc((void **)&dids, 4 * (K + 1)));
+    struct dv_moe m = {.logits = to_dev(lg, 4 * E), .shared_logit = to_dev(&sl, 4), .u = to_dev(u, 4 * (size_t)H),
+                       .gate = gate.d, .up = up.d, .down = down.d, .sgate = sg.d, .sup = su.d, .sdown = sd.d,
+                       .E = E, .k = K, .H = H, .I = I, .act = dact, .ids = dids, .w = dw};
+    m.gate.n_mat = m.up.n_mat = E, m.down.n_mat = E;
+    float *act[2] = {malloc(4 * (size_t)(K + 1) * I), malloc(4 * (size_t)(K + 1) * I)}, w[2][K + 1];
+    int ids[2][K + 1];
+    double us[2];
+    for (int f = 0; f < 2; f++) {   // f = 0: 8 warps, 1: 4 warps
+        k_set_gateup_warps(f ? 4 : 8);
+        CUDA_OK(cudaMemset(dact, 0xff, 4 * (size_t)(K + 1) * I));   // poison: NaN
+        CUDA_OK((cudaError_t)k_dv_moe_gateup(&m, NULL));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(act[f], dact, 4 * (size_t)(K + 1) * I, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(w[f], dw, 4 * (K + 1), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(ids[f], dids, 4 * (K + 1), cudaMemcpyDeviceToHost));
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        for (int i = 0; i < 55; i++) {
+            if (i == 5) cudaEventRecord(a, NULL);
+            k_dv_moe_gateup(&m, NULL);
+        }
+        cudaEventRecord(b, NULL);
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        us[f] = 1000.0 * ms / 50;
+    }
+    k_set_gateup_warps(8);
+    double *ud = malloc(8 * (size_t)H), *ref = malloc(8 * (size_t)(K + 1) * I), *a4 = malloc(8 * (size_t)(K + 1) * I);
+    for (int i = 0; i < H; i++) ud[i] = u[i];
+    for (int e = 0; e <= K; e++)
+        for (int n = 0; n < I; n++) {
+            const bool shared = e == K;
+            const int row = shared ? n : ids[1][e] * I + n;
+            const double g = hq_dot(shared ? &sg : &gate, row, ud), v = hq_dot(shared ? &su : &up, row, ud);
+            ref[(size_t)e * I + n] = g / (1 + exp(-g)) * v;
+            a4[(size_t)e * I + n] = act[1][(size_t)e * I + n];
+        }
+    const size_t n = (size_t)(K + 1) * I;
+    const double e8 = nerr(act[0], ref, n), e4 = nerr(act[1], ref, n), e84 = nerr(act[0], a4, n);
+    const int same = !memcmp(ids[0], ids[1], sizeof ids[0]) && !memcmp(w[0], w[1], sizeof w[0]);
+    // Bounds: the fast products' bf16 input (the lab's 1e-2, see lab_run); the two forms differ only in
+    // the order of four fp32 partial sums against two (~1e-7 of |act|): 1e-5 with headroom.
+    checks += 3;
+    fails += !(e8 <= 1e-2) + !(e84 <= 1e-5) + !same;
+    printf("gate/up 8 warps   nerr %.2e (4 warps %.2e; 8 vs 4 %.2e)  ids, weights %s  %.2f us (4 warps %.2f us)\n", e8,
+           e4, e84, same ? "identical" : "DIFFER", us[0], us[1]);
+    // The down forms on that act: x + sum_e w_e down_e act_e, tensor cores (default) and CUDA cores,
+    // against a double reference of the update (act and w as the device has them).
+    float *x0 = malloc(4 * (size_t)H), *xo[2] = {malloc(4 * (size_t)H), malloc(4 * (size_t)H)};
+    for (int i = 0; i < H; i++) x0[i] = 3 * frand();
+    m.x = to_dev(x0, 4 * (size_t)H);
+    CUDA_OK(cudaMemcpy(dact, act[0], 4 * n, cudaMemcpyHostToDevice));
+    for (int f = 0; f < 2; f++) {   // f = 0: tensor cores, 1: CUDA cores
+        k_set_down_tc(!f);
+        CUDA_OK(cudaMemcpy(m.x, x0, 4 * (size_t)H, cudaMemcpyHostToDevice));
+        CUDA_OK((cudaError_t)k_dv_moe_down(&m, NULL));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(xo[f], m.x, 4 * (size_t)H, cudaMemcpyDeviceToHost));
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        for (int i = 0; i < 55; i++) {
+            if (i == 5) cudaEventRecord(a, NULL);
+            k_dv_moe_down(&m, NULL);
+        }
+        cudaEventRecord(b, NULL);
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        us[f] = 1000.0 * ms / 50;
+    }
+    k_set_down_tc(1);
+    double *ad = malloc(8 * (size_t)I), *dref = malloc(8 * (size_t)H);
+    float *dd[2] = {malloc(4 * (size_t)H), malloc(4 * (size_t)H)};
+    for (int r = 0; r < H; r++) dref[r] = 0;
+    for (int e = 0; e <= K; e++) {
+        for (int i = 0; i < I; i++) ad[i] = act[0][(size_t)e * I + i];
+        for (int r = 0; r < H; r++)
+            dref[r] += (double)w[0][e] * hq_dot(e == K ? &sd : &down, e == K ? r : ids[0][e] * H + r, ad);
+    }
+    for (int r = 0; r < H; r++) dd[0][r] = xo[0][r] - x0[r], dd[1][r] = xo[1][r] - x0[r];
+    const double et = nerr(dd[0], dref, (size_t)H), ec = nerr(dd[1], dref, (size_t)H);
+    // Bounds: the tensor-core form rounds act to bf16 (the lab's fast bound 1e-2); the CUDA-core form
+    // is fp32 throughout (the lab's exact bound 1e-5; the update is small against x, so it is compared
+    // as the update, not as x).
+    checks += 2;
+    fails += !(et <= 1e-2) + !(ec <= 1e-5);
+    printf("down tensor cores nerr %.2e (CUDA cores %.2e)  %.2f us (CUDA cores %.2f us)\n", et, ec, us[0], us[1]);
+    cudaFree(m.x);
+    free(x0), free(xo[0]), free(xo[1]), free(ad), free(dref), free(dd[0]), free(dd[1]);
+    hq_free(&gate), hq_free(&up), hq_free(&sg), hq_free(&su), hq_free(&down), hq_free(&sd);
+    cudaFree((void *)m.logits), cudaFree((void *)m.shared_logit), cudaFree((void *)m.u), cudaFree(dact), cudaFree(dw),
+        cudaFree(dids);
+    free(lg), free(u), free(act[0]), free(act[1]), free(ud), free(ref), free(a4);
+}
+
 static int lab(int only) {
     const struct lab_case cases[] = {
         {"gdn in: qkv conv|z|b|a", 2048, 4, {8192, 4096, 32, 32}, {4, 4, 4, 4}, DV_IN_RMS, DV_OUT_CONV},
@@ -233,6 +346,7 @@ static int lab(int only) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (only < 0 || (size_t)only == i) lab_run(&cases[i], stdout);
     }
+    if (only < 0 || only == 100) lab_gateup();   // fast mode (lab_exact 0 here)
     return 0;
 }
 
