@@ -217,6 +217,22 @@ static void lab_run(const struct lab_case *c, FILE *table) {
     free(x), free(nw), free(xs), free(cw), free(cst), free(y0);
 }
 
+// Microseconds a launch of fn(m), 50 back to back after 5 of warm-up (the lab's timing).
+static double moe_us(int (*fn)(const struct dv_moe *, void *), const struct dv_moe *m) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    for (int i = 0; i < 55; i++) {
+        if (i == 5) cudaEventRecord(a, NULL);
+        fn(m, NULL);
+    }
+    cudaEventRecord(b, NULL);
+    CUDA_OK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return 1000.0 * ms / 50;
+}
+
 // k_dv_moe_gateup's fast forms at the model's shape (256 experts, top 8, H 2048, I 512): the 8-warp
 // tile (default) against the 4-warp one (CALLA_GATEUP_WARPS=4) and both against a double reference
 // of silu(gate u) * (up u) for the routed and shared experts; ids and weights identical; then
@@ -248,17 +264,7 @@ static void lab_gateup(void) {
         CUDA_OK(cudaMemcpy(act[f], dact, 4 * (size_t)(K + 1) * I, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(w[f], dw, 4 * (K + 1), cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(ids[f], dids, 4 * (K + 1), cudaMemcpyDeviceToHost));
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        for (int i = 0; i < 55; i++) {
-            if (i == 5) cudaEventRecord(a, NULL);
-            k_dv_moe_gateup(&m, NULL);
-        }
-        cudaEventRecord(b, NULL);
-        CUDA_OK(cudaEventSynchronize(b));
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        us[f] = 1000.0 * ms / 50;
+        us[f] = moe_us(k_dv_moe_gateup, &m);
     }
     k_set_gateup_warps(8);
     double *ud = malloc(8 * (size_t)H), *ref = malloc(8 * (size_t)(K + 1) * I), *a4 = malloc(8 * (size_t)(K + 1) * I);
@@ -292,17 +298,7 @@ static void lab_gateup(void) {
         CUDA_OK((cudaError_t)k_dv_moe_down(&m, NULL));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(xo[f], m.x, 4 * (size_t)H, cudaMemcpyDeviceToHost));
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        for (int i = 0; i < 55; i++) {
-            if (i == 5) cudaEventRecord(a, NULL);
-            k_dv_moe_down(&m, NULL);
-        }
-        cudaEventRecord(b, NULL);
-        CUDA_OK(cudaEventSynchronize(b));
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        us[f] = 1000.0 * ms / 50;
+        us[f] = moe_us(k_dv_moe_down, &m);
     }
     k_set_down_tc(1);
     double *ad = malloc(8 * (size_t)I), *dref = malloc(8 * (size_t)H);
