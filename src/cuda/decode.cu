@@ -617,10 +617,10 @@ static int dv_tc_launch(const struct dv_desc *d, void *stream) {
     for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
     const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
+    constexpr auto split = dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>;
     if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident)))
-        return launch_k(dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>,
-                        dim3(grid_for_tasks<dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS),
-                        smem, stream, *d);
+        return launch_k(split, dim3(grid_for_tasks<split>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS), smem,
+                        stream, *d);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
                     stream, *d);
 }
@@ -950,12 +950,14 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
     if (!g_exact && g_down_tc && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
         const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
         static size_t raised;
-        if (smem > 48 * 1024 && smem > raised) {
-            const cudaError_t e = cudaFuncSetAttribute(dv_down_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (smem > 48 * 1024 && smem > raised) {   // (the model's 9 experts: 12 KB)
+            const cudaError_t e =
+                cudaFuncSetAttribute(dv_down_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return (int)e;
             raised = smem;
         }
-        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, stream, *m);
+        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, stream,
+                        *m);
     }
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
