@@ -612,10 +612,17 @@ static size_t dv_smem_bytes(const struct dv_desc *d) {
 // tasks. The K split (a block a task) where K allows it and, with g_tc_split = 2 (the default),
 // only where the tasks are fewer than the warps the whole-K form keeps resident: past that every
 // warp has a task anyway and the split only adds the partial sums' round trip through shared memory.
-static int dv_tc_launch(const struct dv_desc *d, void *stream) {
+// The 16-row tasks of d's segments and the shared memory of the tensor-core forms (k_dv's staging, then tc's).
+static long dv_tc_tasks(const struct dv_desc *d) {
     long tasks = 0;
     for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
-    const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
+    return tasks;
+}
+static size_t dv_tc_smem(const struct dv_desc *d) { return dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K); }
+
+static int dv_tc_launch(const struct dv_desc *d, void *stream) {
+    const long tasks = dv_tc_tasks(d);
+    const size_t smem = dv_tc_smem(d);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
     constexpr auto split = dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>;
     if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident)))
@@ -630,11 +637,9 @@ static int dv_tc_launch(const struct dv_desc *d, void *stream) {
 // 80 registers, three blocks an SM: the tasks in one wave.
 enum { DV_TC8_WARPS = 8, DV_TC8_MIN_BLOCKS = 3, DV_TC8_MAX_TASKS = 132 * DV_TC8_MIN_BLOCKS };
 static int dv_tc8_launch(const struct dv_desc *d, void *stream) {
-    long tasks = 0;
-    for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
-    const size_t smem = dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
+    const size_t smem = dv_tc_smem(d);
     constexpr auto kern = dv_tc_split_kernel<DV_TC8_WARPS, DV_TC8_MIN_BLOCKS>;
-    return launch_k(kern, dim3(grid_for_tasks<kern>(tasks * DV_TC8_WARPS, DV_TC8_WARPS * WARP_SIZE, smem)),
+    return launch_k(kern, dim3(grid_for_tasks<kern>(dv_tc_tasks(d) * DV_TC8_WARPS, DV_TC8_WARPS * WARP_SIZE, smem)),
                     dim3(DV_TC8_WARPS * WARP_SIZE), smem, stream, *d);
 }
 
@@ -645,7 +650,7 @@ static int dv_pick(const struct dv_desc *d, void *stream) {
         for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
         if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, stream);
         if (g_tc_small && d->in_mode == DV_IN_PLAIN && !d->x_out && !d->best && d->K % (TC_SUPER * DV_TC8_WARPS) == 0 &&
-            CEIL_DIV(rows, TC_ROWS) <= DV_TC8_MAX_TASKS)
+            dv_tc_tasks(d) <= DV_TC8_MAX_TASKS)
             return dv_tc8_launch(d, stream);
     }
     // Two rows per pass keep x reads shared; one row (and all four of its chunks a lane in flight
