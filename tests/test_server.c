@@ -54,6 +54,28 @@ static void add_stops(struct gen_request *r, const char *const *stops, int n) {
     for (int i = 0; i < n; i++) assert_int_equal(gen_request_add_stop(r, stops[i], strlen(stops[i])), 0);
 }
 
+// A generation's text side whose sink keeps each channel's text (it must not move: t points into it).
+struct text_side {
+    struct gen_request r;
+    struct texts out;
+    struct gen_sink sink;
+    struct gen_text t;
+};
+
+static void text_side_init(struct text_side *x, const char *const *stops, int n, bool reasoning) {
+    *x = (struct text_side){.r = {.logprobs = -1, .reasoning = reasoning}};
+    add_stops(&x->r, stops, n);
+    x->sink = (struct gen_sink){.ctx = &x->out, .text = keep_text};
+    gen_text_init(&x->t, &x->r, &x->sink);
+}
+
+static void text_side_free(struct text_side *x) {
+    gen_text_free(&x->t);
+    sbuf_free(&x->out.answer);
+    sbuf_free(&x->out.reasoning);
+    gen_request_free(&x->r);
+}
+
 // A streamed chat job with the OpenAI protocol's sink.
 static struct job *stream_job(const char *const *stops, int n) {
     static const struct openai_ctx oc = {.model_name = "test"};
@@ -66,53 +88,36 @@ static struct job *stream_job(const char *const *stops, int n) {
 
 static void test_channel_stop_across_pieces(void **state) {
     const char *stops[] = {"END", "xyz"};
-    struct gen_request r = {.logprobs = -1};
-    add_stops(&r, stops, 2);
-    struct texts out = {0};
-    const struct gen_sink sink = {.ctx = &out, .text = keep_text};
-    struct gen_text t;
-    gen_text_init(&t, &r, &sink);
-    assert_false(gen_text_push(&t, "hello E", 7, false));
-    assert_string_equal(out.answer.p, "hello ");   // "E" is held: it may start "END"
-    assert_false(gen_text_push(&t, "Nx", 2, false));
-    assert_string_equal(out.answer.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
-    assert_true(gen_text_push(&t, "yz tail", 7, false));
-    assert_string_equal(out.answer.p, "hello EN");   // cut before the stop string
-    gen_text_free(&t);
-    sbuf_free(&out.answer);
-    gen_request_free(&r);
+    struct text_side x;
+    text_side_init(&x, stops, 2, false);
+    assert_false(gen_text_push(&x.t, "hello E", 7, false));
+    assert_string_equal(x.out.answer.p, "hello ");   // "E" is held: it may start "END"
+    assert_false(gen_text_push(&x.t, "Nx", 2, false));
+    assert_string_equal(x.out.answer.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
+    assert_true(gen_text_push(&x.t, "yz tail", 7, false));
+    assert_string_equal(x.out.answer.p, "hello EN");   // cut before the stop string
+    text_side_free(&x);
 }
 
 static void test_channel_earliest_stop_wins(void **state) {
     const char *stops[] = {"bb", "a"};
-    struct gen_request r = {.logprobs = -1};
-    add_stops(&r, stops, 2);
-    struct texts out = {0};
-    const struct gen_sink sink = {.ctx = &out, .text = keep_text};
-    struct gen_text t;
-    gen_text_init(&t, &r, &sink);
-    assert_true(gen_text_push(&t, "xxbbya", 6, false));
-    assert_string_equal(out.answer.p, "xx");
-    gen_text_free(&t);
-    sbuf_free(&out.answer);
-    gen_request_free(&r);
+    struct text_side x;
+    text_side_init(&x, stops, 2, false);
+    assert_true(gen_text_push(&x.t, "xxbbya", 6, false));
+    assert_string_equal(x.out.answer.p, "xx");
+    text_side_free(&x);
 }
 
 static void test_channel_flush_and_newlines(void **state) {
-    struct gen_request r = {.logprobs = -1, .reasoning = true};   // the output opens in the reasoning channel
-    struct texts out = {0};
-    const struct gen_sink sink = {.ctx = &out, .text = keep_text};
-    struct gen_text t;
-    gen_text_init(&t, &r, &sink);
-    gen_text_push(&t, "\n\nthink", 7, false);
-    gen_text_push(&t, "ing\n", 4, false);
-    assert_string_equal(out.reasoning.p, "thinking");   // the newline is held...
-    gen_text_push(&t, "\nmore\n", 6, true);
-    assert_string_equal(out.reasoning.p, "thinking\n\nmore");   // ...and dropped at the end
-    assert_null(out.answer.p);
-    gen_text_free(&t);
-    sbuf_free(&out.reasoning);
-    gen_request_free(&r);
+    struct text_side x;
+    text_side_init(&x, NULL, 0, true);   // the output opens in the reasoning channel
+    gen_text_push(&x.t, "\n\nthink", 7, false);
+    gen_text_push(&x.t, "ing\n", 4, false);
+    assert_string_equal(x.out.reasoning.p, "thinking");   // the newline is held...
+    gen_text_push(&x.t, "\nmore\n", 6, true);
+    assert_string_equal(x.out.reasoning.p, "thinking\n\nmore");   // ...and dropped at the end
+    assert_null(x.out.answer.p);
+    text_side_free(&x);
 }
 
 static void test_channel_stream_equals_total(void **state) {
