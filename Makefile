@@ -1,7 +1,8 @@
 # Calla build.  `make` builds build/calla; `make test` builds and runs every test.
 #
 #   make              build/calla (CUDA backend compiled in when nvcc is found)
-#   make test         unit + golden + server + cluster (HAProxy) tests (what CI runs)
+#   make test         the layering check, unit + golden + server + cluster (HAProxy) tests (what CI runs)
+#   make check-layers no source includes a header of a layer above its own (docs/ARCHITECTURE.md)
 #   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
 #   make fuzz         bounded libFuzzer runs of the checkpoint and server parsers (clang; FUZZ_SECONDS in all)
 #   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
@@ -85,8 +86,13 @@ $(BUILD)/tokenizer/tokenizer.json:
 	tools/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
 
 # Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
-test: $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
+test: check-layers $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
 	@tests/run.sh $(BUILD) $(TESTS)
+
+# The layering rule of docs/ARCHITECTURE.md on the #include lines of src/ (the table is in the script).
+.PHONY: check-layers
+check-layers:
+	@tools/dev/check_layers.sh
 
 # The chat page in a real browser: headless chromium driven by Selenium against `calla serve` on the
 # tiny geometry (tests/test_browser.py; skipped without chromium outside CI, a failure under CI=true).

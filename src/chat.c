@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const int32_t chat_stop_ids[CHAT_N_STOP] = {248046, 248044};
+const int32_t chat_stop_ids[CHAT_N_STOP] = {TOKEN_IM_END, TOKEN_ENDOFTEXT};
 
 int chat_is_stop(int32_t id) { return id == chat_stop_ids[0] || id == chat_stop_ids[1]; }
 

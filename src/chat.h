@@ -32,7 +32,8 @@ struct chat_options {
 // The defaults of Qwen3.6-35B-A3B: thinking on, reasoning of past turns dropped, prompt added.
 #define CHAT_OPTIONS_DEFAULT ((struct chat_options){.enable_thinking = 1, .add_generation_prompt = 1})
 
-// Generation stops on <|im_end|> 248046 and <|endoftext|> 248044 (generation_config).
+// Generation stops on <|im_end|> and <|endoftext|> (generation_config), model.h's TOKEN_IM_END
+// and TOKEN_ENDOFTEXT: the one stop rule of generate.c, `calla run` and constrained decoding.
 #define CHAT_N_STOP 2
 extern const int32_t chat_stop_ids[CHAT_N_STOP];
 int chat_is_stop(int32_t id);

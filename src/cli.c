@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 #include "chat.h"
 #include "engine.h"
+#include "generate.h"
 #include "tokenizer.h"
 #include "commands.h"
 #include "options.h"
@@ -150,6 +151,29 @@ static int parse_ids(const char *s, int32_t **ids, int *n, char *err, size_t err
     return 0;
 }
 
+// `calla run`'s sink: each token's text (or id) to stdout as it comes.
+struct run_out {
+    bool ids;                       // print ids (comma-separated), not text
+    int n;
+    struct progress_line progress;
+};
+
+static void run_progress(void *ctx, int done, int total) {
+    struct run_out *o = ctx;
+    if (done) progress_line(&o->progress, done, total);   // (not before the first chunk)
+}
+
+static void run_token(void *ctx, int32_t id) {
+    struct run_out *o = ctx;
+    if (o->ids) printf("%s%d", o->n ? "," : "", id), fflush(stdout);
+    o->n++;
+}
+
+static void run_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    fwrite(s, 1, n, stdout);
+    fflush(stdout);
+}
+
 int cmd_run(int argc, char **argv) {
     const char *dir = NULL, *prompt_tokens = NULL, *backend = NULL, *text = NULL, *chat = NULL;
     long long max_tokens = 16, threads = 0, context = 0;
@@ -220,57 +244,35 @@ int cmd_run(int argc, char **argv) {
         return 1;
     }
     struct seq *s;
-    struct tokenizer_stream ts;
-    if (tok_text) tokenizer_stream_init(&ts, tok_text, 1);
     int rc = 1;
     if (seq_new(e, (int)context, &s, err, sizeof err)) {
         fprintf(stderr, "calla run: %s\n", err);
         goto out;
     }
+    // Every token printed as it comes, the stop token included; no channels, no stop strings.
+    struct gen_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = (int)max_tokens, .logprobs = -1,
+                              .ignore_stop = ignore_eos, .echo_stop = true};
+    struct run_out ro = {.ids = !tok_text, .progress = {"calla run", now_s()}};
+    const struct gen_sink sink = {.ctx = &ro, .progress = run_progress, .token = run_token, .text = run_text};
+    const struct gen_env env = {.e = e, .s = s, .tok = tok_text};
+    struct gen_result res;
     double t0 = now_s();
-    int32_t tok;
-    struct progress_line pl = {"calla run", now_s()};
-    const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
-    if (engine_forward(e, s, prompt, n_prompt, &fo, &tok, err, sizeof err)) {
-        fprintf(stderr, "calla run: %s\n", err);
+    if (generate(&env, &req, 0, NULL, &sink, &res)) {
+        fprintf(stderr, "%scalla run: %s\n", res.n ? "\n" : "", res.err);
+        free(res.ids);
         goto out_seq;
     }
-    double t1 = now_s();
-    int generated = 0;
-    for (;;) {
-        if (tok_text) {
-            const char *piece;
-            size_t len;
-            if (tokenizer_stream_push(&ts, tok, &piece, &len, err, sizeof err) == 0) fwrite(piece, 1, len, stdout);
-        } else {
-            printf("%s%d", generated ? "," : "", tok);
-        }
-        fflush(stdout);
-        generated++;
-        if (generated == max_tokens || (!ignore_eos && (tok == TOKEN_IM_END || tok == TOKEN_ENDOFTEXT))) break;
-        if (engine_forward(e, s, &tok, 1, NULL, &tok, err, sizeof err)) {
-            fprintf(stderr, "\ncalla run: %s\n", err);
-            goto out_seq;
-        }
-    }
-    if (tok_text) {
-        const char *piece;
-        size_t len;
-        if (tokenizer_stream_flush(&ts, &piece, &len) == 0) fwrite(piece, 1, len, stdout);
-    }
+    free(res.ids);
     printf("\n");
-    double t2 = now_s();
+    double t1 = res.t_prefilled, t2 = now_s();
     fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token\n",
-            engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), generated,
-            generated > 1 ? 1e3 * (t2 - t1) / (generated - 1) : 0.0);
+            engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), res.n,
+            res.n > 1 ? 1e3 * (t2 - t1) / (res.n - 1) : 0.0);
     rc = 0;
 out_seq:
     seq_free(s);
 out:
-    if (tok_text) {
-        tokenizer_stream_free(&ts);
-        tokenizer_free(tok_text);
-    }
+    tokenizer_free(tok_text);
     engine_close(e);
     free(prompt);
     return rc;

@@ -1,43 +1,31 @@
-// openai.c: the OpenAI protocol of `calla serve`, as functions without sockets.
+// openai.c: the OpenAI protocol of `calla serve` (openai.h), as functions without sockets.
 //
-//   requests:  a JSON body -> a job (the rendered and tokenized prompt, max_tokens, stop strings,
-//              stream flags), or a 4xx naming the parameter (reject, never clamp: the rule of options.h)
-//   results:   a finished job -> the chat.completion / text_completion object; while streaming,
-//              text -> channels (stop strings, hold-back) -> SSE chunks in the job's buffer
+//   requests:  a JSON body -> a job whose generation request holds the rendered and tokenized
+//              prompt, max_tokens, stop strings, a schema, tools; or a 4xx naming the parameter
+//              (reject, never clamp: the rule of options.h)
+//   answers:   the job's sink: the generation's events -> SSE chunks in the job's output channel
+//              while streaming, else the chat.completion / text_completion object at the end
 //
 // Every bad request ends as a 4xx JSON error in the OpenAI shape
 //   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}};
 // nothing a client sends can reach an abort().
-#include "server.h"
+#include "openai.h"
 
 #include "chat.h"
 #include "constrain.h"
+#include "tokenizer.h"
 #include "toolcall.h"
 
 #include <ctype.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
-
-// ---- ids -------------------------------------------------------------------------------------------
-
-void random_hex(char *out, int nbytes) {
-    unsigned char b[32];
-    if (nbytes > 32) nbytes = 32;
-    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {   // no entropy source: time and address
-        unsigned long long x = (unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)out;
-        for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
-    }
-    for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
-}
 
 // ---- errors ----------------------------------------------------------------------------------
 
-json_t *error_body(int status, const char *param, const char *msg) {
+json_t *openai_error_body(int status, const char *param, const char *msg) {
     // OpenAI's types; error.code is a string or null, as OpenAI's.
     const char *type = status >= 400 && status < 500 ? "invalid_request_error"
                        : status == 503               ? "server_busy"
@@ -62,16 +50,6 @@ static int clip_utf8(const char *s, int max) {
     n = max;
     while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
     return n;
-}
-
-int bad(struct req_error *re, int status, const char *param, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(re->msg, sizeof re->msg, fmt, ap);
-    va_end(ap);
-    re->status = status;
-    re->param = param;
-    return -1;
 }
 
 // Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
@@ -127,25 +105,25 @@ int check_greedy(const json_t *body, struct req_error *re) {
         long long k;
         switch (g->kind) {
         case GREEDY_NUM_EQ: {
-            if (!json_is_number(v)) return bad(re, 400, g->name, "%s must be a number", g->name);
+            if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
             double d = json_number_value(v);
             if (!(d >= g->lo && d <= g->hi))
-                return bad(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
-            if (d != g->greedy) return bad(re, 400, g->name, "%s, got %g", g->why, d);
+                return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
+            if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", g->why, d);
             break;
         }
         case GREEDY_INT_LE:
         case GREEDY_INT_EQ:
-            if (!integral(v, &k)) return bad(re, 400, g->name, "%s must be an integer", g->name);
-            if (k < (long long)g->lo) return bad(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
+            if (!integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
+            if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
             if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
-                return bad(re, 400, g->name, "%s, got %lld", g->why, k);
+                return req_fail(re, 400, g->name, "%s, got %lld", g->why, k);
             break;
         case GREEDY_NULL:
-            return bad(re, 400, g->name, "%s", g->why);
+            return req_fail(re, 400, g->name, "%s", g->why);
         case GREEDY_EMPTY_OBJ:
-            if (!json_is_object(v)) return bad(re, 400, g->name, "%s must be an object", g->name);
-            if (json_object_size(v)) return bad(re, 400, g->name, "%s", g->why);
+            if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
+            if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", g->why);
             break;
         }
     }
@@ -161,7 +139,7 @@ static int get_opt(const json_t *obj, const char *name, json_type type, const js
     if (!ok) {
         static const char *const names[] = {"an object", "an array", "a string", "an integer", "a number", "a boolean",
                                             "a boolean", "null"};
-        return bad(re, 400, name, "%s must be %s", name, names[type]);
+        return req_fail(re, 400, name, "%s must be %s", name, names[type]);
     }
     *out = v;
     return 0;
@@ -175,35 +153,35 @@ static int get_bool(const json_t *obj, const char *name, bool def, bool *out, st
 }
 
 // logprobs: chat takes "logprobs": true with "top_logprobs": 0..20; completions take
-// "logprobs": 0..20 (the number of alternatives).  j->logprobs: -1 (off) or that number.
-static int parse_logprobs(const json_t *body, struct job *j, struct req_error *re) {
+// "logprobs": 0..20 (the number of alternatives).  r->logprobs: -1 (off) or that number.
+static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, struct req_error *re) {
     const json_t *lp = json_object_get(body, "logprobs"), *top = json_object_get(body, "top_logprobs");
     long long k = 0;
-    j->logprobs = -1;
-    if (j->chat) {
+    r->logprobs = -1;
+    if (chat) {
         bool on;
         if (get_bool(body, "logprobs", false, &on, re)) return -1;
         if (top && !json_is_null(top)) {
             if (!integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
-                return bad(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
+                return req_fail(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
                            MAX_TOP_LOGPROBS);
-            if (!on) return bad(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
+            if (!on) return req_fail(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
         }
-        if (on) j->logprobs = (int)k;
+        if (on) r->logprobs = (int)k;
         return 0;
     }
     if (top && !json_is_null(top))
-        return bad(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
+        return req_fail(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
     if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
     if (!integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
-        return bad(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
-    j->logprobs = (int)k;
+        return req_fail(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
+    r->logprobs = (int)k;
     return 0;
 }
 
 // response_format: text, json_object, or json_schema {"name", "schema", "strict"}: the schema is
 // compiled here, once (constrain.c), and refused with the keyword named when outside the subset.
-static int parse_response_format(const json_t *v, struct job *j, struct req_error *re) {
+static int parse_response_format(const json_t *v, struct gen_request *r, struct req_error *re) {
     const json_t *t = json_object_get(v, "type");
     const char *type = json_is_string(t) ? json_string_value(t) : "";
     const json_t *schema = NULL;
@@ -212,29 +190,23 @@ static int parse_response_format(const json_t *v, struct job *j, struct req_erro
         const json_t *js = json_object_get(v, "json_schema");
         schema = json_object_get(js, "schema");
         if (!json_is_object(js) || !json_is_object(schema))
-            return bad(re, 400, "response_format",
+            return req_fail(re, 400, "response_format",
                        "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
     } else if (strcmp(type, "json_object")) {
-        return bad(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+        return req_fail(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
     }
     char err[300];
-    if (constrain_compile(schema, &j->schema, err, sizeof err))
-        return bad(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+    if (constrain_compile(schema, &r->schema, err, sizeof err))
+        return req_fail(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
     return 0;
-}
-
-bool session_id_valid(const char *s, size_t len) {
-    if (len < 1 || len > MAX_SESSION_ID) return false;
-    for (size_t i = 0; i < len; i++)
-        if (s[i] < 0x21 || s[i] > 0x7e) return false;
-    return true;
 }
 
 // Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
-    if (check_greedy(body, re) || parse_logprobs(body, j, re)) return -1;
-    j->tok = oc->tok;
+    struct openai_resp *o = j->sink.ctx;
+    struct gen_request *r = &j->req;
+    if (check_greedy(body, re) || parse_logprobs(body, o->chat, r, re)) return -1;
     const json_t *v;
     if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
     // OpenAI's `user`: a stable end-user id.  Mirrored as X-Session-Id so a balancer can keep the
@@ -248,46 +220,44 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
         const json_t *m = json_object_get(body, mt_names[i]);
         if (!m || json_is_null(m)) continue;
         long long k;
-        if (!integral(m, &k)) return bad(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
+        if (!integral(m, &k)) return req_fail(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
         if (k < 1 || k > QWEN_MAX_CTX - 1)
-            return bad(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
+            return req_fail(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
                        QWEN_MAX_CTX - 1, k);
         *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
     }
     if (get_bool(body, "stream", false, &j->stream, re)) return -1;
-    if (get_bool(body, "return_token_ids", false, &j->return_ids, re)) return -1;
+    if (get_bool(body, "return_token_ids", false, &o->return_ids, re)) return -1;
     if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
-    if (v && get_bool(v, "include_usage", false, &j->include_usage, re)) return -1;
+    if (v && get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
     const json_t *stop = json_object_get(body, "stop");
     if (stop && !json_is_null(stop)) {
         const json_t *one[1] = {stop};
         size_t n = 1;
         if (json_is_array(stop)) {
             n = json_array_size(stop);
-            if (n > MAX_STOPS) return bad(re, 400, "stop", "stop may hold at most %d strings, got %zu", MAX_STOPS, n);
+            if (n > MAX_STOPS) return req_fail(re, 400, "stop", "stop may hold at most %d strings, got %zu", MAX_STOPS, n);
         } else if (!json_is_string(stop)) {
-            return bad(re, 400, "stop", "stop must be a string or an array of strings");
+            return req_fail(re, 400, "stop", "stop must be a string or an array of strings");
         }
         for (size_t i = 0; i < n; i++) {
             const json_t *s = json_is_array(stop) ? json_array_get(stop, i) : one[0];
-            if (!json_is_string(s)) return bad(re, 400, "stop", "stop[%zu] must be a string", i);
+            if (!json_is_string(s)) return req_fail(re, 400, "stop", "stop[%zu] must be a string", i);
             size_t len = json_string_length(s);
-            if (len == 0) return bad(re, 400, "stop", "stop strings must not be empty");
+            if (len == 0) return req_fail(re, 400, "stop", "stop strings must not be empty");
             if (len > MAX_STOP_BYTES)
-                return bad(re, 400, "stop", "stop strings are limited to %d bytes, got %zu", MAX_STOP_BYTES, len);
-            if (!(j->stops[j->n_stops] = malloc(len + 1))) return bad(re, 500, NULL, "out of memory");
-            memcpy(j->stops[j->n_stops], json_string_value(s), len + 1);
-            j->stop_len[j->n_stops++] = len;
+                return req_fail(re, 400, "stop", "stop strings are limited to %d bytes, got %zu", MAX_STOP_BYTES, len);
+            if (gen_request_add_stop(r, json_string_value(s), len)) return req_fail(re, 500, NULL, "out of memory");
         }
     }
     if (get_bool(body, "echo", false, &(bool){0}, re)) return -1;
-    if (json_is_true(json_object_get(body, "echo"))) return bad(re, 400, "echo", "echo is not supported");
+    if (json_is_true(json_object_get(body, "echo"))) return req_fail(re, 400, "echo", "echo is not supported");
     if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
-    if (v && json_string_length(v)) return bad(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
-    if (!j->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
-        return bad(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
+    if (v && json_string_length(v)) return req_fail(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
+    if (!o->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
+        return req_fail(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
     if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
-    if (v && parse_response_format(v, j, re)) return -1;
+    if (v && parse_response_format(v, r, re)) return -1;
     (void)oc;
     return 0;
 }
@@ -296,23 +266,23 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
 static int message_text(const json_t *content, size_t idx, struct sbuf *out, struct req_error *re) {
     if (!content || json_is_null(content)) return 0;
     if (json_is_string(content)) {
-        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return bad(re, 500, NULL, "out of memory");
+        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return req_fail(re, 500, NULL, "out of memory");
         return 0;
     }
     if (!json_is_array(content))
-        return bad(re, 400, "messages", "messages[%zu].content must be a string or an array of text parts", idx);
+        return req_fail(re, 400, "messages", "messages[%zu].content must be a string or an array of text parts", idx);
     size_t i;
     const json_t *part;
     json_array_foreach(content, i, part) {
         const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_object(part) || !json_is_string(type))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
+            return req_fail(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
         if (strcmp(json_string_value(type), "text"))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
+            return req_fail(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
                        idx, i, clip_utf8(json_string_value(type), 64), json_string_value(type));
         if (!json_is_string(text))
-            return bad(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
-        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return bad(re, 500, NULL, "out of memory");
+            return req_fail(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
+        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return req_fail(re, 500, NULL, "out of memory");
     }
     return 0;
 }
@@ -323,7 +293,7 @@ static int encode(const struct openai_ctx *oc, const char *text, const unsigned 
     size_t nn = 0;
     char err[256];
     if (tokenizer_encode_markup(oc->tok, text, len, markup, ids, &nn, err, sizeof err))
-        return bad(re, 400, NULL, "cannot tokenize: %s", err);
+        return req_fail(re, 400, NULL, "cannot tokenize: %s", err);
     *n = (int)nn;
     return 0;
 }
@@ -374,29 +344,29 @@ static bool valid_name(const char *s) {
 }
 
 // "tools" and "tool_choice": checks them, renders each tool for the template (co->tools).
-// j->tools keeps the array for typing the calls in the output (NULL: no tool parsing).
-static int parse_tools(const json_t *body, struct job *j, struct chat_options *co, struct owned *own_,
+// r->tools keeps the array for typing the calls in the output (NULL: no tool parsing).
+static int parse_tools(const json_t *body, struct gen_request *r, struct chat_options *co, struct owned *own_,
                        struct req_error *re) {
     const json_t *tools, *choice = json_object_get(body, "tool_choice");
     if (get_opt(body, "tools", JSON_ARRAY, &tools, re)) return -1;
     size_t n = tools ? json_array_size(tools) : 0;
-    if (n > MAX_TOOLS) return bad(re, 400, "tools", "at most %d tools, got %zu", MAX_TOOLS, n);
+    if (n > MAX_TOOLS) return req_fail(re, 400, "tools", "at most %d tools, got %zu", MAX_TOOLS, n);
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(tools, i), *f = json_object_get(t, "function");
         const json_t *type = json_object_get(t, "type"), *name = json_object_get(f, "name");
         if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
-            return bad(re, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+            return req_fail(re, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
         if (!json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
-            return bad(re, 400, "tools", "tools[%zu].function.name must be 1 to 64 letters, digits, _ or -", i);
+            return req_fail(re, 400, "tools", "tools[%zu].function.name must be 1 to 64 letters, digits, _ or -", i);
         const json_t *params = json_object_get(f, "parameters"), *desc = json_object_get(f, "description");
         if (params && !json_is_object(params))
-            return bad(re, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+            return req_fail(re, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
         if (desc && !json_is_string(desc))
-            return bad(re, 400, "tools", "tools[%zu].function.description must be a string", i);
+            return req_fail(re, 400, "tools", "tools[%zu].function.description must be a string", i);
         for (size_t k = 0; k < i; k++)
             if (!strcmp(json_string_value(name),
                         json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"))))
-                return bad(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
+                return req_fail(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
                            json_string_value(name));
     }
     bool none = false, forced = false;
@@ -409,27 +379,27 @@ static int parse_tools(const json_t *body, struct job *j, struct chat_options *c
         else if (c && !strcmp(c, "required")) forced = true;
         else if (json_is_object(choice) && json_is_string(named)) forced = true, fname = json_string_value(named);
         else
-            return bad(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+            return req_fail(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
                                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-        if (!n) return bad(re, 400, "tool_choice", "tool_choice needs tools");
+        if (!n) return req_fail(re, 400, "tool_choice", "tool_choice needs tools");
     }
     const json_t *par = json_object_get(body, "parallel_tool_calls");
     if (par && !json_is_null(par) && !json_is_boolean(par))
-        return bad(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
+        return req_fail(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
     if (!n || none) return 0;   // "none": the tools are left out of the prompt, output is content
     const char **rendered = own_alloc(own_, sizeof *rendered * n);
     for (size_t i = 0; rendered && i < n; i++) rendered[i] = own(own_, tool_tojson(json_array_get(tools, i)));
-    if (own_->oom) return bad(re, 500, NULL, "out of memory");
+    if (own_->oom) return req_fail(re, 500, NULL, "out of memory");
     co->tools = rendered;
     co->n_tools = n;
-    j->tools = json_incref((json_t *)tools);
+    r->tools = json_incref((json_t *)tools);
     if (!forced) return 0;
     // "required" or a named function: the answer is constrained to one well-formed call.
-    if (j->schema) return bad(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
+    if (r->schema) return req_fail(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
                                                       "JSON response_format");
     char err[300];
-    if (constrain_compile_tool_call(tools, fname, &j->schema, err, sizeof err))
-        return bad(re, 400, "tool_choice", "tool_choice: %s", err);
+    if (constrain_compile_tool_call(tools, fname, &r->schema, err, sizeof err))
+        return req_fail(re, 400, "tool_choice", "tool_choice: %s", err);
     return 0;
 }
 
@@ -437,22 +407,22 @@ static int parse_tools(const json_t *body, struct job *j, struct chat_options *c
 static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message *cm, struct owned *o,
                             struct req_error *re) {
     if (!calls || json_is_null(calls)) return 0;
-    if (!json_is_array(calls)) return bad(re, 400, "messages", "messages[%zu].tool_calls must be an array", idx);
+    if (!json_is_array(calls)) return req_fail(re, 400, "messages", "messages[%zu].tool_calls must be an array", idx);
     size_t n = json_array_size(calls);
     struct chat_tool_call *tc = own_alloc(o, sizeof *tc * n);
-    if (!tc) return bad(re, 500, NULL, "out of memory");
+    if (!tc) return req_fail(re, 500, NULL, "out of memory");
     for (size_t k = 0; k < n; k++) {
         const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
         const json_t *name = json_object_get(f, "name"), *a = json_object_get(f, "arguments");
         if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
-            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
+            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
         json_t *args = NULL;
         if (json_is_string(a)) args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
         else if (json_is_object(a)) args = json_incref((json_t *)a);
         else if (!a || json_is_null(a)) args = json_object();
         if (!json_is_object(args)) {
             json_decref(args);
-            return bad(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
+            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
                                             "(as a string)", idx, k);
         }
         size_t na = json_object_size(args), i = 0;
@@ -465,7 +435,7 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
             values[i++] = own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
         }
         json_decref(args);
-        if (o->oom) return bad(re, 500, NULL, "out of memory");
+        if (o->oom) return req_fail(re, 500, NULL, "out of memory");
         tc[k] = (struct chat_tool_call){.name = json_string_value(name), .n_args = na, .arg_names = names,
                                         .arg_values = values};
     }
@@ -475,16 +445,16 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
 }
 
 // /v1/chat/completions: messages (and tools) -> the rendered prompt and the byte offset where the
-// last message starts (the snapshot point).  Sets j->reasoning and j->tools.
-int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned char **markup, size_t *out_len,
+// last message starts (the snapshot point).  Sets req->reasoning and req->tools.
+int openai_render_chat(const json_t *body, struct gen_request *req, char **out_, unsigned char **markup, size_t *out_len,
                        size_t *boundary_, struct req_error *re) {
     *out_ = NULL;
     if (markup) *markup = NULL;
     const json_t *msgs = json_object_get(body, "messages");
-    if (!msgs || json_is_null(msgs)) return bad(re, 400, "messages", "messages is required");
-    if (!json_is_array(msgs)) return bad(re, 400, "messages", "messages must be an array");
+    if (!msgs || json_is_null(msgs)) return req_fail(re, 400, "messages", "messages is required");
+    if (!json_is_array(msgs)) return req_fail(re, 400, "messages", "messages must be an array");
     size_t n = json_array_size(msgs);
-    if (n == 0) return bad(re, 400, "messages", "messages must not be empty");
+    if (n == 0) return req_fail(re, 400, "messages", "messages must not be empty");
     struct chat_options co = CHAT_OPTIONS_DEFAULT;
     const json_t *kw;
     if (get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
@@ -493,7 +463,7 @@ int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned 
         return -1;
     co.enable_thinking = think;
     co.preserve_thinking = preserve;
-    j->reasoning = think;
+    req->reasoning = think;
 
     struct owned own_ = {0};
     struct chat_message *cm = calloc(n, sizeof *cm);
@@ -501,20 +471,20 @@ int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned 
     char *out = NULL, *hist = NULL;
     int rc = -1;
     if (!cm || !texts) {
-        bad(re, 500, NULL, "out of memory");
+        req_fail(re, 500, NULL, "out of memory");
         goto done;
     }
-    if (parse_tools(body, j, &co, &own_, re)) goto done;
+    if (parse_tools(body, req, &co, &own_, re)) goto done;
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m)) {
-            bad(re, 400, "messages", "messages[%zu] must be an object", i);
+            req_fail(re, 400, "messages", "messages[%zu] must be an object", i);
             goto done;
         }
         const json_t *role = json_object_get(m, "role");
         if (!json_is_string(role)) {
-            bad(re, 400, "messages", "messages[%zu].role must be a string", i);
+            req_fail(re, 400, "messages", "messages[%zu].role must be a string", i);
             goto done;
         }
         const char *r = NULL;
@@ -522,31 +492,31 @@ int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned 
             if (!strcmp(json_string_value(role), roles[k])) r = roles[k];
         if (!r) {
             const char *rs = json_string_value(role);
-            bad(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
+            req_fail(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
                 clip_utf8(rs, 64), rs);
             goto done;
         }
         if (!strcmp(r, "developer")) r = "system";
         const json_t *content = json_object_get(m, "content");
         if ((!content || json_is_null(content)) && strcmp(r, "assistant")) {
-            bad(re, 400, "messages", "messages[%zu].content is required for role \"%s\"", i, r);
+            req_fail(re, 400, "messages", "messages[%zu].content is required for role \"%s\"", i, r);
             goto done;
         }
         if (message_text(content, i, &texts[2 * i], re)) goto done;
         const json_t *rc_ = json_object_get(m, "reasoning_content");
         if (rc_ && !json_is_null(rc_)) {
             if (!json_is_string(rc_)) {
-                bad(re, 400, "messages", "messages[%zu].reasoning_content must be a string", i);
+                req_fail(re, 400, "messages", "messages[%zu].reasoning_content must be a string", i);
                 goto done;
             }
             if (sbuf_add(&texts[2 * i + 1], json_string_value(rc_), json_string_length(rc_))) {
-                bad(re, 500, NULL, "out of memory");
+                req_fail(re, 500, NULL, "out of memory");
                 goto done;
             }
         }
         const json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls) && strcmp(r, "assistant")) {
-            bad(re, 400, "messages", "messages[%zu]: only assistant messages have tool_calls", i);
+            req_fail(re, 400, "messages", "messages[%zu]: only assistant messages have tool_calls", i);
             goto done;
         }
         if (parse_tool_calls(calls, i, &cm[i], &own_, re)) goto done;
@@ -557,7 +527,7 @@ int openai_render_chat(const json_t *body, struct job *j, char **out_, unsigned 
     size_t len = 0, boundary = 0, hist_len = 0;
     char err[256];
     if (chat_render_markup(cm, n, &co, &out, markup, &len, &boundary, err, sizeof err)) {
-        bad(re, 400, "messages", "%s", err);
+        req_fail(re, 400, "messages", "%s", err);
         goto done;
     }
     // The snapshot point: the end of the last message (the history rendered without the
@@ -582,17 +552,17 @@ done:
 }
 
 // /v1/chat/completions: the rendered prompt -> its tokens and the last-message boundary in tokens.
-static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct gen_request *r, struct req_error *re) {
     char *out;
     unsigned char *mk;
     size_t len, boundary;
-    if (openai_render_chat(body, j, &out, &mk, &len, &boundary, re)) return -1;
+    if (openai_render_chat(body, r, &out, &mk, &len, &boundary, re)) return -1;
     int rc = -1;
     // The boundary in tokens.  When the text after it opens with an added token (ChatML's
     // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
     // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
     // keep the boundary only if the prefix's tokens are a prefix of the whole's.
-    j->boundary = 0;
+    r->boundary = 0;
     static const char im_start[] = "<|im_start|>";
     int32_t *pre = NULL, *post = NULL;
     int npre = 0, npost = 0;
@@ -602,20 +572,20 @@ static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct jo
             free(pre);
             goto done;
         }
-        if (!(j->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
+        if (!(r->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
             free(pre), free(post);
-            bad(re, 500, NULL, "out of memory");
+            req_fail(re, 500, NULL, "out of memory");
             goto done;
         }
-        memcpy(j->prompt, pre, sizeof *pre * (size_t)npre);
-        memcpy(j->prompt + npre, post, sizeof *post * (size_t)npost);
-        j->n_prompt = npre + npost;
-        j->boundary = npre;
+        memcpy(r->prompt, pre, sizeof *pre * (size_t)npre);
+        memcpy(r->prompt + npre, post, sizeof *post * (size_t)npost);
+        r->n_prompt = npre + npost;
+        r->boundary = npre;
         free(pre), free(post);
     } else {
-        if (encode(oc, out, mk, len, &j->prompt, &j->n_prompt, re)) goto done;
+        if (encode(oc, out, mk, len, &r->prompt, &r->n_prompt, re)) goto done;
         if (boundary > 0 && boundary < len && !encode(oc, out, mk, boundary, &pre, &npre, re)) {
-            if (npre > 0 && npre < j->n_prompt && !memcmp(pre, j->prompt, sizeof *pre * (size_t)npre)) j->boundary = npre;
+            if (npre > 0 && npre < r->n_prompt && !memcmp(pre, r->prompt, sizeof *pre * (size_t)npre)) r->boundary = npre;
             free(pre);
         }
     }
@@ -627,87 +597,82 @@ done:
 }
 
 // /v1/completions: prompt as text (no template) or as token ids.
-static int parse_completion(const struct openai_ctx *oc, const json_t *body, struct job *j, struct req_error *re) {
+static int parse_completion(const struct openai_ctx *oc, const json_t *body, struct gen_request *r,
+                            struct req_error *re) {
     const json_t *p = json_object_get(body, "prompt");
-    if (!p || json_is_null(p)) return bad(re, 400, "prompt", "prompt is required");
+    if (!p || json_is_null(p)) return req_fail(re, 400, "prompt", "prompt is required");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        if (json_string_length(p) == 0) return bad(re, 400, "prompt", "prompt must not be empty");
-        return encode(oc, json_string_value(p), NULL, json_string_length(p), &j->prompt, &j->n_prompt, re);
+        if (json_string_length(p) == 0) return req_fail(re, 400, "prompt", "prompt must not be empty");
+        return encode(oc, json_string_value(p), NULL, json_string_length(p), &r->prompt, &r->n_prompt, re);
     }
-    if (!json_is_array(p)) return bad(re, 400, "prompt", "prompt must be a string or an array of token ids");
+    if (!json_is_array(p)) return req_fail(re, 400, "prompt", "prompt must be a string or an array of token ids");
     size_t n = json_array_size(p);
-    if (n == 0) return bad(re, 400, "prompt", "prompt must not be empty");
+    if (n == 0) return req_fail(re, 400, "prompt", "prompt must not be empty");
     if (n > (size_t)oc->context)
-        return bad(re, 400, "prompt", "prompt (%zu tokens) exceeds the context of %lld tokens", n, oc->context);
-    if (!(j->prompt = malloc(sizeof *j->prompt * n))) return bad(re, 500, NULL, "out of memory");
+        return req_fail(re, 400, "prompt", "prompt (%zu tokens) exceeds the context of %lld tokens", n, oc->context);
+    if (!(r->prompt = malloc(sizeof *r->prompt * n))) return req_fail(re, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(p, i);
         long long id;
         if (!json_is_integer(t)) {
             if (json_is_string(t) || json_is_array(t))
-                return bad(re, 400, "prompt", "batched prompts are not supported (batch 1): give one string or one array of token ids");
-            return bad(re, 400, "prompt", "prompt[%zu] must be an integer token id", i);
+                return req_fail(re, 400, "prompt", "batched prompts are not supported (batch 1): give one string or one array of token ids");
+            return req_fail(re, 400, "prompt", "prompt[%zu] must be an integer token id", i);
         }
         id = json_integer_value(t);
         if (id < 0 || id >= oc->vocab)
-            return bad(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id, oc->vocab - 1);
-        j->prompt[i] = (int32_t)id;
+            return req_fail(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id, oc->vocab - 1);
+        r->prompt[i] = (int32_t)id;
     }
-    j->n_prompt = (int)n;
+    r->n_prompt = (int)n;
     return 0;
 }
 
-static void tool_content(void *arg, const char *s, size_t n);
-static void tool_call(void *arg, const char *name, const char *arguments);
-
-void openai_job_tools(struct job *j) {
-    tool_parser_init(&j->tp, j->tools, (struct tool_sink){tool_content, tool_call, j});
-}
-
 // The whole request -> a job ready to queue, or a 4xx.
-struct job *openai_parse_request(const struct openai_ctx *oc, enum endpoint ep, const char *data, size_t len,
+struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoint ep, const char *data, size_t len,
                                  struct req_error *re) {
     json_error_t je;
     json_t *body = json_loadb(data, len, 0, &je);
     if (!body) {
-        bad(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
+        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
         return NULL;
     }
     struct job *j = NULL;
     if (!json_is_object(body)) {
-        bad(re, 400, NULL, "the request body must be a JSON object");
+        req_fail(re, 400, NULL, "the request body must be a JSON object");
         goto fail;
     }
-    if (!(j = job_new())) {
-        bad(re, 500, NULL, "out of memory");
+    if (!(j = openai_job_new(oc, ep))) {
+        req_fail(re, 500, NULL, "out of memory");
         goto fail;
     }
-    j->chat = ep == EP_CHAT;
+    const bool chat = ep == OPENAI_CHAT;
+    struct gen_request *r = &j->req;
     long long max_tokens;
     if (parse_common(oc, body, j, &max_tokens, re)) goto fail;
-    if (j->chat ? parse_chat(oc, body, j, re) : parse_completion(oc, body, j, re)) goto fail;
-    if (j->tools) openai_job_tools(j);
-    if (j->n_prompt < 1) {
-        bad(re, 400, j->chat ? "messages" : "prompt", "the prompt is empty");
+    if (chat ? parse_chat(oc, body, r, re) : parse_completion(oc, body, r, re)) goto fail;
+    if (r->n_prompt < 1) {
+        req_fail(re, 400, chat ? "messages" : "prompt", "the prompt is empty");
         goto fail;
     }
     const long long ctx = oc->context;
-    if (j->n_prompt + 2 > ctx) {   // the prompt's fault whatever max_tokens says
-        bad(re, 400, j->chat ? "messages" : "prompt",
-            "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", j->n_prompt, ctx);
+    if (r->n_prompt + 2 > ctx) {   // the prompt's fault whatever max_tokens says
+        req_fail(re, 400, chat ? "messages" : "prompt",
+                 "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", r->n_prompt, ctx);
         goto fail;
     }
     if (!max_tokens) {   // the server default, within what the context has left
-        max_tokens = ctx - j->n_prompt - 1;
+        max_tokens = ctx - r->n_prompt - 1;
         if (max_tokens > oc->default_max_tokens) max_tokens = oc->default_max_tokens;
     }
-    if (j->n_prompt + max_tokens + 1 > ctx) {
-        bad(re, 400, "max_tokens", "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens",
-            j->n_prompt, max_tokens, j->n_prompt + max_tokens + 1, ctx);
+    if (r->n_prompt + max_tokens + 1 > ctx) {
+        req_fail(re, 400, "max_tokens",
+                 "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens", r->n_prompt,
+                 max_tokens, r->n_prompt + max_tokens + 1, ctx);
         goto fail;
     }
-    j->max_tokens = (int)max_tokens;
+    r->max_tokens = (int)max_tokens;
     json_decref(body);
     return j;
 fail:
@@ -716,49 +681,24 @@ fail:
     return NULL;
 }
 
-// ---- logprobs ------------------------------------------------------------------------------------
+// ---- the answer: logprobs ----------------------------------------------------------------------
 
-void logprobs_of(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out) {
-    float mx = logits[0];
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
-    const float lse = mx + (float)log(sum);
-    out->id = chosen;
-    out->lp = logits[chosen] - lse;
-    out->n_top = 0;
-    // Top k by insertion into a sorted list: most values fail the first compare.
-    for (int i = 0; i < vocab && k > 0; i++) {
-        const float x = logits[i];
-        if (out->n_top == k && !(x > out->top_lp[k - 1])) continue;
-        int at = out->n_top < k ? out->n_top++ : k - 1;
-        while (at > 0 && x > out->top_lp[at - 1]) {
-            out->top_lp[at] = out->top_lp[at - 1];
-            out->top_id[at] = out->top_id[at - 1];
-            at--;
-        }
-        out->top_lp[at] = x;
-        out->top_id[at] = i;
-    }
-    for (int t = 0; t < out->n_top; t++) out->top_lp[t] -= lse;
-}
-
-int job_add_logprobs(struct job *j, const float *logits, int vocab, int32_t chosen) {
-    if (j->n_lps == j->lps_cap) {
-        int cap = j->lps_cap ? 2 * j->lps_cap : 16;
-        struct token_lp *p = realloc(j->lps, sizeof *p * (size_t)cap);
+static int on_logprobs(void *ctx, const struct token_lp *lp) {
+    struct openai_resp *o = ctx;
+    if (o->n_lps == o->lps_cap) {
+        int cap = o->lps_cap ? 2 * o->lps_cap : 16;
+        struct token_lp *p = realloc(o->lps, sizeof *p * (size_t)cap);
         if (!p) return -1;
-        j->lps = p, j->lps_cap = cap;
+        o->lps = p, o->lps_cap = cap;
     }
-    logprobs_of(logits, vocab, chosen, j->logprobs, &j->lps[j->n_lps++]);
+    o->lps[o->n_lps++] = *lp;
     return 0;
 }
 
 // A token's text (invalid UTF-8 as U+FFFD) and, for chat, its raw bytes.
-static json_t *token_text(const struct job *j, int32_t id, json_t **bytes) {
+static json_t *token_text(const struct openai_resp *o, int32_t id, json_t **bytes) {
     size_t n = 0, cn;
-    const char *b = tokenizer_token_bytes(j->tok, id, &n);
+    const char *b = tokenizer_token_bytes(o->tok, id, &n);
     if (!b) b = "", n = 0;
     if (bytes) {
         *bytes = json_array();
@@ -771,20 +711,20 @@ static json_t *token_text(const struct job *j, int32_t id, json_t **bytes) {
     return s;
 }
 
-static json_t *chat_lp_item(const struct job *j, int32_t id, float lp) {
-    json_t *bytes, *tok = token_text(j, id, &bytes);
+static json_t *chat_lp_item(const struct openai_resp *o, int32_t id, float lp) {
+    json_t *bytes, *tok = token_text(o, id, &bytes);
     return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
 }
 
 // choice.logprobs for entries [from, to): chat {"content": [...]}, completions the legacy
 // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
-static json_t *logprobs_json(const struct job *j, int from, int to) {
-    if (j->chat) {
+static json_t *logprobs_json(const struct openai_resp *o, int from, int to) {
+    if (o->chat) {
         json_t *content = json_array();
         for (int i = from; i < to; i++) {
-            const struct token_lp *t = &j->lps[i];
-            json_t *item = chat_lp_item(j, t->id, t->lp), *top = json_array();
-            for (int k = 0; k < t->n_top; k++) json_array_append_new(top, chat_lp_item(j, t->top_id[k], t->top_lp[k]));
+            const struct token_lp *t = &o->lps[i];
+            json_t *item = chat_lp_item(o, t->id, t->lp), *top = json_array();
+            for (int k = 0; k < t->n_top; k++) json_array_append_new(top, chat_lp_item(o, t->top_id[k], t->top_lp[k]));
             json_object_set_new(item, "top_logprobs", top);
             json_array_append_new(content, item);
         }
@@ -793,52 +733,84 @@ static json_t *logprobs_json(const struct job *j, int from, int to) {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     size_t off = 0, n;
     for (int i = 0; i < to; i++) {
-        const struct token_lp *t = &j->lps[i];
+        const struct token_lp *t = &o->lps[i];
         if (i >= from) {
-            json_array_append_new(tokens, token_text(j, t->id, NULL));
+            json_array_append_new(tokens, token_text(o, t->id, NULL));
             json_array_append_new(lps, json_real(t->lp));
             json_array_append_new(offs, json_integer((json_int_t)off));
             json_t *top = json_object();
             for (int k = 0; k < t->n_top; k++) {
-                json_t *s = token_text(j, t->top_id[k], NULL);
+                json_t *s = token_text(o, t->top_id[k], NULL);
                 json_object_set_new(top, json_string_value(s), json_real(t->top_lp[k]));
                 json_decref(s);
             }
             json_array_append_new(tops, top);
         }
-        if (tokenizer_token_bytes(j->tok, t->id, &n)) off += n;
+        if (tokenizer_token_bytes(o->tok, t->id, &n)) off += n;
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
                      "text_offset", offs);
 }
 
 // Streaming: the logprobs not sent yet (null when off or none are new).
-static json_t *logprobs_pending(struct job *j) {
-    if (j->logprobs < 0 || j->lps_sent == j->n_lps) return json_null();
-    json_t *o = logprobs_json(j, j->lps_sent, j->n_lps);
-    j->lps_sent = j->n_lps;
-    return o;
+static json_t *logprobs_pending(struct openai_resp *o) {
+    if (o->j->req.logprobs < 0 || o->lps_sent == o->n_lps) return json_null();
+    json_t *l = logprobs_json(o, o->lps_sent, o->n_lps);
+    o->lps_sent = o->n_lps;
+    return l;
 }
 
-// ---- output: channels, stop strings, server-sent events ----------------------------------------
+// ---- the answer: usage, timings, finish ----------------------------------------------------------
 
-void job_sse(struct job *j, const char *data, size_t len) {
-    pthread_mutex_lock(&j->mu);
-    if (sbuf_add(&j->sse, "data: ", 6) || sbuf_add(&j->sse, data, len) || sbuf_add(&j->sse, "\n\n", 2))
-        j->cancel = true;   // out of memory: end this request
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+static const char *finish_reason(enum gen_finish f) {
+    return f == GEN_FINISH_LENGTH ? "length" : f == GEN_FINISH_TOOL_CALLS ? "tool_calls" : "stop";
 }
 
-void job_sse_comment(struct job *j, const char *text) {
-    pthread_mutex_lock(&j->mu);
-    if (sbuf_add(&j->sse, ": ", 2) || sbuf_add(&j->sse, text, strlen(text)) || sbuf_add(&j->sse, "\n\n", 2))
-        j->cancel = true;   // out of memory: end this request
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+static json_t *usage_json(const struct gen_end *e) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", e->n_prompt, "completion_tokens", e->n_gen,
+                     "total_tokens", e->n_prompt + e->n_gen, "prompt_tokens_details", "cached_tokens", e->n_cached);
 }
 
-void job_sse_json(struct job *j, json_t *o) {
+static json_t *ids_json(const struct gen_end *e) {
+    json_t *a = json_array();
+    for (int i = 0; i < e->n_gen; i++) json_array_append_new(a, json_integer(e->ids[i]));
+    return a;
+}
+
+static json_t *timings_json(const struct gen_end *e) {
+    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "queue_ms", e->queue_ms, "prefill_ms", e->prefill_ms, "decode_ms",
+                     e->decode_ms, "prompt_tokens_processed", e->n_prompt - e->n_cached, "generated_tokens", e->n_gen);
+}
+
+// The whole non-streamed answer.
+static json_t *completion_json(const struct openai_resp *o, const struct gen_end *e) {
+    const char *finish = finish_reason(e->finish);
+    json_t *choice;
+    if (o->chat) {
+        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", o->content.p ? o->content.p : "",
+                                o->content.len);
+        if (o->j->req.reasoning)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(o->reasoning_text.p ? o->reasoning_text.p : "", o->reasoning_text.len));
+        if (o->calls) {   // as OpenAI: content null when the answer is only calls
+            json_object_set(msg, "tool_calls", o->calls);
+            if (!o->content.len) json_object_set_new(msg, "content", json_null());
+        }
+        choice = json_pack("{s:i, s:o, s:s}", "index", 0, "message", msg, "finish_reason", finish);
+    } else {
+        choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", o->content.p ? o->content.p : "", o->content.len,
+                           "finish_reason", finish);
+    }
+    json_object_set_new(choice, "logprobs", o->j->req.logprobs >= 0 ? logprobs_json(o, 0, o->n_lps) : json_null());
+    if (o->return_ids) json_object_set_new(choice, "token_ids", ids_json(e));
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", o->j->id, "object",
+                     o->chat ? "chat.completion" : "text_completion", "created", (json_int_t)o->created, "model",
+                     o->model_name, "choices", choice, "usage", usage_json(e), "timings", timings_json(e));
+}
+
+// ---- the answer: server-sent events --------------------------------------------------------------
+
+static void sse_json(struct job *j, json_t *o) {
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s) job_sse(j, s, strlen(s));
@@ -846,183 +818,142 @@ void job_sse_json(struct job *j, json_t *o) {
 }
 
 // One streamed chunk: delta text on a field, or (field NULL) the role / the finish.
-static json_t *chunk_new(struct job *j) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", j->id, "object",
-                     j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
-                     j->model_name, "choices");
+static json_t *chunk_new(const struct openai_resp *o) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", o->j->id, "object",
+                     o->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)o->created, "model",
+                     o->model_name, "choices");
 }
 
-static void stream_delta(struct job *j, const char *field, const char *text, size_t len, const char *finish) {
-    json_t *o = chunk_new(j);
+static void stream_delta(struct openai_resp *o, const char *field, const char *text, size_t len, const char *finish) {
+    json_t *c = chunk_new(o);
     json_t *choice = json_pack("{s:i, s:o}", "index", 0, "finish_reason", finish ? json_string(finish) : json_null());
-    if (j->chat) {
+    if (o->chat) {
         json_t *delta = json_object();
         if (field) json_object_set_new(delta, field, json_stringn(text, len));
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", json_stringn(field ? text : "", field ? len : 0));
     }
-    json_object_set_new(choice, "logprobs", logprobs_pending(j));
-    json_array_append_new(json_object_get(o, "choices"), choice);
-    job_sse_json(j, o);
+    json_object_set_new(choice, "logprobs", logprobs_pending(o));
+    json_array_append_new(json_object_get(c, "choices"), choice);
+    sse_json(o->j, c);
 }
 
-static void emit_text(struct job *j, struct channel *ch, const char *s, size_t n) {
-    if (!n) return;
-    sbuf_add(ch->total, s, n);
-    if (j->stream) stream_delta(j, ch->field, s, n, NULL);
+// The first chunk goes out with the first token (time to first token): the role for chat.
+static void stream_begin(struct openai_resp *o) {
+    if (!o->chat) {
+        stream_delta(o, "text", "", 0, NULL);
+        return;
+    }
+    json_t *c = chunk_new(o);
+    json_array_append_new(json_object_get(c, "choices"), json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta",
+                                                                   "role", "assistant", "content", "", "finish_reason"));
+    sse_json(o->j, c);
 }
 
-// The tool parser's outputs: answer text, and complete calls.
-static void tool_content(void *arg, const char *s, size_t n) {
-    struct job *j = arg;
-    emit_text(j, j->tool_ch, s, n);
+// The end of a stream: the finish chunk with usage, or an error event; then [DONE].
+static void stream_end(struct openai_resp *o, const struct gen_end *e) {
+    if (e->finish) {
+        json_t *c = chunk_new(o);
+        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", finish_reason(e->finish));
+        if (o->chat) json_object_set_new(choice, "delta", json_object());
+        else json_object_set_new(choice, "text", json_string(""));
+        json_object_set_new(choice, "logprobs", logprobs_pending(o));
+        if (o->return_ids) json_object_set_new(choice, "token_ids", ids_json(e));
+        json_array_append_new(json_object_get(c, "choices"), choice);
+        json_object_set_new(c, "timings", timings_json(e));
+        sse_json(o->j, c);
+        if (o->include_usage) {   // usage once, in a chunk of its own after the finish, as OpenAI
+            c = chunk_new(o);
+            json_object_set_new(c, "usage", usage_json(e));
+            sse_json(o->j, c);
+        }
+    } else {
+        sse_json(o->j, openai_error_body(e->status, NULL, e->message));
+    }
+    job_sse(o->j, "[DONE]", 6);
 }
 
-static void tool_call(void *arg, const char *name, const char *arguments) {
-    struct job *j = arg;
+// ---- the sink ------------------------------------------------------------------------------------
+
+// A prefill of several chunks, while streaming: SSE comments (": prefill DONE/TOTAL").
+static void on_progress(void *ctx, int done, int total) {
+    struct openai_resp *o = ctx;
+    if (!o->j->stream) return;
+    char text[64];
+    snprintf(text, sizeof text, "prefill %d/%d", done, total);
+    job_sse_comment(o->j, text);
+}
+
+static void on_begin(void *ctx) {
+    struct openai_resp *o = ctx;
+    if (o->j->stream) stream_begin(o);
+}
+
+static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    struct openai_resp *o = ctx;
+    sbuf_add(ch == GEN_REASONING ? &o->reasoning_text : &o->content, s, n);
+    if (o->j->stream)
+        stream_delta(o, !o->chat ? "text" : ch == GEN_REASONING ? "reasoning_content" : "content", s, n, NULL);
+}
+
+static void on_tool_call(void *ctx, const char *name, const char *arguments) {
+    struct openai_resp *o = ctx;
     char id[40] = "call_";
     random_hex(id + 5, 12);
     json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
                           "arguments", arguments);
-    if (!c || (!j->calls && !(j->calls = json_array()))) {
+    if (!c || (!o->calls && !(o->calls = json_array()))) {
         json_decref(c);
         return;
     }
-    if (j->stream) {   // one delta per call, whole: no markup, arguments complete
-        json_t *o = chunk_new(j), *d = json_deep_copy(c);
-        json_object_set_new(d, "index", json_integer((json_int_t)json_array_size(j->calls)));
-        json_array_append_new(json_object_get(o, "choices"),
+    if (o->j->stream) {   // one delta per call, whole: no markup, arguments complete
+        json_t *k = chunk_new(o), *d = json_deep_copy(c);
+        json_object_set_new(d, "index", json_integer((json_int_t)json_array_size(o->calls)));
+        json_array_append_new(json_object_get(k, "choices"),
                               json_pack("{s:i, s:{s:[o]}, s:n, s:o}", "index", 0, "delta", "tool_calls", d,
-                                        "finish_reason", "logprobs", logprobs_pending(j)));
-        job_sse_json(j, o);
+                                        "finish_reason", "logprobs", logprobs_pending(o)));
+        sse_json(o->j, k);
     }
-    json_array_append_new(j->calls, c);
+    json_array_append_new(o->calls, c);
 }
 
-// Answer text goes through the tool-call parser when the request has tools.
-static void emit(struct job *j, struct channel *ch, const char *s, size_t n) {
-    if (!ch->tools) return emit_text(j, ch, s, n);
-    j->tool_ch = ch;
-    tool_parser_feed(&j->tp, s, n);
+// The end: the stream's last events, or the whole answer (an error in OpenAI's shape on failure).
+static void on_end(void *ctx, const struct gen_end *e) {
+    struct openai_resp *o = ctx;
+    if (o->j->stream) return stream_end(o, e);
+    json_t *body = e->finish ? completion_json(o, e) : openai_error_body(e->status, NULL, e->message);
+    char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (s) job_answer(o->j, e->finish ? 200 : e->status, s, strlen(s));
+    else job_answer(o->j, 500, "", 0);   // out of memory: an empty body (the transport answers for it)
+    free(s);
 }
 
-// Longest proper prefix of any stop string that ends the buffer.
-static size_t stop_holdback(const struct job *j, const char *p, size_t n) {
-    size_t hold = 0;
-    for (int i = 0; i < j->n_stops; i++)
-        for (size_t k = j->stop_len[i] - 1; k > hold; k--)
-            if (k <= n && !memcmp(p + n - k, j->stops[i], k)) {
-                hold = k;
-                break;
-            }
-    return hold;
+static void resp_free(void *ctx) {
+    struct openai_resp *o = ctx;
+    sbuf_free(&o->content);
+    sbuf_free(&o->reasoning_text);
+    json_decref(o->calls);
+    free(o->lps);
+    free(o);
 }
 
-bool channel_push(struct job *j, struct channel *ch, const char *text, size_t len, bool final) {
-    if (ch->strip_lead_nl && !ch->started)
-        while (len && *text == '\n') text++, len--;
-    if (len) ch->started = true;
-    sbuf_add(&ch->pend, text, len);
-    char *p = ch->pend.p;
-    size_t n = ch->pend.len, cut = SIZE_MAX;
-    for (int i = 0; i < j->n_stops && n; i++) {
-        const char *m = memmem(p, n, j->stops[i], j->stop_len[i]);
-        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p);
+struct job *openai_job_new(const struct openai_ctx *oc, enum openai_endpoint ep) {
+    struct job *j = job_new();
+    struct openai_resp *o = j ? malloc(sizeof *o) : NULL;
+    if (!o) {
+        job_unref(j);
+        return NULL;
     }
-    bool stopped = cut != SIZE_MAX;
-    if (stopped) n = cut, final = true;
-    size_t out = final ? n : n - stop_holdback(j, p, n);
-    if (ch->trim_trail_nl)
-        while (out && p[out - 1] == '\n') out--;
-    emit(j, ch, p, out);
-    if (final && ch->tools) tool_parser_finish(&j->tp);
-    if (final) ch->pend.len = 0;
-    else {
-        memmove(p, p + out, ch->pend.len - out);
-        ch->pend.len -= out;
-    }
-    return stopped;
+    *o = (struct openai_resp){.j = j, .chat = ep == OPENAI_CHAT, .tok = oc->tok, .model_name = oc->model_name,
+                              .created = (long long)time(NULL)};
+    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .logprobs = on_logprobs,
+                                .text = on_text, .tool_call = on_tool_call, .end = on_end};
+    j->sink_free = resp_free;
+    j->kind = o->chat ? "chat" : "completion";
+    char hex[25];
+    random_hex(hex, 12);   // unique across restarts, unlike a counter
+    snprintf(j->id, sizeof j->id, "%s-%s", o->chat ? "chatcmpl" : "cmpl", hex);
+    return j;
 }
-
-
-// ---- results ------------------------------------------------------------------------------------
-
-static json_t *usage_json(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens", j->n_gen,
-                     "total_tokens", j->n_prompt + j->n_gen, "prompt_tokens_details", "cached_tokens", j->n_cached);
-}
-
-static json_t *ids_json(const struct job *j) {
-    json_t *a = json_array();
-    for (int i = 0; i < j->n_gen; i++) json_array_append_new(a, json_integer(j->gen[i]));
-    return a;
-}
-
-static json_t *timings_json(const struct job *j) {
-    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "queue_ms", j->queue_ms, "prefill_ms", j->prefill_ms, "decode_ms",
-                     j->decode_ms, "prompt_tokens_processed", j->n_prompt - j->n_cached, "generated_tokens", j->n_gen);
-}
-
-
-// The first chunk goes out with the first token (time to first token): the role for chat.
-void stream_begin(struct job *j) {
-    if (!j->chat) {
-        stream_delta(j, "text", "", 0, NULL);
-        return;
-    }
-    json_t *o = chunk_new(j);
-    json_array_append_new(json_object_get(o, "choices"), json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta",
-                                                                   "role", "assistant", "content", "", "finish_reason"));
-    job_sse_json(j, o);
-}
-
-// The end of a stream: the finish chunk with usage, or an error event; then [DONE].
-void stream_end(struct job *j) {
-    if (j->finish) {
-        json_t *o = chunk_new(j);
-        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", j->finish);
-        if (j->chat) json_object_set_new(choice, "delta", json_object());
-        else json_object_set_new(choice, "text", json_string(""));
-        json_object_set_new(choice, "logprobs", logprobs_pending(j));
-        if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
-        json_array_append_new(json_object_get(o, "choices"), choice);
-        json_object_set_new(o, "timings", timings_json(j));
-        job_sse_json(j, o);
-        if (j->include_usage) {   // usage once, in a chunk of its own after the finish, as OpenAI
-
-            o = chunk_new(j);
-            json_object_set_new(o, "usage", usage_json(j));
-            job_sse_json(j, o);
-        }
-    } else {
-        json_t *e = error_body(j->status, NULL, j->errmsg);
-        job_sse_json(j, e);
-    }
-    job_sse(j, "[DONE]", 6);
-}
-
-json_t *completion_json(const struct job *j) {
-    json_t *choice;
-    if (j->chat) {
-        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", j->content.p ? j->content.p : "",
-                                j->content.len);
-        if (j->reasoning)
-            json_object_set_new(msg, "reasoning_content",
-                                json_stringn(j->reasoning_text.p ? j->reasoning_text.p : "", j->reasoning_text.len));
-        if (j->calls) {   // as OpenAI: content null when the answer is only calls
-            json_object_set(msg, "tool_calls", j->calls);
-            if (!j->content.len) json_object_set_new(msg, "content", json_null());
-        }
-        choice = json_pack("{s:i, s:o, s:s}", "index", 0, "message", msg, "finish_reason", j->finish);
-    } else {
-        choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", j->content.p ? j->content.p : "", j->content.len,
-                           "finish_reason", j->finish);
-    }
-    json_object_set_new(choice, "logprobs", j->logprobs >= 0 ? logprobs_json(j, 0, j->n_lps) : json_null());
-    if (j->return_ids) json_object_set_new(choice, "token_ids", ids_json(j));
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->id, "object",
-                     j->chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
-                     j->model_name, "choices", choice, "usage", usage_json(j), "timings", timings_json(j));
-}
-

@@ -1,250 +1,115 @@
-// scheduler.c: the queue and the worker of `calla serve`.
+// scheduler.c: the queue and the worker of `calla serve` (scheduler.h).
 //
 // The worker is the only thread that touches the engine, the working sequence and the session
 // cache; it runs jobs one at a time in arrival (queue) order.  A client that goes away is
-// noticed between prefill chunks and decode steps: the worker polls the client socket for a
-// reset (a half-close after the request is not leaving: the client may still read), and the
-// transport marks the job cancelled when a write fails or the connection ends early.
-#include "server.h"
+// noticed between prefill chunks and decode steps (job_cancelled: the worker polls the client
+// socket for a reset), and the transport marks the job cancelled when a write fails or the
+// connection ends early.
+#include "scheduler.h"
 
-#include "chat.h"
-
-#include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-// ---- jobs --------------------------------------------------------------------------------------
-
-struct job *job_new(void) {
-    struct job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
-    j->refs = 1;
-    j->fd = -1;
-    return j;
-}
-
-void job_ref(struct job *j) {
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
-}
-
-void job_unref(struct job *j) {
-    if (!j) return;
-    pthread_mutex_lock(&j->mu);
-    int r = --j->refs;
-    pthread_mutex_unlock(&j->mu);
-    if (r) return;
-    free(j->prompt);
-    free(j->gen);
-    free(j->lps);
-    json_decref(j->tools);
-    json_decref(j->calls);
-    tool_parser_free(&j->tp);
-    constrain_free(j->schema);
-    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
-    sbuf_free(&j->sse);
-    sbuf_free(&j->content);
-    sbuf_free(&j->reasoning_text);
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
-    free(j);
-}
-
-
-// ---- the worker --------------------------------------------------------------------------------
-
-static bool job_cancelled(void *arg) {
-    struct job *j = arg;
-    if (atomic_load(j->abort)) return true;
-    pthread_mutex_lock(&j->mu);
-    bool probe = false;
-    if (!j->cancel && j->fd >= 0) {
-        // A reset (or a socket gone) means the client left; a half-close (shutdown(SHUT_WR) after
-        // the request, POLLRDHUP) does not by itself: the client may still be reading.  A client
-        // that closed its socket is told apart by a write: its system answers it with a reset.  A
-        // stream may write nothing for many steps (text held back, e.g. an unfinished UTF-8
-        // sequence), so once the client's end of stream is seen it gets one SSE comment, which
-        // clients ignore: a closed client's reset is then seen at the next step.
-        struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
-        if (poll(&pf, 1, 0) > 0) {
-            if (pf.revents & (POLLHUP | POLLERR | POLLNVAL)) j->cancel = true;
-            else if ((pf.revents & POLLRDHUP) && j->stream && !j->probed) probe = j->probed = true;
-        }
+int sched_init(struct sched *s, const struct sched_config *cfg, char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    s->cfg = *cfg;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->abort, false);
+    const int ctx = (int)cfg->context;
+    if (seq_new(cfg->e, ctx, &s->w, err, errlen) ||
+        scache_init(&s->full, cfg->e, ctx, (int)cfg->cache_entries, err, errlen) ||
+        scache_init(&s->bound, cfg->e, ctx, (int)cfg->cache_boundaries, err, errlen)) {
+        sched_free(s);
+        return -1;
     }
-    bool c = j->cancel;
-    pthread_mutex_unlock(&j->mu);
-    if (probe) job_sse_comment(j, "are you there");
-    return c;
+    return 0;
 }
 
-static void job_fail(struct job *j, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->errmsg, sizeof j->errmsg, fmt, ap);
-    va_end(ap);
-    j->status = status;
-    j->finish = NULL;
+void sched_free(struct sched *s) {
+    scache_free(&s->full);
+    scache_free(&s->bound);
+    seq_free(s->w);
+    s->w = NULL;
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
 }
 
-// A prefill of several chunks reports its progress in /metrics and, when streaming, as SSE
-// comments (": prefill DONE/TOTAL"), the first before any work: a client sees bytes at once and
-// after every chunk, however long the prompt.
-struct progress_ctx {
-    struct server *sv;
+// ---- running a job -------------------------------------------------------------------------------
+
+// What the generation's hooks need.
+struct run {
+    struct sched *s;
     struct job *j;
 };
-static void prefill_progress(void *arg, int done, int total) {
-    const struct progress_ctx *p = arg;
-    pthread_mutex_lock(&p->sv->mu);
-    p->sv->prefill_done = done;
-    p->sv->prefill_total = total;
-    pthread_mutex_unlock(&p->sv->mu);
-    if (p->j->stream) {
-        char text[64];
-        snprintf(text, sizeof text, "prefill %d/%d", done, total);
-        job_sse_comment(p->j, text);
-    }
+
+static bool run_cancelled(void *arg) { return job_cancelled(((struct run *)arg)->j); }
+
+// The running prefill's progress for /metrics (the job's sink gets it from generate).
+static void run_progress(void *arg, int done, int total) {
+    struct sched *s = ((struct run *)arg)->s;
+    pthread_mutex_lock(&s->mu);
+    s->prefill_done = done < total ? done : 0;   // the last chunk: none running
+    s->prefill_total = done < total ? total : 0;
+    pthread_mutex_unlock(&s->mu);
 }
 
-// Forward tokens into the working sequence; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (job failed).
-// logits (NULL: not wanted) gets the last row's logits.
-static int forward(struct server *sv, struct job *j, const int32_t *t, int n, int32_t *next, float *logits) {
-    if (job_cancelled(j)) return ENGINE_CANCELLED;
+// The prompt is in up to its last message boundary: a snapshot there.
+static void run_snapshot(void *arg, int pos, int32_t next) {
+    const struct run *r = arg;
     char err[256];
-    const int last = n - 1, chunk = (int)sv->cfg.prefill_chunk;
-    struct progress_ctx pc = {sv, j};
-    const bool multi = n > chunk;   // single steps and one-chunk prompts report nothing
-    struct forward_opts fo = {.cancelled = job_cancelled, .cancel_arg = j, .logit_rows = logits ? &last : NULL,
-                              .n_logit_rows = logits ? 1 : 0, .logits = logits, .chunk = chunk,
-                              .progress = multi ? prefill_progress : NULL, .progress_arg = &pc};
-    if (multi) prefill_progress(&pc, 0, n);
-    int rc = engine_forward(sv->e, sv->w, t, n, &fo, next, err, sizeof err);
-    if (multi) {
-        pthread_mutex_lock(&sv->mu);
-        sv->prefill_done = sv->prefill_total = 0;
-        pthread_mutex_unlock(&sv->mu);
-    }
-    if (rc == ENGINE_ERROR) job_fail(j, 500, "engine: %s", err);
-    return rc;
+    if (scache_store_copy(&r->s->bound, r->s->w, r->j->req.prompt, pos, next, err, sizeof err))
+        fprintf(stderr, "calla serve: session cache: %s\n", err);
 }
 
-static void run_job(struct server *sv, struct job *j) {
+static void end_job(struct job *j, const struct gen_end *e) {
+    if (j->sink.end) j->sink.end(j->sink.ctx, e);
+}
+
+static void run_job(struct sched *s, struct job *j) {
     const double t0 = now_s();
-    j->queue_ms = 1e3 * (t0 - j->t_queued);
-    const int32_t *P = j->prompt;
-    const int n = j->n_prompt;
+    const struct gen_request *q = &j->req;
+    const int32_t *P = q->prompt;
+    const int n = q->n_prompt;
     char err[256];
-    int32_t tok = -1;
-    int rc = ENGINE_OK;
-    bool have_tok = false;
-    // The last row's logits, when logprobs are wanted or the answer is constrained.
-    const bool want_logits = j->logprobs >= 0 || j->schema;
-    float *logits = want_logits ? sv->logits : NULL;
-    struct constrained con = {0};
-    if ((want_logits && !logits) ||
-        (j->schema && constrained_init(&con, j->schema, sv->tok, sv->trie, (enum mask_mode)sv->mask_mode)))
-        job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
 
     // Session cache: the longest entry whose tokens are a prefix of the prompt.
-    // With logprobs the last prompt token must run (its logits give the first token's), so an
+    // With logits the last prompt token must run (its logits give the first token's), so an
     // entry may cover at most n - 1 tokens.
-    const int usable = want_logits ? n - 1 : n;
-    struct cache_entry *full = scache_lookup(&sv->full, P, usable), *bnd = scache_lookup(&sv->bound, P, usable);
+    const int usable = gen_wants_logits(q) ? n - 1 : n;
+    struct cache_entry *full = scache_lookup(&s->full, P, usable), *bnd = scache_lookup(&s->bound, P, usable);
     struct cache_entry *hit = full && (!bnd || full->n >= bnd->n) ? full : bnd;
     int pos = 0;
-    if (hit && seq_copy(sv->w, hit->s, err, sizeof err)) hit = NULL;
+    const int32_t *next = NULL;
+    if (hit && seq_copy(s->w, hit->s, err, sizeof err)) hit = NULL;
     if (hit) {
         pos = hit->n;
-        if (pos == n) tok = hit->next, have_tok = true;
+        if (pos == n) next = &hit->next;
     } else {
-        seq_reset(sv->w);
+        seq_reset(s->w);
     }
-    j->n_cached = pos;
-    pthread_mutex_lock(&sv->mu);
-    if (sv->full.n + sv->bound.n > 0) {
-        if (hit) sv->m.cache_hits++;
-        else sv->m.cache_misses++;
+    const int cached = pos;   // (hit may be another entry once the end state is stored)
+    pthread_mutex_lock(&s->mu);
+    if (s->full.n + s->bound.n > 0) {
+        if (hit) s->m.cache_hits++;
+        else s->m.cache_misses++;
     }
-    sv->m.cached_tokens += (unsigned long long)pos;
-    sv->m.prompt_tokens += (unsigned long long)n;
-    pthread_mutex_unlock(&sv->mu);
+    s->m.cached_tokens += (unsigned long long)pos;
+    s->m.prompt_tokens += (unsigned long long)n;
+    pthread_mutex_unlock(&s->mu);
 
-    // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
-    if (j->boundary > pos && j->boundary < n && sv->bound.n > 0) {
-        int32_t bnext;
-        rc = forward(sv, j, P + pos, j->boundary - pos, &bnext, NULL);
-        if (rc == ENGINE_OK) {
-            pos = j->boundary;
-            if (scache_store_copy(&sv->bound, sv->w, P, pos, bnext, err, sizeof err))
-                fprintf(stderr, "calla serve: session cache: %s\n", err);
-        }
-    }
-    if (j->schema && !j->reasoning && rc == ENGINE_OK) constrained_prepare(&con);   // the first mask, during the prefill
-    if (rc == ENGINE_OK && !have_tok) rc = forward(sv, j, P + pos, n - pos, &tok, logits);
-    const double t1 = now_s();
-    j->prefill_ms = 1e3 * (t1 - t0);
-
-    // Decode.
-    struct channel content = {.total = &j->content, .field = j->chat ? "content" : "text", .tools = j->tools != NULL};
-    struct channel reasoning = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
-                                .trim_trail_nl = true};
-    struct channel *ch = j->reasoning ? &reasoning : &content;
-    struct tokenizer_stream ts;
-    tokenizer_stream_init(&ts, sv->tok, 1);
-    int32_t *gen = j->gen = malloc(sizeof *gen * (size_t)(j->max_tokens + 1));
-    if (!gen && rc == ENGINE_OK) job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
-    int ng = 0;
-    bool eos = false, stop_str = false;
-    if (rc == ENGINE_OK && j->stream) stream_begin(j);   // with the first token (TTFT)
-    while (rc == ENGINE_OK) {
-        if (j->schema && ch == &content) tok = constrained_pick(&con, logits, tok, j->max_tokens - ng);   // the answer only
-        gen[ng++] = tok;
-        if (chat_is_stop(tok)) {
-            eos = true;
-            break;
-        }
-        if (logits && job_add_logprobs(j, logits, sv->vocab, tok)) {
-            job_fail(j, 500, "out of memory"), rc = ENGINE_ERROR;
-            break;
-        }
-        const char *text = "";
-        size_t len = 0;
-        if (ch == &reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
-            tokenizer_stream_flush(&ts, &text, &len);
-            stop_str = channel_push(j, ch, text, len, true);
-            ch = &content;
-            content.strip_lead_nl = true;
-        } else if (tokenizer_token_bytes(sv->tok, tok, &len) &&   // ids the tokenizer lacks decode to nothing
-                   !tokenizer_stream_push(&ts, tok, &text, &len, err, sizeof err)) {
-            stop_str = channel_push(j, ch, text, len, false);
-        }
-        if (stop_str || ng == j->max_tokens) break;
-        // The next step's mask depends on tok only: on the helper thread while the step runs.
-        if (j->schema && ch == &content) constrained_prepare(&con);
-        rc = forward(sv, j, &tok, 1, &tok, logits);
-    }
-    if (rc == ENGINE_OK) {
-        if (!stop_str) {   // flush what the decoder and the channel still hold
-            const char *tail;
-            size_t tl;
-            tokenizer_stream_flush(&ts, &tail, &tl);
-            stop_str = channel_push(j, ch, tail, tl, true);
-        }
-        j->finish = j->calls ? "tool_calls" : eos || stop_str ? "stop" : "length";
-    }
-    tokenizer_stream_free(&ts);
-    constrained_free(&con);
-    sbuf_free(&content.pend);
-    sbuf_free(&reasoning.pend);
-    const double t2 = now_s();
-    j->decode_ms = 1e3 * (t2 - t1);
-    j->n_gen = ng;
+    struct run r = {s, j};
+    const struct gen_env env = {
+        .e = s->cfg.e, .s = s->w, .tok = s->cfg.tok, .trie = s->cfg.trie, .mask_mode = s->cfg.mask_mode,
+        .logits = s->cfg.logits, .vocab = s->cfg.vocab, .chunk = (int)s->cfg.prefill_chunk,
+        .cancelled = run_cancelled, .progress = run_progress, .snapshot = s->bound.n > 0 ? run_snapshot : NULL, .arg = &r};
+    struct gen_result res;
+    const int rc = generate(&env, q, pos, next, &j->sink, &res);
+    pthread_mutex_lock(&s->mu);
+    s->prefill_done = s->prefill_total = 0;
+    pthread_mutex_unlock(&s->mu);
+    const int ng = res.n;
 
     // Keep the end state: it has consumed the prompt and every generated token but the last.
     // A state under half the context is copied into a slot of its own size (memory follows use);
@@ -254,97 +119,137 @@ static void run_job(struct server *sv, struct job *j) {
         int32_t *all = malloc(sizeof *all * (size_t)m);
         if (all) {
             memcpy(all, P, sizeof *P * (size_t)n);
-            memcpy(all + n, gen, sizeof *gen * (size_t)(ng - 1));
-            int r = 0;
-            if (seq_pos(sv->w) == m)
-                r = 2LL * m < sv->cfg.context ? scache_store_copy(&sv->full, sv->w, all, m, gen[ng - 1], err, sizeof err)
-                                              : scache_store_swap(&sv->full, &sv->w, all, m, gen[ng - 1], err, sizeof err);
-            if (r) fprintf(stderr, "calla serve: session cache: %s\n", err);
+            memcpy(all + n, res.ids, sizeof *res.ids * (size_t)(ng - 1));
+            int e = 0;
+            if (seq_pos(s->w) == m)
+                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.ids[ng - 1], err, sizeof err)
+                                             : scache_store_swap(&s->full, &s->w, all, m, res.ids[ng - 1], err, sizeof err);
+            if (e) fprintf(stderr, "calla serve: session cache: %s\n", err);
             free(all);
         }
     }
-    if (rc == ENGINE_CANCELLED) job_fail(j, atomic_load(&sv->abort) ? 503 : 499, "cancelled");
 
-    pthread_mutex_lock(&sv->mu);
-    sv->m.generated_tokens += (unsigned long long)ng;
-    sv->m.prefill_s += t1 - t0;
-    sv->m.decode_s += t2 - t1;
-    if (rc == ENGINE_CANCELLED) sv->m.cancelled++;
-    pthread_mutex_unlock(&sv->mu);
+    struct gen_end end = {
+        .finish = rc == ENGINE_OK ? res.finish : GEN_FINISH_NONE, .ids = res.ids, .n_gen = ng, .n_prompt = n,
+        .n_cached = cached, .queue_ms = 1e3 * (t0 - j->t_queued), .prefill_ms = 1e3 * (res.t_prefilled - t0),
+        .decode_ms = 1e3 * (res.t_end - res.t_prefilled)};
+    char msg[300];
+    if (rc == ENGINE_CANCELLED) {
+        end.status = atomic_load(&s->abort) ? 503 : 499, end.message = "cancelled";
+    } else if (rc != ENGINE_OK) {
+        snprintf(msg, sizeof msg, rc == GEN_NOMEM ? "%s" : "engine: %s", res.err);
+        end.status = 500, end.message = msg;
+    }
 
-    if (j->stream) stream_end(j);
-    if (!sv->cfg.quiet)
+    pthread_mutex_lock(&s->mu);
+    s->m.generated_tokens += (unsigned long long)ng;
+    s->m.prefill_s += res.t_prefilled - t0;
+    s->m.decode_s += res.t_end - res.t_prefilled;
+    if (rc == ENGINE_CANCELLED) s->m.cancelled++;
+    pthread_mutex_unlock(&s->mu);
+
+    end_job(j, &end);
+    if (!s->cfg.quiet)
         fprintf(stderr, "calla serve: %s %s: prompt %d (cached %d), generated %d, prefill %.1f ms, decode %.1f ms, %s\n",
-                j->id, j->chat ? "chat" : "completion", n, j->n_cached, ng, j->prefill_ms, j->decode_ms,
-                j->finish ? j->finish : j->errmsg);
+                j->id, j->kind, n, end.n_cached, ng, end.prefill_ms, end.decode_ms,
+                end.finish ? gen_finish_name(end.finish) : end.message);
+    free(res.ids);
 }
 
-void *sched_worker_main(void *arg) {
-    struct server *sv = arg;
+static void *worker_main(void *arg) {
+    struct sched *s = arg;
     for (;;) {
-        pthread_mutex_lock(&sv->mu);
-        while (!sv->head && !sv->stop_worker) pthread_cond_wait(&sv->cv, &sv->mu);
-        struct job *j = sv->head;
+        pthread_mutex_lock(&s->mu);
+        while (!s->head && !s->stop_worker) pthread_cond_wait(&s->cv, &s->mu);
+        struct job *j = s->head;
         if (!j) {
-            pthread_mutex_unlock(&sv->mu);
+            pthread_mutex_unlock(&s->mu);
             break;
         }
-        sv->head = j->next;
-        if (!sv->head) sv->tail = NULL;
-        sv->depth--;
-        sv->running = j;
-        pthread_mutex_unlock(&sv->mu);
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->depth--;
+        s->running = j;
+        pthread_mutex_unlock(&s->mu);
 
-        pthread_mutex_lock(&j->mu);
-        j->state = JOB_RUNNING;
-        pthread_mutex_unlock(&j->mu);
-        if (atomic_load(&sv->abort)) {
-            job_fail(j, 503, "the server is shutting down");
-            if (j->stream) stream_end(j);
-        } else {
-            run_job(sv, j);
-        }
+        job_set_state(j, JOB_RUNNING);
+        if (atomic_load(&s->abort))
+            end_job(j, &(struct gen_end){.status = 503, .message = "the server is shutting down", .n_prompt = j->req.n_prompt});
+        else
+            run_job(s, j);
 
-        pthread_mutex_lock(&sv->mu);
-        sv->running = NULL;
-        pthread_cond_broadcast(&sv->cv);
-        pthread_mutex_unlock(&sv->mu);
-        pthread_mutex_lock(&j->mu);
-        j->state = JOB_DONE;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_lock(&s->mu);
+        s->running = NULL;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        job_set_state(j, JOB_DONE);
         job_unref(j);
     }
     return NULL;
 }
 
-int sched_enqueue(struct server *sv, struct job *j, int fd, struct req_error *re) {
+int sched_start(struct sched *s) {
+    if (pthread_create(&s->worker, NULL, worker_main, s)) return -1;
+    s->have_worker = true;
+    return 0;
+}
+
+// ---- the queue -----------------------------------------------------------------------------------
+
+int sched_enqueue(struct sched *s, struct job *j, int fd, struct req_error *re) {
     j->fd = fd;
-    j->abort = &sv->abort;
-    j->model_name = sv->cfg.model_name;
-    j->created = (long long)time(NULL);
+    j->abort = &s->abort;
     j->t_queued = now_s();
-    pthread_mutex_lock(&sv->mu);
-    if (sv->draining) {
-        pthread_mutex_unlock(&sv->mu);
-        return bad(re, 503, NULL, "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        return req_fail(re, 503, NULL, "the server is shutting down");
     }
-    if (sv->depth >= sv->cfg.queue) {
-        int d = sv->depth;
-        pthread_mutex_unlock(&sv->mu);
-        return bad(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
-                   sv->cfg.queue);
+    if (s->depth >= s->cfg.queue) {
+        int d = s->depth;
+        pthread_mutex_unlock(&s->mu);
+        return req_fail(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
+                        s->cfg.queue);
     }
-    char hex[25];
-    random_hex(hex, 12);   // unique across restarts, unlike a counter
-    snprintf(j->id, sizeof j->id, "%s-%s", j->chat ? "chatcmpl" : "cmpl", hex);
     job_ref(j);   // the worker's reference
     j->next = NULL;
-    if (sv->tail) sv->tail->next = j;
-    else sv->head = j;
-    sv->tail = j;
-    sv->depth++;
-    pthread_cond_broadcast(&sv->cv);
-    pthread_mutex_unlock(&sv->mu);
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    s->depth++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
     return 0;
+}
+
+void sched_drain(struct sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool sched_idle(struct sched *s) {
+    pthread_mutex_lock(&s->mu);
+    bool idle = !s->head && !s->running;
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+void sched_abort(struct sched *s) { atomic_store(&s->abort, true); }
+
+void sched_stop(struct sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop_worker = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    atomic_store(&s->abort, true);
+    if (s->have_worker) pthread_join(s->worker, NULL);
+    s->have_worker = false;
+}
+
+void sched_status(struct sched *s, struct sched_status *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = (struct sched_status){.depth = s->depth, .running = s->running != NULL, .draining = s->draining,
+                                 .prefill_done = s->prefill_done, .prefill_total = s->prefill_total, .m = s->m};
+    pthread_mutex_unlock(&s->mu);
 }

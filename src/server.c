@@ -1,10 +1,11 @@
 // server.c: `calla serve`, an OpenAI-compatible HTTP server over one engine, batch 1, greedy:
-// the HTTP transport (libmicrohttpd callbacks, routes, limits, SSE relay, metrics) and the
-// command itself.  The protocol is in openai.c, the queue and the worker in scheduler.c.
+// the HTTP transport (libmicrohttpd callbacks, routes, limits, relaying each job's bytes,
+// metrics) and the command itself.  The protocol is in openai.c, the queue and the worker in
+// scheduler.c, the job and its output channel in job.c.
 //
 // Threads:
 //   MHD, one thread per connection: reads and validates a request (JSON, limits, tokenization),
-//        queues a job, then waits for it (non-streaming) or relays its server-sent events.
+//        queues a job, then waits for its answer (non-streaming) or relays its server-sent events.
 //   worker (scheduler.c): the only thread that touches the engine.
 //   reaper: closes connections that take longer than --request-timeout to send a request.
 //   main: waits for SIGTERM/SIGINT, then drains (finishes running and queued jobs, up to
@@ -13,7 +14,12 @@
 
 #include "auth.h"
 #include "commands.h"
+#include "job.h"
+#include "openai.h"
 #include "options.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+#include "tokmask.h"
 #include "web.h"
 
 #include <arpa/inet.h>
@@ -304,24 +310,19 @@ static enum MHD_Result send_buf(struct server *sv, struct MHD_Connection *c, enu
     return send_buf_session(sv, c, ep, status, type, body, len, NULL);
 }
 
-static enum MHD_Result send_json_session(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                         json_t *body, const char *session) {
+static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
+                                 json_t *body) {
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!s) return send_buf(sv, c, ep, 500, "text/plain", "out of memory\n", 14);
-    enum MHD_Result ret = send_buf_session(sv, c, ep, status, "application/json", s, strlen(s), session);
+    enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
 }
 
-static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
-                                 json_t *body) {
-    return send_json_session(sv, c, ep, status, body, NULL);
-}
-
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
                                   const char *param, const char *msg) {
-    json_t *b = error_body(status, param, msg);
+    json_t *b = openai_error_body(status, param, msg);
     char *s = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg));
@@ -336,8 +337,11 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
 #define OUT(...) (snprintf(line, sizeof line, __VA_ARGS__), sbuf_add(&b, line, strlen(line)))
     pthread_mutex_lock(&sv->mu);
     struct metrics m = sv->m;
-    int depth = sv->depth, running = sv->running != NULL, pf_done = sv->prefill_done, pf_total = sv->prefill_total;
     pthread_mutex_unlock(&sv->mu);
+    struct sched_status st;
+    sched_status(&sv->sched, &st);
+    const struct sched_metrics *g = &st.m;
+    int depth = st.depth, running = st.running, pf_done = st.prefill_done, pf_total = st.prefill_total;
     int n_conns = 0;
     pthread_mutex_lock(&sv->conn_mu);
     for (const struct conn *k = sv->conns; k; k = k->next) n_conns++;
@@ -353,14 +357,14 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
                     OUT("calla_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", endpoint_names[e], status_codes[k],
                         m.requests[e][k]);
             }
-    OUT("# HELP calla_prompt_tokens_total Prompt tokens of generation requests (cached included).\n# TYPE calla_prompt_tokens_total counter\ncalla_prompt_tokens_total %llu\n", m.prompt_tokens);
-    OUT("# HELP calla_generated_tokens_total Generated tokens.\n# TYPE calla_generated_tokens_total counter\ncalla_generated_tokens_total %llu\n", m.generated_tokens);
-    OUT("# HELP calla_prefill_seconds_total Time in prefill (to the first token).\n# TYPE calla_prefill_seconds_total counter\ncalla_prefill_seconds_total %.6f\n", m.prefill_s);
-    OUT("# HELP calla_decode_seconds_total Time in decode (after the first token).\n# TYPE calla_decode_seconds_total counter\ncalla_decode_seconds_total %.6f\n", m.decode_s);
-    OUT("# HELP calla_cache_hits_total Requests that continued from a session-cache entry.\n# TYPE calla_cache_hits_total counter\ncalla_cache_hits_total %llu\n", m.cache_hits);
-    OUT("# HELP calla_cache_misses_total Requests that found no session-cache entry.\n# TYPE calla_cache_misses_total counter\ncalla_cache_misses_total %llu\n", m.cache_misses);
-    OUT("# HELP calla_cached_tokens_total Prompt tokens taken from the session cache.\n# TYPE calla_cached_tokens_total counter\ncalla_cached_tokens_total %llu\n", m.cached_tokens);
-    OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE calla_cancelled_total counter\ncalla_cancelled_total %llu\n", m.cancelled);
+    OUT("# HELP calla_prompt_tokens_total Prompt tokens of generation requests (cached included).\n# TYPE calla_prompt_tokens_total counter\ncalla_prompt_tokens_total %llu\n", g->prompt_tokens);
+    OUT("# HELP calla_generated_tokens_total Generated tokens.\n# TYPE calla_generated_tokens_total counter\ncalla_generated_tokens_total %llu\n", g->generated_tokens);
+    OUT("# HELP calla_prefill_seconds_total Time in prefill (to the first token).\n# TYPE calla_prefill_seconds_total counter\ncalla_prefill_seconds_total %.6f\n", g->prefill_s);
+    OUT("# HELP calla_decode_seconds_total Time in decode (after the first token).\n# TYPE calla_decode_seconds_total counter\ncalla_decode_seconds_total %.6f\n", g->decode_s);
+    OUT("# HELP calla_cache_hits_total Requests that continued from a session-cache entry.\n# TYPE calla_cache_hits_total counter\ncalla_cache_hits_total %llu\n", g->cache_hits);
+    OUT("# HELP calla_cache_misses_total Requests that found no session-cache entry.\n# TYPE calla_cache_misses_total counter\ncalla_cache_misses_total %llu\n", g->cache_misses);
+    OUT("# HELP calla_cached_tokens_total Prompt tokens taken from the session cache.\n# TYPE calla_cached_tokens_total counter\ncalla_cached_tokens_total %llu\n", g->cached_tokens);
+    OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE calla_cancelled_total counter\ncalla_cancelled_total %llu\n", g->cancelled);
     OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
     OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n", pf_done);
@@ -381,36 +385,20 @@ enum { SSE_KEEPALIVE_S = 10 };
 static const char sse_keepalive[] = ": keep-alive\n\n";
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct job *j = cls;
-    pthread_mutex_lock(&j->mu);
-    int idle = 0;
-    while (j->sse_off == j->sse.len && j->state != JOB_DONE) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && ++idle >= SSE_KEEPALIVE_S &&
-            max >= sizeof sse_keepalive - 1) {
-            pthread_mutex_unlock(&j->mu);
+    for (int idle = 0;;) {
+        long n = job_read(j, buf, max, 1.0);
+        if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n > 0) return (ssize_t)n;
+        if (++idle >= SSE_KEEPALIVE_S && max >= sizeof sse_keepalive - 1) {
             memcpy(buf, sse_keepalive, sizeof sse_keepalive - 1);
             return (ssize_t)(sizeof sse_keepalive - 1);
         }
     }
-    ssize_t n = MHD_CONTENT_READER_END_OF_STREAM;
-    if (j->sse_off < j->sse.len) {
-        size_t k = j->sse.len - j->sse_off < max ? j->sse.len - j->sse_off : max;
-        memcpy(buf, j->sse.p + j->sse_off, k);
-        j->sse_off += k;
-        n = (ssize_t)k;
-        if (j->sse_off == j->sse.len) j->sse_off = j->sse.len = 0;   // all sent: reuse the buffer
-    }
-    pthread_mutex_unlock(&j->mu);
-    return n;
 }
 
 static void sse_free(void *cls) {
     struct job *j = cls;
-    pthread_mutex_lock(&j->mu);
-    if (j->state != JOB_DONE) j->cancel = true;   // the response is gone before the job ended
-    pthread_mutex_unlock(&j->mu);
+    job_abandon(j);   // the response is gone: a job not done yet is cancelled
     job_unref(j);
 }
 
@@ -426,10 +414,11 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         return send_error(sv, c, rq->ep, 400, NULL,
                           "X-Session-Id must be 1 to 128 visible ASCII characters (no spaces or control characters)");
     }
-    struct job *j = openai_parse_request(&sv->oc, rq->ep, rq->body.p ? rq->body.p : "", rq->body.len, &re);
+    struct job *j = openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS,
+                                         rq->body.p ? rq->body.p : "", rq->body.len, &re);
     sbuf_free(&rq->body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!j || sched_enqueue(sv, j, ci ? ci->connect_fd : -1, &re)) {
+    if (!j || sched_enqueue(&sv->sched, j, ci ? ci->connect_fd : -1, &re)) {
         job_unref(j);
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
@@ -454,13 +443,10 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         count_request(sv, rq->ep, 200);
         return ret;
     }
-    pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
-    pthread_mutex_unlock(&j->mu);
-    if (!j->finish) return send_error(sv, c, rq->ep, j->status, NULL, j->errmsg);
-    json_t *o = completion_json(j);
-    if (!o) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
-    return send_json_session(sv, c, rq->ep, 200, o, session);
+    job_wait(j);   // the protocol has left the whole answer in out
+    if (!j->out.len) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
+    return send_buf_session(sv, c, rq->ep, j->status, "application/json", j->out.p, j->out.len,
+                            j->status == 200 ? session : NULL);
 }
 
 // The chat page: same-origin only (its scripts, styles and requests come from this server; no
@@ -646,13 +632,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_error(sv, c, rq->ep, 415, NULL, "the request body must be JSON with Content-Type: application/json");
     switch (rq->ep) {
     case EP_HEALTH: {
-        pthread_mutex_lock(&sv->mu);
-        bool draining = sv->draining;
-        int depth = sv->depth, running = sv->running != NULL;
-        pthread_mutex_unlock(&sv->mu);
-        return send_json(sv, c, EP_HEALTH, draining ? 503 : 200,
-                         json_pack("{s:s, s:i, s:i, s:b}", "status", draining ? "draining" : "ok", "queue_depth", depth,
-                                   "running", running, "api_key_required", sv->auth.n > 0));
+        struct sched_status st;
+        sched_status(&sv->sched, &st);
+        return send_json(sv, c, EP_HEALTH, st.draining ? 503 : 200,
+                         json_pack("{s:s, s:i, s:i, s:b}", "status", st.draining ? "draining" : "ok", "queue_depth",
+                                   st.depth, "running", (int)st.running, "api_key_required", sv->auth.n > 0));
     }
     case EP_MODELS: {
         json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
@@ -680,10 +664,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_mutex_lock(&sv->mu);
         sv->open_jobs--;
         pthread_mutex_unlock(&sv->mu);
-        pthread_mutex_lock(&rq->job->mu);
-        rq->job->fd = -1;   // MHD closes or reuses the socket after this
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && rq->job->state != JOB_DONE) rq->job->cancel = true;
-        pthread_mutex_unlock(&rq->job->mu);
+        job_release_fd(rq->job, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);   // MHD closes or reuses the socket after this
         job_unref(rq->job);
     }
     sbuf_free(&rq->body);
@@ -831,10 +812,8 @@ int cmd_serve(int argc, char **argv) {
     memset(sv, 0, sizeof *sv);
     sv->cfg = cfg;
     pthread_mutex_init(&sv->mu, NULL);
-    pthread_cond_init(&sv->cv, NULL);
     pthread_mutex_init(&sv->conn_mu, NULL);
     pthread_cond_init(&sv->conn_cv, NULL);
-    atomic_init(&sv->abort, false);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
     if (load_keys(&sv->auth, &cfg, err, sizeof err)) {
@@ -886,9 +865,11 @@ int cmd_serve(int argc, char **argv) {
                 mask_mode_name(sv->mask_mode));
     sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
-    if (seq_new(sv->e, (int)cfg.context, &sv->w, err, sizeof err) ||
-        scache_init(&sv->full, sv->e, (int)cfg.context, (int)cfg.cache_entries, err, sizeof err) ||
-        scache_init(&sv->bound, sv->e, (int)cfg.context, (int)cfg.cache_boundaries, err, sizeof err)) {
+    const struct sched_config sc = {
+        .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
+        .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,
+        .cache_entries = cfg.cache_entries, .cache_boundaries = cfg.cache_boundaries, .quiet = cfg.quiet};
+    if (sched_init(&sv->sched, &sc, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
         goto out_tok;
     }
@@ -900,7 +881,7 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (pthread_create(&sv->worker, NULL, sched_worker_main, sv)) {
+    if (sched_start(&sv->sched)) {
         fprintf(stderr, "calla serve: cannot start the worker thread\n");
         goto out_cache;
     }
@@ -948,15 +929,10 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "calla serve: %s: draining (up to %lld s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg.drain_seconds);
-    pthread_mutex_lock(&sv->mu);
-    sv->draining = true;
-    pthread_mutex_unlock(&sv->mu);
+    sched_drain(&sv->sched);
     const double deadline = now_s() + (double)cfg.drain_seconds;
     for (;;) {
-        pthread_mutex_lock(&sv->mu);
-        bool idle = !sv->head && !sv->running;
-        pthread_mutex_unlock(&sv->mu);
-        if (idle) break;
+        if (sched_idle(&sv->sched)) break;
         double left = deadline - now_s();
         if (left <= 0) {
             fprintf(stderr, "calla serve: drain time is up; aborting the remaining requests\n");
@@ -968,15 +944,10 @@ int cmd_serve(int argc, char **argv) {
             break;
         }
     }
-    atomic_store(&sv->abort, true);
+    sched_abort(&sv->sched);
     rc = 0;
 out_worker:
-    pthread_mutex_lock(&sv->mu);
-    sv->stop_worker = true;
-    pthread_cond_broadcast(&sv->cv);
-    pthread_mutex_unlock(&sv->mu);
-    atomic_store(&sv->abort, true);
-    pthread_join(sv->worker, NULL);
+    sched_stop(&sv->sched);
     // Every job is done now; let their answers (error events of aborted streams too) reach the
     // clients before MHD closes the sockets, for at most a few seconds.
     for (int k = 0; sv->d && k < 100; k++) {
@@ -996,9 +967,7 @@ out_worker:
     }
     if (!rc) fprintf(stderr, "calla serve: stopped\n");
 out_cache:
-    scache_free(&sv->full);
-    scache_free(&sv->bound);
-    seq_free(sv->w);
+    sched_free(&sv->sched);
 out_tok:
     engine_logits_free(sv->e, sv->logits);
     token_trie_free(sv->trie);
@@ -1007,7 +976,6 @@ out_engine:
     engine_close(sv->e);
     auth_free(&sv->auth);
     pthread_mutex_destroy(&sv->mu);
-    pthread_cond_destroy(&sv->cv);
     pthread_mutex_destroy(&sv->conn_mu);
     pthread_cond_destroy(&sv->conn_cv);
     free(model_name);

@@ -1,8 +1,11 @@
 // util.c: see util.h.
 #include "util.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 double now_s(void) {
@@ -45,4 +48,24 @@ uint64_t fnv1a64(uint64_t h, const void *p, size_t n) {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
     return h;
+}
+
+void random_hex(char *out, int nbytes) {
+    unsigned char b[32];
+    if (nbytes > 32) nbytes = 32;
+    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {   // no entropy source: time and address
+        unsigned long long x = (unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)out;
+        for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+int req_fail(struct req_error *re, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(re->msg, sizeof re->msg, fmt, ap);
+    va_end(ap);
+    re->status = status;
+    re->param = param;
+    return -1;
 }

@@ -1,4 +1,5 @@
-// util.h: the small helpers every part of Calla shares: a clock, a growable byte buffer, FNV-1a.
+// util.h: the small helpers every part of Calla shares: a clock, a growable byte buffer, FNV-1a,
+// random ids, and the error a request gets.
 #pragma once
 
 #include <stdbool.h>
@@ -26,3 +27,17 @@ void sbuf_free(struct sbuf *b);
 // FNV-1a 64: fnv1a64(FNV1A64_INIT, p, n), or chained over several pieces.
 #define FNV1A64_INIT 0xcbf29ce484222325ull
 uint64_t fnv1a64(uint64_t h, const void *p, size_t n);
+
+// nbytes (at most 32) random bytes as 2 * nbytes hex digits and a NUL into out: ids unique
+// across restarts, unlike a counter.
+void random_hex(char *out, int nbytes);
+
+// An error for a client: an HTTP status, the offending parameter (a static string or NULL), a message.
+struct req_error {
+    int status;
+    const char *param;
+    char msg[512];
+};
+// Fills re and returns -1.
+int req_fail(struct req_error *re, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));

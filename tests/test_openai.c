@@ -13,10 +13,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "server.h"
+#include "openai.h"
+#include "generate.h"
+#include "job.h"
 #include "constrain.h"
 #include "toolcall.h"
 #include "synth.h"
+#include "tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,18 +39,18 @@ static void test_render_fixtures(void **state) {
         assert_non_null(c);
         const char *name = json_string_value(json_object_get(c, "name"));
         const char *want = json_string_value(json_object_get(c, "expected"));
-        struct job *j = job_new();
+        struct gen_request r = {.logprobs = -1};
         struct req_error re = {0};
         char *out = NULL;
         size_t len, boundary;
-        int rc = openai_render_chat(json_object_get(c, "request"), j, &out, NULL, &len, &boundary, &re);
+        int rc = openai_render_chat(json_object_get(c, "request"), &r, &out, NULL, &len, &boundary, &re);
         if (rc || strcmp(out, want)) {
             bad_++;
             fprintf(stderr, "fixture \"%s\": %s\n--- got\n%s\n--- want\n%s\n", name, rc ? re.msg : "differs",
                     out ? out : "", want);
         }
         free(out);
-        job_unref(j);
+        gen_request_free(&r);
         json_decref(c);
         n++;
     }
@@ -61,15 +64,15 @@ static void test_render_fixtures(void **state) {
 static void expect_render_error(const char *body, const char *param, const char *needle) {
     json_t *b = json_loads(body, 0, NULL);
     assert_non_null(b);
-    struct job *j = job_new();
+    struct gen_request r = {.logprobs = -1};
     struct req_error re = {0};
     char *out = NULL;
     size_t len, boundary;
-    assert_int_equal(openai_render_chat(b, j, &out, NULL, &len, &boundary, &re), -1);
+    assert_int_equal(openai_render_chat(b, &r, &out, NULL, &len, &boundary, &re), -1);
     assert_int_equal(re.status, 400);
     assert_string_equal(re.param, param);
     if (!strstr(re.msg, needle)) fail_msg("\"%s\" lacks \"%s\"", re.msg, needle);
-    job_unref(j);
+    gen_request_free(&r);
     json_decref(b);
 }
 
@@ -237,53 +240,55 @@ static void test_parser_plain_and_malformed(void **state) {
     expect_parse("<tool_call>\n<function=now>\n</function>\n</tool_call>\nDone.", "Done.", 1, n1, a1);
 }
 
-// The output path of a streamed chat with tools: channel -> parser -> SSE, cut at every byte.
+// The output path of a chat with tools: generate's answer channel -> the tool-call parser ->
+// openai.c's sink -> SSE or the whole answer, cut at every byte.
 static void test_stream_tool_calls(void **state) {
     static const char out[] = "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</parameter>\n"
                               "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+    static const struct openai_ctx oc = {.model_name = "m"};
     const size_t n = sizeof out - 1;
     for (size_t cut = 0; cut <= n; cut++) {
         for (int stream = 0; stream < 2; stream++) {
-            struct job *j = job_new();
-            j->chat = true;
+            struct job *j = openai_job_new(&oc, OPENAI_CHAT);
+            assert_non_null(j);
             j->stream = stream;
-            j->logprobs = -1;
-            j->model_name = "m";
-            snprintf(j->id, sizeof j->id, "chatcmpl-x");
-            j->tools = json_loads(TOOLS, 0, NULL);
-            openai_job_tools(j);
-            struct channel ch = {.total = &j->content, .field = "content", .tools = true};
-            channel_push(j, &ch, out, cut, false);
-            channel_push(j, &ch, out + cut, n - cut, true);
-            j->finish = j->calls ? "tool_calls" : "stop";
-            assert_non_null(j->calls);
-            assert_int_equal(json_array_size(j->calls), 1);
-            assert_string_equal(j->content.p, "Checking.");
+            j->req.tools = json_loads(TOOLS, 0, NULL);
+            const struct openai_resp *o = j->sink.ctx;
+            struct gen_text t;
+            gen_text_init(&t, &j->req, &j->sink);
+            gen_text_push(&t, out, cut, false);
+            gen_text_push(&t, out + cut, n - cut, true);
+            const struct gen_end end = {.finish = gen_text_calls(&t) ? GEN_FINISH_TOOL_CALLS : GEN_FINISH_STOP};
+            assert_non_null(o->calls);
+            assert_int_equal(json_array_size(o->calls), 1);
+            assert_string_equal(o->content.p, "Checking.");
+            j->sink.end(j->sink.ctx, &end);
             if (stream) {
-                stream_end(j);
-                assert_null(strstr(j->sse.p, "<tool_call"));
-                assert_null(strstr(j->sse.p, "function="));
-                assert_non_null(strstr(j->sse.p, "\"finish_reason\":\"tool_calls\""));
-                const char *tc = strstr(j->sse.p, "\"tool_calls\":[{");
+                assert_null(strstr(j->out.p, "<tool_call"));
+                assert_null(strstr(j->out.p, "function="));
+                assert_non_null(strstr(j->out.p, "\"finish_reason\":\"tool_calls\""));
+                const char *tc = strstr(j->out.p, "\"tool_calls\":[{");
                 assert_non_null(tc);
                 assert_non_null(strstr(tc, "\"index\":0"));
                 assert_non_null(strstr(tc, "\"name\":\"get_weather\""));
                 assert_non_null(strstr(tc, "\"arguments\":\"{\\\"city\\\":\\\"Bern\\\",\\\"days\\\":2}\""));
             } else {
-                json_t *o = completion_json(j);
-                json_t *m = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+                assert_int_equal(j->status, 200);
+                json_t *a = json_loads(j->out.p, 0, NULL);
+                assert_non_null(a);
+                json_t *m = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "message");
                 json_t *c = json_array_get(json_object_get(m, "tool_calls"), 0);
                 assert_string_equal(json_string_value(json_object_get(m, "content")), "Checking.");
                 assert_string_equal(json_string_value(json_object_get(c, "type")), "function");
                 assert_int_equal(strncmp(json_string_value(json_object_get(c, "id")), "call_", 5), 0);
                 assert_string_equal(json_string_value(json_object_get(json_object_get(c, "function"), "arguments")),
                                     "{\"city\":\"Bern\",\"days\":2}");
-                assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(o, "choices"), 0),
+                assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(a, "choices"), 0),
                                                                       "finish_reason")),
                                     "tool_calls");
-                json_decref(o);
+                json_decref(a);
             }
-            sbuf_free(&ch.pend);
+            gen_text_free(&t);
             job_unref(j);
         }
     }
@@ -302,11 +307,11 @@ static void test_special_tokens_in_content(void **state) {
     struct openai_ctx oc = {.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
     char *body = json_dumps(b, 0);
     struct req_error re = {0};
-    struct job *j = openai_parse_request(&oc, EP_CHAT, body, strlen(body), &re);
+    struct job *j = openai_parse_request(&oc, OPENAI_CHAT, body, strlen(body), &re);
     assert_non_null(j);
     int im_start = 0, im_end = 0, think = 0, other = 0;
-    for (int i = 0; i < j->n_prompt; i++) {
-        int32_t id = j->prompt[i];
+    for (int i = 0; i < j->req.n_prompt; i++) {
+        int32_t id = j->req.prompt[i];
         im_start += id == 248045, im_end += id == 248046, think += id == 248068;
         other += id >= 248044 && id != 248045 && id != 248046 && id != 248068;
     }

@@ -1,8 +1,9 @@
 // test_server.c: `calla serve`: unit tests of its internals, then the loopback suite.
 //
-//   1. The protocol layer (openai.c) without sockets: the output channels (stop strings,
-//      hold-back, newline trimming) and the greedy-parameter table; session_cache.c on a tiny
-//      synthetic engine (LRU, prefix rule, state == tokens).
+//   1. The layers under the transport without sockets: generate.c's output channels (stop
+//      strings, hold-back, newline trimming; streamed through openai.c's sink), logprobs, and
+//      openai.c's greedy-parameter table; session_cache.c on a tiny synthetic engine (LRU,
+//      prefix rule, state == tokens).
 //   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
 //      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
@@ -19,7 +20,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "server.h"
+#include "auth.h"
+#include "generate.h"
+#include "job.h"
+#include "openai.h"
+#include "session_cache.h"
 #include "synth.h"
 
 #include <limits.h>
@@ -35,94 +40,126 @@ static char bin_dir[PATH_MAX];
 
 // ---- output channels ---------------------------------------------------------------------------
 
-static struct job *job_with_stops(const char *const *stops, int n, bool stream) {
-    struct job *j = job_new();
+// A sink that keeps each channel's text.
+struct texts {
+    struct sbuf answer, reasoning;
+};
+
+static void keep_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    struct texts *t = ctx;
+    sbuf_add(ch == GEN_REASONING ? &t->reasoning : &t->answer, s, n);
+}
+
+static void add_stops(struct gen_request *r, const char *const *stops, int n) {
+    for (int i = 0; i < n; i++) assert_int_equal(gen_request_add_stop(r, stops[i], strlen(stops[i])), 0);
+}
+
+// A generation's text side whose sink keeps each channel's text (it must not move: t points into it).
+struct text_side {
+    struct gen_request r;
+    struct texts out;
+    struct gen_sink sink;
+    struct gen_text t;
+};
+
+static void text_side_init(struct text_side *x, const char *const *stops, int n, bool reasoning) {
+    *x = (struct text_side){.r = {.logprobs = -1, .reasoning = reasoning}};
+    add_stops(&x->r, stops, n);
+    x->sink = (struct gen_sink){.ctx = &x->out, .text = keep_text};
+    gen_text_init(&x->t, &x->r, &x->sink);
+}
+
+static void text_side_free(struct text_side *x) {
+    gen_text_free(&x->t);
+    sbuf_free(&x->out.answer);
+    sbuf_free(&x->out.reasoning);
+    gen_request_free(&x->r);
+}
+
+// A streamed chat job with the OpenAI protocol's sink.
+static struct job *stream_job(const char *const *stops, int n) {
+    static const struct openai_ctx oc = {.model_name = "test"};
+    struct job *j = openai_job_new(&oc, OPENAI_CHAT);
     assert_non_null(j);
-    for (int i = 0; i < n; i++) {
-        j->stops[i] = strdup(stops[i]);
-        j->stop_len[i] = strlen(stops[i]);
-    }
-    j->n_stops = n;
-    j->stream = stream;
-    j->chat = true;
-    snprintf(j->id, sizeof j->id, "chatcmpl-test");
-    j->model_name = "test";
+    j->stream = true;
+    add_stops(&j->req, stops, n);
     return j;
 }
 
 static void test_channel_stop_across_pieces(void **state) {
     const char *stops[] = {"END", "xyz"};
-    struct job *j = job_with_stops(stops, 2, false);
-    struct channel ch = {.total = &j->content, .field = "content"};
-    assert_false(channel_push(j, &ch, "hello E", 7, false));
-    assert_string_equal(j->content.p, "hello ");   // "E" is held: it may start "END"
-    assert_false(channel_push(j, &ch, "Nx", 2, false));
-    assert_string_equal(j->content.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
-    assert_true(channel_push(j, &ch, "yz tail", 7, false));
-    assert_string_equal(j->content.p, "hello EN");   // cut before the stop string
-    sbuf_free(&ch.pend);
-    job_unref(j);
+    struct text_side x;
+    text_side_init(&x, stops, 2, false);
+    assert_false(gen_text_push(&x.t, "hello E", 7, false));
+    assert_string_equal(x.out.answer.p, "hello ");   // "E" is held: it may start "END"
+    assert_false(gen_text_push(&x.t, "Nx", 2, false));
+    assert_string_equal(x.out.answer.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
+    assert_true(gen_text_push(&x.t, "yz tail", 7, false));
+    assert_string_equal(x.out.answer.p, "hello EN");   // cut before the stop string
+    text_side_free(&x);
 }
 
 static void test_channel_earliest_stop_wins(void **state) {
     const char *stops[] = {"bb", "a"};
-    struct job *j = job_with_stops(stops, 2, false);
-    struct channel ch = {.total = &j->content, .field = "content"};
-    assert_true(channel_push(j, &ch, "xxbbya", 6, false));
-    assert_string_equal(j->content.p, "xx");
-    sbuf_free(&ch.pend);
-    job_unref(j);
+    struct text_side x;
+    text_side_init(&x, stops, 2, false);
+    assert_true(gen_text_push(&x.t, "xxbbya", 6, false));
+    assert_string_equal(x.out.answer.p, "xx");
+    text_side_free(&x);
 }
 
 static void test_channel_flush_and_newlines(void **state) {
-    struct job *j = job_with_stops(NULL, 0, false);
-    struct channel r = {.total = &j->reasoning_text, .field = "reasoning_content", .strip_lead_nl = true,
-                        .trim_trail_nl = true};
-    channel_push(j, &r, "\n\nthink", 7, false);
-    channel_push(j, &r, "ing\n", 4, false);
-    assert_string_equal(j->reasoning_text.p, "thinking");   // the newline is held...
-    channel_push(j, &r, "\nmore\n", 6, true);
-    assert_string_equal(j->reasoning_text.p, "thinking\n\nmore");   // ...and dropped at the end
-    sbuf_free(&r.pend);
-    job_unref(j);
+    struct text_side x;
+    text_side_init(&x, NULL, 0, true);   // the output opens in the reasoning channel
+    gen_text_push(&x.t, "\n\nthink", 7, false);
+    gen_text_push(&x.t, "ing\n", 4, false);
+    assert_string_equal(x.out.reasoning.p, "thinking");   // the newline is held...
+    gen_text_push(&x.t, "\nmore\n", 6, true);
+    assert_string_equal(x.out.reasoning.p, "thinking\n\nmore");   // ...and dropped at the end
+    assert_null(x.out.answer.p);
+    text_side_free(&x);
 }
 
 static void test_channel_stream_equals_total(void **state) {
     const char *stops[] = {"<<stop>>"};
-    struct job *j = job_with_stops(stops, 1, true);
-    struct channel ch = {.total = &j->content, .field = "content"};
+    struct job *j = stream_job(stops, 1);
+    const struct openai_resp *o = j->sink.ctx;
+    struct gen_text t;
+    gen_text_init(&t, &j->req, &j->sink);
     const char *pieces[] = {"a<", "<s", "b<<st", "o", "p>", "> never"};
     bool stopped = false;
-    for (size_t i = 0; i < 6 && !stopped; i++) stopped = channel_push(j, &ch, pieces[i], strlen(pieces[i]), false);
+    for (size_t i = 0; i < 6 && !stopped; i++) stopped = gen_text_push(&t, pieces[i], strlen(pieces[i]), false);
     assert_true(stopped);
-    assert_string_equal(j->content.p, "a<<sb");
+    assert_string_equal(o->content.p, "a<<sb");
     // Concatenated SSE deltas == the total.
     struct sbuf cat = {0};
-    const char *p = j->sse.p;
+    const char *p = j->out.p;
     while (p && (p = strstr(p, "data: "))) {
-        json_t *o = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
-        assert_non_null(o);
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        assert_non_null(c);
         const char *s = json_string_value(json_object_get(
-            json_object_get(json_array_get(json_object_get(o, "choices"), 0), "delta"), "content"));
+            json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta"), "content"));
         if (s) sbuf_add(&cat, s, strlen(s));
-        json_decref(o);
+        json_decref(c);
         p += 6;
     }
     assert_string_equal(cat.p, "a<<sb");
     sbuf_free(&cat);
-    sbuf_free(&ch.pend);
+    gen_text_free(&t);
     job_unref(j);
 }
 
 static void test_channel_utf8_holdback(void **state) {
     const char *stops[] = {"\xc3\xa9t\xc3\xa9"};   // "été"
-    struct job *j = job_with_stops(stops, 1, true);
-    struct channel ch = {.total = &j->content, .field = "content"};
-    assert_false(channel_push(j, &ch, "caf\xc3\xa9", 5, false));   // "café": "é" may start the stop
-    assert_string_equal(j->content.p, "caf");
-    assert_false(channel_push(j, &ch, "!", 1, true));
-    assert_string_equal(j->content.p, "caf\xc3\xa9!");
-    sbuf_free(&ch.pend);
+    struct job *j = stream_job(stops, 1);
+    const struct openai_resp *o = j->sink.ctx;
+    struct gen_text t;
+    gen_text_init(&t, &j->req, &j->sink);
+    assert_false(gen_text_push(&t, "caf\xc3\xa9", 5, false));   // "café": "é" may start the stop
+    assert_string_equal(o->content.p, "caf");
+    assert_false(gen_text_push(&t, "!", 1, true));
+    assert_string_equal(o->content.p, "caf\xc3\xa9!");
+    gen_text_free(&t);
     job_unref(j);
 }
 
@@ -162,7 +199,7 @@ static void test_logprobs_of(void **state) {
     for (int i = 0; i < 5; i++) lse += exp(logits[i]);
     lse = log(lse);
     struct token_lp t;
-    logprobs_of(logits, 5, 1, 3, &t);
+    gen_logprobs(logits, 5, 1, 3, &t);
     assert_int_equal(t.id, 1);
     assert_true(fabs(t.lp - (3.0 - lse)) < 1e-5);
     assert_int_equal(t.n_top, 3);
@@ -170,10 +207,10 @@ static void test_logprobs_of(void **state) {
     assert_int_equal(t.top_id[1], 3);
     assert_int_equal(t.top_id[2], 2);
     assert_true(fabs(t.top_lp[2] - (2.0 - lse)) < 1e-5);
-    logprobs_of(logits, 5, 4, 0, &t);
+    gen_logprobs(logits, 5, 4, 0, &t);
     assert_int_equal(t.n_top, 0);
     assert_true(fabs(t.lp - (-1.0 - lse)) < 1e-5);
-    logprobs_of(logits, 5, 0, 20, &t);   // k above the vocabulary
+    gen_logprobs(logits, 5, 0, 20, &t);   // k above the vocabulary
     assert_int_equal(t.n_top, 5);
     assert_int_equal(t.top_id[4], 4);
 }

@@ -17,10 +17,10 @@ $cc $flags -o "$out/fuzz_safetensors" tests/fuzz/fuzz_safetensors.c src/safetens
 $cc $flags -o "$out/fuzz_config" tests/fuzz/fuzz_config.c src/checkpoint.c src/safetensors.c src/model.c src/util.c -ljansson
 $cc $flags -o "$out/fuzz_toolcall" tests/fuzz/fuzz_toolcall.c src/toolcall.c src/util.c -ljansson
 $cc $flags -o "$out/fuzz_constrain" tests/fuzz/fuzz_constrain.c src/constrain.c src/toolcall.c src/util.c -ljansson
-# openai.c builds a job: the scheduler's job type links the engine in (never run here).
-$cc $flags -fopenmp -o "$out/fuzz_openai" tests/fuzz/fuzz_openai.c src/openai.c src/chat.c src/toolcall.c \
-    src/constrain.c src/tokmask.c src/tokenizer.c src/synth.c src/scheduler.c src/util.c src/engine.c src/model.c \
-    src/session_cache.c src/safetensors.c src/backend_cpu.c src/checkpoint.c src/gpu.c src/nvml.c \
+# openai.c builds a job holding a generation request: generate.c links the engine in (never run here).
+$cc $flags -fopenmp -o "$out/fuzz_openai" tests/fuzz/fuzz_openai.c src/openai.c src/job.c src/generate.c src/chat.c \
+    src/toolcall.c src/constrain.c src/tokmask.c src/tokenizer.c src/synth.c src/util.c src/engine.c src/model.c \
+    src/safetensors.c src/backend_cpu.c src/checkpoint.c src/gpu.c src/nvml.c \
     -ljansson -lpcre2-8 -lutf8proc -lm -lpthread -ldl
 # Seeds from a real synthetic checkpoint (the tiny geometry).
 seed=$out/seed-ckpt

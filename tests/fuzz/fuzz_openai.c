@@ -10,7 +10,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "openai.h"
 #include "synth.h"
 #include "tokenizer.h"
 
@@ -38,12 +38,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!size) return 0;
     struct req_error re;
-    struct job *j = openai_parse_request(&oc, data[0] & 1 ? EP_COMPLETIONS : EP_CHAT, (const char *)data + 1, size - 1, &re);
+    struct job *j =
+        openai_parse_request(&oc, data[0] & 1 ? OPENAI_COMPLETIONS : OPENAI_CHAT, (const char *)data + 1, size - 1, &re);
     if (j) {
         job_unref(j);
     } else {
         if (re.status < 400 || re.status > 599) __builtin_trap();
-        json_t *e = error_body(re.status, re.param, re.msg);   // the message must be valid UTF-8 JSON
+        json_t *e = openai_error_body(re.status, re.param, re.msg);   // the message must be valid UTF-8 JSON
         if (!e) __builtin_trap();
         char *s = json_dumps(e, 0);
         if (!s) __builtin_trap();

@@ -1,0 +1,308 @@
+// generate.c: the generation loop (generate.h): prefill, greedy decode, the stop rules, the
+// reasoning / answer channels, constrained picking, tool calls and logprobs, as sink events.
+#include "generate.h"
+
+#include "chat.h"
+#include "constrain.h"
+#include "tokenizer.h"
+#include "tokmask.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- the request -------------------------------------------------------------------------------
+
+int gen_request_add_stop(struct gen_request *r, const char *s, size_t n) {
+    char **stops = realloc(r->stops, sizeof *stops * (size_t)(r->n_stops + 1));
+    if (stops) r->stops = stops;
+    size_t *len = realloc(r->stop_len, sizeof *len * (size_t)(r->n_stops + 1));
+    if (len) r->stop_len = len;
+    char *copy = stops && len ? malloc(n + 1) : NULL;
+    if (!copy) return -1;
+    memcpy(copy, s, n);
+    copy[n] = 0;
+    r->stops[r->n_stops] = copy;
+    r->stop_len[r->n_stops++] = n;
+    return 0;
+}
+
+void gen_request_free(struct gen_request *r) {
+    free(r->prompt);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    free(r->stop_len);
+    json_decref(r->tools);
+    constrain_free(r->schema);
+    memset(r, 0, sizeof *r);
+}
+
+bool gen_wants_logits(const struct gen_request *r) { return r->logprobs >= 0 || r->schema; }
+
+const char *gen_finish_name(enum gen_finish f) {
+    static const char *const names[] = {"error", "stop", "stop_sequence", "length", "tool_calls"};
+    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "error";
+}
+
+// ---- logprobs ------------------------------------------------------------------------------------
+
+void gen_logprobs(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out) {
+    float mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
+    const float lse = mx + (float)log(sum);
+    out->id = chosen;
+    out->lp = logits[chosen] - lse;
+    out->n_top = 0;
+    if (k > GEN_MAX_TOP) k = GEN_MAX_TOP;
+    // Top k by insertion into a sorted list: most values fail the first compare.
+    for (int i = 0; i < vocab && k > 0; i++) {
+        const float x = logits[i];
+        if (out->n_top == k && !(x > out->top_lp[k - 1])) continue;
+        int at = out->n_top < k ? out->n_top++ : k - 1;
+        while (at > 0 && x > out->top_lp[at - 1]) {
+            out->top_lp[at] = out->top_lp[at - 1];
+            out->top_id[at] = out->top_id[at - 1];
+            at--;
+        }
+        out->top_lp[at] = x;
+        out->top_id[at] = i;
+    }
+    for (int t = 0; t < out->n_top; t++) out->top_lp[t] -= lse;
+}
+
+// ---- the text side -------------------------------------------------------------------------------
+
+static void send_text(const struct gen_sink *k, enum gen_channel ch, const char *s, size_t n) {
+    if (n && k->text) k->text(k->ctx, ch, s, n);
+}
+
+// The tool parser's outputs: answer text, and complete calls.
+static void tool_text(void *arg, const char *s, size_t n) {
+    const struct gen_text *t = arg;
+    send_text(t->sink, GEN_ANSWER, s, n);
+}
+
+static void tool_call(void *arg, const char *name, const char *arguments) {
+    const struct gen_text *t = arg;
+    if (t->sink->tool_call) t->sink->tool_call(t->sink->ctx, name, arguments);
+}
+
+void gen_text_init(struct gen_text *t, const struct gen_request *r, const struct gen_sink *sink) {
+    *t = (struct gen_text){.req = r, .sink = sink, .tools = r->tools != NULL};
+    t->answer = (struct gen_chan){.ch = GEN_ANSWER};
+    t->reasoning = (struct gen_chan){.ch = GEN_REASONING, .strip_lead_nl = true, .trim_trail_nl = true};
+    t->cur = r->reasoning ? &t->reasoning : &t->answer;
+    if (t->tools) tool_parser_init(&t->tp, r->tools, (struct tool_sink){tool_text, tool_call, t});
+}
+
+void gen_text_answer(struct gen_text *t) {
+    t->cur = &t->answer;
+    t->answer.strip_lead_nl = true;
+}
+
+int gen_text_calls(const struct gen_text *t) { return t->tools ? t->tp.n_calls : 0; }
+
+void gen_text_free(struct gen_text *t) {
+    sbuf_free(&t->reasoning.pend);
+    sbuf_free(&t->answer.pend);
+    if (t->tools) tool_parser_free(&t->tp);
+}
+
+// Longest proper prefix of any stop string that ends the buffer.
+static size_t stop_holdback(const struct gen_request *r, const char *p, size_t n) {
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stops; i++)
+        for (size_t k = r->stop_len[i] - 1; k > hold; k--)
+            if (k <= n && !memcmp(p + n - k, r->stops[i], k)) {
+                hold = k;
+                break;
+            }
+    return hold;
+}
+
+bool gen_text_push(struct gen_text *t, const char *text, size_t len, bool final) {
+    const struct gen_request *r = t->req;
+    struct gen_chan *c = t->cur;
+    const bool tools = t->tools && c == &t->answer;   // answer text goes through the tool-call parser
+    if (c->strip_lead_nl && !c->started)
+        while (len && *text == '\n') text++, len--;
+    if (len) c->started = true;
+    sbuf_add(&c->pend, text, len);
+    char *p = c->pend.p;
+    size_t n = c->pend.len, cut = SIZE_MAX;
+    for (int i = 0; i < r->n_stops && n; i++) {
+        const char *m = memmem(p, n, r->stops[i], r->stop_len[i]);
+        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p);
+    }
+    bool stopped = cut != SIZE_MAX;
+    if (stopped) n = cut, final = true;
+    size_t out = final ? n : n - stop_holdback(r, p, n);
+    if (c->trim_trail_nl)
+        while (out && p[out - 1] == '\n') out--;
+    if (tools) tool_parser_feed(&t->tp, p, out);
+    else send_text(t->sink, c->ch, p, out);
+    if (final && tools) tool_parser_finish(&t->tp);
+    if (final) c->pend.len = 0;
+    else {
+        memmove(p, p + out, c->pend.len - out);
+        c->pend.len -= out;
+    }
+    return stopped;
+}
+
+// ---- the loop ----------------------------------------------------------------------------------
+
+static int fail(struct gen_result *res, int rc, const char *msg) {
+    snprintf(res->err, sizeof res->err, "%s", msg);
+    return res->rc = rc;
+}
+
+struct gen {
+    const struct gen_env *env;
+    const struct gen_request *req;
+    const struct gen_sink *sink;
+    struct gen_result *res;
+    struct gen_text text;
+    struct tokenizer_stream ts;
+    float *logits;              // the step's logits, when wanted (else NULL)
+    bool constrained;           // the answer is picked under req->schema
+    struct constrained con;
+};
+
+static void progress(void *arg, int done, int total) {
+    const struct gen *g = arg;
+    if (g->env->progress) g->env->progress(g->env->arg, done, total);
+    if (g->sink->progress) g->sink->progress(g->sink->ctx, done, total);
+}
+
+// Forwards tokens; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (res->err).  logits (NULL: not
+// wanted) gets the last row's.  A prefill of several chunks reports its progress, the first
+// report before any work: a client sees bytes at once and after every chunk, however long the prompt.
+static int forward(struct gen *g, const int32_t *t, int n, int32_t *next, float *logits) {
+    const struct gen_env *env = g->env;
+    if (env->cancelled && env->cancelled(env->arg)) return ENGINE_CANCELLED;
+    const int last = n - 1, chunk = env->chunk ? env->chunk : QWEN_PREFILL_CHUNK;
+    const bool multi = n > chunk;   // single steps and one-chunk prompts report nothing
+    struct forward_opts fo = {.cancelled = env->cancelled, .cancel_arg = env->arg, .logit_rows = logits ? &last : NULL,
+                              .n_logit_rows = logits ? 1 : 0, .logits = logits, .chunk = env->chunk,
+                              .progress = multi ? progress : NULL, .progress_arg = g};
+    if (multi) progress(g, 0, n);
+    return engine_forward(env->e, env->s, t, n, &fo, next, g->res->err, sizeof g->res->err);
+}
+
+static bool in_answer(const struct gen *g) { return g->text.cur == &g->text.answer; }
+
+// The text of one token into the current channel; true when a stop string ended the output.
+static bool decode(struct gen *g, int32_t tok) {
+    const char *s = "";
+    size_t n = 0;
+    char err[64];
+    if (!g->env->tok) return false;
+    if (g->text.cur == &g->text.reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
+        tokenizer_stream_flush(&g->ts, &s, &n);
+        bool stopped = gen_text_push(&g->text, s, n, true);
+        gen_text_answer(&g->text);
+        return stopped;
+    }
+    if (tokenizer_token_bytes(g->env->tok, tok, &n) &&   // ids the tokenizer lacks decode to nothing
+        !tokenizer_stream_push(&g->ts, tok, &s, &n, err, sizeof err))
+        return gen_text_push(&g->text, s, n, false);
+    return false;
+}
+
+// One generated token: true when the output ends with it (res->finish set, but for tool calls;
+// res->rc set when the sink failed).  A step that accepts several tokens takes them one by one.
+static bool take(struct gen *g, int32_t tok) {
+    const struct gen_request *r = g->req;
+    struct gen_result *res = g->res;
+    res->ids[res->n++] = tok;
+    if (g->sink->token) g->sink->token(g->sink->ctx, tok);
+    if (!r->ignore_stop && chat_is_stop(tok)) {
+        if (r->echo_stop) decode(g, tok);
+        res->finish = GEN_FINISH_STOP;
+        return true;
+    }
+    if (r->logprobs >= 0 && g->sink->logprobs) {
+        struct token_lp lp;
+        gen_logprobs(g->logits, g->env->vocab, tok, r->logprobs, &lp);
+        if (g->sink->logprobs(g->sink->ctx, &lp)) {
+            fail(res, GEN_NOMEM, "out of memory");
+            return true;
+        }
+    }
+    if (decode(g, tok)) {
+        res->finish = GEN_FINISH_STOP_SEQUENCE;
+        return true;
+    }
+    if (res->n == r->max_tokens) {
+        res->finish = GEN_FINISH_LENGTH;
+        return true;
+    }
+    return false;
+}
+
+int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,
+             const struct gen_sink *sink, struct gen_result *res) {
+    static const struct gen_sink none = {0};
+    *res = (struct gen_result){.rc = ENGINE_OK};
+    struct gen g = {.env = env, .req = req, .sink = sink ? sink : &none, .res = res};
+    const int32_t *P = req->prompt;
+    const int n = req->n_prompt;
+    g.logits = gen_wants_logits(req) ? env->logits : NULL;
+    g.constrained = req->schema != NULL;
+    int rc = ENGINE_OK;
+    if ((gen_wants_logits(req) && !g.logits) ||
+        (g.constrained && constrained_init(&g.con, req->schema, env->tok, env->trie, (enum mask_mode)env->mask_mode)))
+        rc = fail(res, GEN_NOMEM, "out of memory");
+    int32_t tok = next ? *next : -1;
+
+    // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
+    int pos = from;
+    if (rc == ENGINE_OK && !next && env->snapshot && req->boundary > pos && req->boundary < n) {
+        int32_t bnext;
+        rc = forward(&g, P + pos, req->boundary - pos, &bnext, NULL);
+        if (rc == ENGINE_OK) {
+            pos = req->boundary;
+            env->snapshot(env->arg, pos, bnext);
+        }
+    }
+    if (rc == ENGINE_OK && g.constrained && !req->reasoning) constrained_prepare(&g.con);   // the first mask, during the prefill
+    if (rc == ENGINE_OK && !next) rc = forward(&g, P + pos, n - pos, &tok, g.logits);
+    res->t_prefilled = now_s();
+
+    // Decode.
+    gen_text_init(&g.text, req, g.sink);
+    if (env->tok) tokenizer_stream_init(&g.ts, env->tok, 1);
+    if (rc == ENGINE_OK && !(res->ids = malloc(sizeof *res->ids * (size_t)(req->max_tokens + 1))))
+        rc = fail(res, GEN_NOMEM, "out of memory");
+    if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
+    while (rc == ENGINE_OK) {
+        if (g.constrained && in_answer(&g)) tok = constrained_pick(&g.con, g.logits, tok, req->max_tokens - res->n);
+        if (take(&g, tok)) {
+            rc = res->rc;
+            break;
+        }
+        // The next step's mask depends on tok only: on the helper thread while the step runs.
+        if (g.constrained && in_answer(&g)) constrained_prepare(&g.con);
+        rc = forward(&g, &tok, 1, &tok, g.logits);
+    }
+    if (rc == ENGINE_OK) {
+        if (res->finish != GEN_FINISH_STOP_SEQUENCE && env->tok) {   // flush what the decoder and the channel still hold
+            const char *tail;
+            size_t tl;
+            tokenizer_stream_flush(&g.ts, &tail, &tl);
+            if (gen_text_push(&g.text, tail, tl, true) && res->finish != GEN_FINISH_STOP)
+                res->finish = GEN_FINISH_STOP_SEQUENCE;
+        }
+        if (gen_text_calls(&g.text)) res->finish = GEN_FINISH_TOOL_CALLS;
+    }
+    if (env->tok) tokenizer_stream_free(&g.ts);
+    gen_text_free(&g.text);
+    if (g.constrained) constrained_free(&g.con);
+    res->t_end = now_s();
+    return res->rc = rc;
+}

@@ -1,0 +1,176 @@
+// generate.h: the generation loop, the one that `calla serve` and `calla run` share.
+//
+// A request (struct gen_request: the prompt, max_tokens, stop strings, a constraint, tools,
+// logprobs) runs on a sequence that already holds the prompt's first `from` tokens (what the
+// session cache gave): prefill the rest, then decode greedily, a token a step, until a stop token,
+// a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
+// no protocol: text tagged by channel (reasoning before </think>, then the answer), tool calls as
+// a name and a JSON object of arguments, each token's logprobs, prefill progress; the end (a
+// finish reason, or an error, with the usage) is sent by the caller, which knows the queue time and
+// the cache.  Each protocol (openai.c) implements a sink; `calla run` has one that prints.
+//
+// The text rules, the same for every protocol: a channel holds back text that could still
+// become a stop string, so what is streamed is exactly what a whole answer holds; the reasoning
+// channel drops its leading and trailing newlines, the answer its leading ones after </think>;
+// with tools, the answer goes through the tool-call parser (toolcall.h), so call markup never
+// reaches the text; with a schema, each answer token is the constrained pick (tokmask.h).
+//
+// Not thread-safe: one generation runs on one thread (the server's worker).
+#pragma once
+
+#include "engine.h"
+#include "toolcall.h"
+#include "util.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct cschema;
+struct tokenizer;
+struct token_trie;
+
+enum { GEN_MAX_TOP = 20 };   // alternatives a token's logprobs can carry
+
+// What to generate.  Filled by a protocol from its request; gen_request_free frees what it owns.
+struct gen_request {
+    int32_t *prompt;             // [n_prompt] (owned)
+    int n_prompt;
+    int boundary;                // prompt tokens up to the last message boundary (0: none): a snapshot point
+    int max_tokens;              // >= 1; the stop token counts
+    bool reasoning;              // the output opens in the reasoning channel, which </think> ends
+    char **stops;                // [n_stops] stop strings (owned): the text ends before the first one found
+    size_t *stop_len;
+    int n_stops;
+    json_t *tools;               // the answer's tool calls are parsed against these (a reference; NULL: none)
+    struct cschema *schema;      // the answer is constrained to this document (owned; NULL: free text)
+    int logprobs;                // -1: none; else each token's logprob and this many alternatives (<= GEN_MAX_TOP)
+    bool ignore_stop;            // stop tokens are text like any other (calla run --ignore-eos)
+    bool echo_stop;              // the stop token that ends the output is decoded into it too (calla run)
+};
+
+// Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.
+int gen_request_add_stop(struct gen_request *r, const char *s, size_t n);
+void gen_request_free(struct gen_request *r);
+// The logits of each step are needed (logprobs, or a constraint): the last prompt token must then
+// run, so a cached state may cover at most n_prompt - 1 tokens.
+bool gen_wants_logits(const struct gen_request *r);
+
+// ---- events ------------------------------------------------------------------------------------
+
+enum gen_channel { GEN_ANSWER, GEN_REASONING };
+
+enum gen_finish {
+    GEN_FINISH_NONE,            // no finish: the generation failed (struct gen_end's status and message)
+    GEN_FINISH_STOP,            // a stop token: the model ended its turn
+    GEN_FINISH_STOP_SEQUENCE,   // a stop string
+    GEN_FINISH_LENGTH,          // max_tokens
+    GEN_FINISH_TOOL_CALLS,      // the answer holds tool calls (whatever ended it)
+};
+// "stop", "stop_sequence", "length", "tool_calls" ("error" for none): for logs.
+const char *gen_finish_name(enum gen_finish f);
+
+// A generated token's log-probability and those of the most likely alternatives.
+struct token_lp {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[GEN_MAX_TOP];   // most likely first (lowest id on ties)
+    float top_lp[GEN_MAX_TOP];
+};
+// Log-softmax of logits[0..vocab) for the chosen token and the k most likely ones.
+void gen_logprobs(const float *logits, int vocab, int32_t chosen, int k, struct token_lp *out);
+
+// The end of a generation, as its caller reports it.
+struct gen_end {
+    enum gen_finish finish;     // GEN_FINISH_NONE: failed
+    int status;                 // a failure's HTTP-like status (500, 499 cancelled, 503 shutting down)
+    const char *message;        // a failure's message
+    const int32_t *ids;         // [n_gen] the generated ids, the closing stop token included
+    int n_gen;
+    int n_prompt, n_cached;     // prompt tokens, of them taken from the session cache
+    double queue_ms, prefill_ms, decode_ms;
+};
+
+// The events, in order: progress (a prefill of several chunks: before the first and after each),
+// begin (the prompt is in: the first token follows), then for each token: token, logprobs (when
+// asked; not for the closing stop token), text and tool_call; then end, from the caller.  Any may
+// be NULL.  Strings are valid during the call only.
+struct gen_sink {
+    void *ctx;
+    void (*progress)(void *ctx, int done, int total);
+    void (*begin)(void *ctx);
+    void (*token)(void *ctx, int32_t id);
+    int (*logprobs)(void *ctx, const struct token_lp *lp);   // 0, or -1 (out of memory): the generation fails
+    void (*text)(void *ctx, enum gen_channel ch, const char *s, size_t n);
+    void (*tool_call)(void *ctx, const char *name, const char *arguments);   // arguments: a JSON object
+    void (*end)(void *ctx, const struct gen_end *e);
+};
+
+// ---- the text side: channels, stop strings, tool calls -------------------------------------------
+
+struct gen_chan {
+    enum gen_channel ch;
+    struct sbuf pend;      // decoded, not yet sent
+    bool strip_lead_nl;    // drop newlines before the first other character
+    bool trim_trail_nl;    // drop newlines at the end of the channel
+    bool started;
+};
+
+// Decoded text on its way to the sink.  Must not move once initialised (the tool parser points to it).
+struct gen_text {
+    const struct gen_request *req;
+    const struct gen_sink *sink;
+    struct gen_chan reasoning, answer, *cur;
+    bool tools;                 // the answer goes through tp
+    struct tool_parser tp;
+};
+
+void gen_text_init(struct gen_text *t, const struct gen_request *r, const struct gen_sink *sink);
+// Adds text to the current channel and sends what can no longer change; final: the channel ends
+// here.  Returns true when a stop string was found (the text is cut before it; the output ends).
+bool gen_text_push(struct gen_text *t, const char *s, size_t n, bool final);
+// The reasoning channel has ended (its final push done): the answer follows.
+void gen_text_answer(struct gen_text *t);
+// Tool calls handed to the sink so far.
+int gen_text_calls(const struct gen_text *t);
+void gen_text_free(struct gen_text *t);
+
+// ---- the loop ----------------------------------------------------------------------------------
+
+// What a generation runs on, and the caller's hooks (arg is theirs).
+struct gen_env {
+    struct engine *e;
+    struct seq *s;                       // holds the prompt's first `from` tokens
+    const struct tokenizer *tok;         // NULL: ids only (no text, no tools, no schema)
+    const struct token_trie *trie;       // constrained decoding's masks (tokmask.h); NULL: without
+    int mask_mode;                       // enum mask_mode
+    float *logits;                       // [vocab] a row of logits (engine_logits_alloc); NULL when never wanted
+    int vocab;
+    int chunk;                           // prompt tokens per forward call (0: the engine's)
+    bool (*cancelled)(void *arg);        // before each forward and between chunks
+    void (*progress)(void *arg, int done, int total);   // a prefill of several chunks, beside the sink's
+    // Called when the prompt is in up to req->boundary (when that is past `from` and before its
+    // end): the sequence then holds exactly prompt[0..pos), next is the greedy token after them.
+    void (*snapshot)(void *arg, int pos, int32_t next);
+    void *arg;
+};
+
+enum { GEN_NOMEM = -3 };   // besides ENGINE_OK, ENGINE_ERROR and ENGINE_CANCELLED
+
+struct gen_result {
+    int rc;                     // ENGINE_OK, ENGINE_ERROR (err), ENGINE_CANCELLED or GEN_NOMEM (err)
+    char err[256];
+    enum gen_finish finish;     // when rc == ENGINE_OK
+    int32_t *ids;               // [n] the generated ids, the stop token included (malloc'd: free it)
+    int n;
+    double t_prefilled, t_end;  // now_s() when the prompt was in, and at the end
+};
+
+// Runs req on env->s from prompt position `from` (next: the greedy token after the whole prompt
+// when the state holds all of it and it is known, else NULL), sending events to sink (not end).
+// Returns res->rc.  On success the sequence holds the prompt and every generated token but the
+// last; free res->ids in any case.
+int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,
+             const struct gen_sink *sink, struct gen_result *res);
