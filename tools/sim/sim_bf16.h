@@ -1,5 +1,5 @@
 // sim_bf16.h: the bit casts and bf16 conversions of src/cuda/common.cuh for the host simulators
-// (tools/*_sim.cpp): bf16 as the high half of an fp32, rounding to nearest even, NaN kept quiet.
+// (tools/sim/*_sim.cpp): bf16 as the high half of an fp32, rounding to nearest even, NaN kept quiet.
 #pragma once
 
 static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -3,7 +3,7 @@
 # $OUT/gpu-check), the CUDA backend against a fresh HF fp32 fixture at the full shape (64-token
 # prompt, 32 greedy steps; the fixture is built there, 35 s, and returned under $OUT) and, given
 # contexts, a matrix sweep into bench/results/$SWEEP (tarred into $OUT).
-# usage: tools/device_validate.sh BUILD [CONTEXTS [SWEEP_NAME]]
+# usage: tools/device/device_validate.sh BUILD [CONTEXTS [SWEEP_NAME]]
 #   SKIP_VALIDATE=1 skips the checks, GOLDEN=0 the HF fixture; GPU_CHECK_STAGES as gpu_check.sh;
 #   ROUNDS, FIRST_ROUND and COMPARE (a results folder for ratio tables) go to calla matrix.
 set -u
@@ -16,10 +16,10 @@ m=/tmp/calla-full
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 [ -f $m/config.json ] || "$b/calla" synth --geometry full --seed 1 --out $m >/dev/null
 if [ -z "${SKIP_VALIDATE:-}" ]; then
-    GPU_CHECK_OUT="$out/gpu-check" GPU_CHECK_BENCH_CTX=${GPU_CHECK_BENCH_CTX:-4096} bash tools/gpu_check.sh "$b" |
+    GPU_CHECK_OUT="$out/gpu-check" GPU_CHECK_BENCH_CTX=${GPU_CHECK_BENCH_CTX:-4096} bash tools/device/gpu_check.sh "$b" |
         grep -E "^(CHECK|timing|calla-cuda|flash|qmatmul|gdn|test_cuda|[a-zA-Z].* (PASS|FAIL) )|FAIL" | cut -c1-230
     if [ "${GOLDEN:-1}" = 1 ]; then
-        timeout 400 python3 tools/make_golden.py --calla "$b/calla" --geometries full --device cuda --dtype float32 \
+        timeout 400 python3 tools/gen/make_golden.py --calla "$b/calla" --geometries full --device cuda --dtype float32 \
             --model-dir $m --prompts 64 --gen 32 --out "$out/golden-full" >"$out/golden-full-make.log" 2>&1
         echo "make_golden full 64+32: rc $?"
         CALLA_GOLDEN_FILES=$(ls "$out"/golden-full/*.golden | tr '\n' ':') CALLA_GOLDEN_MODEL=$m CALLA_BACKEND=cuda \

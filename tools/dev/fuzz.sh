@@ -4,7 +4,7 @@
 # the tool-call output parser, the JSON-schema compiler and constrained-decoding matcher).
 # Seeds: a real synthetic checkpoint's config and a small shard; the unit tests' requests, model
 # outputs and schemas (below).
-# usage: tools/fuzz.sh OUT_DIR SECONDS   (the total, split between the targets: the server's
+# usage: tools/dev/fuzz.sh OUT_DIR SECONDS   (the total, split between the targets: the server's
 # parsers get 2/9 each, the checkpoint's 1/6 each)
 set -euo pipefail
 out=${1:-build/fuzz}
@@ -46,7 +46,7 @@ h = json.dumps(out).encode()
 h += b" " * (-len(h) % 8)
 open(dst + "/small.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + data)
 PY
-python3 tools/fuzz_seeds.py "$out"
+python3 tools/dev/fuzz_seeds.py "$out"
 for t in $targets; do
     case $t in safetensors | config) s=$((secs / 6)) ;; *) s=$((secs * 2 / 9)) ;; esac
     [ "$s" -ge 1 ] || s=1

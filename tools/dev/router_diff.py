@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """router_diff.py A B: compare two routing traces ("layer position gap id,id,... [more]" per line; the
-CPU engine writes one with CALLA_ROUTER_TRACE=FILE, tools/make_golden.py --router-trace writes HF's).
+CPU engine writes one with CALLA_ROUTER_TRACE=FILE, tools/gen/make_golden.py --router-trace writes HF's).
 
 Prints the first decision (by position, then layer) whose chosen experts differ, with both sides'
 gaps (k-th minus (k+1)-th probability), and the smallest gaps of A. A flipped near-tie shows as a

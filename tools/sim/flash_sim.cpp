@@ -1,5 +1,5 @@
 // flash_sim.cpp: runs the device code of src/cuda/flash.cuh (the prefill FlashAttention kernel, both
-// modes) on the host, a block as 256 threads, with the shim of tools/sim_block.h: __syncthreads
+// modes) on the host, a block as 256 threads, with the shim of tools/sim/sim_block.h: __syncthreads
 // is a block barrier; ldmatrix (.trans too), mma and shuffles are warp-collective exchanges through
 // shared arrays between warp barriers, by the PTX ISA fragment layouts; cp.async copies land at once
 // or as late as their wait_group allows (so a buffer overwritten while still read, or read before
@@ -7,7 +7,7 @@
 // of their own arithmetic: exact vs the softmax formula on fp32 q; fast vs q rounded to bf16 and the
 // online softmax over the same 64-key tiles with bf16(P) times V. Also: rows past the chunk and other
 // heads' outputs are never written.
-// The wgmma kernel (flash_wg.cuh, D = 256) runs on the warpgroup-product model of tools/sim_wgmma.h
+// The wgmma kernel (flash_wg.cuh, D = 256) runs on the warpgroup-product model of tools/sim/sim_wgmma.h
 // (descriptors decoded, the 128-byte swizzle on shared addresses, fragments by the PTX layouts)
 // against the same fast twin and bounds, and must equal the mma.sync fast kernel bit for bit on the
 // same inputs (both models round each k16 product sum to float once, in the same k order); it also

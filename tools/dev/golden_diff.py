@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Normalised error between the logits of two golden fixtures of the same prompt
 (for example HF in bf16 against HF in float32): how far the reference moves with its own precision.
-usage: tools/golden_diff.py A.golden B.golden"""
+usage: tools/dev/golden_diff.py A.golden B.golden"""
 import struct
 import sys
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """hf_score.py: the HF transformers side of `calla score`: teacher-forced scoring of a sequence on a
-Calla checkpoint mapped into Qwen3_5MoeForCausalLM (the mapping of tools/make_golden.py), written in
+Calla checkpoint mapped into Qwen3_5MoeForCausalLM (the mapping of tools/gen/make_golden.py), written in
 the JSON format of `calla score --json` so that either side can be the other's --reference.
 
-    python3 tools/hf_score.py --model DIR --tokens FILE --dtype float32 --device cuda --json hf-fp32.json
-    python3 tools/hf_score.py --model DIR --bench-len 4096 --tokens-out seq.txt --json hf-fp32.json
+    python3 tools/device/hf_score.py --model DIR --tokens FILE --dtype float32 --device cuda --json hf-fp32.json
+    python3 tools/device/hf_score.py --model DIR --bench-len 4096 --tokens-out seq.txt --json hf-fp32.json
     build/calla score --model DIR --tokens seq.txt --backend cuda --reference hf-fp32.json --json cuda.json
-    python3 tools/hf_score.py --model DIR --tokens seq.txt --dtype bf16 --reference hf-fp32.json --json hf-bf16.json
-    python3 tools/hf_score.py --model DIR --bench-len 4096 --chunk 1024 --json hf-fp32.json \
+    python3 tools/device/hf_score.py --model DIR --tokens seq.txt --dtype bf16 --reference hf-fp32.json --json hf-bf16.json
+    python3 tools/device/hf_score.py --model DIR --bench-len 4096 --chunk 1024 --json hf-fp32.json \
         --greedy 300,4096 --gen 64 --greedy-dir greedy/
 
 Per position p (0..N-2): lse of the row, the logit of token p+1 ("target"), lp = target - lse, and
@@ -22,7 +22,7 @@ of the scored sequence are the prompt, HF generates G tokens greedily through it
 lowest id on ties), and DIR/greedy-P.txt gets prompt + generated ids, DIR/greedy-P.json that
 sequence scored teacher-forced (same format and --chunk, so HF's top-2 margin at each generated
 token is there). `calla score --tokens greedy-P.txt --decode-from P --reference greedy-P.json`
-then feeds the generated tokens through Calla's decode path (tools/score_gate.py --greedy).
+then feeds the generated tokens through Calla's decode path (tools/device/score_gate.py --greedy).
 Memory: with the fp32 full model about 8 GiB of the GPU are left, so give --chunk (1024) for long
 sequences; the prompt's prefill keeps only its last row of logits where HF allows
 (logits_to_keep), and each job's cache is freed before the next.
@@ -41,8 +41,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import Checkpoint, build_hf, hash_prompt  # noqa: E402  (the shared MLX -> HF mapping)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gen"))
+from make_golden import Checkpoint, build_hf, hash_prompt  # noqa: E402  (tools/gen/: the shared MLX -> HF mapping)
 
 FORMAT, VERSION, TOP_K_MAX, FULL_MAX, MAX_CTX = "calla-score", 1, 256, 256, 262144
 
@@ -187,7 +187,7 @@ def write_json(path, head, ids, r, comparison):
     """The calla-score JSON (src/score.c score_write_json). head: model, vocab, top_k, backend, ver."""
     P, nll = len(ids) - 1, r["nll"]
     with open(path, "w") as f:
-        f.write('{\n  "format": "%s", "version": %d, "producer": "tools/hf_score.py (transformers %s)", '
+        f.write('{\n  "format": "%s", "version": %d, "producer": "tools/device/hf_score.py (transformers %s)", '
                 '"backend": %s,\n' % (FORMAT, VERSION, head["ver"], json.dumps(head["backend"])))
         f.write('  "model": %s, "vocab": %d, "top_k": %d, "n_tokens": %d,\n' % (
             json.dumps(head["model"]), head["vocab"], head["top_k"], len(ids)))

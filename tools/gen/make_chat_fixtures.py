@@ -3,7 +3,7 @@
 chat_template.jinja (jinja2, set up as Hugging Face transformers does: trim_blocks, lstrip_blocks,
 its tojson = json.dumps(ensure_ascii=False)) and writes them as fixtures for tests/test_openai.c.
 
-    python3 tools/make_chat_fixtures.py --template chat_template.jinja --out tests/data/chat/tools.jsonl
+    python3 tools/gen/make_chat_fixtures.py --template chat_template.jinja --out tests/data/chat/tools.jsonl
 
 The template is not kept in this repository: take chat_template.jinja from the model's Hugging Face
 repository (Qwen/Qwen3.6-35B-A3B).  Each output line is {"name", "request", "expected"}: request is

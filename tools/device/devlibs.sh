@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies the shared libraries that a build's binaries need (other than the C library itself)
 # into BUILD/devlibs, so the build can be carried to the GPU machine, which has none of them.
-# usage: tools/devlibs.sh BUILD
+# usage: tools/device/devlibs.sh BUILD
 set -euo pipefail
 b=${1:-build}
 mkdir -p "$b/devlibs"

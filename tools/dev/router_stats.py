@@ -7,16 +7,16 @@ rounding can flip) and the k-th expert's renormalised weight (what a flip moves)
 (matplotlib) and a Markdown table.
 
 Traces come from the CPU engine (CALLA_ROUTER_TRACE, lines "layer position gap ids lgap w1 wk lstd",
-src/backend_cpu.c) or from HF (tools/make_golden.py --router-trace); only the CPU backend writes them.
+src/backend_cpu.c) or from HF (tools/gen/make_golden.py --router-trace); only the CPU backend writes them.
 
 Make both checkpoints and trace them (small geometry, 4,096 tokens, 2 threads: a few minutes here):
-    python3 tools/router_stats.py --calla build/calla --geometry small --prompt-len 4096 \\
+    python3 tools/dev/router_stats.py --calla build/calla --geometry small --prompt-len 4096 \\
         --out bench/results/DATE-router-stats-small
 Full shape on the GPU machine (the CPU oracle traces; 16 cores), with checkpoints already written:
-    python3 tools/router_stats.py --calla build/calla --models /tmp/full-uniform /tmp/full-trained \\
+    python3 tools/dev/router_stats.py --calla build/calla --models /tmp/full-uniform /tmp/full-trained \\
         --prompt-len 4096 --backend cpu --threads 16 --out bench/results/DATE-router-stats-full
 Plot two traces made elsewhere:
-    python3 tools/router_stats.py --traces A.trace B.trace --labels uniform trained --out DIR
+    python3 tools/dev/router_stats.py --traces A.trace B.trace --labels uniform trained --out DIR
 """
 import argparse
 import json
@@ -27,8 +27,8 @@ import sys
 import tempfile
 
 GOLDEN = 2654435761
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import synth_profile  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gen"))
+from make_golden import synth_profile  # noqa: E402  (tools/gen/)
 
 
 def bench_tokens(n, vocab):

@@ -2,7 +2,7 @@
 # gpu_check.sh BUILD: every GPU check on an sm_90 machine (issue 5), then a summary table.
 #
 #   make gpu-check                      builds build/calla and build/gpu/*, runs everything
-#   tools/gpu_check.sh build            runs with binaries already built (a carried build)
+#   tools/device/gpu_check.sh build            runs with binaries already built (a carried build)
 # End-to-end comparisons with the CPU oracle (test_cuda_e2e, test_cuda_chunking) run in the
 # verification mode (they set CALLA_EXACT=1: fp32-level products); the fast mode's tensor-core
 # products are checked per kernel (kernels, decode lab, both modes) and bounded loosely against the
@@ -10,11 +10,11 @@
 # (test_cuda_layers: every layer fed the oracle's input). The sanitizer stage runs both modes.
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full layers
-#                      score timing bench"; also "racecheck"). "score": tools/score_gate.py at the full
+#                      score timing bench"; also "racecheck"). "score": tools/device/score_gate.py at the full
 #                      shape over GPU_CHECK_SCORE_LEN tokens (4096): HF fp32 the reference, CUDA exact
 #                      (CALLA_EXACT=1, gated: top-1 >= 99.5% where HF's margin > 0.05), CUDA fast
 #                      (reported), the CPU oracle with fp32 KV (gated: logit error <= 1e-4 at 99% of
-#                      positions, <= 1e-2 at all; tools/score_gate.py says why), HF bf16
+#                      positions, <= 1e-2 at all; tools/device/score_gate.py says why), HF bf16
 #                      (reported), and the greedy arm: HF fp32's 64 greedy tokens after the first
 #                      GPU_CHECK_SCORE_GREEDY prompt lengths (300,4096) teacher-forced through CUDA's
 #                      decode path in both modes (exact gated: every clear step equal), under timeout
@@ -111,7 +111,7 @@ for st in $STAGES; do
     score)
         full_ckpt
         run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" timeout ${GPU_CHECK_SCORE_TIMEOUT:-3600} \
-            python3 tools/score_gate.py --calla "$B/calla" --model "$TMP/calla-full" \
+            python3 tools/device/score_gate.py --calla "$B/calla" --model "$TMP/calla-full" \
             --len ${GPU_CHECK_SCORE_LEN:-4096} --backends cuda-exact,cuda,cpu-f32 --hf-device cuda --hf-bf16 \
             --greedy ${GPU_CHECK_SCORE_GREEDY:-300,4096} --gen 64 --out "$OUTDIR/score-gate-$date-$commit" ;;
     layers)

@@ -1,6 +1,6 @@
 // sim_wgmma.h: a host model of the sm_90a warpgroup products of src/cuda/wgmma.cuh (wg_desc, wg_fence,
 // wg_commit, wg_wait, fence_async_smem, wgmma_64x64_ss, wgmma_64x256_rs, wgmma_64x128_ss) for the host
-// simulators (tools/flash_sim.cpp, tools/qmatmul_sim.cpp), which include it in place of wgmma.cuh and
+// simulators (tools/sim/flash_sim.cpp, tools/sim/qmatmul_sim.cpp), which include it in place of wgmma.cuh and
 // define __CUDA_ARCH_FEAT_SM90_ALL so that the kernels' wgmma bodies compile. Include after
 // sim_block.h. A launch creates the 128-thread barriers g_wgbar (one per warpgroup: two, or three for
 // the warp-specialized FlashAttention kernel's 384 threads) and each thread registers the block's

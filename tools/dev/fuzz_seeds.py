@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Seed corpora for the server's fuzz targets (tools/fuzz.sh): the requests, schemas and model
+"""Seed corpora for the server's fuzz targets (tools/dev/fuzz.sh): the requests, schemas and model
 outputs of the tests (tests/test_server.py's BAD and SCHEMAS, tests/test_openai.c's outputs).
-usage: tools/fuzz_seeds.py OUT_DIR  (writes OUT_DIR/corpus-{openai,toolcall,constrain}/seed-*)"""
+usage: tools/dev/fuzz_seeds.py OUT_DIR  (writes OUT_DIR/corpus-{openai,toolcall,constrain}/seed-*)"""
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 import test_server  # noqa: E402  (definitions only; its main() runs under __main__)
 
 out = sys.argv[1]

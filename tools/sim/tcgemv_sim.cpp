@@ -5,7 +5,7 @@
 // It checks y = W x against a double reference with the bound of tests/gpu/test_tcgemv.c.
 //
 //   make tcgemv-sim      (or by hand: mkdir -p /tmp/tcsim && cp src/cuda/tcgemv.cuh src/cuda/tcgemv_layout.h /tmp/tcsim/ && : > /tmp/tcsim/common.cuh &&
-//   g++ -std=c++20 -O2 -pthread -DTC_HOST_SIM -I/tmp/tcsim -o /tmp/tcsim/sim tools/tcgemv_sim.cpp && /tmp/tcsim/sim)
+//   g++ -std=c++20 -O2 -pthread -DTC_HOST_SIM -I/tmp/tcsim -o /tmp/tcsim/sim tools/sim/tcgemv_sim.cpp && /tmp/tcsim/sim)
 // (tcgemv.cuh includes "common.cuh": in the copy it gets an empty one, the shim below stands in.)
 #include <barrier>
 #include <cmath>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the H200 machine with a carried build (tools/devlibs.sh): the decode kernels and paths.
-#   tools/device_decode.sh BUILD [CONTEXTS] [STAGES]
+# On the H200 machine with a carried build (tools/device/devlibs.sh): the decode kernels and paths.
+#   tools/device/device_decode.sh BUILD [CONTEXTS] [STAGES]
 # Stages (default all): kernels (test_cuda_kernels), lab (k_dv against a double reference, GB/s),
 # ncu (hardware counters of two k_dv cases, per-kernel times of one decode step at 4K), small (the
 # decode paths against each other and the CPU oracle at the tiny and small geometries), full (the

@@ -10,7 +10,7 @@
 // bit against the unfused computation on the plain form's y (k_swiglu's silu(g) u, then k_to_bf16's
 // rounding), and that it writes nothing else.
 // Both forms run: mma.sync, and WG (wgmma m64n128k16 from shared memory) on the warpgroup-product
-// model of tools/sim_wgmma.h (descriptors decoded, the 128-byte swizzle on shared addresses,
+// model of tools/sim/sim_wgmma.h (descriptors decoded, the 128-byte swizzle on shared addresses,
 // fragments by the PTX layouts), against the same reference and GLU check, and the WG form's outputs
 // must equal the mma.sync form's bit for bit (both models round each k16 sum to float once, in the
 // same order). The 4-stage passes also start the dynamic shared memory off a 1 KB boundary, which the

