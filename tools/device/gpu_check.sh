@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# gpu_check.sh BUILD: every GPU check on an sm_90 machine (issue 5), then a summary table.
+# gpu_check.sh [--out DIR] BUILD: every GPU check on an sm_90 machine, then a summary table.
 #
-#   make gpu-check                      builds build/calla and build/gpu/*, runs everything
-#   tools/device/gpu_check.sh build            runs with binaries already built (a carried build)
+#   make gpu-check                           builds build/calla and build/gpu/*, runs everything
+#   tools/device/gpu_check.sh build          runs with binaries already built (a carried build)
+#   tools/device/gpu_check.sh --out DIR build   keeps the log, bench JSON and score gate in DIR
+# The outputs go to a fresh temporary directory unless DIR (or GPU_CHECK_OUT) names one: a check
+# run writes nothing into the tree, and the path is printed first and last.
 # End-to-end comparisons with the CPU oracle (test_cuda_e2e, test_cuda_chunking) run in the
 # verification mode (they set CALLA_EXACT=1: fp32-level products); the fast mode's tensor-core
 # products are checked per kernel (kernels, decode lab, both modes) and bounded loosely against the
@@ -10,11 +13,11 @@
 # (test_cuda_layers: every layer fed the oracle's input). The sanitizer stage runs both modes.
 # Environment:
 #   GPU_CHECK_STAGES   which stages (default "kernels kspeed decode gdn small sanitizer full layers
-#                      score timing bench"; also "racecheck"). "score": tools/device/score_gate.py at the full
-#                      shape over GPU_CHECK_SCORE_LEN tokens (4096): HF fp32 the reference, CUDA exact
-#                      (CALLA_EXACT=1, gated: top-1 >= 99.5% where HF's margin > 0.05), CUDA fast
-#                      (reported), the CPU oracle with fp32 KV (gated: logit error <= 1e-4 at 99% of
-#                      positions, <= 1e-2 at all; tools/device/score_gate.py says why), HF bf16
+#                      score timing bench"; also "racecheck"). "score": tools/device/score_gate.py at
+#                      the full shape over GPU_CHECK_SCORE_LEN tokens (4096): HF fp32 the reference,
+#                      CUDA exact (CALLA_EXACT=1, gated: top-1 >= 99.5% where HF's margin > 0.05), CUDA
+#                      fast (reported), the CPU oracle with fp32 KV (gated: logit error <= 1e-4 at 99%
+#                      of positions, <= 1e-2 at all; score_gate.py says why), HF bf16
 #                      (reported), and the greedy arm: HF fp32's 64 greedy tokens after the first
 #                      GPU_CHECK_SCORE_GREEDY prompt lengths (300,4096) teacher-forced through CUDA's
 #                      decode path in both modes (exact gated: every clear step equal), under timeout
@@ -24,12 +27,19 @@
 #                      GPU_CHECK_LAYERS_LEN positions (4096: ~80 s of CPU oracle on 16 cores, about
 #                      2.5 minutes in all on the H200), with the exact mode as control, under timeout
 #                      GPU_CHECK_LAYERS_TIMEOUT seconds (900)
-#   GPU_CHECK_OUT      where the log goes (default bench/results); file gpu-check-DATE-COMMIT.txt
+#   GPU_CHECK_OUT      where the outputs go, as --out (default: a new mktemp -d); the log is
+#                      gpu-check-DATE-COMMIT.txt
 #   GPU_CHECK_TMP      where synthetic checkpoints are written (default /tmp; full needs ~20 GB)
 set -u
+OUTDIR=${GPU_CHECK_OUT:-}
+if [ "${1:-}" = --out ]; then
+    [ $# -ge 2 ] || { echo "gpu_check: --out needs a directory" >&2; exit 2; }
+    OUTDIR=$2
+    shift 2
+fi
 B=${1:-build}
 STAGES=${GPU_CHECK_STAGES:-kernels kspeed decode gdn small sanitizer full layers score timing bench}
-OUTDIR=${GPU_CHECK_OUT:-bench/results}
+[ -n "$OUTDIR" ] || OUTDIR=$(mktemp -d "${TMPDIR:-/tmp}/calla-gpu-check-XXXXXX") || exit 1
 TMP=${GPU_CHECK_TMP:-/tmp}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 date=$(date -u +%Y-%m-%d)
@@ -67,7 +77,7 @@ full_ckpt() {
     run_step "synth full shape" "$B/calla" synth --geometry full --seed 1 --out "$TMP/calla-full"
 }
 
-say "# calla gpu-check  commit $commit  date $date"
+say "# calla gpu-check  commit $commit  date $date  outputs in $OUTDIR"
 say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 for st in $STAGES; do
     case $st in
@@ -129,5 +139,6 @@ done
 say ""
 say "$(printf '%-34s %-6s %s' check result time)"
 for r in "${ROWS[@]}"; do say "$r"; done
+say "outputs: $OUTDIR (log $LOG)"
 if [ ${#ROWS[@]} -eq 0 ]; then say "no check ran: FAIL"; exit 1; fi
 ! printf '%s\n' "${ROWS[@]}" | grep -q ' FAIL '
