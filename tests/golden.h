@@ -1,4 +1,4 @@
-// golden.h: reader for the reference-output fixtures written by tools/make_golden.py.
+// golden.h: reader for the reference-output fixtures written by tools/gen/make_golden.py.
 #pragma once
 
 #include <stdint.h>
@@ -75,7 +75,7 @@ static int golden_load(const char *path, struct golden *g) {
     gr_take(&r, magic, 8);
     gr_take(&r, &ver, 4);
     if (r.bad || memcmp(magic, GOLDEN_MAGIC, 8) || ver != GOLDEN_VERSION) {
-        fprintf(stderr, "%s: not a version-%d golden file\n---> HINT: regenerate with tools/make_golden.py\n", path,
+        fprintf(stderr, "%s: not a version-%d golden file\n---> HINT: regenerate with tools/gen/make_golden.py\n", path,
                 GOLDEN_VERSION);
         free(buf);
         return -1;
@@ -103,7 +103,7 @@ static int golden_load(const char *path, struct golden *g) {
     g->gen_margin = gr_array(&r, g->n_gen, 4);
     free(buf);
     if (r.bad || r.p != r.end) {
-        fprintf(stderr, "%s: truncated or malformed golden file\n---> HINT: regenerate with tools/make_golden.py\n", path);
+        fprintf(stderr, "%s: truncated or malformed golden file\n---> HINT: regenerate with tools/gen/make_golden.py\n", path);
         return -1;
     }
     return 0;

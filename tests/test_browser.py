@@ -296,7 +296,7 @@ def main():
     vocab = os.path.join(os.path.dirname(os.path.abspath(a.bin)), "tokenizer", "tokenizer.json")
     if not os.path.exists(vocab):   # the synthetic vocabulary decodes random tokens to nothing visible
         print(f"{'FAIL' if in_ci() else 'SKIP'} test_browser.py: {vocab} is missing "
-              "(tools/fetch_tokenizer.sh builds it)", flush=True)
+              "(tools/gen/fetch_tokenizer.sh builds it)", flush=True)
         return 1 if in_ci() else 0
     t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="calla_browser_")

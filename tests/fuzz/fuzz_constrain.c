@@ -3,7 +3,7 @@
 // compiled (as response_format's schema, and as a tools array for tool_choice when it is one), then
 // the bytes are walked through the matcher one at a time; a byte it refuses is skipped (the state is
 // restored from a copy), so the walk goes on as a decoder's would.
-// Built and run by tools/fuzz.sh (make fuzz).
+// Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

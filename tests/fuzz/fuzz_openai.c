@@ -1,7 +1,7 @@
 // libFuzzer target: the OpenAI request parser (src/openai.c, openai_parse_request): a request body
 // -> a job (the chat template, tools, response_format, logprobs, stops, limits) or a 4xx with a
 // message.  The first byte picks the endpoint; the tokenizer is the synthetic small one.
-// Built and run by tools/fuzz.sh (make fuzz).
+// Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

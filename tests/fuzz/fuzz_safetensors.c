@@ -1,5 +1,5 @@
 // libFuzzer target: the safetensors header parser must never read outside its buffer.
-// Built and run by tools/fuzz.sh (make fuzz).
+// Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
 

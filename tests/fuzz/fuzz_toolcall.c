@@ -1,7 +1,7 @@
 // libFuzzer target: the tool-call output parser (src/toolcall.c).  The input is model output; it is
 // fed whole, then again cut at boundaries chosen by its first bytes, and both runs must hand over
 // the same content and calls (the parser's promise: token boundaries never matter).
-// Built and run by tools/fuzz.sh (make fuzz).
+// Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
