@@ -7,7 +7,7 @@
 #
 # BUILD        a carried CUDA build of Calla (tools/devlibs.sh BUILD first: BUILD/devlibs holds its libraries)
 # ROUNDS       rounds of both arms (default 1)
-# FLAGS        passed to `calla agentbench` (default: its own, the issue's shape: ~8K-token system turn, 20
+# FLAGS        passed to `calla agentbench` (default: its own: an ~8K-token system turn, 20
 #              tool results of 20..4,000 tokens, 16 tokens a turn with ignore_eos, every 4th turn forced)
 # LLAMA_SERVER a llama-server binary to use as it is (with the libraries it needs on LD_LIBRARY_PATH); without
 #              it, llama-server is built here for sm_90a from the prepared tree (WITH_SERVER=1
