@@ -38,24 +38,12 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOST = "127.0.0.1"
-RESULTS = {"ok": 0, "fail": 0}
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_server import FAILURES, HOST, RESULTS, Server, check  # noqa: E402  (one checker and tally for the suites)
 
 # Calla's server does not honour ignore_eos yet (it ignores the field): a turn may end on a stop
 # token before max_tokens. Once it does, set this and every turn must generate exactly --gen.
 CALLA_HONOURS_IGNORE_EOS = False
-
-
-def check(name, cond, detail=""):
-    if cond:
-        RESULTS["ok"] += 1
-        print(f"ok   {name}", flush=True)
-    else:
-        RESULTS["fail"] += 1
-        FAILURES.append(name)
-        print(f"FAIL {name} {detail}"[:3000], flush=True)
-    return cond
 
 
 def run(args, timeout=300):
@@ -173,37 +161,24 @@ def mock_main(port, log):
     srv.serve_forever()
 
 
-class Proc:
-    """A server process with its log; its port from the log line it prints at start."""
+class MockServer(Server):
+    """This file as the stand-in for llama-server, in a process of its own (Server's log and stop)."""
 
-    def __init__(self, args, pattern, env=None):
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="calla_agentbench_", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
+    def __init__(self, log):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="calla_mock_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--mock-server", "--port", "0", "--log", log],
+                                     stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         self.port = None
         deadline = time.time() + 60
-        while time.time() < deadline and self.proc.poll() is None:
-            m = re.search(pattern, self.text())
+        while time.time() < deadline and self.proc.poll() is None and not self.port:
+            m = re.search(r"listening on [\d.]+:(\d+)", self.text())
             if m:
                 self.port = int(m.group(1))
-                break
-            time.sleep(0.05)
+            else:
+                time.sleep(0.05)
         if not self.port:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + self.text())
-
-    def text(self):
-        with open(self.log.name, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.unlink(self.log.name)
+            self.close()
+            raise RuntimeError("the stand-in did not start:\n" + self.text())
 
 
 # ---- the checks ------------------------------------------------------------------------------
@@ -300,9 +275,7 @@ def check_record(name, r, requests, gen):
 
 
 def test_calla(binary, model, conv):
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
-    srv = Proc([binary, "serve", "--model", model, "--host", HOST, "--port", "0", "--backend", "cpu", "--threads", "1",
-                "--context", "8192", "--quiet"], r"listening on http://[^:]+:(\d+)", env)
+    srv = Server(binary, model, "--backend", "cpu", "--threads", "1", "--context", "8192", "--quiet")
     try:
         rc, r, out, err = agentbench(binary, srv.port, *SMALL)
         if not check("calla: agentbench runs", rc == 0 and r, err + srv.text()[-2000:]):
@@ -331,7 +304,7 @@ def test_calla(binary, model, conv):
             check("calla: the same replies (greedy; the cache warm the second time)",
                   r2["summary"]["replies_hash"] == r["summary"]["replies_hash"])
     finally:
-        srv.stop()
+        srv.close("calla serve")
 
 
 def requests_logged(path):
@@ -341,8 +314,7 @@ def requests_logged(path):
 
 def test_mock(binary, conv):
     log = tempfile.NamedTemporaryFile(prefix="calla_mock_", suffix=".jsonl", delete=False).name
-    srv = Proc([sys.executable, os.path.abspath(__file__), "--mock-server", "--port", "0", "--log", log],
-               r"listening on [\d.]+:(\d+)")
+    srv = MockServer(log)
     try:
         rc, r, out, err = agentbench(binary, srv.port, "--flavor", "llama-server", *SMALL)
         if not check("llama-server flavor: agentbench runs against the stand-in", rc == 0 and r, err):
@@ -397,7 +369,7 @@ def test_mock(binary, conv):
         rc, _, _, err = agentbench(binary, srv.port, "--flavor", "vllm", *SMALL)
         check("an unknown flavor is refused", rc == 2 and "flavor" in err, err)
     finally:
-        srv.stop()
+        srv.close()
         os.unlink(log)
     rc, _, _, err = agentbench(binary, free_port(), *SMALL)
     check("no server: a clear error", rc == 1 and "cannot connect" in err, err)

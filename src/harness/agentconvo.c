@@ -350,62 +350,63 @@ static void result_write_file(struct gen *g, int target) {
 
 // ---- the tool definitions --------------------------------------------------------------------
 
-static json_t *prop(const char *type, const char *desc) { return json_pack("{s:s, s:s}", "type", type, "description", desc); }
+struct tool_param {
+    const char *name, *type, *desc;
+    bool required;
+};
 
-static json_t *tool(const char *name, const char *desc, json_t *props, json_t *required) {
-    return json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:o, s:o}}}", "type", "function", "function", "name", name,
-                     "description", desc, "parameters", "type", "object", "properties", props, "required", required);
-}
+static const struct {
+    const char *name, *desc;
+    struct tool_param params[4];   // up to the first without a name
+} tool_defs[] = {
+    {"read_file",
+     "Read a text file of the repository and return its lines, each prefixed with its line number. Use offset and "
+     "limit to read a part of a long file instead of the whole of it.",
+     {{"path", "string", "Path of the file, relative to the repository root.", true},
+      {"offset", "integer", "First line to return, counting from 1 (default 1).", false},
+      {"limit", "integer", "Most lines to return (default 2000).", false}}},
+    {"write_file",
+     "Write a file of the repository, replacing what it held, and create the folders it needs. The content is "
+     "written as given: send the whole file, not a part of it.",
+     {{"path", "string", "Path of the file, relative to the repository root.", true},
+      {"content", "string", "The file's whole new content.", true}}},
+    {"edit_file",
+     "Replace one exact occurrence of a text in a file with another. The old text must occur exactly once; "
+     "include enough of the lines around it to make it unique.",
+     {{"path", "string", "Path of the file, relative to the repository root.", true},
+      {"old_text", "string", "The text to replace, exactly as it is in the file.", true},
+      {"new_text", "string", "The text to put in its place.", true}}},
+    {"run_shell",
+     "Run a shell command in the repository root and return its standard output and standard error together, "
+     "then its exit status. Commands that wait for input fail; long ones are stopped at the timeout.",
+     {{"command", "string", "The command line, run by /bin/sh -c.", true},
+      {"timeout_s", "integer", "Seconds before the command is stopped (default 120).", false},
+      {"cwd", "string", "Folder to run it in, relative to the repository root (default: the root).", false}}},
+    {"search",
+     "Search the files of the repository for a pattern and return the matching lines as JSON, each with its path "
+     "and line number, the most relevant first.",
+     {{"pattern", "string", "The text or regular expression to find.", true},
+      {"path", "string", "Folder or file to search in (default: the whole repository).", false},
+      {"regex", "boolean", "Treat the pattern as a regular expression (default false).", false},
+      {"max_results", "integer", "Most matches to return (default 100).", false}}},
+    {"list_dir",
+     "List the files under a folder of the repository with their sizes, to the given depth.",
+     {{"path", "string", "The folder, relative to the repository root.", true},
+      {"depth", "integer", "How many levels of subfolders to list (default 2).", false}}},
+};
 
 static json_t *tool_definitions(void) {
     json_t *t = json_array();
-    json_array_append_new(
-        t, tool("read_file",
-                "Read a text file of the repository and return its lines, each prefixed with its line number. "
-                "Use offset and limit to read a part of a long file instead of the whole of it.",
-                json_pack("{s:o, s:o, s:o}", "path", prop("string", "Path of the file, relative to the repository root."),
-                          "offset", prop("integer", "First line to return, counting from 1 (default 1)."), "limit",
-                          prop("integer", "Most lines to return (default 2000).")),
-                json_pack("[s]", "path")));
-    json_array_append_new(
-        t, tool("write_file",
-                "Write a file of the repository, replacing what it held, and create the folders it needs. The "
-                "content is written as given: send the whole file, not a part of it.",
-                json_pack("{s:o, s:o}", "path", prop("string", "Path of the file, relative to the repository root."),
-                          "content", prop("string", "The file's whole new content.")),
-                json_pack("[s, s]", "path", "content")));
-    json_array_append_new(
-        t, tool("edit_file",
-                "Replace one exact occurrence of a text in a file with another. The old text must occur exactly "
-                "once; include enough of the lines around it to make it unique.",
-                json_pack("{s:o, s:o, s:o}", "path", prop("string", "Path of the file, relative to the repository root."),
-                          "old_text", prop("string", "The text to replace, exactly as it is in the file."), "new_text",
-                          prop("string", "The text to put in its place.")),
-                json_pack("[s, s, s]", "path", "old_text", "new_text")));
-    json_array_append_new(
-        t, tool("run_shell",
-                "Run a shell command in the repository root and return its standard output and standard error "
-                "together, then its exit status. Commands that wait for input fail; long ones are stopped at the "
-                "timeout.",
-                json_pack("{s:o, s:o, s:o}", "command", prop("string", "The command line, run by /bin/sh -c."),
-                          "timeout_s", prop("integer", "Seconds before the command is stopped (default 120)."), "cwd",
-                          prop("string", "Folder to run it in, relative to the repository root (default: the root).")),
-                json_pack("[s]", "command")));
-    json_array_append_new(
-        t, tool("search",
-                "Search the files of the repository for a pattern and return the matching lines as JSON, each with "
-                "its path and line number, the most relevant first.",
-                json_pack("{s:o, s:o, s:o, s:o}", "pattern", prop("string", "The text or regular expression to find."),
-                          "path", prop("string", "Folder or file to search in (default: the whole repository)."),
-                          "regex", prop("boolean", "Treat the pattern as a regular expression (default false)."),
-                          "max_results", prop("integer", "Most matches to return (default 100).")),
-                json_pack("[s]", "pattern")));
-    json_array_append_new(
-        t, tool("list_dir",
-                "List the files under a folder of the repository with their sizes, to the given depth.",
-                json_pack("{s:o, s:o}", "path", prop("string", "The folder, relative to the repository root."), "depth",
-                          prop("integer", "How many levels of subfolders to list (default 2).")),
-                json_pack("[s]", "path")));
+    for (size_t i = 0; i < sizeof tool_defs / sizeof tool_defs[0]; i++) {
+        json_t *props = json_object(), *required = json_array();
+        for (const struct tool_param *p = tool_defs[i].params; p < tool_defs[i].params + 4 && p->name; p++) {
+            json_object_set_new(props, p->name, json_pack("{s:s, s:s}", "type", p->type, "description", p->desc));
+            if (p->required) json_array_append_new(required, json_string(p->name));
+        }
+        json_array_append_new(t, json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:o, s:o}}}", "type", "function", "function",
+                                           "name", tool_defs[i].name, "description", tool_defs[i].desc, "parameters",
+                                           "type", "object", "properties", props, "required", required));
+    }
     return t;
 }
 

@@ -513,32 +513,21 @@ int cmd_matrix(int argc, char **argv) {
     }
     m.cooldown_min_s = (int)cmin, m.cooldown_max_s = (int)cmax, m.cooldown_margin_c = (int)margin;
     m.busy_pct = (int)busy, m.run_timeout_s = (int)run_timeout, m.serve_wait_s = (int)serve_wait;
-    for (int i = 0; m.agent_args && i < m.n_engines; i++) {
+    // the external engine of this mode: llama-bench beside `calla bench`, llama-server beside agentbench
+    const char *ext = m.agent_args ? "llama-server" : "llama-bench", *ext_cmd = m.agent_args ? m.server_cmd : m.llama_cmd;
+    for (int i = 0; i < m.n_engines; i++) {
         const char *e = m.engines[i];
-        if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, "llama-server")) {
-            fprintf(stderr, "calla matrix: --agentbench: unknown engine \"%s\" (cpu, cuda or llama-server)\n", e);
+        if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, ext)) {
+            fprintf(stderr, "calla matrix: unknown engine \"%s\" (cpu, cuda or %s%s)\n", e, ext,
+                    m.agent_args ? " with --agentbench" : "");
             return 2;
         }
-        if (!strcmp(e, "llama-server") && !m.server_cmd) {
-            fprintf(stderr, "calla matrix: the llama-server engine needs --llama-server 'COMMAND with {port}'\n");
+        if (!strcmp(e, ext) && !ext_cmd) {
+            fprintf(stderr, "calla matrix: the %s engine needs --%s 'COMMAND'%s\n", ext, ext,
+                    m.agent_args ? " (with {port})" : "");
             return 2;
         }
-        if (strcmp(e, "llama-server") && !m.model) {
-            fprintf(stderr, "calla matrix: --model is required for the %s engine\n", e);
-            return 2;
-        }
-    }
-    for (int i = 0; !m.agent_args && i < m.n_engines; i++) {
-        const char *e = m.engines[i];
-        if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, "llama-bench")) {
-            fprintf(stderr, "calla matrix: unknown engine \"%s\" (cpu, cuda or llama-bench)\n", e);
-            return 2;
-        }
-        if (!strcmp(e, "llama-bench") && !m.llama_cmd) {
-            fprintf(stderr, "calla matrix: the llama-bench engine needs --llama-bench 'COMMAND'\n");
-            return 2;
-        }
-        if (strcmp(e, "llama-bench") && !m.model) {
+        if (strcmp(e, ext) && !m.model) {
             fprintf(stderr, "calla matrix: --model is required for the %s engine\n", e);
             return 2;
         }
