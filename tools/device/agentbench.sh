@@ -5,7 +5,7 @@
 #
 #   [LLAMA_SERVER=PATH] [LLAMA_TREE=.peers/llama.cpp] tools/device/agentbench.sh BUILD [ROUNDS] [AGENTBENCH FLAGS...]
 #
-# BUILD        a carried CUDA build of Calla (tools/devlibs.sh BUILD first: BUILD/devlibs holds its libraries)
+# BUILD        a carried CUDA build of Calla (tools/device/devlibs.sh BUILD first: BUILD/devlibs holds its libraries)
 # ROUNDS       rounds of both arms (default 1)
 # FLAGS        passed to `calla agentbench` (default: its own: an ~8K-token system turn, 20
 #              tool results of 20..4,000 tokens, 16 tokens a turn with ignore_eos, every 4th turn forced)
