@@ -7,6 +7,7 @@ int cmd_run(int argc, char **argv);       // cli.c
 int cmd_bench(int argc, char **argv);     // harness/bench.c
 int cmd_maskbench(int argc, char **argv); // harness/maskbench.c
 int cmd_matrix(int argc, char **argv);    // harness/matrix.c
+int cmd_agentbench(int argc, char **argv); // harness/agentbench.c
 int cmd_report(int argc, char **argv);    // harness/report.c
 int cmd_adapt_llama_bench(int argc, char **argv);   // harness/adapt.c
 int cmd_tokenize(int argc, char **argv);   // cli.c

@@ -14,6 +14,7 @@ static const struct {
     {"run", cmd_run, "generate greedily from a prompt"},
     {"bench", cmd_bench, "one benchmark measurement (docs/BENCH.md protocol), JSON record"},
     {"maskbench", cmd_maskbench, "constrained decoding's cost: token trie, masks, decode overhead with a schema"},
+    {"agentbench", cmd_agentbench, "a coding agent's conversation replayed through a running server: per-turn TTFT, cache"},
     {"matrix", cmd_matrix, "engines x contexts x rounds: results folder with report.md and plots"},
     {"report", cmd_report, "rewrite report.md and plots of a results folder"},
     {"adapt-llama-bench", cmd_adapt_llama_bench, "map llama-bench -o json output onto bench records"},

@@ -8,11 +8,17 @@
 //               --cooldown-margin-c of its idle temperature (read at preflight), capped
 //   output      OUT/<arm>-<ctx>-r<round>.json (raw records), OUT/raw/ (external engines' own
 //               output), OUT/matrix.json (this run's log), OUT/report.md + SVG plots (report.c)
+//   agentbench  --agentbench ARGS: each arm is a server (`calla serve` on cpu or cuda, or the
+//               --llama-server command) started fresh each round on a free loopback port, driven
+//               through `calla agentbench ARGS` once it answers /health, then stopped; the records
+//               are OUT/<arm>-agent-r<round>.json, the server's log OUT/raw/<arm>-serve-r<round>.log
 //   exit        0; 1 when a run failed; 3 when preflight refused; 4 when an arm's tokens differ
-//               across rounds
+//               across rounds (a Calla arm's replies, with --agentbench)
 #include "engine.h"
+#include "agentbench.h"
 #include "bench.h"
 #include "commands.h"
+#include "http_client.h"
 #include "nvml.h"
 #include "options.h"
 #include "report.h"
@@ -23,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -33,6 +41,9 @@ enum { MATRIX_MAX_CTX = 32, MATRIX_MAX_ENGINES = 8 };
 
 struct matrix {
     const char *model, *out, *calla, *llama_cmd, *reference, *compare, *title;
+    const char *agent_args;  // --agentbench: the arms are servers driven by `calla agentbench ARGS`
+    const char *server_cmd;  // --llama-server: the command that serves the llama-server arm
+    int serve_wait_s;        // how long a server may take to answer /health
     const char *engines[MATRIX_MAX_ENGINES];
     int n_engines;
     int contexts[MATRIX_MAX_CTX];
@@ -185,8 +196,8 @@ static int spawn(char *const argv[], const char *out_path, int timeout_s) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
-// Replaces {prompt}, {decode} and {model} in the external command template.
-static void expand(char *dst, size_t len, const char *tmpl, const struct matrix *m, int ctx) {
+// Replaces {prompt}, {decode}, {model} and {port} in an external command template.
+static void expand(char *dst, size_t len, const char *tmpl, const struct matrix *m, int ctx, int port) {
     size_t k = 0;
     for (const char *p = tmpl; *p && k + 1 < len;) {
         char val[64];
@@ -195,6 +206,7 @@ static void expand(char *dst, size_t len, const char *tmpl, const struct matrix 
         if (!strncmp(p, "{prompt}", 8)) snprintf(val, sizeof val, "%d", ctx), rep = val, skip = 8;
         else if (!strncmp(p, "{decode}", 8)) snprintf(val, sizeof val, "%d", m->decode), rep = val, skip = 8;
         else if (!strncmp(p, "{model}", 7)) rep = m->model ? m->model : "", skip = 7;
+        else if (!strncmp(p, "{port}", 6)) snprintf(val, sizeof val, "%d", port), rep = val, skip = 6;
         if (rep) {
             int w = snprintf(dst + k, len - k, "%s", rep);
             k += w > 0 ? (size_t)w : 0;
@@ -207,6 +219,7 @@ static void expand(char *dst, size_t len, const char *tmpl, const struct matrix 
 
 static void label_of(const char *engine, char *buf, size_t len) {
     if (!strcmp(engine, "llama-bench")) snprintf(buf, len, "llama.cpp");
+    else if (!strcmp(engine, "llama-server")) snprintf(buf, len, "llama-server");
     else snprintf(buf, len, "calla-%s", engine);
 }
 
@@ -220,7 +233,7 @@ static int run_arm(struct matrix *m, const char *engine, int ctx, int round, cha
     int rc;
     if (!strcmp(engine, "llama-bench")) {
         char cmd[8192], raw[4096];
-        expand(cmd, sizeof cmd, m->llama_cmd, m, ctx);
+        expand(cmd, sizeof cmd, m->llama_cmd, m, ctx, 0);
         snprintf(raw, sizeof raw, "%s/raw/llama-bench-%d-r%d.out", m->out, ctx, round);
         char *argv[] = {"/bin/sh", "-c", cmd, NULL};
         fprintf(stderr, "calla matrix: %s\n", cmd);
@@ -249,6 +262,163 @@ static int run_arm(struct matrix *m, const char *engine, int ctx, int round, cha
     int w = json_write_file(r, path, err, sizeof err);
     json_decref(r);
     return w;
+}
+
+// ---- an agentbench arm: a server, the conversation, the server stopped ----------------------
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the server binds it next). 0 when none.
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int port = 0;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &al))
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+// Starts argv in its own process group, stdout and stderr to log_path. The pid, or -1.
+static pid_t server_start(char *const argv[], const char *log_path) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (!pid) {
+        setpgid(0, 0);
+        if (!freopen(log_path, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(127);
+        execv(argv[0], argv);
+        fprintf(stderr, "calla matrix: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+// Waits until the server answers GET /health with 200 (llama-server: 503 while it loads). 0, or -1
+// when it exited or ran past wait_s.
+static int server_ready(pid_t pid, int port, int wait_s, char *err, size_t errlen) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    struct http_url u;
+    if (http_url_parse(url, &u, err, errlen)) return -1;
+    double t0 = now_s();
+    for (;;) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return snprintf(err, errlen, "the server exited (status %d) before answering /health",
+                            WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st)), -1;
+        struct http_request rq = {.method = "GET", .path = "/health", .timeout_s = 5};
+        struct http_response resp;
+        char e2[256];
+        if (!http_do(&u, &rq, &resp, e2, sizeof e2)) {
+            http_response_free(&resp);
+            if (resp.status == 200) return 0;
+        }
+        if (now_s() - t0 > wait_s) return snprintf(err, errlen, "the server did not answer /health within %d s", wait_s), -1;
+        sleep_s(0.25);
+    }
+}
+
+// SIGTERM to the server's group, SIGKILL after 30 s.
+static void server_stop(pid_t pid) {
+    kill(-pid, SIGTERM);
+    double t0 = now_s();
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (now_s() - t0 > 30) {
+            fprintf(stderr, "calla matrix: the server (pid %d) ignored SIGTERM for 30 s; killing it\n", (int)pid);
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            break;
+        }
+        sleep_s(0.05);
+    }
+    kill(-pid, SIGKILL);   // whatever it started and left behind
+}
+
+// One round of an engine: OUT/<label>-agent-r<round>.json. 0, or -1.
+static int run_agent_arm(struct matrix *m, const char *engine, int round, char *file, size_t filelen) {
+    char label[64], path[4096], log[4096], table[4096], err[1024];
+    label_of(engine, label, sizeof label);
+    snprintf(file, filelen, "%s-agent-r%d.json", label, round);
+    snprintf(path, sizeof path, "%s/%s", m->out, file);
+    snprintf(log, sizeof log, "%s/raw/%s-serve-r%d.log", m->out, label, round);
+    snprintf(table, sizeof table, "%s/raw/%s-agent-r%d.txt", m->out, label, round);
+    unlink(path);
+    int port = free_port();
+    if (!port) {
+        fprintf(stderr, "calla matrix: no free port on 127.0.0.1\n");
+        return -1;
+    }
+    bool llama = !strcmp(engine, "llama-server");
+    char c_port[16], c_thr[16], cmd[8192];
+    snprintf(c_port, sizeof c_port, "%d", port);
+    snprintf(c_thr, sizeof c_thr, "%d", m->threads);
+    pid_t pid;
+    if (llama) {
+        expand(cmd, sizeof cmd, m->server_cmd, m, 0, port);
+        fprintf(stderr, "calla matrix: %s\n", cmd);
+        char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        pid = server_start(argv, log);
+    } else {
+        char *argv[] = {(char *)m->calla, "serve", "--model", (char *)m->model, "--backend", (char *)engine, "--threads",
+                        c_thr, "--host", "127.0.0.1", "--port", c_port, "--quiet", NULL};
+        pid = server_start(argv, log);
+    }
+    if (pid < 0) {
+        fprintf(stderr, "calla matrix: cannot start the %s server: %s\n", label, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    if (server_ready(pid, port, m->serve_wait_s, err, sizeof err)) {
+        fprintf(stderr, "calla matrix: %s: %s (log: %s)\n", label, err, log);
+    } else {
+        snprintf(cmd, sizeof cmd, "'%s' agentbench --url http://127.0.0.1:%d --flavor %s --label %s --json '%s' --quiet %s",
+                 m->calla, port, llama ? "llama-server" : "calla", label, path, m->agent_args);
+        fprintf(stderr, "calla matrix: %s\n", cmd);
+        char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        rc = spawn(argv, table, m->run_timeout_s) ? -1 : 0;
+        if (rc) fprintf(stderr, "calla matrix: the %s conversation failed (output: %s)\n", label, table);
+    }
+    server_stop(pid);
+    if (rc) return -1;
+    json_t *r = json_load_file(path, 0, NULL);
+    if (!r || agentbench_record_check(r, err, sizeof err)) {
+        fprintf(stderr, "calla matrix: %s: %s\n", path, r ? err : "no record");
+        json_decref(r);
+        return -1;
+    }
+    json_object_set_new(r, "matrix", json_pack("{s:s, s:s, s:i, s:s}", "arm", label, "engine", engine, "round", round,
+                                                 "server_log", log));
+    if (llama) json_object_set_new(r, "server_command", json_string(cmd));
+    int w = json_write_file(r, path, err, sizeof err);
+    json_decref(r);
+    return w;
+}
+
+// A Calla arm's replies must repeat across rounds (greedy, a fresh server each round). Returns the
+// arms that differ; other engines' differences are only reported.
+static int check_agent_determinism(struct matrix *m) {
+    int bad = 0;
+    for (int e = 0; e < m->n_engines; e++) {
+        char label[64], path[4096], first[24] = "";
+        label_of(m->engines[e], label, sizeof label);
+        for (int r = 1; r <= 16; r++) {
+            snprintf(path, sizeof path, "%s/%s-agent-r%d.json", m->out, label, r);
+            if (access(path, R_OK)) continue;
+            json_t *j = json_load_file(path, 0, NULL);
+            const char *h = j ? json_str(j, "summary.replies_hash") : NULL;
+            if (h && !first[0]) snprintf(first, sizeof first, "%s", h);
+            else if (h && strcmp(h, first)) {
+                bool ours = strcmp(m->engines[e], "llama-server") != 0;
+                fprintf(stderr, "calla matrix: %s: round %d replied %s, the first round %s%s\n", label, r, h, first,
+                        ours ? ": NOT reproducible" : " (the peer's own nondeterminism, reported only)");
+                bad += ours;
+            }
+            json_decref(j);
+        }
+    }
+    return bad;
 }
 
 // ---- the command ---------------------------------------------------------------------------
@@ -282,13 +452,13 @@ int cmd_matrix(int argc, char **argv) {
     struct matrix m = {0};
     const char *engines = "cuda", *contexts = "4096,16384,65536,131072,262079";
     long long first_round = 1, decode = 64, rounds = 2, threads = 0;
-    long long cmin = 10, cmax = 300, margin = 5, busy = 5, run_timeout = 3600;
+    long long cmin = 10, cmax = 300, margin = 5, busy = 5, run_timeout = 3600, serve_wait = 900;
     const char *reference = NULL, *default_reference = "bench/reference/lily_m5.json";
     const char *targets = NULL, *default_targets = "bench/targets/h200.json";
     bool no_reference = false, no_targets = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &m.model, 0, 0, "checkpoint directory"},
-        {"engines", OPT_STR, &engines, 0, 0, "comma list of cuda, cpu, llama-bench (default cuda)"},
+        {"engines", OPT_STR, &engines, 0, 0, "comma list of cuda, cpu, llama-bench; with --agentbench: cuda, cpu, llama-server (default cuda)"},
         {"contexts", OPT_STR, &contexts, 0, 0, "comma list of prompt tokens (default 4096,...,262079)"},
         {"decode", OPT_INT, &decode, 1, 4096, "decode steps per run (default 64)"},
         {"rounds", OPT_INT, &rounds, 1, 16, "rounds (default 2)"},
@@ -305,6 +475,13 @@ int cmd_matrix(int argc, char **argv) {
         {"force", OPT_FLAG, &m.force, 0, 0, "run even when the GPU is busy or throttling (recorded)"},
         {"llama-bench", OPT_STR, &m.llama_cmd, 0, 0,
          "command for the llama-bench arm; {prompt} {decode} {model} are replaced; must print -o json"},
+        {"agentbench", OPT_STR, &m.agent_args, 0, 0,
+         "run the conversation benchmark instead, engines as arms (cpu, cuda, llama-server): each a fresh server "
+         "driven by `calla agentbench ARGS` (\"\" for its defaults)"},
+        {"llama-server", OPT_STR, &m.server_cmd, 0, 0,
+         "command that serves the llama-server arm on 127.0.0.1:{port}; {port} {model} are replaced"},
+        {"serve-wait-s", OPT_INT, &serve_wait, 1, 86400,
+         "seconds a server may take to answer /health (default 900)"},
         {"calla", OPT_STR, &m.calla, 0, 0, "calla binary for the bench runs (default: this one)"},
         {"reference", OPT_STR, &reference, 0, 0,
          "reference table for ratio tables (default bench/reference/lily_m5.json)"},
@@ -335,22 +512,27 @@ int cmd_matrix(int argc, char **argv) {
         return 2;
     }
     m.cooldown_min_s = (int)cmin, m.cooldown_max_s = (int)cmax, m.cooldown_margin_c = (int)margin;
-    m.busy_pct = (int)busy, m.run_timeout_s = (int)run_timeout;
+    m.busy_pct = (int)busy, m.run_timeout_s = (int)run_timeout, m.serve_wait_s = (int)serve_wait;
+    // the external engine of this mode: llama-bench beside `calla bench`, llama-server beside agentbench
+    const char *ext = m.agent_args ? "llama-server" : "llama-bench", *ext_cmd = m.agent_args ? m.server_cmd : m.llama_cmd;
     for (int i = 0; i < m.n_engines; i++) {
         const char *e = m.engines[i];
-        if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, "llama-bench")) {
-            fprintf(stderr, "calla matrix: unknown engine \"%s\" (cpu, cuda or llama-bench)\n", e);
+        if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, ext)) {
+            fprintf(stderr, "calla matrix: unknown engine \"%s\" (cpu, cuda or %s%s)\n", e, ext,
+                    m.agent_args ? " with --agentbench" : "");
             return 2;
         }
-        if (!strcmp(e, "llama-bench") && !m.llama_cmd) {
-            fprintf(stderr, "calla matrix: the llama-bench engine needs --llama-bench 'COMMAND'\n");
+        if (!strcmp(e, ext) && !ext_cmd) {
+            fprintf(stderr, "calla matrix: the %s engine needs --%s 'COMMAND'%s\n", ext, ext,
+                    m.agent_args ? " (with {port})" : "");
             return 2;
         }
-        if (strcmp(e, "llama-bench") && !m.model) {
+        if (strcmp(e, ext) && !m.model) {
             fprintf(stderr, "calla matrix: --model is required for the %s engine\n", e);
             return 2;
         }
     }
+    if (m.agent_args) m.n_ctx = 0;   // a conversation has no context sweep
     for (int i = 0; i < m.n_ctx; i++) {
         char *end;
         long v = strtol(citems[i], &end, 10);
@@ -404,6 +586,7 @@ int cmd_matrix(int argc, char **argv) {
     m.log = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:[], s:[], s:[], s:[]}", "schema", "calla.matrix/1",
                       "command", cmdline, "started", date, "rounds", m.rounds, "first_round", m.first_round, "decode",
                       m.decode, "engines", "contexts", "cooldowns", "failures");
+    if (m.agent_args) json_object_set_new(m.log, "agentbench", json_string(m.agent_args));
     for (int i = 0; i < m.n_engines; i++)
         json_array_append_new(json_object_get(m.log, "engines"), json_string(m.engines[i]));
     for (int i = 0; i < m.n_ctx; i++)
@@ -443,9 +626,29 @@ int cmd_matrix(int argc, char **argv) {
     }
     json_write_file(m.log, logpath, err, sizeof err);
 
-    int failures = 0, total = m.rounds * m.n_ctx * m.n_engines, done = 0;
+    int failures = 0, total = m.rounds * (m.agent_args ? 1 : m.n_ctx) * m.n_engines, done = 0;
     double t_all = now_s();
-    for (int r = m.first_round; r < m.first_round + m.rounds; r++)
+    for (int r = m.first_round; m.agent_args && r < m.first_round + m.rounds; r++)
+        for (int e = 0; e < m.n_engines; e++) {
+            char file[256];
+            if (done) cooldown(&m, json_string_value(json_object_get(
+                                       json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
+            fprintf(stderr, "calla matrix: [%d/%d] round %d, %s, conversation\n", done + 1, total, r, m.engines[e]);
+            double t0 = now_s();
+            int rc = run_agent_arm(&m, m.engines[e], r, file, sizeof file);
+            json_array_append_new(json_object_get(m.log, "runs"),
+                                  json_pack("{s:s, s:s, s:i, s:b, s:f}", "file", file, "engine", m.engines[e], "round",
+                                            r, "ok", rc == 0, "seconds", now_s() - t0));
+            if (rc) {
+                char what[512];
+                snprintf(what, sizeof what, "%s conversation, round %d", m.engines[e], r);
+                json_array_append_new(json_object_get(m.log, "failures"), json_string(what));
+                failures++;
+            }
+            done++;
+            json_write_file(m.log, logpath, err, sizeof err);
+        }
+    for (int r = m.first_round; !m.agent_args && r < m.first_round + m.rounds; r++)
         for (int c = 0; c < m.n_ctx; c++)
             for (int e = 0; e < m.n_engines; e++) {
                 char file[256];
@@ -468,7 +671,7 @@ int cmd_matrix(int argc, char **argv) {
                 done++;
                 json_write_file(m.log, logpath, err, sizeof err);
             }
-    int bad = check_determinism(&m);
+    int bad = m.agent_args ? check_agent_determinism(&m) : check_determinism(&m);
     iso_date(date, sizeof date);
     json_object_set_new(m.log, "finished", json_string(date));
     json_object_set_new(m.log, "seconds", json_real(now_s() - t_all));
@@ -482,6 +685,8 @@ int cmd_matrix(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr, "calla matrix: %d runs, %d failed, %s; %s/report.md\n", total, failures,
-            bad ? "tokens DIFFER across rounds (flagged)" : "tokens identical across rounds", m.out);
+            bad ? "tokens DIFFER across rounds (flagged)"
+                : m.agent_args ? "Calla's replies identical across rounds" : "tokens identical across rounds",
+            m.out);
     return failures ? 1 : bad ? 4 : 0;
 }

@@ -6,9 +6,11 @@
 // (--reference, e.g. bench/reference/lily_m5.json: the reference report's M5 Pro and M5 Max rows).
 //
 // Sections: run log, identity, determinism, sweep tables, ratio tables, the straight-line fit of
-// decode ms/token against context, prefill scaling per doubling, step drift, memory, telemetry.
+// decode ms/token against context, prefill scaling per doubling, step drift, memory, telemetry;
+// then the conversation benchmark's records, if any (report_agent.c).
 #include "report.h"
 
+#include "agentbench.h"
 #include "bench.h"
 #include "commands.h"
 #include "options.h"
@@ -749,7 +751,9 @@ static void runlog_one(FILE *f, json_t *m) {
     const char *pre = json_str(m, "preflight.verdict"), *why = json_str(m, "preflight.reason");
     if (pre) fprintf(f, "- preflight: %s%s%s\n", pre, why ? ": " : "", why ? why : "");
     double rounds = json_num(m, "rounds"), dec = json_num(m, "decode");
-    if (isfinite(rounds)) fprintf(f, "- rounds %.0f, decode steps %.0f\n", rounds, dec);
+    const char *agent = json_str(m, "agentbench");
+    if (isfinite(rounds) && agent) fprintf(f, "- rounds %.0f, conversations: `calla agentbench %s`\n", rounds, agent);
+    else if (isfinite(rounds)) fprintf(f, "- rounds %.0f, decode steps %.0f\n", rounds, dec);
     const json_t *cool = json_object_get(m, "cooldowns");
     if (json_is_array(cool) && json_array_size(cool)) {
         double tot = 0, mx = 0;
@@ -802,8 +806,10 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
     if (!b) return snprintf(err, errlen, "out of memory"), -1;
     int n_run = load_dir(b, o->dir, "run", NULL, err, errlen);
     if (n_run < 0) goto out;
-    if (n_run == 0) {
-        snprintf(err, errlen, "%s holds no bench records (schema %s)", o->dir, BENCH_SCHEMA);
+    int n_agent = report_agent_count(o->dir);
+    if (n_run == 0 && n_agent == 0) {
+        snprintf(err, errlen, "%s holds no bench records (schema %s) and no agentbench records (schema %s)", o->dir,
+                 BENCH_SCHEMA, AGENTBENCH_SCHEMA);
         goto out;
     }
     if (o->compare_dir) {
@@ -835,49 +841,58 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         goto out;
     }
     fprintf(f, "# %s\n\n", o->title ? o->title : "Calla benchmark");
-    fprintf(f, "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
-               "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
-               "of "
-               "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "
-               "documented in `src/harness/bench.c` and recorded in each JSON.\n\n");
+    if (n_run) {
+        fprintf(f, "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
+                   "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
+                   "of "
+                   "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "
+                   "documented in `src/harness/bench.c` and recorded in each JSON.\n\n");
+    }
     section_runlog(f, o->dir);
-    fprintf(f, "## Identity\n\n");
-    section_identity(f, runs, n_runs);
-    fprintf(f, "## Determinism (greedy output across rounds)\n\n");
-    int bad = section_determinism(f, runs, n_runs);
-    fprintf(f, "%s\n\n", bad ? "**Some arms produced different tokens across rounds; see the flagged rows.**"
-                             : "Every arm with two or more rounds repeated its output exactly.");
-    section_targets(f, targets, runs, n_runs);
-    fprintf(f, "## Sweep\n\n");
-    for (int i = 0; i < n_runs; i++) section_sweep(f, runs[i]);
-    if (n_base) {
-        fprintf(f, "## Baselines\n\n");
-        for (int i = 0; i < n_base; i++) section_sweep(f, base[i]);
-    }
-    if (n_base || n_runs > 1) {
-        fprintf(f, "## Ratios\n\n");
-        for (int i = 0; i < n_runs; i++) {
-            for (int k = 0; k < n_base; k++) section_ratio(f, runs[i], base[k]);
-            if (i > 0) section_ratio(f, runs[0], runs[i]);
+    if (n_run) {
+        fprintf(f, "## Identity\n\n");
+        section_identity(f, runs, n_runs);
+        fprintf(f, "## Determinism (greedy output across rounds)\n\n");
+        int bad = section_determinism(f, runs, n_runs);
+        fprintf(f, "%s\n\n", bad ? "**Some arms produced different tokens across rounds; see the flagged rows.**"
+                                 : "Every arm with two or more rounds repeated its output exactly.");
+        section_targets(f, targets, runs, n_runs);
+        fprintf(f, "## Sweep\n\n");
+        for (int i = 0; i < n_runs; i++) section_sweep(f, runs[i]);
+        if (n_base) {
+            fprintf(f, "## Baselines\n\n");
+            for (int i = 0; i < n_base; i++) section_sweep(f, base[i]);
         }
-        // the reference rows against each other (reproduces the reference report's own comparison)
-        for (int i = 1; i < n_base; i++)
-            if (!strcmp(base[i]->origin, base[0]->origin)) section_ratio(f, base[0], base[i]);
+        if (n_base || n_runs > 1) {
+            fprintf(f, "## Ratios\n\n");
+            for (int i = 0; i < n_runs; i++) {
+                for (int k = 0; k < n_base; k++) section_ratio(f, runs[i], base[k]);
+                if (i > 0) section_ratio(f, runs[0], runs[i]);
+            }
+            // the reference rows against each other (reproduces the reference report's own comparison)
+            for (int i = 1; i < n_base; i++)
+                if (!strcmp(base[i]->origin, base[0]->origin)) section_ratio(f, base[0], base[i]);
+        }
+        fprintf(f, "## Decode ms/token against context (least-squares line)\n\n");
+        section_fit(f, all, n_all);
+        fprintf(f, "## Prefill scaling per context doubling\n\n"
+                   "Per doubling = (time ratio)^(1 / log2(context ratio)); 2.00x is linear, 4.00x quadratic.\n\n");
+        for (int i = 0; i < n_all; i++) section_scaling(f, all[i]);
+        fprintf(f, "## Step drift\n\n");
+        for (int i = 0; i < n_all; i++) section_drift(f, all[i]);
+        fprintf(f, "## Memory (measured)\n\n");
+        section_memory(f, runs, n_runs);
+        fprintf(f, "## Telemetry (NVML, before and after each timed run)\n\n");
+        section_telemetry(f, runs, n_runs);
+        fprintf(f, "## Plots\n\n![decode ms/token](decode_ms.svg)\n\n![prefill tok/s](prefill_tps.svg)\n");
     }
-    fprintf(f, "## Decode ms/token against context (least-squares line)\n\n");
-    section_fit(f, all, n_all);
-    fprintf(f, "## Prefill scaling per context doubling\n\n"
-               "Per doubling = (time ratio)^(1 / log2(context ratio)); 2.00x is linear, 4.00x quadratic.\n\n");
-    for (int i = 0; i < n_all; i++) section_scaling(f, all[i]);
-    fprintf(f, "## Step drift\n\n");
-    for (int i = 0; i < n_all; i++) section_drift(f, all[i]);
-    fprintf(f, "## Memory (measured)\n\n");
-    section_memory(f, runs, n_runs);
-    fprintf(f, "## Telemetry (NVML, before and after each timed run)\n\n");
-    section_telemetry(f, runs, n_runs);
-    fprintf(f, "## Plots\n\n![decode ms/token](decode_ms.svg)\n\n![prefill tok/s](prefill_tps.svg)\n");
+    report_agent_section(f, o->dir, targets);
     if (fclose(f)) {
         snprintf(err, errlen, "cannot write %s", path);
+        goto out;
+    }
+    if (!n_run) {   // a conversation benchmark alone: no sweep to plot
+        rc = 0;
         goto out;
     }
     snprintf(path, sizeof path, "%s/decode_ms.svg", o->dir);
