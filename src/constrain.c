@@ -445,7 +445,7 @@ enum st {
 struct frame {
     const struct cnode *n;
     uint8_t st;
-    uint16_t k;            // bytes of the literal or key matched; \u digits seen
+    uint16_t k;            // bytes of the literal or key matched; \u digits seen; digits of a number's part
     uint16_t lo, hi;       // candidates among the sorted literals or keys
     int16_t prop;          // the property whose value follows
     uint64_t seen;         // properties given
@@ -523,6 +523,17 @@ static bool narrow(const struct lit *l, struct frame *f, unsigned char b, uint64
 
 static bool is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
 
+// Numbers are bounded to what the server's own JSON parser (jansson) reads back, in tool-call
+// arguments and json_schema answers alike.  jansson reads a number without a fraction or an
+// exponent as a json_int_t (long long: -9223372036854775808 .. 9223372036854775807) and refuses
+// one past it, and any other as a double, refusing one that overflows.  At most 18 digits before
+// the point keep every integer within long long (10^18 - 1 < 2^63 - 1) with no comparison of a
+// 19th digit to make; the values it leaves out, 10^18 .. 2^63 - 1, are past what a schema asks
+// for in practice.  At most 2 exponent digits keep a real finite (below 10^18 * 10^99) and its
+// smallest non-zero value normal (10^-18 * 10^-99); at most 18 digits after the point are more
+// than a double holds (17 significant digits), so longer fractions would only spend tokens.
+enum { NUM_INT_DIGITS = 18, NUM_FRAC_DIGITS = 18, NUM_EXP_DIGITS = 2 };
+
 static bool number_complete(uint8_t st) {
     return st == ST_NUM_ZERO || st == ST_NUM_INT || st == ST_NUM_FRAC || st == ST_NUM_EXP;
 }
@@ -560,6 +571,7 @@ static bool start(struct cstate *s, int ti, struct frame *f, unsigned char b) {
     case K_NUMBER:
     case K_INTEGER:
         f->st = b == '-' ? ST_NUM_SIGN : b == '0' ? ST_NUM_ZERO : is_digit(b) ? ST_NUM_INT : ST_START;
+        f->k = is_digit(b);
         return f->st != ST_START;
     case K_LITS:
         f->st = ST_LIT, f->k = 0, f->lo = 0, f->hi = (uint16_t)n->n_lits;
@@ -681,19 +693,24 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             continue;   // b belongs to the parent
         case ST_NUM_SIGN:
             f->st = b == '0' ? ST_NUM_ZERO : is_digit(b) ? ST_NUM_INT : ST_START;
+            f->k = 1;
             return f->st != ST_START;
         case ST_NUM_FRAC0:
         case ST_NUM_EXPS:
             if (!is_digit(b)) return false;
             f->st = f->st == ST_NUM_FRAC0 ? ST_NUM_FRAC : ST_NUM_EXP;
+            f->k = 1;
             return true;
         case ST_NUM_EXP0:
             if (b == '+' || b == '-') return f->st = ST_NUM_EXPS, true;
-            if (is_digit(b)) return f->st = ST_NUM_EXP, true;
+            if (is_digit(b)) return f->st = ST_NUM_EXP, f->k = 1, true;
             return false;
         default: {   // ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC, ST_NUM_EXP: a digit, a part, or the end
             bool real = f->n->kind == K_NUMBER;
-            if (is_digit(b) && f->st != ST_NUM_ZERO) return true;
+            if (is_digit(b) && f->st != ST_NUM_ZERO) {   // within the part's bound (above)
+                const int max = f->st == ST_NUM_INT ? NUM_INT_DIGITS : f->st == ST_NUM_FRAC ? NUM_FRAC_DIGITS : NUM_EXP_DIGITS;
+                return f->k < max && ++f->k;
+            }
             if (b == '.' && real && (f->st == ST_NUM_ZERO || f->st == ST_NUM_INT)) return f->st = ST_NUM_FRAC0, true;
             if ((b == 'e' || b == 'E') && real && f->st != ST_NUM_EXP) return f->st = ST_NUM_EXP0, true;
             pop(t);

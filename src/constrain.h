@@ -5,6 +5,8 @@
 // alternative) and tells, before each step, which tokens can continue a valid document.  The
 // chosen token is the most likely one that can.  The document is compact JSON (no whitespace
 // between tokens); keys come in any order, each at most once, the required ones all present.
+// Numbers are what the server's JSON parser reads back: integers of at most 18 digits, at most
+// 18 digits after the point and 2 in the exponent (constrain.c says why).
 //
 // The JSON Schema subset (what OpenAI's strict mode accepts): type (string, number, integer,
 // boolean, null, object, array, or a list of them), properties, required, additionalProperties

@@ -464,6 +464,15 @@ def shortest_doc(s, root, depth=0):
     return {"array": 2, "string": 2, "boolean": 4, "null": 4}.get(t, 1)
 
 
+def ints_of(v):
+    """Every integer in a JSON value (booleans are not)."""
+    if type(v) is int:
+        return [v]
+    if isinstance(v, dict):
+        v = list(v.values())
+    return [i for x in v for i in ints_of(x)] if isinstance(v, list) else []
+
+
 def test_structured(port, quick):
     import jsonschema
     schemas = SCHEMAS[::4] if quick else SCHEMAS
@@ -478,6 +487,8 @@ def test_structured(port, quick):
         try:
             doc = json.loads(j["choices"][0]["message"]["content"])
             jsonschema.validate(doc, sc)
+            if any(not -2 ** 63 <= i < 2 ** 63 for i in ints_of(doc)):   # what the server's parser (jansson) reads
+                raise ValueError("an integer past 64 bits")
             if j["choices"][0]["finish_reason"] != "stop":
                 raise ValueError("finish_reason " + j["choices"][0]["finish_reason"])
         except Exception as e:  # noqa: BLE001 (collect every failure)
