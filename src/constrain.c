@@ -1,6 +1,8 @@
 // constrain.c: structured output by constrained greedy decoding (see constrain.h).
 #include "constrain.h"
 
+#include "toolcall.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,16 +350,51 @@ static bool seq_add(struct compiler *cc, struct cnode *seq, struct cnode *part) 
     return true;
 }
 
-static bool is_text_schema(const json_t *schema) {
-    const json_t *t = json_object_get(schema, "type");
-    return json_is_string(t) && !strcmp(json_string_value(t), "string") && !json_object_get(schema, "enum") &&
-           !json_object_get(schema, "const");
+// A text-form parameter limited to some strings (tool_value_form's texts, with "null" where null
+// is allowed): each as its raw text followed by the closing markup, one literal each, so that ""
+// and strings that are prefixes of others are values too.  A string holding "</parameter>" or
+// "</tool_call>" would end the call early where the parser reads it back: refused.
+static struct cnode *compile_texts(struct compiler *cc, const json_t *texts, bool null, const char *close) {
+    const size_t n = json_array_size(texts) + null, nc = strlen(close);
+    struct cnode *nd = node_new(cc, K_LITS);
+    if (!nd || !(nd->lits = calloc(n, sizeof *nd->lits))) return fail(cc, "%s", "out of memory"), NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(texts, i);
+        const char *t = v ? json_string_value(v) : "null";
+        const size_t len = v ? json_string_length(v) : 4;
+        if (memmem(t, len, "</parameter>", 12) || memmem(t, len, "</tool_call>", 12))
+            return fail(cc, "the value \"%.64s\" cannot be written inside a tool call's markup", t), NULL;
+        char *lit = malloc(len + nc + 1);
+        if (!lit) return fail(cc, "%s", "out of memory"), NULL;
+        memcpy(lit, t, len);
+        memcpy(lit + len, close, nc + 1);
+        nd->lits[nd->n_lits++] = (struct lit){lit, len + nc, 0};
+    }
+    qsort(nd->lits, n, sizeof *nd->lits, lit_cmp);
+    return nd;
+}
+
+// A parameter's VALUE and the markup that closes it, written as tool_value_form says (the parser
+// reads it back by the same decision): free text up to the closing markup ("</" only there),
+// one of the schema's strings, or compact JSON of the schema.  The schema is compiled in every
+// case, so that a text parameter's unsupported keywords are refused as any other's are.
+static bool add_value(struct compiler *cc, struct cnode *seq, const json_t *schema, const json_t *params) {
+    static const char close[] = "\n</parameter>\n";
+    struct cnode *json = compile(cc, schema, 1);
+    if (!json) return false;
+    json_t *texts;
+    const enum tool_value form = tool_value_form(schema, params, &texts);
+    bool ok;
+    if (form == TOOL_VALUE_JSON) ok = seq_add(cc, seq, json) && seq_add(cc, seq, lit_node(cc, K_LITS, close));
+    else if (!texts) ok = seq_add(cc, seq, lit_node(cc, K_RAW, close));
+    else ok = seq_add(cc, seq, compile_texts(cc, texts, form == TOOL_VALUE_TEXT_OR_NULL, close));
+    json_decref(texts);
+    return ok;
 }
 
 // One function's call, as the template asks for it:
 //   <tool_call>\n<function=NAME>\n{<parameter=P>\nVALUE\n</parameter>\n}</function>\n</tool_call>
-// with the required parameters in the schema's order; a string's VALUE is free text, any other
-// is compact JSON of its schema.
+// with the required parameters in the schema's order, each VALUE as add_value writes it.
 static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
     const char *name = json_string_value(json_object_get(fn, "name"));
     const json_t *params = json_object_get(fn, "parameters"), *props = json_object_get(params, "properties");
@@ -379,12 +416,7 @@ static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
         char open[320];
         if (strlen(k) > 200) return fail(cc, "parameter name \"%.64s...\" is too long", k), NULL;
         snprintf(open, sizeof open, "<parameter=%s>\n", k);
-        if (!seq_add(cc, seq, lit_node(cc, K_LITS, open))) return NULL;
-        if (is_text_schema(v)) {
-            if (!seq_add(cc, seq, lit_node(cc, K_RAW, "\n</parameter>\n"))) return NULL;
-        } else if (!seq_add(cc, seq, compile(cc, v, 1)) || !seq_add(cc, seq, lit_node(cc, K_LITS, "\n</parameter>\n"))) {
-            return NULL;
-        }
+        if (!seq_add(cc, seq, lit_node(cc, K_LITS, open)) || !add_value(cc, seq, v, params)) return NULL;
     }
     return seq_add(cc, seq, lit_node(cc, K_LITS, "</function>\n</tool_call>")) ? seq : NULL;
 }

@@ -28,7 +28,8 @@ enum { CONSTRAIN_MAX_DEPTH = 48, CONSTRAIN_MAX_THREADS = 16, CONSTRAIN_MAX_PROPS
 // schema NULL: any JSON object (json_object).  0, or -1 with a message naming the keyword.
 int constrain_compile(const json_t *schema, struct cschema **out, char *err, size_t errlen);
 // tool_choice "required" (name NULL: any of the tools) or a named function: the answer is one call
-// in the template's format, of the required parameters (toolcall.h parses it back).
+// in the template's format, of the required parameters, each value written as tool_value_form
+// (toolcall.h) says; toolcall.h parses it back by the same decision.
 int constrain_compile_tool_call(const json_t *tools, const char *name, struct cschema **out, char *err, size_t errlen);
 void constrain_free(struct cschema *c);
 
