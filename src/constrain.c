@@ -415,6 +415,8 @@ static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
         if (!required) continue;
         char open[320];
         if (strlen(k) > 200) return fail(cc, "parameter name \"%.64s...\" is too long", k), NULL;
+        if (strpbrk(k, ">\n"))   // the parser reads a name up to its '>', on one line
+            return fail(cc, "parameter name \"%.64s\" cannot be written in a tool call's markup", k), NULL;
         snprintf(open, sizeof open, "<parameter=%s>\n", k);
         if (!seq_add(cc, seq, lit_node(cc, K_LITS, open)) || !add_value(cc, seq, v, params)) return NULL;
     }

@@ -277,6 +277,19 @@ static void test_texts_refused(void **state) {
     free(text);
     constrain_free(c);
     json_decref(tools);
+    // A parameter name the parser would read differently ('>' ends it, a line holds it) is refused.
+    static const char *const names[] = {"a>b", "a\\nb"};
+    for (size_t i = 0; i < 2; i++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                 "{\"type\": \"object\", \"properties\": {\"%s\": {\"type\": \"string\"}}, \"required\": [\"%s\"]}}}]",
+                 names[i], names[i]);
+        tools = json_loads(buf, 0, NULL);
+        assert_non_null(tools);
+        assert_int_equal(constrain_compile_tool_call(tools, "f", &c, err, sizeof err), -1);
+        assert_non_null(strstr(err, "parameter name"));
+        json_decref(tools);
+    }
     // A text parameter's schema is checked as any other's: an unsupported keyword is refused.
     tools = tools_for("{\"type\": \"string\", \"pattern\": \"^a\"}");
     assert_int_equal(constrain_compile_tool_call(tools, "f", &c, err, sizeof err), -1);
