@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "constrain.h"
+#include "synth.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -156,12 +157,8 @@ static void test_tool_call_bounds(void **state) {
     json_decref(tools);
 }
 
-static uint64_t rng_next(uint64_t *x) {   // SplitMix64
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+// The next of a seeded stream (*x counts; synth.h's counter-based generator).
+static uint64_t rng_next(uint64_t *x) { return synth_rand(29, (*x)++); }
 
 // Random walks over the bytes of numbers (digits mostly: long numbers are the point), each
 // stopped at a random complete point: jansson must read every one, typed and finite.

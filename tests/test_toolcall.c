@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "constrain.h"
+#include "synth.h"
 #include "toolcall.h"
 
 #include <stdio.h>
@@ -299,12 +300,8 @@ static void test_texts_refused(void **state) {
 
 // ---- random walks: every call the grammar allows reads back typed ---------------------------------
 
-static uint64_t rng_next(uint64_t *x) {   // SplitMix64
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+// The next of a seeded stream (*x counts; synth.h's counter-based generator).
+static uint64_t rng_next(uint64_t *x) { return synth_rand(29, (*x)++); }
 
 // Walks the grammar byte by byte to a complete call: a random byte it accepts (from printable
 // ASCII and the newline), the forced bytes whole when there are some, and after `budget` bytes
