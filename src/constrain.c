@@ -1,6 +1,8 @@
 // constrain.c: structured output by constrained greedy decoding (see constrain.h).
 #include "constrain.h"
 
+#include "toolcall.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,16 +350,51 @@ static bool seq_add(struct compiler *cc, struct cnode *seq, struct cnode *part) 
     return true;
 }
 
-static bool is_text_schema(const json_t *schema) {
-    const json_t *t = json_object_get(schema, "type");
-    return json_is_string(t) && !strcmp(json_string_value(t), "string") && !json_object_get(schema, "enum") &&
-           !json_object_get(schema, "const");
+// A text-form parameter limited to some strings (tool_value_form's texts, with "null" where null
+// is allowed): each as its raw text followed by the closing markup, one literal each, so that ""
+// and strings that are prefixes of others are values too.  A string holding "</parameter>" or
+// "</tool_call>" would end the call early where the parser reads it back: refused.
+static struct cnode *compile_texts(struct compiler *cc, const json_t *texts, bool null, const char *close) {
+    const size_t n = json_array_size(texts) + null, nc = strlen(close);
+    struct cnode *nd = node_new(cc, K_LITS);
+    if (!nd || !(nd->lits = calloc(n, sizeof *nd->lits))) return fail(cc, "%s", "out of memory"), NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(texts, i);
+        const char *t = v ? json_string_value(v) : "null";
+        const size_t len = v ? json_string_length(v) : 4;
+        if (memmem(t, len, "</parameter>", 12) || memmem(t, len, "</tool_call>", 12))
+            return fail(cc, "the value \"%.64s\" cannot be written inside a tool call's markup", t), NULL;
+        char *lit = malloc(len + nc + 1);
+        if (!lit) return fail(cc, "%s", "out of memory"), NULL;
+        memcpy(lit, t, len);
+        memcpy(lit + len, close, nc + 1);
+        nd->lits[nd->n_lits++] = (struct lit){lit, len + nc, 0};
+    }
+    qsort(nd->lits, n, sizeof *nd->lits, lit_cmp);
+    return nd;
+}
+
+// A parameter's VALUE and the markup that closes it, written as tool_value_form says (the parser
+// reads it back by the same decision): free text up to the closing markup ("</" only there),
+// one of the schema's strings, or compact JSON of the schema.  The schema is compiled in every
+// case, so that a text parameter's unsupported keywords are refused as any other's are.
+static bool add_value(struct compiler *cc, struct cnode *seq, const json_t *schema, const json_t *params) {
+    static const char close[] = "\n</parameter>\n";
+    struct cnode *json = compile(cc, schema, 1);
+    if (!json) return false;
+    json_t *texts;
+    const enum tool_value form = tool_value_form(schema, params, &texts);
+    bool ok;
+    if (form == TOOL_VALUE_JSON) ok = seq_add(cc, seq, json) && seq_add(cc, seq, lit_node(cc, K_LITS, close));
+    else if (!texts) ok = seq_add(cc, seq, lit_node(cc, K_RAW, close));
+    else ok = seq_add(cc, seq, compile_texts(cc, texts, form == TOOL_VALUE_TEXT_OR_NULL, close));
+    json_decref(texts);
+    return ok;
 }
 
 // One function's call, as the template asks for it:
 //   <tool_call>\n<function=NAME>\n{<parameter=P>\nVALUE\n</parameter>\n}</function>\n</tool_call>
-// with the required parameters in the schema's order; a string's VALUE is free text, any other
-// is compact JSON of its schema.
+// with the required parameters in the schema's order, each VALUE as add_value writes it.
 static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
     const char *name = json_string_value(json_object_get(fn, "name"));
     const json_t *params = json_object_get(fn, "parameters"), *props = json_object_get(params, "properties");
@@ -378,13 +415,10 @@ static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
         if (!required) continue;
         char open[320];
         if (strlen(k) > 200) return fail(cc, "parameter name \"%.64s...\" is too long", k), NULL;
+        if (strpbrk(k, ">\n"))   // the parser reads a name up to its '>', on one line
+            return fail(cc, "parameter name \"%.64s\" cannot be written in a tool call's markup", k), NULL;
         snprintf(open, sizeof open, "<parameter=%s>\n", k);
-        if (!seq_add(cc, seq, lit_node(cc, K_LITS, open))) return NULL;
-        if (is_text_schema(v)) {
-            if (!seq_add(cc, seq, lit_node(cc, K_RAW, "\n</parameter>\n"))) return NULL;
-        } else if (!seq_add(cc, seq, compile(cc, v, 1)) || !seq_add(cc, seq, lit_node(cc, K_LITS, "\n</parameter>\n"))) {
-            return NULL;
-        }
+        if (!seq_add(cc, seq, lit_node(cc, K_LITS, open)) || !add_value(cc, seq, v, params)) return NULL;
     }
     return seq_add(cc, seq, lit_node(cc, K_LITS, "</function>\n</tool_call>")) ? seq : NULL;
 }
@@ -445,7 +479,7 @@ enum st {
 struct frame {
     const struct cnode *n;
     uint8_t st;
-    uint16_t k;            // bytes of the literal or key matched; \u digits seen
+    uint16_t k;            // bytes of the literal or key matched; \u digits seen; digits of a number's part
     uint16_t lo, hi;       // candidates among the sorted literals or keys
     int16_t prop;          // the property whose value follows
     uint64_t seen;         // properties given
@@ -523,6 +557,17 @@ static bool narrow(const struct lit *l, struct frame *f, unsigned char b, uint64
 
 static bool is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
 
+// Numbers are bounded to what the server's own JSON parser (jansson) reads back, in tool-call
+// arguments and json_schema answers alike.  jansson reads a number without a fraction or an
+// exponent as a json_int_t (long long: -9223372036854775808 .. 9223372036854775807) and refuses
+// one past it, and any other as a double, refusing one that overflows.  At most 18 digits before
+// the point keep every integer within long long (10^18 - 1 < 2^63 - 1) with no comparison of a
+// 19th digit to make; the values it leaves out, 10^18 .. 2^63 - 1, are past what a schema asks
+// for in practice.  At most 2 exponent digits keep a real finite (below 10^18 * 10^99) and its
+// smallest non-zero value normal (10^-18 * 10^-99); at most 18 digits after the point are more
+// than a double holds (17 significant digits), so longer fractions would only spend tokens.
+enum { NUM_INT_DIGITS = 18, NUM_FRAC_DIGITS = 18, NUM_EXP_DIGITS = 2 };
+
 static bool number_complete(uint8_t st) {
     return st == ST_NUM_ZERO || st == ST_NUM_INT || st == ST_NUM_FRAC || st == ST_NUM_EXP;
 }
@@ -560,6 +605,7 @@ static bool start(struct cstate *s, int ti, struct frame *f, unsigned char b) {
     case K_NUMBER:
     case K_INTEGER:
         f->st = b == '-' ? ST_NUM_SIGN : b == '0' ? ST_NUM_ZERO : is_digit(b) ? ST_NUM_INT : ST_START;
+        f->k = is_digit(b);
         return f->st != ST_START;
     case K_LITS:
         f->st = ST_LIT, f->k = 0, f->lo = 0, f->hi = (uint16_t)n->n_lits;
@@ -681,19 +727,24 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             continue;   // b belongs to the parent
         case ST_NUM_SIGN:
             f->st = b == '0' ? ST_NUM_ZERO : is_digit(b) ? ST_NUM_INT : ST_START;
+            f->k = 1;
             return f->st != ST_START;
         case ST_NUM_FRAC0:
         case ST_NUM_EXPS:
             if (!is_digit(b)) return false;
             f->st = f->st == ST_NUM_FRAC0 ? ST_NUM_FRAC : ST_NUM_EXP;
+            f->k = 1;
             return true;
         case ST_NUM_EXP0:
             if (b == '+' || b == '-') return f->st = ST_NUM_EXPS, true;
-            if (is_digit(b)) return f->st = ST_NUM_EXP, true;
+            if (is_digit(b)) return f->st = ST_NUM_EXP, f->k = 1, true;
             return false;
         default: {   // ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC, ST_NUM_EXP: a digit, a part, or the end
             bool real = f->n->kind == K_NUMBER;
-            if (is_digit(b) && f->st != ST_NUM_ZERO) return true;
+            if (is_digit(b) && f->st != ST_NUM_ZERO) {   // within the part's bound (above)
+                const int max = f->st == ST_NUM_INT ? NUM_INT_DIGITS : f->st == ST_NUM_FRAC ? NUM_FRAC_DIGITS : NUM_EXP_DIGITS;
+                return f->k < max && ++f->k;
+            }
             if (b == '.' && real && (f->st == ST_NUM_ZERO || f->st == ST_NUM_INT)) return f->st = ST_NUM_FRAC0, true;
             if ((b == 'e' || b == 'E') && real && f->st != ST_NUM_EXP) return f->st = ST_NUM_EXP0, true;
             pop(t);

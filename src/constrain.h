@@ -5,6 +5,8 @@
 // alternative) and tells, before each step, which tokens can continue a valid document.  The
 // chosen token is the most likely one that can.  The document is compact JSON (no whitespace
 // between tokens); keys come in any order, each at most once, the required ones all present.
+// Numbers are what the server's JSON parser reads back: integers of at most 18 digits, at most
+// 18 digits after the point and 2 in the exponent (constrain.c says why).
 //
 // The JSON Schema subset (what OpenAI's strict mode accepts): type (string, number, integer,
 // boolean, null, object, array, or a list of them), properties, required, additionalProperties
@@ -26,7 +28,8 @@ enum { CONSTRAIN_MAX_DEPTH = 48, CONSTRAIN_MAX_THREADS = 16, CONSTRAIN_MAX_PROPS
 // schema NULL: any JSON object (json_object).  0, or -1 with a message naming the keyword.
 int constrain_compile(const json_t *schema, struct cschema **out, char *err, size_t errlen);
 // tool_choice "required" (name NULL: any of the tools) or a named function: the answer is one call
-// in the template's format, of the required parameters (toolcall.h parses it back).
+// in the template's format, of the required parameters, each value written as tool_value_form
+// (toolcall.h) says; toolcall.h parses it back by the same decision.
 int constrain_compile_tool_call(const json_t *tools, const char *name, struct cschema **out, char *err, size_t errlen);
 void constrain_free(struct cschema *c);
 

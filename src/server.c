@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@ struct request {
     bool post;
     struct sbuf body;
     bool too_large;
+    size_t received;        // body bytes received so far (a chunked body has no declared length)
     bool preflight;         // OPTIONS: a browser's CORS preflight
     int refuse;             // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
     const char *why;        // its message
@@ -106,15 +108,18 @@ static enum endpoint route(const char *url, const char **model_id, const struct 
 //     a NUL inside a line, a folded line whose continuation is all token characters;
 //   - framing: Content-Length and Transfer-Encoding together, Content-Length twice (even with
 //     equal values), a Content-Length that is not digits, Transfer-Encoding twice or other than
-//     "chunked", Transfer-Encoding in HTTP/1.0.
+//     "chunked", Transfer-Encoding in HTTP/1.0;
+//   - the target host (RFC 9112 3.2): Host twice (MHD takes the first, a proxy may take the
+//     last: the request reaches a host the front did not check), none in an HTTP/1.1 request
+//     (HTTP/1.0 has no Host), or a value that is not host[:port].
 // A chunked body is refused with 411 unless --allow-chunked: MHD reads the chunk lines itself,
 // out of our sight, and accepts extensions and bare LFs in them.
 
 struct header_scan {
     const char *next;       // where the next name must start (the layout); NULL: not known
     const char *bad;        // the first problem found, or NULL
-    int n_length, n_te;
-    const char *length, *te;
+    int n_length, n_te, n_host;
+    const char *length, *te, *host;
 };
 
 static bool is_tchar(unsigned char ch) {   // RFC 9110 5.6.2
@@ -168,11 +173,24 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     }
     if (!strcasecmp(key, "Content-Length")) s->n_length++, s->length = value;
     else if (!strcasecmp(key, "Transfer-Encoding")) s->n_te++, s->te = value;
+    else if (!strcasecmp(key, "Host")) s->n_host++, s->host = value;
     return MHD_YES;
 }
 
-// 0 when the request's framing is unambiguous; else 400 (or 411: a chunked body while chunked
-// uploads are off) and *why.
+// A Host value is uri-host [":" port] (RFC 3986 3.2.2): reg-name characters (unreserved,
+// pct-encoded, sub-delims), an IP literal's brackets and colons; empty is allowed (RFC 9112 3.2).
+// No space, '/', '@', '?', '#', control or non-ASCII byte.
+static bool host_value_ok(const char *v) {
+    for (; *v; v++) {
+        const unsigned char ch = (unsigned char)*v;
+        const bool alnum = (ch >= '0' && ch <= '9') || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z');
+        if (!alnum && !strchr("-._~%!$&'()*+,;=:[]", ch)) return false;
+    }
+    return true;
+}
+
+// 0 when the request's framing and target host are unambiguous; else 400 (or 411: a chunked body
+// while chunked uploads are off) and *why.
 static int check_framing(const struct server *sv, struct MHD_Connection *c, const char *version, const char **why) {
     struct header_scan s = {0};
     const size_t vl = version ? strlen(version) : 0;
@@ -195,6 +213,10 @@ static int check_framing(const struct server *sv, struct MHD_Connection *c, cons
     if (!*why && s.n_te && strcasecmp(s.te, "chunked")) *why = "the only transfer coding accepted is chunked";
     if (!*why && s.n_te && version && !strcmp(version, MHD_HTTP_VERSION_1_0))
         *why = "Transfer-Encoding is not allowed in an HTTP/1.0 request";
+    if (!*why && s.n_host > 1) *why = "a request may have only one Host header";
+    if (!*why && !s.n_host && version && !strcmp(version, MHD_HTTP_VERSION_1_1))
+        *why = "an HTTP/1.1 request must have a Host header";
+    if (!*why && s.n_host && !host_value_ok(s.host)) *why = "the Host header must be host[:port]";
     if (*why) return 400;
     if (s.n_te && !sv->cfg.allow_chunked) {
         *why = "a request body needs a Content-Length: chunked request bodies are off (calla serve --allow-chunked)";
@@ -286,7 +308,8 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
     // After a refusal the rest of what the client sent is not trusted to be the next request.
-    if (status == 400 || status == 403 || status == 411 || status == 413 || status == 414 || status == 431)
+    if (status == 400 || status == 403 || status == 411 || status == 413 || status == 414 || status == 431 ||
+        status == 505)
         MHD_add_response_header(r, "Connection", "close");
 }
 
@@ -329,6 +352,51 @@ static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, e
     enum MHD_Result ret = send_buf(sv, c, ep, status, "application/json", s, strlen(s));
     free(s);
     return ret;
+}
+
+// All of buf to a non-blocking socket, waiting at most timeout_ms in all for room; false when it
+// could not (a peer that does not read, or one that is gone).
+static bool write_all(int fd, const char *buf, size_t n, int timeout_ms) {
+    const double until = now_s() + timeout_ms / 1000.0;
+    while (n) {
+        ssize_t k = send(fd, buf, n, MSG_NOSIGNAL);
+        if (k > 0) {
+            buf += k, n -= (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+        const int left = (int)((until - now_s()) * 1000);
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (left <= 0 || poll(&p, 1, left) < 0) return false;
+    }
+    return true;
+}
+
+// A body that passes --max-body while it arrives (a chunked one: no length was declared): 413 (or
+// the refusal its headers already earned, as for a declared length) now, and the connection
+// closed with the rest unread, however much the client still sends.  libmicrohttpd 0.9.75 queues
+// a response only when the headers are in or the whole request is (MHD_queue_response refuses in
+// between), so the answer is written to the socket here: nothing else writes to it while MHD
+// reads a body.  MHD_NO then makes MHD close the connection (it logs "Application reported
+// internal error"); the client gets the answer, then a reset if it is still sending.
+static enum MHD_Result refuse_body(struct server *sv, struct MHD_Connection *c, struct request *rq) {
+    char msg[96], head[256];
+    snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
+    const int status = rq->refuse ? rq->refuse : 413;
+    json_t *b = error_body(status, NULL, rq->refuse ? rq->why : msg);
+    char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (body && ci) {
+        int n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "%sConnection: close\r\n\r\n", status, MHD_get_reason_phrase_for((unsigned)status),
+                         strlen(body), status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
+        if (write_all(ci->connect_fd, head, (size_t)n, 1000)) write_all(ci->connect_fd, body, strlen(body), 1000);
+    }
+    free(body);
+    sbuf_free(&rq->body);
+    count_request(sv, rq->ep, status);
+    return MHD_NO;
 }
 
 static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c) {
@@ -582,6 +650,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
         rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
         char msg[160];
+        // HTTP/1.2 .. 1.9 MHD takes as 1.1 (2.0 and up it answers 505 itself): only 1.0 and 1.1 are spoken here.
+        if (!version || (strcmp(version, MHD_HTTP_VERSION_1_0) && strcmp(version, MHD_HTTP_VERSION_1_1))) {
+            snprintf(msg, sizeof msg, "HTTP version %.16s is not supported (HTTP/1.1 and HTTP/1.0 are)",
+                     version ? version : "(none)");
+            return send_error(sv, c, rq->ep, 505, NULL, msg);
+        }
         int st = header_limit(sv, c, url, msg, sizeof msg);
         if (st) return send_error(sv, c, rq->ep, st, NULL, msg);   // answered now and closed, like framing
         if ((rq->refuse = check_framing(sv, c, version, &rq->why))) {
@@ -596,20 +670,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (rq->refuse == 400 || rq->refuse == 411)   // framing: answer now and close; the body is never read
             return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) rq->too_large = true;
-        if (rq->too_large && !rq->refuse) {   // declared too large: answered before the body is sent
+        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) {
+            // Declared too large: answered before the body is sent (a refusal from the headers
+            // first), and MHD closes the connection with the body unread.
             snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
-            return send_error(sv, c, rq->ep, 413, NULL, msg);
+            return send_error(sv, c, rq->ep, rq->refuse ? rq->refuse : 413, NULL, rq->refuse ? rq->why : msg);
         }
         return MHD_YES;
     }
     if (*upload_data_size) {   // a piece of the body
-        if (rq->refuse) rq->too_large = true;   // nothing of it is kept
-        if (!rq->too_large && rq->body.len + *upload_data_size > (size_t)sv->cfg.max_body) {
+        rq->received += *upload_data_size;
+        if (rq->received > (size_t)sv->cfg.max_body) return refuse_body(sv, c, rq);   // chunked: not a byte more
+        // A refused request's body is read and dropped (its answer comes after it); out of memory: 413 after it.
+        if (!rq->refuse && !rq->too_large && sbuf_add(&rq->body, upload_data, *upload_data_size)) {
             rq->too_large = true;
             sbuf_free(&rq->body);
         }
-        if (!rq->too_large && sbuf_add(&rq->body, upload_data, *upload_data_size)) rq->too_large = true;
         *upload_data_size = 0;
         return MHD_YES;
     }

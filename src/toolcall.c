@@ -136,6 +136,70 @@ char *tool_tojson(const json_t *v) {
     return b.p;
 }
 
+// ---- how a value is written: tool_value_form ---------------------------------------------------
+
+// What values a schema allows, as far as the markup cares: strings, null, anything else.
+enum { V_TEXT = 1, V_NULL = 2, V_OTHER = 4 };
+
+// A value of an enum or const: its class; a string is added to texts.
+static int value_class(const json_t *v, json_t *texts) {
+    if (json_is_string(v)) return texts && json_array_append(texts, (json_t *)v) ? V_OTHER : V_TEXT;
+    return json_is_null(v) ? V_NULL : V_OTHER;
+}
+
+static int type_class(const char *t, bool *any_text) {
+    if (!strcmp(t, "string")) return *any_text = true, V_TEXT;
+    return strcmp(t, "null") ? V_OTHER : V_NULL;
+}
+
+// The classes of the values s allows.  The keywords are taken in constrain.c's order ($ref, enum,
+// const, anyOf, type), so both read a schema that has several of them the same way.  Strings of
+// enums and consts go into texts; any_text: some string is allowed whatever it is.
+static int schema_class(const json_t *s, const json_t *root, int depth, bool *any_text, json_t *texts) {
+    if (depth > 32 || !json_is_object(s)) return V_OTHER;   // true (any value); too deep for constrain.c too
+    const json_t *ref = json_object_get(s, "$ref"), *en = json_object_get(s, "enum"), *co = json_object_get(s, "const");
+    const json_t *any = json_object_get(s, "anyOf"), *type = json_object_get(s, "type"), *x;
+    int c = 0;
+    size_t i;
+    if (ref) {
+        const char *r = json_string_value(ref), *name = NULL, *section = NULL;
+        if (r && !strcmp(r, "#")) return schema_class(root, root, depth + 1, any_text, texts);
+        if (r && !strncmp(r, "#/$defs/", 8)) name = r + 8, section = "$defs";
+        else if (r && !strncmp(r, "#/definitions/", 14)) name = r + 14, section = "definitions";
+        const json_t *def = name ? json_object_get(json_object_get(root, section), name) : NULL;
+        return def ? schema_class(def, root, depth + 1, any_text, texts) : V_OTHER;
+    }
+    if (en) {
+        json_array_foreach(en, i, x) c |= value_class(x, texts);
+        return c ? c : V_OTHER;
+    }
+    if (co) return value_class(co, texts);
+    if (json_is_array(any)) {
+        json_array_foreach(any, i, x) c |= schema_class(x, root, depth + 1, any_text, texts);
+        return c ? c : V_OTHER;
+    }
+    if (json_is_array(type)) {
+        json_array_foreach(type, i, x) c |= json_is_string(x) ? type_class(json_string_value(x), any_text) : V_OTHER;
+        return c ? c : V_OTHER;
+    }
+    return json_is_string(type) ? type_class(json_string_value(type), any_text) : V_OTHER;
+}
+
+enum tool_value tool_value_form(const json_t *schema, const json_t *root, json_t **texts) {
+    bool any_text = false;
+    json_t *t = json_array();
+    const int c = t ? schema_class(schema, root, 0, &any_text, t) : V_OTHER;
+    enum tool_value form = c == V_TEXT ? TOOL_VALUE_TEXT : c == (V_TEXT | V_NULL) ? TOOL_VALUE_TEXT_OR_NULL : TOOL_VALUE_JSON;
+    if (form == TOOL_VALUE_TEXT_OR_NULL && !any_text) {   // the string "null" and null: which is meant?
+        size_t i;
+        const json_t *x;
+        json_array_foreach(t, i, x) if (!strcmp(json_string_value(x), "null")) form = TOOL_VALUE_JSON;
+    }
+    if (texts) *texts = form != TOOL_VALUE_JSON && !any_text ? json_incref(t) : NULL;
+    json_decref(t);
+    return form;
+}
+
 // ---- parsing one call --------------------------------------------------------------------------
 
 static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
@@ -169,34 +233,18 @@ static const json_t *find_tool(const json_t *tools, const char *name, size_t n) 
     return NULL;
 }
 
-// Does the schema say the value is text: "type": "string" (alone or with "null"), or an enum of
-// strings?
-static bool schema_is_string(const json_t *schema) {
-    const json_t *t = json_object_get(schema, "type"), *e;
-    size_t i;
-    if (json_is_string(t)) return !strcmp(json_string_value(t), "string");
-    if (json_is_array(t)) {
-        bool str = false;
-        json_array_foreach(t, i, e) {
-            if (!json_is_string(e)) return false;
-            if (!strcmp(json_string_value(e), "string")) str = true;
-            else if (strcmp(json_string_value(e), "null")) return false;
-        }
-        return str;
-    }
-    const json_t *en = json_object_get(schema, "enum");
-    if (!t && json_is_array(en) && json_array_size(en)) {
-        json_array_foreach(en, i, e) if (!json_is_string(e)) return false;
-        return true;
-    }
-    return false;
-}
-
-// A parameter's value typed by its schema: text for strings (and unknown parameters), JSON when
-// it parses as JSON, else text.
+// A parameter's value, read back as tool_value_form says it was written: text for the text forms
+// (null for a bare `null` where null is allowed), JSON for the others; text too for an unknown
+// parameter and for JSON that does not parse (the model's own output, when nothing forced it).
 static json_t *typed_value(const json_t *fn, const char *pname, const char *v, size_t n) {
-    const json_t *schema = json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), pname);
-    if (!schema || schema_is_string(schema)) return json_stringn(v, n);
+    const json_t *params = json_object_get(fn, "parameters");
+    const json_t *schema = json_object_get(json_object_get(params, "properties"), pname);
+    if (!schema) return json_stringn(v, n);
+    switch (tool_value_form(schema, params, NULL)) {
+    case TOOL_VALUE_TEXT: return json_stringn(v, n);
+    case TOOL_VALUE_TEXT_OR_NULL: return n == 4 && !memcmp(v, "null", 4) ? json_null() : json_stringn(v, n);
+    case TOOL_VALUE_JSON: break;
+    }
     json_t *x = json_loadb(v, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     return x ? x : json_stringn(v, n);
 }

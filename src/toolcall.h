@@ -9,8 +9,8 @@
 //
 // The call format (the template's system prompt asks for it):
 //   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
-// VALUE is typed by the tool's JSON schema: a "string" parameter stays text; any other is
-// parsed as JSON when it can be (42 -> 42, true -> true, {"a": 1} -> an object), else text.
+// VALUE is written as its parameter's schema says (tool_value_form): text for a string, JSON
+// for anything else; it comes back into `arguments` typed the same way.
 #pragma once
 
 #include "util.h"
@@ -21,6 +21,29 @@
 
 // malloc'd NUL-terminated text, or NULL when out of memory.
 char *tool_tojson(const json_t *v);
+
+// How a parameter's VALUE is written inside the call's markup, by its schema.  One decision,
+// asked by the forced-call grammar (constrain.c: what may be generated there) and by the parser
+// below (how it is read back), so that what one writes the other reads as the same type.
+// The template writes a string argument as its raw text and any other value as its JSON, so:
+//   TOOL_VALUE_TEXT          every value the schema allows is a string ("type": "string", an
+//                            enum or const of strings, an anyOf of those, a $ref to one): the raw
+//                            text, no quotes, no escapes; read back as that string.
+//   TOOL_VALUE_TEXT_OR_NULL  strings and null ("type": ["string", "null"], an anyOf of strings and
+//                            {"type": "null"}, an enum of strings and null): raw text, and null
+//                            written as the bare word `null` (what the template's tojson writes
+//                            for a null argument in the history); so read back, `null` is null
+//                            and the string "null" cannot be passed there.  An enum that holds
+//                            both the string "null" and null would be ambiguous: TOOL_VALUE_JSON.
+//   TOOL_VALUE_JSON          anything else (number, integer, boolean, null alone, array, object,
+//                            no type, a mix of strings and other types such as "42" and 42):
+//                            compact JSON of the schema; read back as that JSON.
+enum tool_value { TOOL_VALUE_JSON, TOOL_VALUE_TEXT, TOOL_VALUE_TEXT_OR_NULL };
+// schema: one parameter's schema (NULL or not an object: JSON); root: the function's
+// "parameters", where "$ref": "#/$defs/NAME" (or "#/definitions/NAME", or "#") resolves.
+// texts (may be NULL): for the text forms, a new array of the strings allowed, or NULL when any
+// string is (set to NULL for TOOL_VALUE_JSON; the caller decrefs it).
+enum tool_value tool_value_form(const json_t *schema, const json_t *root, json_t **texts);
 
 
 struct tool_sink {

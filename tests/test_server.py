@@ -464,6 +464,15 @@ def shortest_doc(s, root, depth=0):
     return {"array": 2, "string": 2, "boolean": 4, "null": 4}.get(t, 1)
 
 
+def ints_of(v):
+    """Every integer in a JSON value (booleans are not)."""
+    if type(v) is int:
+        return [v]
+    if isinstance(v, dict):
+        v = list(v.values())
+    return [i for x in v for i in ints_of(x)] if isinstance(v, list) else []
+
+
 def test_structured(port, quick):
     import jsonschema
     schemas = SCHEMAS[::4] if quick else SCHEMAS
@@ -478,6 +487,8 @@ def test_structured(port, quick):
         try:
             doc = json.loads(j["choices"][0]["message"]["content"])
             jsonschema.validate(doc, sc)
+            if any(not -2 ** 63 <= i < 2 ** 63 for i in ints_of(doc)):   # what the server's parser (jansson) reads
+                raise ValueError("an integer past 64 bits")
             if j["choices"][0]["finish_reason"] != "stop":
                 raise ValueError("finish_reason " + j["choices"][0]["finish_reason"])
         except Exception as e:  # noqa: BLE001 (collect every failure)
@@ -1196,7 +1207,68 @@ def test_hardening(binary, model, port):
         srv.close("allowed-host server")
 
 
-def test_openai_client(binary, model):
+# A forced call's parameters, one of each schema form, with what json.loads(arguments) must give
+# for it (toolcall.h, tool_value_form: string forms are raw text in the markup, the others JSON).
+UNITS = ["c", "f"]
+TYPED_PARAMS = {
+    "s": ({"type": "string"}, lambda v: isinstance(v, str)),
+    "unit": ({"enum": UNITS}, lambda v: v in UNITS),
+    "unit_typed": ({"type": "string", "enum": UNITS}, lambda v: v in UNITS),
+    "fixed": ({"const": "x"}, lambda v: v == "x"),
+    "maybe": ({"type": ["string", "null"]}, lambda v: v is None or isinstance(v, str)),
+    "maybe_unit": ({"enum": ["c", "f", None]}, lambda v: v in ("c", "f", None)),
+    "either": ({"anyOf": [{"type": "string"}, {"enum": ["a"]}]}, lambda v: isinstance(v, str)),
+    "choice": ({"anyOf": [{"enum": ["a", "b"]}, {"const": "c"}]}, lambda v: v in ("a", "b", "c")),
+    "ref": ({"$ref": "#/$defs/unit"}, lambda v: v in UNITS),
+    "n": ({"type": "number"}, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "size": ({"type": "integer"}, lambda v: type(v) is int and -2 ** 63 <= v < 2 ** 63),
+    "b": ({"type": "boolean"}, lambda v: isinstance(v, bool)),
+    "mixed": ({"type": ["string", "integer"]}, lambda v: isinstance(v, str) or type(v) is int),
+    "arr": ({"type": "array", "items": {"type": "integer"}}, lambda v: isinstance(v, list)
+            and all(type(x) is int and -2 ** 63 <= x < 2 ** 63 for x in v)),
+    "obj": ({"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"], "additionalProperties": False},
+            lambda v: isinstance(v, dict) and isinstance(v.get("k"), str)),
+}
+
+
+def check_tool_argument_types(cl, mid, quick):
+    """tool_choice required / named with every form of parameter schema: json.loads(arguments) is an
+    object whose values have the schema's types (random weights: the values are arbitrary, the
+    constraint forces their form).  Required: one tool with every form; named: the string forms
+    the constraint and the parser once disagreed on, and an integer (--quick: that one only)."""
+    import jsonschema
+
+    def tool(name, names):
+        params = {"type": "object", "properties": {k: TYPED_PARAMS[k][0] for k in names}, "required": list(names),
+                  "$defs": {"unit": {"enum": UNITS}}}
+        return {"type": "function", "function": {"name": name, "parameters": params}}
+
+    every = tool("typed", list(TYPED_PARAMS))
+    strings = tool("strings", ["unit", "maybe", "maybe_unit", "ref", "size"])
+    # (tool_choice, tools, the tool to be called, max_tokens: the markup alone is ~30 tokens a parameter here)
+    runs = [({"type": "function", "function": {"name": "strings"}}, [TOOL, strings], strings, 260)]
+    if not quick:
+        runs.insert(0, ("required", [every], every, 620))
+    for choice, tools, want, max_tokens in runs:
+        r = cl.chat.completions.create(model=mid, messages=[{"role": "user", "content": "Call it."}],
+                                       max_tokens=max_tokens, tools=tools, tool_choice=choice,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        call = (r.choices[0].message.tool_calls or [None])[0]
+        fn, bad = want["function"], ["no call", r]
+        if r.choices[0].finish_reason == "tool_calls" and call is not None and call.function.name == fn["name"]:
+            args = json.loads(call.function.arguments)
+            bad = [(k, args.get(k)) for k in fn["parameters"]["properties"]
+                   if not isinstance(args, dict) or k not in args or not TYPED_PARAMS[k][1](args[k])]
+            try:
+                jsonschema.validate(args, fn["parameters"])
+            except jsonschema.ValidationError as e:
+                bad.append(repr(e)[:300])
+        check(f"openai client: tool_choice {json.dumps(choice)}, {len(fn['parameters']['properties'])} forms of "
+              "parameter: each argument typed by its schema (string forms strings, nullable string or null, "
+              "integers within 64 bits)", not bad, (bad, call))
+
+
+def test_openai_client(binary, model, quick=False):
     """The official openai Python client (PyPI `openai`; .ci/run installs it) against the server."""
     try:
         import openai
@@ -1204,7 +1276,7 @@ def test_openai_client(binary, model):
         check("openai client installed (pip install openai)", not os.environ.get("CI"), "CI needs it")
         print("skip openai client tests: the openai package is not installed", flush=True)
         return
-    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--api-key", "sk-test")
+    srv = Server(binary, model, "--context", 4096, "--threads", 2, "--quiet", "--api-key", "sk-test")   # room for the typed tool
     try:
         base = f"http://{HOST}:{srv.port}/v1"
         cl = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0, timeout=TIMEOUT)
@@ -1242,6 +1314,7 @@ def test_openai_client(binary, model):
                             {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}]
             r = cl.chat.completions.create(model=mid, messages=hist2, max_tokens=4, tools=tools)
             check("openai client: the forced call's round trip", r.choices[0].message is not None, r)
+        check_tool_argument_types(cl, mid, quick)
         try:
             cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
@@ -1330,7 +1403,7 @@ def main():
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)
         test_hardening(a.bin, a.model, main_srv.port)
-        test_openai_client(a.bin, a.model)
+        test_openai_client(a.bin, a.model, a.quick)
         test_prefill_progress(a.bin, a.model)
         test_out_of_memory(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:

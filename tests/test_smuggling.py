@@ -15,13 +15,16 @@ JSON with `Connection: close`; the few that libmicrohttpd 0.9.75 answers itself 
 the request are its fixed HTML (asserted as they are, so that a change in the library is noticed).
 
 Then the same cases' neighbours that must keep working (no false refusals): a pipelined pair of
-ordinary requests, optional whitespace, empty values, obs-text, HTTP/1.0.  Then a server with
---allow-chunked: what libmicrohttpd itself does with chunk lines, recorded as it is.
+ordinary requests, optional whitespace, empty values, obs-text, HTTP/1.0.  Then HTTP versions
+other than 1.0 and 1.1 (505).  Then a server with --allow-chunked: what libmicrohttpd itself does
+with chunk lines, recorded as it is, and a body past --max-body answered and closed while the
+client is still sending.
 Exit status 0 only if every check passed.
 """
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
@@ -83,6 +86,14 @@ CASES = [
     ("NUL in Content-Length", FIRST + b"Content-Length: 0\x00%d\r\n\r\n" % S, 400, "calla"),
     ("NUL in a name", FIRST + b"X-P\x00ad: a\r\nContent-Length: 0\r\n\r\n", 400, "mhd"),
     ("control character in a value", FIRST + b"X-Pad: a\x01b\r\nContent-Length: 0\r\n\r\n", 400, "calla"),
+    # RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with two, is a 400.  Two: MHD
+    # takes the first, a proxy may check and route by the last.
+    ("HTTP/1.1 without Host", FIRST.replace(b"Host: 127.0.0.1\r\n", b"") + b"Content-Length: 0\r\n\r\n", 400, "calla"),
+    ("two Host headers", FIRST + b"Host: other.example\r\nContent-Length: 0\r\n\r\n", 400, "calla"),
+    ("two Host headers, the same", FIRST + b"Host: 127.0.0.1\r\nContent-Length: 0\r\n\r\n", 400, "calla"),
+    ("two Host headers in HTTP/1.0", FIRST.replace(b"1.1", b"1.0") + b"Connection: keep-alive\r\nHost: x\r\n"
+     b"Content-Length: 0\r\n\r\n", 400, "calla"),
+    ("Host not host[:port]", FIRST.replace(b"127.0.0.1", b"127.0.0.1/x@y") + b"Content-Length: 0\r\n\r\n", 400, "calla"),
 ]
 
 # Requests that must still be served, each followed by an ordinary pipelined GET /health.
@@ -97,7 +108,10 @@ GOOD = [
     ("a body with one Content-Length", b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY),
     ("Content-Length with leading zeros", b"POST /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 002\r\n\r\n{}"),
-    ("HTTP/1.0 keep-alive", b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
+    ("HTTP/1.0 keep-alive, no Host (HTTP/1.0 has none)", b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
+    ("HTTP/1.0 with a Host", b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n"),
+    ("Host with a port", b"GET /health HTTP/1.1\r\nHost: localhost:8080\r\n\r\n"),
+    ("Host an IPv6 literal", b"GET /health HTTP/1.1\r\nHost: [::1]:80\r\n\r\n"),
     ("many headers", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
      + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * i) for i in range(60)) + b"\r\n"),
     ("a 24 KiB header block (MHD's read buffer grows)", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -174,6 +188,58 @@ def test_still_served(port):
           statuses(reply) == [200, 400] and closed, (statuses(reply), closed, reply[:400]))
 
 
+def test_versions(port):
+    """Only HTTP/1.0 and 1.1 are spoken: 1.2 .. 1.9 (which libmicrohttpd takes as 1.1) get Calla's 505,
+    2.0 and up libmicrohttpd's; closed, nothing behind them run."""
+    for ver, who in ((b"1.2", "calla"), (b"1.9", "calla"), (b"2.0", "mhd"), (b"3.0", "mhd")):
+        before = completions(port)
+        reply, closed = exchange(port, FIRST.replace(b"1.1", ver) + b"Content-Length: 0\r\n\r\n" + SMUGGLED)
+        time.sleep(0.05)
+        ran = completions(port) != before
+        st, h, body = raw_parts(reply)
+        if who == "calla":
+            try:
+                shaped = json.loads(body)["error"]["message"].startswith("HTTP version") and h.get("connection") == "close"
+            except (ValueError, KeyError, TypeError):
+                shaped = False
+        else:
+            shaped = "content-type" not in h and body.startswith(b"<html>")
+        check(f"HTTP/{ver.decode()} -> 505 ({'JSON' if who == 'calla' else 'libmicrohttpd HTML'}), closed, "
+              "the request behind it not run", st == 505 and shaped and closed and not ran, (closed, ran, reply[:300]))
+    # A plain HTTP/1.0 request without Host is served, and a new connection after all this too.
+    st = raw_parts(exchange(port, b"GET /health HTTP/1.0\r\n\r\n")[0])[0]
+    check("HTTP/1.0 without Host -> 200", st == 200, st)
+    st = raw_parts(exchange(port, HEALTH, want=1)[0])[0]
+    check("a normal request on a new connection after the Host and version cases -> 200", st == 200, st)
+
+
+def send_body(port, head, chunk, total):
+    """Sends head, then chunk over and over up to total bytes, on one connection, as fast as the
+    server takes them; -> (bytes of the body sent, seconds, whether sending failed, the reply)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sent, failed, t0 = 0, False, time.time()
+    try:
+        s.sendall(head)
+        while sent < total:
+            s.sendall(chunk)
+            sent += len(chunk)
+    except OSError:   # the server closed: a broken pipe or a reset
+        failed = True
+    elapsed = time.time() - t0
+    reply = b""
+    s.settimeout(5)
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            reply += d
+    except OSError:
+        pass
+    s.close()
+    return sent, elapsed, failed, reply
+
+
 def test_allow_chunked(binary, model):
     """--allow-chunked: libmicrohttpd parses the chunk lines; what it does, as it is today."""
     srv = Server(binary, model, "--context", 256, "--threads", 2, "--quiet", "--allow-chunked", "--max-body", 4096)
@@ -184,6 +250,26 @@ def test_allow_chunked(binary, model):
         check("--allow-chunked: a chunked body is read", raw_parts(reply)[0] == 200, reply[:300])
         reply, closed = exchange(p, post + b"Transfer-Encoding: chunked\r\n\r\n1001\r\n" + b"a" * 4097 + b"\r\n" + CHUNK_END)
         check("--allow-chunked: a chunked body over --max-body -> 413", raw_parts(reply)[0] == 413 and closed, reply[:300])
+        # Past the limit the server stops reading: the 413 comes and the connection is closed while
+        # the client is still sending (256 MiB offered; what the socket buffers hold gets through).
+        chunk = b"%x\r\n" % 65536 + b"a" * 65536 + b"\r\n"
+        # A request refused by its headers (403 here) gets that refusal instead, at the same point.
+        for name, head, want in (("chunked", post + b"Transfer-Encoding: chunked\r\n\r\n", 413),
+                                 ("chunked, on a refused request (Host)", post.replace(b"127.0.0.1", b"evil.example")
+                                  + b"Transfer-Encoding: chunked\r\n\r\n", 403)):
+            sent, elapsed, failed, reply = send_body(p, head, chunk, 256 << 20)
+            st, h, body = raw_parts(reply)
+            print(f"case (--allow-chunked) | {name} over --max-body | {sent >> 10} KiB sent in {elapsed:.2f} s | "
+                  f"send failed {failed} | status {st}", flush=True)
+            check(f"--allow-chunked, {name}: {want} JSON as soon as the body passes --max-body, the rest unread "
+                  "(the client's sending fails within 32 MiB and 5 s)", st == want and openai_error(h, body) is not None
+                  and h.get("connection") == "close" and failed and sent < 32 << 20 and elapsed < 5,
+                  (sent, elapsed, failed, reply[:300]))
+        reply, closed = exchange(p, post.replace(b"127.0.0.1", b"evil.example") + b"Content-Length: 100000000\r\n\r\n")
+        check("a refused request (Host) declaring a body over --max-body: its 403 before the body, closed",
+              raw_parts(reply)[0] == 403 and closed, reply[:300])
+        st = raw_parts(exchange(p, HEALTH, want=1)[0])[0]
+        check("--allow-chunked: a normal request on a new connection afterwards -> 200", st == 200, st)
         # The same chunk cases as above (refused with 411 by default): libmicrohttpd's behaviour.
         for name, want_status, want_ran in (("chunk extension", 405, True),          # extensions ignored; the next
                                             ("chunk extension with a bare LF", 405, True),   # request is pipelined
@@ -217,6 +303,7 @@ def main():
     try:
         test_refused(srv.port)
         test_still_served(srv.port)
+        test_versions(srv.port)
     finally:
         srv.close("smuggling server")
     test_allow_chunked(a.bin, a.model)

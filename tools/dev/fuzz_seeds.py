@@ -55,6 +55,13 @@ for i, s in enumerate(test_server.SCHEMAS):
     write("constrain", i, enc(s) + b"\0" + DOCS[i % len(DOCS)])
 write("constrain", 100, b"\0" + DOCS[2])   # no schema: json_object
 write("constrain", 101, enc(TOOLS) + b"\0" + DOCS[4])
+# A tool with a parameter of each schema form (text, nullable text, JSON) and a complete call of it.
+TYPED = {"type": "object", "properties": {k: v[0] for k, v in test_server.TYPED_PARAMS.items()},
+         "required": ["unit", "maybe", "maybe_unit", "ref", "size"], "$defs": {"unit": {"enum": test_server.UNITS}}}
+write("constrain", 102, enc([{"type": "function", "function": {"name": "typed", "parameters": TYPED}}]) + b"\0"
+      + b"<tool_call>\n<function=typed>\n<parameter=unit>\nc\n</parameter>\n<parameter=maybe>\nnull\n</parameter>\n"
+      b"<parameter=maybe_unit>\nf\n</parameter>\n<parameter=ref>\nc\n</parameter>\n<parameter=size>\n12\n</parameter>\n"
+      b"</function>\n</tool_call>")
 
 OUTPUTS = [
     "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
