@@ -21,7 +21,7 @@
 //
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
-#include "engine.h"
+#include "backend.h"
 
 #include <math.h>
 #include <omp.h>

@@ -43,7 +43,8 @@
 // layer probe (engine_layer_probe) runs one cuda_layer on hidden states from the host.
 #ifdef CALLA_CUDA
 
-#include "engine.h"
+#include "backend_cuda.h"
+#include "backend.h"
 
 #include "cuda/kernels.h"
 

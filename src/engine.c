@@ -1,5 +1,5 @@
 // engine.c: backend selection, sequences, and chunked forward over the backend interface.
-#include "engine.h"
+#include "backend.h"
 #include "util.h"
 
 #include "gpu.h"

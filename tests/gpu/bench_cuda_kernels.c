@@ -4,6 +4,7 @@
 //
 //   bench_cuda_kernels [T=4096]
 #include "cuda/kernels.h"
+#include "backend_cuda.h"
 #include "engine.h"
 #include "model.h"
 #include "gpu/gpu_test.h"

@@ -16,6 +16,7 @@
 // there is no GPU (ran nothing: gpu-check records a FAIL).
 #include "checkpoint.h"
 #include "cuda/kernels.h"
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 

@@ -11,6 +11,7 @@
 // 4. CUDA determinism: two runs give bit-identical tokens and logits.
 // Prints a table; exit 0 when every check passes, 1 when one fails, 2 on bad arguments, 77 when
 // there is no suitable GPU (nothing ran: never a pass).
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 

@@ -6,6 +6,7 @@
 //   test_cuda_kernels [seed [subset]]   prints one row per check; exit 0 when all pass (subsets: main)
 #include "checkpoint.h"
 #include "cuda/kernels.h"
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 

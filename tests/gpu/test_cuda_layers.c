@@ -26,6 +26,7 @@
 // nothing: gpu-check records a FAIL).
 // TEST_LAYERS_BACKEND=cpu: a dry run of this program's own plumbing where there is no GPU, the
 // "fast" and "exact" engines being CPU engines too (every error 0); it proves nothing about CUDA.
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 

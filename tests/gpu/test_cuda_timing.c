@@ -6,6 +6,7 @@
 // first token id is on the host; then N_DECODE greedy decode steps, each timed. With WARMUP, an
 // identical run first (discarded). Prints one line. Exit 1 when the token ids of the two runs
 // differ (or a run fails), 2 on bad arguments, 77 when there is no suitable GPU (never a pass).
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 
