@@ -13,8 +13,7 @@
 // Decode (one token) has its own path: fused kernels (src/cuda/decode.cu) reading the position from
 // device memory, so the whole step is captured once per sequence as a CUDA graph and replayed:
 // one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
-// of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
-// first version's kernels, kept for A/B measurement); CALLA_DECODE_EXACT=1: every decode product in
+// of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
 // tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
 // CALLA_PDL=0 turns programmatic dependent launch off;
@@ -55,13 +54,12 @@
 
 enum {
     LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
-    DECODE_SPLIT = 256,    // keys per attention split in legacy decode (prefill: k_flash_attention)
     DEC_MAX_SPLITS = 256,  // most key splits of the decode attention (sized by sequence capacity)
 };
 
 struct scratch {
     int T;                                   // tokens the buffers hold
-    float *x, *u, *d;                        // [T, H]
+    float *x, *u;                            // [T, H]
     float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
     float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
     float *rl, *sg, *w, *eg, *eu, *ea, *ye;  // MoE: [T, E], [T], [T, k], [T*k, I] x3, [T*k, H]
@@ -86,9 +84,9 @@ struct dec_bufs {
     int *ids;                                // [k + 1]
 };
 
-enum { DEC_GRAPH, DEC_EAGER, DEC_LEGACY };
+enum { DEC_GRAPH, DEC_EAGER };
 static int decode_mode_of(const char *name) {   // NULL or anything else: the graph
-    return name && !strcmp(name, "legacy") ? DEC_LEGACY : name && !strcmp(name, "eager") ? DEC_EAGER : DEC_GRAPH;
+    return name && !strcmp(name, "eager") ? DEC_EAGER : DEC_GRAPH;
 }
 
 struct cuda_engine {
@@ -100,8 +98,6 @@ struct cuda_engine {
     int *counts, *offs;                      // [E]
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
-    float *part;                             // legacy decode attention partials
-    long part_floats;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
     int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
@@ -269,7 +265,7 @@ static struct dqt dq(const struct qtensor *t) {
 }
 
 static void free_scratch(struct scratch *s) {
-    float **f[] = {&s->x, &s->u, &s->d, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
+    float **f[] = {&s->x, &s->u, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
                    &s->aa, &s->og, &s->rl, &s->sg, &s->w, &s->eg, &s->eu, &s->ea, &s->ye, &s->sgt, &s->sup,
                    &s->sact, &s->shout};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
@@ -311,7 +307,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         void **p;
         size_t bytes;
     } a[] = {
-        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},         {(void **)&s->d, t * H * 4},
+        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},
         {(void **)&s->qg, t * 2 * QD * 4},  {(void **)&s->kb, t * KVD * 4},      {(void **)&s->vb, t * KVD * 4},
         {(void **)&s->q, t * QD * 4},       {(void **)&s->o, t * QD * 4},        {(void **)&s->xin, t * C * 4},
         {(void **)&s->y, t * C * 4},        {(void **)&s->z, t * VD * 4},        {(void **)&s->bb, t * Hv * 4},
@@ -362,22 +358,6 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
     return 0;
 }
 
-static int ensure_part(struct cuda_engine *ce, long floats, char *err, size_t errlen) {
-    if (ce->part_floats >= floats) return 0;
-    cudaStreamSynchronize(ce->stream);
-    cudaFree(ce->part);
-    ce->part = NULL;
-    ce->part_floats = 0;
-    cudaError_t r = cudaMalloc((void **)&ce->part, (size_t)floats * sizeof(float));
-    if (r != cudaSuccess) {
-        snprintf(err, errlen, "cudaMalloc of %ld attention partials failed: %s", floats, cudaGetErrorString(r));
-        cudaGetLastError();
-        return -1;
-    }
-    ce->part_floats = floats;
-    return 0;
-}
-
 // ---- load / unload ------------------------------------------------------------------------
 
 static int dec_alloc(struct engine *e, char *err, size_t errlen) {
@@ -417,7 +397,6 @@ static void cuda_unload(struct engine *e) {
     for (int i = 0; i < ce->n_allocs; i++) cudaFree(ce->allocs[i]);
     free(ce->allocs);
     free_scratch(&ce->sc);
-    cudaFree(ce->part);
     cudaFreeHost(ce->h_next);
     cudaFreeHost(ce->dec.h_io);
     cudaFreeHost(ce->dec.h_best);
@@ -580,32 +559,26 @@ fail:
 
 // y [T, W.rows] = x [T, W.cols] W^T
 static int mm(const struct qtensor *W, const float *x, int T, float *y, void *st) {
-    if (T == 1) return k_qmatvec(dq(W), NULL, x, W->cols, 1, y, W->rows, 1, st);
     return k_qmatmul(dq(W), x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // The same from the bf16 copy xb of x when there is one (the fast prefill products), else mm.
 static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
-    if (!xb || T == 1) return mm(W, x, T, y, st);
+    if (!xb) return mm(W, x, T, y, st);
     return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // y [T, W.rows] += x [T, W.cols] W^T (from xb when there is one, as mmb): the residual add in the
-// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into d, then k_add.
-// T == 1 (k_qmatvec): mm into d [W.rows], then k_add.
-static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, float *d, void *st) {
-    if (T == 1) {
-        const int rc = mm(W, x, 1, d, st);
-        return rc ? rc : k_add(y, d, W->rows, st);
-    }
+// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into a buffer, then k_add.
+static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
     if (xb) return k_qmatmul_bf16_add(dq(W), xb, W->cols, y, W->rows, T, st);
     return k_qmatmul_add(dq(W), x, W->cols, y, W->rows, T, st);
 }
 // The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
-// one launch when T > 1 and they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on
-// x): bit-identical to mmb on each, without a launch's fixed cost per product. Else (decode's T = 1,
-// another K or bits, CALLA_PREFILL_SEGS=0) one mmb each.
+// one launch when they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on x):
+// bit-identical to mmb on each, without a launch's fixed cost per product. Else (another K or bits,
+// CALLA_PREFILL_SEGS=0) one mmb each.
 static int mm_segs(const struct cuda_engine *ce, const struct qtensor *const *W, float *const *y, int n,
                    const float *x, const uint16_t *xb, int T, void *st) {
-    int one = ce->prefill_segs && T > 1 && n <= QM_MAX_SEGS;
+    int one = ce->prefill_segs && n <= QM_MAX_SEGS;
     for (int i = 1; i < n; i++) one = one && W[i]->cols == W[0]->cols && W[i]->bits == W[0]->bits;
     if (!one) {
         for (int i = 0; i < n; i++) {
@@ -800,8 +773,8 @@ void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
 }
 
 // Decoder layer i (docs/MODEL.md §2.2) on the residual stream ce->sc.x [T, H] in place, at positions
-// s->pos..: the prefill path (T == 1: the legacy decode kernels), fast (bf16 inputs to the products)
-// or not. Leaves the router's logits in ce->sc.rl [T, E]. Enqueues only: no synchronisation.
+// s->pos..: the prefill kernels for any T (a layer probe may pass one row), fast (bf16 inputs to the
+// products) or not. Leaves the router's logits in ce->sc.rl [T, E]. Enqueues only: no synchronisation.
 // forward_chunk runs it for every layer, the layer probe for one.
 static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
@@ -823,16 +796,12 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(mm_segs(ce, qkv, qkv_y, 3, b->u, ub, T, st));
         KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-        // fast (T > 1 always): the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32
-        // o, no k_to_bf16); else o in fp32
+        // fast: the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32 o, no
+        // k_to_bf16); else o in fp32
         uint16_t *ob = fast ? b->xh : NULL;
-        if (T == 1)
-            KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
-                           g->n_kv_heads, D, DECODE_SPLIT, st));
-        else
-            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads,
-                                 g->n_kv_heads, D, ce->prefill_exact, st));
-        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
+        KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads, g->n_kv_heads, D,
+                             ce->prefill_exact, st));
+        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
@@ -851,7 +820,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
             KL(rc);
         }
-        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, b->d, st));   // x += the DeltaNet's output
+        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, st));   // x += the DeltaNet's output
     }
     // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
     // writes its bf16 copy xh too). The norm also forms the shared-expert gate's logit sg from u in
@@ -873,26 +842,18 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
     }
     KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
-    if (T == 1) {
-        KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
-        KL(k_qmatvec(dq(&L->ex_up), b->ids, b->u, H, K, b->eu, I, K, st));
-        KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
-        KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
+    KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
+    if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
+        // M = T K: the compact grid, the experts' row tiles only
+        KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
+        KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts, ce->offs,
+                                 T, st));
+        KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, T * K, ce->counts, ce->offs, T, st));
     } else {
-        KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-        if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
-            // M = T K: the compact grid, the experts' row tiles only
-            KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts,
-                                     ce->offs, T, st));
-            KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, T * K, ce->counts, ce->offs, T,
-                              st));
-        } else {
-            KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-            KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
-        }
+        KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+        KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+        KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+        KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
     }
     KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->x, T, K, H, 1, st));   // x += the MoE's output
     return 0;
@@ -900,20 +861,12 @@ fail:
     return -1;
 }
 
-// Scratch and attention partials for a prefill chunk of T tokens at s->pos; *fast: whether its
-// products take bf16 inputs (the fast mode, T > 1).
-static int prefill_prepare(struct engine *e, struct seq *s, int T, int *fast, char *err, size_t errlen) {
-    const struct geometry *g = &e->model.g;
+// Scratch for a prefill chunk (or a layer probe) of T tokens; *fast: whether its products take bf16
+// inputs (the fast mode; a single row, the layer probe's T = 1, runs the exact products).
+static int prefill_prepare(struct engine *e, int T, int *fast, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     if (ensure_scratch(e, T, err, errlen)) return -1;
-    *fast = !ce->prefill_exact && T > 1 && ce->sc.xh && ce->sc.xa;   // bf16 inputs to the products
-    // Decode splits the keys into blocks of DECODE_SPLIT with partials; prefill (T > 1) runs
-    // FlashAttention with keys in fixed tiles from position 0, so a query's result does not depend
-    // on how the prompt was cut into chunks (the session cache continues a snapshot with the rest
-    // of a prompt and must match a single prefill).
-    if (T == 1 &&
-        ensure_part(ce, k_attention_part_floats(1, s->pos + 1, g->n_heads, g->head_dim, DECODE_SPLIT), err, errlen))
-        return -1;
+    *fast = !ce->prefill_exact && T > 1 && ce->sc.xh && ce->sc.xa;
     return 0;
 }
 
@@ -921,10 +874,9 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
                               int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
-    if (T == 1 && ce->decode_mode != DEC_LEGACY && (n_rows == 0 || (n_rows == 1 && rows[0] == 0)))
-        return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
+    if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     int fast;
-    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     void *st = ce->stream;
     const int H = g->hidden;
@@ -985,7 +937,7 @@ static int cuda_layer_probe(struct engine *e, struct seq *s, int layer, const fl
     struct cuda_engine *ce = e->impl;
     void *st = ce->stream;
     int fast;
-    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     const size_t n = (size_t)T * g->hidden;
     CK(cudaMemcpyAsync(b->x, x_in, sizeof(float) * n, cudaMemcpyHostToDevice, st));

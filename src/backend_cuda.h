@@ -9,7 +9,7 @@
 // backend_cuda.available on device 0 (the GPU programs' probe): 1, or 0 with the reason in msg.
 int backend_cuda_available(char *msg, size_t msglen);
 
-// Decode path for tests and A/B measurement: "graph" (default), "eager" or "legacy"; pdl 0/1.
+// Decode path for tests and A/B measurement: "graph" (default) or "eager"; pdl 0/1.
 void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
 
 // Test hook: s's captured decode graph (graph mode, after a decode step of s) launched n times back to

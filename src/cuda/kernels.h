@@ -34,12 +34,6 @@ int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, uint16_
 int k_rmsnorm_gate(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n, float eps,
                    struct dqt G, float *gy, void *stream);
 
-// Matrix-vector / skinny products: y[j, n] = sum_k W[mat_j][n, k] * x[j / xdiv, k] for slot j < S.
-// mat_j = ids ? ids[j] : 0. x is [*, K] with row stride ldx, y is [S, N] with row stride ldy.
-// One warp per output row; used for decode (T = 1) and the experts of a decode step.
-int k_qmatvec(struct dqt W, const int *ids, const float *x, int ldx, int xdiv, float *y, int ldy, int S,
-              void *stream);
-
 // Tiled matrix product for prefill, optionally grouped by expert.
 // Dense (counts == NULL): rows r < M, mat 0: y[r] = W x[r].
 // Grouped (counts != NULL, offs != NULL): for expert e, rows r in [offs[e], offs[e] + counts[e]):

@@ -9,7 +9,7 @@
 //   test_cuda_decode stages MODEL_DIR N STEPS  what each stage costs in the captured step (skipped,
 //                                            doubled; a measurement)
 //   test_cuda_decode e2e MODEL_DIR N STEPS   prefill N hash-prompt tokens, then STEPS greedy steps
-//                                            on the graph, eager and legacy paths and (N <= 512)
+//                                            on the graph and eager paths and (N <= 512)
 //                                            the CPU oracle: logits per step compared, tokens
 //                                            compared where the margin is clear, ms per step
 // Exit 0 when every check passes, 1 when one fails, 2 on a CUDA error or bad arguments, 77 when
@@ -389,17 +389,17 @@ static int e2e(const char *dir, int n, int steps) {
         return 2;
     }
     const int V = engine_geometry(e)->vocab;
-    const char *modes[] = {"graph", "graph", "eager", "legacy"};
-    const int pdl[] = {1, 0, 1, 0};
-    float *lg[5];
-    int32_t *tok[5];
-    double ms[5] = {0};
-    for (int m = 0; m < 5; m++) lg[m] = malloc(sizeof(float) * (size_t)steps * V), tok[m] = malloc(4 * (size_t)steps);
+    const char *modes[] = {"graph", "graph", "eager"};
+    const int pdl[] = {1, 0, 1};
+    float *lg[4];
+    int32_t *tok[4];
+    double ms[4] = {0};
+    for (int m = 0; m < 4; m++) lg[m] = malloc(sizeof(float) * (size_t)steps * V), tok[m] = malloc(4 * (size_t)steps);
     // Exact mode for the comparison of paths (fast mode is checked per kernel by the lab and
     // test_tcgemv, and reported against exact mode below). Path 0 runs greedily; the others are
     // fed its tokens, so rows stay aligned.
     k_set_decode_exact(1);
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < 3; m++) {
         backend_cuda_set_decode(e, modes[m], pdl[m]);
         if (run(e, n, steps, m ? tok[0] : NULL, lg[m], tok[m], &ms[m])) return 2;
     }
@@ -409,17 +409,17 @@ static int e2e(const char *dir, int n, int steps) {
         engine_close(e);   // the CPU engine maps the same checkpoint
         e = NULL;
         if (engine_open(dir, &oc, &cpu, err, sizeof err) == 0) {
-            have_cpu = run(cpu, n, steps, tok[0], lg[4], tok[4], &ms[4]) == 0;
+            have_cpu = run(cpu, n, steps, tok[0], lg[3], tok[3], &ms[3]) == 0;
             engine_close(cpu);
         }
     }
     // graph+pdl vs graph vs eager: the same kernels, the same order: bit-identical.
-    const char *names[] = {"graph+pdl", "graph", "eager", "legacy", "cpu oracle"};
+    const char *names[] = {"graph+pdl", "graph", "eager", "cpu oracle"};
     printf("decode paths, %s, prompt %d, %d steps\n", dir, n, steps);
     printf("%-11s %9s %12s %12s %9s\n", "path", "ms/step", "nerr mean", "nerr max", "tok diff");
     int bad = 0;
-    for (int m = 0; m < 5; m++) {
-        if (m == 4 && !have_cpu) continue;
+    for (int m = 0; m < 4; m++) {
+        if (m == 3 && !have_cpu) continue;
         double mean = 0, mx = 0;
         int diff = 0;
         for (int k = 0; k < steps; k++) {
@@ -431,7 +431,7 @@ static int e2e(const char *dir, int n, int steps) {
             if (t0 != tm && mg > 0.5f) diff++;   // test_cuda_e2e's MARGIN_CLEAR
         }
         printf("%-11s %9.3f %12.3e %12.3e %9d\n", names[m], ms[m], mean, mx, diff);
-        // Same kernels (graph, eager): exact. Legacy and CPU: other summation orders in fp32 over a
+        // Same kernels (graph, eager): exact. CPU: other summation orders in fp32 over a
         // full-shape random model (routing near-ties flip: README.md, Correctness), so the bound is
         // the one test_cuda_e2e uses for CUDA vs CPU (2e-2 per row), and no clear-margin flips.
         const double tol = m <= 2 ? 0.0 : 2e-2;

@@ -206,18 +206,6 @@ static void test_matmul_fast(int T, int rows, int cols, int bits, const char *na
     cudaFree(dx), cudaFree(dy), cudaFree(dxb);
 }
 
-static void test_matvec(int rows, int cols, int bits, const char *name) {
-    struct hq q = make_q(0, rows, cols, bits);
-    float *x = randv(cols, 1), *yc = malloc(sizeof(float) * rows);
-    float *dx = dup_d(x, cols * 4), *dy = poisoned(rows * 4);
-    k_qmatvec(q.d, NULL, dx, cols, 1, dy, rows, 1, NULL);
-    cpu_mm(&q.h, 0, x, yc);
-    char sh[64];
-    snprintf(sh, sizeof sh, "[%d x %d] %d-bit", rows, cols, bits);
-    float *yg = back(dy, rows);
-    report(name, sh, yg, yc, rows, 1e-5);
-}
-
 static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
     struct hq q = make_q(0, rows, cols, bits);
     float *x = randv((size_t)T * cols, 1), *yc = malloc(sizeof(float) * T * rows);
@@ -229,7 +217,7 @@ static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
     report(name, sh, back(dy, (size_t)T * rows), yc, (size_t)T * rows, 1e-5);
 }
 
-// Routing + dispatch + grouped expert products (gate) + decode gathered matvec (down).
+// Routing + dispatch + grouped expert products (gate, down) + combine.
 static void test_moe(int T) {
     const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, I = QWEN_MOE_INTER;
     float *lg = randv((size_t)T * E, 2), *x = randv((size_t)T * H, 1);
@@ -347,13 +335,6 @@ static void test_moe(int T) {
         free(da), free(hc), free(ho);
         cudaFree(dxb), cudaFree(dyf), cudaFree(dact), cudaFree(ddn), cudaFree(dab);
     }
-    // decode: gathered matvec over the 8 experts of token 0 (down projection)
-    struct hq dn = make_q(E, H, I, 4);
-    float *a = randv((size_t)K * I, 1), *da = dup_d(a, (size_t)K * I * 4), *dye = poisoned((size_t)K * H * 4);
-    k_qmatvec(dn.d, di, da, I, 1, dye, H, K, NULL);
-    float *yec = malloc(sizeof(float) * K * H);
-    for (int j = 0; j < K; j++) cpu_mm(&dn.h, ids[j], a + (size_t)j * I, yec + (size_t)j * H);
-    report("expert matvec (ids)", "8 x [2048 x 512] 4-bit", back(dye, (size_t)K * H), yec, (size_t)K * H, 1e-5);
     // combine
     float *sh_ = randv((size_t)T * H, 1), *sg = randv(T, 1), *ye = randv((size_t)T * K * H, 1);
     float *dsh = dup_d(sh_, (size_t)T * H * 4), *dsg = dup_d(sg, T * 4), *dye2 = dup_d(ye, (size_t)T * K * H * 4);
@@ -1083,10 +1064,6 @@ int main(int argc, char **argv) {
         test_rmsnorm_gate(33, 4, 1);
     }
     if (all) {
-        test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
-        test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
-        test_matvec(QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatvec router");
-        test_matvec(1, QWEN_HIDDEN, 8, "qmatvec shared gate");
         test_matmul(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4, "qmatmul in_qkv");
         test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
         test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
