@@ -16,8 +16,7 @@
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
 // tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=0 turns programmatic dependent launch off;
-// CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
+// CALLA_PDL=0 turns programmatic dependent launch off; CALLA_DV_OCC=N: at most N GEMV blocks
 // an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
 // k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
@@ -429,8 +428,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const char *pdl = getenv("CALLA_PDL");
     ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
     k_set_pdl(!(pdl && !strcmp(pdl, "0")));   // on by default since version 6 (bench/NOTES.md); 0 turns it off
-    const char *da = getenv("CALLA_DEC_ATTN");
-    k_set_dec_attn(!da ? 2 : !strcmp(da, "split") ? 0 : !strcmp(da, "warps") ? 1 : 2);
     // Fast mode by default (tensor-core products on bf16 activations, fp32 accumulation);
     // CALLA_EXACT=1 is the verification mode of both, or each alone: CALLA_DECODE_EXACT=1,
     // CALLA_PREFILL_FAST=0.

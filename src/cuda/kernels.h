@@ -98,15 +98,11 @@ int k_add(float *x, const float *d, long n, void *stream);
 int k_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
                 float *q, uint16_t *kc, uint16_t *vc, int T, int p0, int cap, int n_heads, int n_kv, int D,
                 int rope_dim, double theta, float eps, void *stream);
-// Causal GQA attention with the output gate: o[t, h] = softmax(q k^T / sqrt(D)) v * sigmoid(gate).
-// Keys 0 .. p0 + t for token t. Split over key blocks of split_len keys (partials in part, which
-// holds T * n_heads * n_split * (D + 2) floats, n_split = ceil((p0 + T) / split_len)).
-int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
-                int T, int p0, int cap, int n_heads, int n_kv, int D, int split_len, void *stream);
-// Prefill attention on the tensor cores (FlashAttention, no partials); keys in fixed tiles of 64
+// Causal GQA attention with the output gate, o[t, h] = softmax(q k^T / sqrt(D)) v * sigmoid(gate) over
+// keys 0 .. p0 + t for token t: prefill attention on the tensor cores (FlashAttention, no partials); keys in fixed tiles of 64
 // from position 0, so a query's result is bit-identical however the prompt is cut into chunks.
-// Needs n_heads / n_kv to divide 128. exact 1: Q and P split into bf16 hi + lo, the same result as
-// k_attention to fp32 rounding (~5e-6); exact 0 (the fast prefill mode): Q and P rounded once to
+// Needs n_heads / n_kv to divide 128. exact 1: Q and P split into bf16 hi + lo, the fp32 formula's
+// result to fp32 rounding (~5e-6); exact 0 (the fast prefill mode): Q and P rounded once to
 // bf16, one mma per product, fp32 accumulation and softmax (~1e-3, bounded in test_cuda_kernels).
 // ob (NULL: o in fp32): exact 0 only, 4-byte aligned: the kernel writes o's bf16 copy to ob instead of
 // o (o unused), the fast o_proj's input, bit-identical to o then k_to_bf16.
@@ -118,8 +114,6 @@ int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const
 // all four bit-identical but mma.sync, bench/NOTES.md version 8).
 enum { FLASH_DEFAULT = 3 };
 void k_set_flash(int wg);
-// Floats of partials k_attention needs.
-long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_len);
 
 // DeltaNet causal conv + SiLU. xin [T, C] pre-conv; state [KW - 1, C] (oldest first), updated.
 // y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)).
@@ -239,12 +233,9 @@ int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log,
 int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
                     float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
                     int rope_dim, double theta, float eps, void *stream);
-// Decode attention kernel: 2 (default) on the tensor cores, 1 the all-warps CUDA-core kernel where
-// the GQA group is head_dim / 32 heads, 0 the first split kernel (A/B); the key splits its grid
-// should have for sequences of up to cap keys (at most `most`).
 void k_set_decode_exact(int on);   // 1: decode products in fp32 on the CUDA cores (verification)
 void k_set_dv_occupancy(int blocks_per_sm);   // GEMV blocks an SM at most (0: all that fit)
-void k_set_dec_attn(int v);
+// The key splits k_dec_attention's grid should have for sequences of up to cap keys (at most `most`).
 int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most);
 int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
                     const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, void *stream);

@@ -402,11 +402,10 @@ static void test_rmsnorm_embed(void) {
     printf("%-22s %-34s got %d want 170001  %s\n", "argmax", "248320, planted tie", *ga, *ga == 170001 ? "PASS" : "FAIL");
 }
 
-// attention: prep (norm, RoPE, cache append) + split attention with gate (decode) and, for T > 1,
-// the tensor-core FlashAttention (prefill) in both modes, vs the CPU formula.
+// attention: prep (norm, RoPE, cache append) + the tensor-core FlashAttention (prefill, any T: the
+// layer probe passes one row) in both modes, vs the CPU formula.
 //
-// FlashAttention's exact mode (Q and P as bf16 hi + lo) is held to the fp32 formula's 1e-4, as the
-// split kernel. Its fast mode (Q and P rounded once to bf16) gets two CPU twins, as the fast
+// FlashAttention's exact mode (Q and P as bf16 hi + lo) is held to the fp32 formula's 1e-4. Its fast mode (Q and P rounded once to bf16) gets two CPU twins, as the fast
 // products do:
 //  (a) the kernel's own arithmetic in double: q rounded to bf16, the online softmax in base 2 over
 //      the same 64-key tiles from key 0 (running max, fp32-valued P, sum l of the unrounded P), and
@@ -435,7 +434,7 @@ static void rope_c(float *x, int rd, double theta, int p) {
         x[m + rd / 2] = a * s + b * c;
     }
 }
-static void test_attention(int T, int p0, int cap, int split) {
+static void test_attention(int T, int p0, int cap) {
     const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, QD = NH * D, KVD = NKV * D;
     const double theta = 1e7;
     float *qg = randv((size_t)T * 2 * QD, 1), *k = randv((size_t)T * KVD, 1), *v = randv((size_t)T * KVD, 1);
@@ -444,10 +443,8 @@ static void test_attention(int T, int p0, int cap, int split) {
     for (size_t i = 0; i < (size_t)NKV * cap * D; i++) kc[i] = f32_to_bf16(grand()), vc[i] = f32_to_bf16(grand());
     uint16_t *dkc = dup_d(kc, (size_t)NKV * cap * D * 2), *dvc = dup_d(vc, (size_t)NKV * cap * D * 2);
     float *dqg = dup_d(qg, (size_t)T * 2 * QD * 4), *dk = dup_d(k, (size_t)T * KVD * 4), *dv = dup_d(v, (size_t)T * KVD * 4);
-    float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4), *dout = poisoned((size_t)T * QD * 4);
-    float *part = poisoned((size_t)k_attention_part_floats(T, p0 + T, NH, D, split) * 4);
+    float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4);
     k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
-    k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
     float *dmma = poisoned((size_t)T * QD * 4), *dws[2] = {poisoned((size_t)T * QD * 4), poisoned((size_t)T * QD * 4)};
     int rc_exact = 0, rc_fast = 0, rc_mma = 0, rc_ws[2] = {0, 0};
@@ -456,7 +453,7 @@ static void test_attention(int T, int p0, int cap, int split) {
     // the rounded fp32 o (which the checks below hold to be no NaN)
     uint16_t *dob[4] = {NULL, NULL, NULL, NULL};
     int rc_ob[4] = {0, 0, 0, 0}, rc_ob_exact = 0;
-    if (T > 1) {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
+    {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
         for (int f = 0; f < 4; f++) dob[f] = poisoned((size_t)T * QD * 2);
         rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
         rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob[0], T, p0, cap, NH, NKV, D, 1, NULL);
@@ -552,7 +549,7 @@ static void test_attention(int T, int p0, int cap, int split) {
             }
         }
     char sh[80];
-    snprintf(sh, sizeof sh, "T %d p0 %d cap %d split %d", T, p0, cap, split);
+    snprintf(sh, sizeof sh, "T %d p0 %d cap %d", T, p0, cap);
     uint16_t *gk = malloc((size_t)NKV * cap * D * 2);
     cudaMemcpy(gk, dkc, (size_t)NKV * cap * D * 2, cudaMemcpyDeviceToHost);
     float *a = malloc(sizeof(float) * T * KVD), *b = malloc(sizeof(float) * T * KVD);
@@ -563,8 +560,7 @@ static void test_attention(int T, int p0, int cap, int split) {
                 b[t * KVD + j * D + d] = bf16_to_f32(kc[((size_t)j * cap + p0 + t) * D + d]);
             }
     report("attn prep (k cache)", sh, a, b, (size_t)T * KVD, 1e-2 / 4);
-    report(T == 1 ? "attention decode" : "attention split", sh, back(dout, n_out), oc, n_out, 1e-4);
-    if (T > 1) {
+    {
         char shf[96];
         snprintf(shf, sizeof shf, "%s%s", sh, rc_exact ? " LAUNCH FAILED" : "");
         report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
@@ -1070,14 +1066,14 @@ int main(int argc, char **argv) {
         test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
     }
     if (attn) {
-        test_attention(1, 3000, 4096, 256);
-        test_attention(1, 0, 16, 256);
-        test_attention(100, 700, 1024, 256);
-        test_attention(37, 0, 64, 32);
-        test_attention(129, 0, 200, 256);
-        test_attention(300, 1990, 2400, 1024);
-        test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
-        test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
+        test_attention(1, 3000, 4096);   // one row (the layer probe's T = 1)
+        test_attention(1, 0, 16);
+        test_attention(100, 700, 1024);
+        test_attention(37, 0, 64);
+        test_attention(129, 0, 200);
+        test_attention(300, 1990, 2400);
+        test_attention(64, 8192, 8256);    // long keys: 64 queries after 8K cached keys
+        test_attention(100, 8130, 8300);   // long keys, the chunk starting mid-tile, a partial block
     }
     if (all || !strcmp(only, "gdn")) {
         test_deltanet(1);
