@@ -445,8 +445,11 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
     const char *qbw = getenv("CALLA_QB");
     k_set_qb_wgmma(!(qbw && !strcmp(qbw, "mma")));
-    const char *fl = getenv("CALLA_FLASH");
-    k_set_flash(!fl ? FLASH_DEFAULT : !strcmp(fl, "mma") ? 0 : !strcmp(fl, "wg") ? 1 : !strcmp(fl, "ws") ? 2 : !strcmp(fl, "pp") ? 3 : FLASH_DEFAULT);
+    if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
+        snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
+                 e->opts.device);
+        goto fail_msg;
+    }
     const char *gc = getenv("CALLA_GDN_CONV");
     k_set_gdn_conv_fused(!(gc && !strcmp(gc, "old")));
     const char *qbb = getenv("CALLA_QB_BLOCKS");

@@ -403,12 +403,9 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
     return launch_status();
 }
 
-// The fast mode at D = 256 on warpgroup products (flash_wg.cuh) where the device runs this binary's
-// sm_90a code (k_has_sm90a). CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
+// The fast mode at D = 256 runs the warp-specialized warpgroup-product kernel (flash_wg.cuh): it needs
+// the binary's sm_90a code, which the backend checks at load (k_has_sm90a).
 #include "flash_wg.cuh"
-
-static int g_flash_wg = FLASH_DEFAULT;
-extern "C" void k_set_flash(int wg) { g_flash_wg = k_has_sm90a() ? wg : 0; }   // probes at init, not in a capture
 
 static __global__ void sm90a_probe(int *ok) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -433,29 +430,19 @@ extern "C" int k_has_sm90a(void) {
     return known;
 }
 
-// g_flash_wg: 1 the lockstep kernel, 2 the warp-specialized one, 3 with ping-pong. OT: float (o) or
-// uint16_t (its bf16 copy only, fa_store).
-template <auto KERN, typename OT>
-static int flash_wg_run(dim3 grid, int threads, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                        const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    static bool raised;   // one per kernel
+// OT: float (o) or uint16_t (its bf16 copy only, fa_store).
+template <typename OT>
+static int flash_ws_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
+                           const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
+    static bool raised;   // one per output type
     const size_t smem = flash_wg_smem_bytes();
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(flash_ws_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
-    KERN<<<grid, threads, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    flash_ws_kernel<OT><<<grid, FW_WS_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
-}
-template <typename OT>
-static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                           const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    if (g_flash_wg == 3)
-        return flash_wg_run<flash_ws_kernel<true, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    if (g_flash_wg == 2)
-        return flash_wg_run<flash_ws_kernel<false, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    return flash_wg_run<flash_wg_kernel<OT>>(grid, FA_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 }
 
 // ob (fast mode only; NULL: o in fp32): the kernel writes o's bf16 copy there instead (o unused), o_proj's
@@ -468,19 +455,26 @@ extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t
     if (ob && (exact || (uintptr_t)ob % 4)) return (int)cudaErrorInvalidValue;   // pairs stored as 4 bytes
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
-    if (!exact && D == FW_D && g_flash_wg && k_has_sm90a())
-        return ob ? flash_wg_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
-                  : flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-#define FA_CASE(d)                                                                                             \
-    case d:                                                                                                    \
-        return exact ? flash_launch<d, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv)            \
-               : ob  ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)           \
-                     : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    if (exact) {
+        switch (D) {
+        case 256: return flash_launch<256, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 128: return flash_launch<128, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 64: return flash_launch<64, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        default: return (int)cudaErrorInvalidValue;
+        }
+    }
+    // fast: this model's head dimension on warpgroup products, the test geometries' on mma.sync
+#define FA_FAST(d)                                                                                             \
+    (ob ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)                       \
+        : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv))
     switch (D) {
-        FA_CASE(256)
-        FA_CASE(128)
-        FA_CASE(64)
+    case FW_D:
+        if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
+        return ob ? flash_ws_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
+                  : flash_ws_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    case 128: return FA_FAST(128);
+    case 64: return FA_FAST(64);
     default: return (int)cudaErrorInvalidValue;
     }
-#undef FA_CASE
+#undef FA_FAST
 }

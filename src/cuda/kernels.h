@@ -99,21 +99,17 @@ int k_attn_prep(const float *qg, const float *k, const float *v, const float *q_
                 float *q, uint16_t *kc, uint16_t *vc, int T, int p0, int cap, int n_heads, int n_kv, int D,
                 int rope_dim, double theta, float eps, void *stream);
 // Causal GQA attention with the output gate, o[t, h] = softmax(q k^T / sqrt(D)) v * sigmoid(gate) over
-// keys 0 .. p0 + t for token t: prefill attention on the tensor cores (FlashAttention, no partials); keys in fixed tiles of 64
-// from position 0, so a query's result is bit-identical however the prompt is cut into chunks.
-// Needs n_heads / n_kv to divide 128. exact 1: Q and P split into bf16 hi + lo, the fp32 formula's
+// keys 0 .. p0 + t for token t: prefill attention on the tensor cores (FlashAttention, no partials),
+// keys in fixed tiles of 64 from position 0, so a query's result is bit-identical however the prompt
+// is cut into chunks. D 64, 128 or 256; n_heads / n_kv must divide 128. exact 1: Q and P split into bf16 hi + lo, the fp32 formula's
 // result to fp32 rounding (~5e-6); exact 0 (the fast prefill mode): Q and P rounded once to
 // bf16, one mma per product, fp32 accumulation and softmax (~1e-3, bounded in test_cuda_kernels).
 // ob (NULL: o in fp32): exact 0 only, 4-byte aligned: the kernel writes o's bf16 copy to ob instead of
-// o (o unused), the fast o_proj's input, bit-identical to o then k_to_bf16.
+// o (o unused), the fast o_proj's input, bit-identical to o then k_to_bf16. The fast mode at D = 256
+// runs on warpgroup products: cudaErrorInvalidDeviceFunction where the device does not run this
+// binary's sm_90a code (k_has_sm90a).
 int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                       uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
-// The fast mode's kernel where the device runs this binary's sm_90a code (D = 256): 3 (default)
-// warp-specialized with ping-pong, 2 warp-specialized (a producer warpgroup, mbarriers), 1 warpgroup
-// products with the two warpgroups in lockstep; 0 the mma.sync kernel (CALLA_FLASH=pp|ws|wg|mma, A/B;
-// all four bit-identical but mma.sync, bench/NOTES.md version 8).
-enum { FLASH_DEFAULT = 3 };
-void k_set_flash(int wg);
 
 // DeltaNet causal conv + SiLU. xin [T, C] pre-conv; state [KW - 1, C] (oldest first), updated.
 // y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)).

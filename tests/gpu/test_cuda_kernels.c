@@ -434,8 +434,10 @@ static void rope_c(float *x, int rd, double theta, int p) {
         x[m + rd / 2] = a * s + b * c;
     }
 }
-static void test_attention(int T, int p0, int cap) {
-    const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, QD = NH * D, KVD = NKV * D;
+// NH query heads over NKV kv heads of D (64, 128, 256: this model's, and the test geometries' with
+// their own fast kernel), RoPE on D / 4 dimensions as in every geometry.
+static void test_attention(int T, int p0, int cap, int NH, int NKV, int D) {
+    const int QD = NH * D, KVD = NKV * D, RD = D / 4;
     const double theta = 1e7;
     float *qg = randv((size_t)T * 2 * QD, 1), *k = randv((size_t)T * KVD, 1), *v = randv((size_t)T * KVD, 1);
     float *qn = randv(D, 1), *kn = randv(D, 1);
@@ -444,32 +446,17 @@ static void test_attention(int T, int p0, int cap) {
     uint16_t *dkc = dup_d(kc, (size_t)NKV * cap * D * 2), *dvc = dup_d(vc, (size_t)NKV * cap * D * 2);
     float *dqg = dup_d(qg, (size_t)T * 2 * QD * 4), *dk = dup_d(k, (size_t)T * KVD * 4), *dv = dup_d(v, (size_t)T * KVD * 4);
     float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4);
-    k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
+    k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, RD, theta, 1e-6f, NULL);
+    // Exact, then fast (D = 256: the warp-specialized wgmma kernel; D = 64, 128: the mma.sync one) with
+    // o in fp32 and with its bf16 store (ob: o_proj's input in the fast mode, no fp32 o), poisoned
+    // (0xffff), so an element left unwritten differs from the rounded fp32 o (which the checks below
+    // hold to be no NaN). The exact mode must refuse ob.
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
-    float *dmma = poisoned((size_t)T * QD * 4), *dws[2] = {poisoned((size_t)T * QD * 4), poisoned((size_t)T * QD * 4)};
-    int rc_exact = 0, rc_fast = 0, rc_mma = 0, rc_ws[2] = {0, 0};
-    // each fast form's bf16 store (ob: o_proj's input in the fast mode, no fp32 o): lockstep wgmma,
-    // mma.sync, warp-specialized, ping-pong; poisoned (0xffff), so an element left unwritten differs from
-    // the rounded fp32 o (which the checks below hold to be no NaN)
-    uint16_t *dob[4] = {NULL, NULL, NULL, NULL};
-    int rc_ob[4] = {0, 0, 0, 0}, rc_ob_exact = 0;
-    {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
-        for (int f = 0; f < 4; f++) dob[f] = poisoned((size_t)T * QD * 2);
-        rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
-        rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob[0], T, p0, cap, NH, NKV, D, 1, NULL);
-        k_set_flash(1);
-        rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-        rc_ob[0] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[0], T, p0, cap, NH, NKV, D, 0, NULL);
-        k_set_flash(0);
-        rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-        rc_ob[1] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[1], T, p0, cap, NH, NKV, D, 0, NULL);
-        for (int w = 0; w < 2; w++) {
-            k_set_flash(2 + w);
-            rc_ws[w] = k_flash_attention(dq, dqg, dkc, dvc, dws[w], NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-            rc_ob[2 + w] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[2 + w], T, p0, cap, NH, NKV, D, 0, NULL);
-        }
-        k_set_flash(FLASH_DEFAULT);
-    }
+    uint16_t *dob = poisoned((size_t)T * QD * 2);
+    const int rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
+    const int rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob, T, p0, cap, NH, NKV, D, 1, NULL);
+    const int rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
+    const int rc_ob = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob, T, p0, cap, NH, NKV, D, 0, NULL);
     // CPU twin
     for (int t = 0; t < T; t++)
         for (int j = 0; j < NKV; j++) {
@@ -478,7 +465,7 @@ static void test_attention(int T, int p0, int cap) {
             for (int d = 0; d < D; d++) ss += k[t * KVD + j * D + d] * k[t * KVD + j * D + d];
             float r = 1.0f / sqrtf(ss / D + 1e-6f);
             for (int d = 0; d < D; d++) kh[d] = k[t * KVD + j * D + d] * r * kn[d];
-            rope_c(kh, QWEN_ROPE_DIM, theta, p0 + t);
+            rope_c(kh, RD, theta, p0 + t);
             for (int d = 0; d < D; d++) {
                 kc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(kh[d]);
                 vc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(v[t * KVD + j * D + d]);
@@ -496,7 +483,7 @@ static void test_attention(int T, int p0, int cap) {
             for (int d = 0; d < D; d++) ss += qh[d] * qh[d];
             float r = 1.0f / sqrtf(ss / D + 1e-6f);
             for (int d = 0; d < D; d++) q[d] = qh[d] * r * qn[d];
-            rope_c(q, QWEN_ROPE_DIM, theta, p0 + t);
+            rope_c(q, RD, theta, p0 + t);
             for (int d = 0; d < D; d++) qb[d] = bf16_to_f32(f32_to_bf16(q[d]));
             const int kvh = h / (NH / NKV), nk = p0 + t + 1;
             float mx = -INFINITY, sum = 0;
@@ -511,7 +498,7 @@ static void test_attention(int T, int p0, int cap) {
                     sb += (double)qb[d] * kv;
                     sa += fabs((double)q[d] * kv);
                 }
-                sc[j] = s / 16.0f;
+                sc[j] = s / sqrtf((float)D);
                 sf[j] = (float)sb * sl2;
                 mx = fmaxf(mx, sc[j]);
                 if (sa / sqrt((double)D) > amax) amax = sa / sqrt((double)D);
@@ -549,7 +536,7 @@ static void test_attention(int T, int p0, int cap) {
             }
         }
     char sh[80];
-    snprintf(sh, sizeof sh, "T %d p0 %d cap %d", T, p0, cap);
+    snprintf(sh, sizeof sh, "T %d p0 %d cap %d D %d G %d", T, p0, cap, D, NH / NKV);
     uint16_t *gk = malloc((size_t)NKV * cap * D * 2);
     cudaMemcpy(gk, dkc, (size_t)NKV * cap * D * 2, cudaMemcpyDeviceToHost);
     float *a = malloc(sizeof(float) * T * KVD), *b = malloc(sizeof(float) * T * KVD);
@@ -560,60 +547,31 @@ static void test_attention(int T, int p0, int cap) {
                 b[t * KVD + j * D + d] = bf16_to_f32(kc[((size_t)j * cap + p0 + t) * D + d]);
             }
     report("attn prep (k cache)", sh, a, b, (size_t)T * KVD, 1e-2 / 4);
-    {
-        char shf[96];
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_exact ? " LAUNCH FAILED" : "");
-        report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_fast ? " LAUNCH FAILED" : "");
-        float *gf = back(dfast, n_out);
-        report("flash fast wgmma (bf16 QP)", shf, gf, of, n_out, 5e-4);
-        report_within("flash fast wgmma (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
-        free(gf);
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_mma ? " LAUNCH FAILED" : "");
-        gf = back(dmma, n_out);
-        report("flash fast mma.sync (bf16 QP)", shf, gf, of, n_out, 5e-4);
-        report_within("flash fast mma.sync (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
-        free(gf);
-        // The warp-specialized forms do the lockstep kernel's arithmetic in its order: bit-identical.
-        float *gl = back(dfast, n_out);
-        for (int w = 0; w < 2; w++) {
-            gf = back(dws[w], n_out);
-            size_t dif = 0;
-            for (size_t i = 0; i < n_out; i++) dif += memcmp(&gf[i], &gl[i], 4) != 0;
-            checks++;
-            fails += dif || rc_ws[w] || rc_fast;
-            printf("%-22s %-34s %zu of %zu differ from the lockstep wgmma kernel%s  %s\n",
-                   w ? "flash ws ping-pong" : "flash warp-specialized", sh, dif, n_out, rc_ws[w] ? " LAUNCH FAILED" : "",
-                   dif || rc_ws[w] || rc_fast ? "FAIL" : "PASS");
-            free(gf);
-        }
-        free(gl);
-        // The bf16 store (k_flash_attention's ob, the fast mode's o_proj input): each form's bf16 output
-        // must be its own fp32 output rounded by f32_to_bf16 (k_to_bf16's rounding), every element, bit
-        // for bit. The exact mode refuses ob (its o_proj reads the fp32 o).
-        const float *const fo[4] = {dfast, dmma, dws[0], dws[1]};
-        const int rc_fo[4] = {rc_fast, rc_mma, rc_ws[0], rc_ws[1]};
-        const char *const fname[4] = {"flash bf16 o wgmma", "flash bf16 o mma.sync", "flash bf16 o ws", "flash bf16 o pp"};
-        uint16_t *hb = malloc(n_out * 2);
-        for (int f = 0; f < 4; f++) {
-            gf = back(fo[f], n_out);
-            cudaMemcpy(hb, dob[f], n_out * 2, cudaMemcpyDeviceToHost);
-            size_t dif = 0;
-            for (size_t i = 0; i < n_out; i++) dif += hb[i] != f32_to_bf16(gf[i]);
-            const bool bad = dif || rc_ob[f] || rc_fo[f];
-            checks++;
-            fails += bad;
-            printf("%-22s %-34s %zu of %zu differ from bf16(fp32 o)%s  %s\n", fname[f], sh, dif, n_out,
-                   rc_ob[f] || rc_fo[f] ? " LAUNCH FAILED" : "", bad ? "FAIL" : "PASS");
-            free(gf);
-            cudaFree(dob[f]);
-        }
-        free(hb);
-        checks++;
-        fails += rc_ob_exact != (int)cudaErrorInvalidValue;
-        printf("%-22s %-34s rc %d  %s\n", "flash bf16 o exact", "refused (cudaErrorInvalidValue)", rc_ob_exact,
-               rc_ob_exact == (int)cudaErrorInvalidValue ? "PASS" : "FAIL");
-    }
+    char shf[96];
+    snprintf(shf, sizeof shf, "%s%s", sh, rc_exact ? " LAUNCH FAILED" : "");
+    report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
+    snprintf(shf, sizeof shf, "%s%s", sh, rc_fast ? " LAUNCH FAILED" : "");
+    float *gf = back(dfast, n_out);
+    report("flash fast (bf16 QP)", shf, gf, of, n_out, 5e-4);
+    report_within("flash fast (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
+    // The bf16 store (k_flash_attention's ob, the fast mode's o_proj input): the fast kernel's bf16
+    // output must be its own fp32 output rounded by f32_to_bf16 (k_to_bf16's rounding), every element,
+    // bit for bit. The exact mode refuses ob (its o_proj reads the fp32 o).
+    uint16_t *hb = malloc(n_out * 2);
+    cudaMemcpy(hb, dob, n_out * 2, cudaMemcpyDeviceToHost);
+    size_t dif = 0;
+    for (size_t i = 0; i < n_out; i++) dif += hb[i] != f32_to_bf16(gf[i]);
+    const bool bad = dif || rc_ob || rc_fast;
+    checks++;
+    fails += bad;
+    printf("%-22s %-34s %zu of %zu differ from bf16(fp32 o)%s  %s\n", "flash bf16 o", sh, dif, n_out,
+           rc_ob || rc_fast ? " LAUNCH FAILED" : "", bad ? "FAIL" : "PASS");
+    free(gf), free(hb);
+    checks++;
+    fails += rc_ob_exact != (int)cudaErrorInvalidValue;
+    printf("%-22s %-34s rc %d  %s\n", "flash bf16 o exact", "refused (cudaErrorInvalidValue)", rc_ob_exact,
+           rc_ob_exact == (int)cudaErrorInvalidValue ? "PASS" : "FAIL");
+    cudaFree(dflash), cudaFree(dfast), cudaFree(dob);
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
 }
 
@@ -1066,14 +1024,17 @@ int main(int argc, char **argv) {
         test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
     }
     if (attn) {
-        test_attention(1, 3000, 4096);   // one row (the layer probe's T = 1)
-        test_attention(1, 0, 16);
-        test_attention(100, 700, 1024);
-        test_attention(37, 0, 64);
-        test_attention(129, 0, 200);
-        test_attention(300, 1990, 2400);
-        test_attention(64, 8192, 8256);    // long keys: 64 queries after 8K cached keys
-        test_attention(100, 8130, 8300);   // long keys, the chunk starting mid-tile, a partial block
+        const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM;
+        test_attention(1, 3000, 4096, NH, NKV, D);   // one row (the layer probe's T = 1)
+        test_attention(1, 0, 16, NH, NKV, D);
+        test_attention(100, 700, 1024, NH, NKV, D);
+        test_attention(37, 0, 64, NH, NKV, D);
+        test_attention(129, 0, 200, NH, NKV, D);
+        test_attention(300, 1990, 2400, NH, NKV, D);
+        test_attention(64, 8192, 8256, NH, NKV, D);    // long keys: 64 queries after 8K cached keys
+        test_attention(100, 8130, 8300, NH, NKV, D);   // long keys, the chunk starting mid-tile, a partial block
+        test_attention(100, 300, 512, 8, 2, 128);      // the small geometry's heads (the mma.sync fast kernel)
+        test_attention(70, 0, 128, 4, 2, 64);          // the tiny geometry's
     }
     if (all || !strcmp(only, "gdn")) {
         test_deltanet(1);
