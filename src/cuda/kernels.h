@@ -112,12 +112,10 @@ int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const
                       uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
 
 // DeltaNet causal conv + SiLU. xin [T, C] pre-conv; state [KW - 1, C] (oldest first), updated.
-// y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)).
+// y [T, C]. Then L2-normalises q and k heads (q also by 1/sqrt(Dk)). One pass: KW = 4, Dk 32, 64 or
+// 128 (every geometry; else cudaErrorInvalidValue).
 int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk, int Dk,
                void *stream);
-// The conv and the norms: 1 (default) one fused pass (KW = 4, Dk of 32, 64 or 128), 0 the two kernels
-// it replaced, conv then norm (A/B, CALLA_GDN_CONV=old); bit-identical results.
-void k_set_gdn_conv_fused(int on);
 // The gated delta rule, token by token (docs/MODEL.md §2.5), with the gated RMSNorm:
 // y [T, C] normalised conv output, b/a [T, Hv], z [T, Hv*Dv], S [Hv, Dk, Dv] fp32 (updated);
 // o [T, Hv*Dv] = gdn_norm * rmsnorm(S^T q) * silu(z).

@@ -394,17 +394,13 @@ int main(int argc, char **argv) {
     dn.T = 0;
     printf("qmatmul experts down grouped, compact grid: fast %8.3f ms %6.1f TFLOP/s (full grid %8.3f ms)\n", msdc,
            eflop / msdc / 1e9, msf);
-    {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update): fused, and the old two kernels
+    {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update)
         struct cvctx v = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)(QWEN_CONV_KERNEL - 1) * C * 4, 1),
                           dev_random((size_t)C * QWEN_CONV_KERNEL * 4, 1), NULL, T, C};
         cudaMalloc((void **)&v.y, (size_t)T * C * 4);
         const double msc = time_ms(run_conv, &v);
-        k_set_gdn_conv_fused(0);
-        const double mso = time_ms(run_conv, &v);
-        k_set_gdn_conv_fused(1);
         const double bytes = 2.0 * T * C * 4;   // xin read once, y written once
-        printf("gdn conv+l2norm T %d: %8.3f ms %6.1f GB/s (old conv, norm: %8.3f ms %6.1f GB/s)\n", T, msc,
-               bytes / msc / 1e6, mso, bytes / mso / 1e6);
+        printf("gdn conv+l2norm T %d: %8.3f ms %6.1f GB/s\n", T, msc, bytes / msc / 1e6);
         cudaFree(v.xin), cudaFree(v.state), cudaFree(v.w), cudaFree(v.y);
     }
     // the DeltaNet recurrence over one chunk
