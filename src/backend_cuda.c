@@ -450,8 +450,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
                  e->opts.device);
         goto fail_msg;
     }
-    const char *qbb = getenv("CALLA_QB_BLOCKS");
-    k_set_qb_blocks(qbb ? atoi(qbb) : 2);
     const char *tsm = getenv("CALLA_TC_SMALL");
     k_set_tc_small(!(tsm && !strcmp(tsm, "0")));
     const char *dtc = getenv("CALLA_DOWN_TC");

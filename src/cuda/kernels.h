@@ -78,7 +78,6 @@ struct qm_seg {
 };
 int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, int ldx, int M, void *stream);
 int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M, void *stream);
-void k_set_qb_blocks(int n);   // the fast qmatmul's form: 2 (default) blocks an SM, 1 (A/B, CALLA_QB_BLOCKS)
 // The fast qmatmul's products: 1 (default) warpgroup products (wgmma) where k_has_sm90a(), 0 mma.sync
 // (A/B, CALLA_QB=mma).
 void k_set_qb_wgmma(int on);

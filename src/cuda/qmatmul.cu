@@ -64,40 +64,36 @@ extern "C" int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, 
     return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, false, stream);
 }
 
-// CALLA_QB_BLOCKS (k_set_qb_blocks): 2 (default) the 3-stage form at two blocks an SM, 1 the
-// 4-stage form at one (qmatmul_bf16.cuh).
-static int g_qb_blocks = 2;
-extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
 // CALLA_QB=mma (k_set_qb_wgmma(0)): the products on mma.sync instead of wgmma (A/B).
 static int g_qb_wg = 1;
 extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
 
-template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS, bool ADD>
+template <int BITS, bool GLU, bool WG, bool SEGS, bool ADD>
 static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
                                     const int *xmap, int xdiv, const int *ymap, int M, const int *counts,
                                     const int *offs, const float *gate, uint16_t *yb) {
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
-    const size_t smem = QB_SMEM<BITS, STAGES, WG>;
+    const size_t smem = QB_SMEM<BITS, WG>;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, GLU, WG, SEGS, ADD>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
+    qmatmul_bf16_kernel<BITS, GLU, WG, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
         S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
     return launch_status();
 }
 
-template <int BITS, int STAGES, bool GLU, bool SEGS, bool ADD>
+template <int BITS, bool GLU, bool SEGS, bool ADD>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
                                const float *gate, uint16_t *yb) {
     if (g_qb_wg && k_has_sm90a())
-        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
-                                                                            counts, offs, gate, yb);
-    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
-                                                                         counts, offs, gate, yb);
+        return launch_qmatmul_bf16_form<BITS, GLU, true, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
+                                                                    offs, gate, yb);
+    return launch_qmatmul_bf16_form<BITS, GLU, false, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
+                                                                 offs, gate, yb);
 }
 
 // Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
@@ -125,12 +121,8 @@ static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t 
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define QB_ARGS grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb
-    if (W.bits == 4)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU, SEGS, ADD>(QB_ARGS)
-                                : launch_qmatmul_bf16<4, 4, GLU, SEGS, ADD>(QB_ARGS);
-    if (W.bits == 8)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU, SEGS, ADD>(QB_ARGS)
-                                : launch_qmatmul_bf16<8, 4, GLU, SEGS, ADD>(QB_ARGS);
+    if (W.bits == 4) return launch_qmatmul_bf16<4, GLU, SEGS, ADD>(QB_ARGS);
+    if (W.bits == 8) return launch_qmatmul_bf16<8, GLU, SEGS, ADD>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
 }

@@ -19,17 +19,18 @@
 // cycle per scheduler. bench/NOTES.md, version 6.)
 //
 // Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as 2 (rows) x 4 (features),
-// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). A 3- or 4-stage cp.async pipeline (16-byte copies straight
+// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). A 3-stage cp.async pipeline (16-byte copies straight
 // into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte chunks) and
 // the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are dequantized once
 // per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into 0x4300 | q = 128 + q
 // and one exact bf16x2 fma of -128, 8-bit ones by I2F; then the fma with the row's scale and bias),
 // double-buffered, one step ahead of the products. One barrier per step:
-//   wait for step kt + 1's copies; barrier; issue step kt + STAGES - 1's copies and its scale /
-//   bias loads; dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step
-//   kt + STAGES - 1's scale / bias pairs to its stage.
-// So the tensor cores of one warp overlap the dequantization of another, and global loads run
-// STAGES - 1 steps ahead. The WG form (the default on sm_90a; below the kernel's QB_SMEM) issues
+//   wait for step kt + 1's copies; barrier; issue step kt + 2's copies and its scale / bias loads;
+//   dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step kt + 2's
+//   scale / bias pairs to its stage.
+// So the tensor cores of one warp overlap the dequantization of another, and global loads run two
+// steps ahead. At up to 128 registers a thread, two blocks an SM (16 warps: one block's barrier and
+// dequantization do not idle the SM's tensor cores). The WG form (the default on sm_90a; below the kernel's QB_SMEM) issues
 // step kt's products as wgmma before dequantizing step kt + 1, so each warpgroup's own
 // dequantization runs under its products, and waits for them at the end of the step. The host
 // simulator runs both forms (wgmma on the model of tools/sim_wgmma.h); test_cuda_kernels checks both.
@@ -46,17 +47,12 @@
 // registers or spills than the plain form).
 // tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
 // once or as late as their wait_group allows.
-enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256 };
-// Two forms (A/B, CALLA_QB_BLOCKS): STAGES = 3 at up to 128 registers, two blocks an SM (16 warps:
-// the default since version 6; one block's barrier and dequantization no longer idle the SM's
-// tensor cores), or STAGES = 4 at one block an SM (version 5's pipeline). QB_BLOCKS: the blocks an SM
-// of each form, which its launch bounds ask for.
-template <int STAGES>
-inline constexpr int QB_BLOCKS = STAGES == 3 ? 2 : 1;
+enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 3, QB_BLOCKS = 2 };
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
 
-template <int BITS, int STAGES>
+template <int BITS>
 struct qb_layout {   // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
+    static constexpr int STAGES = QB_STAGES;
     static constexpr int WPR = QB_BK * BITS / 32;                                     // words per row per group
     static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
     static constexpr size_t WC = X + (size_t)STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
@@ -191,8 +187,8 @@ static __device__ __forceinline__ void qm_store_frags(const float (&acc)[MI][4][
 // memory, and dequantizes step kt + 1 while they run. The mma.sync form reads both through
 // ldmatrix, every warp its own 64 x 32 (~96 KB of shared-memory reads a step against ~48 KB).
 // Dynamic shared memory of a form: the layout, and for WG 1 KB to align its start.
-template <int BITS, int STAGES, bool WG>
-inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 0);
+template <int BITS, bool WG>
+inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + (WG ? 1024 : 0);
 
 // Segments (k_qmatmul_segs, k_qmatmul_bf16_segs): up to QM_MAX_SEGS dense products of one input
 // (the same x, K and bits) in one launch, each into its own output with its own row stride. grid.x
@@ -292,13 +288,14 @@ static __device__ __forceinline__ void qm_output(const qm_segs &S, int i, float 
 // GLU off, k_qmatmul_bf16_add): y1 += W x, each element read and written by the one thread that
 // computes it, so bit-identical to the plain form into a buffer d, then k_add(y1, d) (the residual
 // add of cuda_layer's o_proj / out_proj without d's write and two reads).
-template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false, bool ADD = false>
-static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
+template <int BITS, bool GLU, bool WG = false, bool SEGS = false, bool ADD = false>
+static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     qmatmul_bf16_kernel(struct dqt W1, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb,
                         const qm_segs S) {
     static_assert(!(ADD && (GLU || SEGS)), "the add form: one plain product");
-    using L = qb_layout<BITS, STAGES>;
+    constexpr int STAGES = QB_STAGES;
+    using L = qb_layout<BITS>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
     QB_DYNAMIC_SMEM(qb_raw);

@@ -678,7 +678,7 @@ static void test_deltanet(int T) {
 // before issue 12's fusion. The gate is the gate product's own output (k_qmatmul_bf16). Dense: the
 // shared expert [N x H] (N = 200: a feature tail); grouped: the routed experts (x gathered by
 // slot / k, rows in expert order) with skewed routing, so that some experts have no rows and a few
-// more than one 128-row tile. Both forms of the kernel (k_set_qb_blocks 2 and 1).
+// more than one 128-row tile.
 static void test_swiglu_epilogue(int T, int N, int grouped) {
     const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, R = grouped ? T * K : T;
     struct hq gq = make_q(grouped ? E : 0, N, H, 4), uq = make_q(grouped ? E : 0, N, H, 4);
@@ -708,8 +708,7 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
     }
     float *dg = poisoned(ny * 4), *du = poisoned(ny * 4), *da = poisoned(ny * 4);
     uint16_t *dref = poisoned(ny * 2), *dfu = poisoned(ny * 2), *href = malloc(ny * 2), *hfu = malloc(ny * 2);
-    for (int form = 2; form >= 1; form--) {
-        k_set_qb_blocks(form);
+    {
         cudaMemset(dref, 0xff, ny * 2);
         cudaMemset(dfu, 0xff, ny * 2);
         int rc;
@@ -734,32 +733,30 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
         for (size_t i = 0; i < ny; i++) dif += href[i] != hfu[i], unwritten += hfu[i] == 0xffff;
         char sh[96];
         const char *lf = rc ? " LAUNCH FAILED" : "";
-        if (grouped) snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped, %d blk/SM%s", T, E, N, H, form, lf);
-        else snprintf(sh, sizeof sh, "T %d [%d x %d], %d blk/SM%s", T, N, H, form, lf);
+        if (grouped) snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, N, H, lf);
+        else snprintf(sh, sizeof sh, "T %d [%d x %d]%s", T, N, H, lf);
         const int ok = !rc && !dif && !unwritten;
         checks++;
         fails += !ok;
         printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", "swiglu epilogue", sh, dif, ny, unwritten,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_blocks(2);
     if (grouped) printf("%-22s %-34s %d empty experts, %d over one tile\n", "", "(routing)", n_empty, n_big);
     free(x), free(href), free(hfu);
     cudaFree(dx), cudaFree(dxb), cudaFree(dg), cudaFree(du), cudaFree(da), cudaFree(dref), cudaFree(dfu);
     if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
 }
 
-// The product form a check ran: exact, or wgmma / mma.sync at 1 or 2 blocks an SM.
-static const char *qb_form(int exact, int wg, int blocks) {
+// The product form a check ran: exact, or fast on wgmma / mma.sync.
+static const char *qb_form(int exact, int wg) {
     if (exact) return "exact";
-    const int w = wg && k_has_sm90a();
-    return blocks == 2 ? (w ? "wgmma 2/SM" : "mma.sync 2/SM") : (w ? "wgmma 1/SM" : "mma.sync 1/SM");
+    return wg && k_has_sm90a() ? "wgmma" : "mma.sync";
 }
 
 // Segmented launches (k_qmatmul_bf16_segs, k_qmatmul_segs: cuda_layer's groups of products of one
 // input) against each product's own launch (k_qmatmul_bf16, k_qmatmul) on the same x, bit for bit:
 // every output buffer, poisoned before each run, must be equal (0 differing elements) and written.
-// The fast products on each form (wgmma and mma.sync, two blocks an SM and one) and the exact kernel.
+// The fast products on each form (wgmma and mma.sync) and the exact kernel.
 // Then a group of two bit widths must be refused (cudaErrorInvalidValue, nothing launched).
 static void test_segments(int T, const char *name, int n, const int *rows, int bits) {
     const int H = QWEN_HIDDEN;
@@ -781,10 +778,9 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
     char shape[96] = "";
     for (int i = 0; i < n; i++)
         snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%d", i ? " + " : "", rows[i]);
-    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
-        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
+    for (int form = 0; form < 3; form++) {   // 0, 1: fast, wgmma / mma.sync; 2: exact
+        const int exact = form == 2, wg = form == 0;
         k_set_qb_wgmma(wg);
-        k_set_qb_blocks(blocks);
         struct qm_seg sg[QM_MAX_SEGS];
         int rc = 0;
         for (int i = 0; i < n; i++) {
@@ -809,7 +805,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         for (size_t j = 0; j < total; j++) dif += memcmp(ha + j, hs + j, 4) != 0, unwritten += isnan(hs[j]);
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "segments %s", name);
-        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, qb_form(exact, wg, blocks),
+        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, qb_form(exact, wg),
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && !unwritten;
         checks++;
@@ -818,7 +814,6 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
                ok ? "PASS" : "FAIL");
     }
     k_set_qb_wgmma(1);
-    k_set_qb_blocks(2);
     {   // another bit width in the group: refused, both kernels
         struct hq o = make_q(0, 32, H, 12 - bits);
         struct qm_seg sg[2] = {{q[0].d, seg[0], rows[0]}, {o.d, seg[0], 32}};
@@ -844,7 +839,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
 // starts with random values (the stream's prior contents) and has 3 rows past M and 5 padding
 // columns (ldy = rows + 5), which must keep them: d is zeroed first, so k_add over the whole buffer
 // adds the plain form's output where it writes and +0 (exact) elsewhere. Each fast form (wgmma and
-// mma.sync, two blocks an SM and one) and the exact kernel; 0 differing elements to pass.
+// mma.sync) and the exact kernel; 0 differing elements to pass.
 static void test_add(int T, int rows, int cols, int bits, const char *name) {
     const int ldy = rows + 5, Ty = T + 3;
     const size_t nx = (size_t)T * cols, ny = (size_t)Ty * ldy;
@@ -854,10 +849,9 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
     k_to_bf16(dx, dxb, (long)nx, NULL);
     float *dd = poisoned(ny * 4), *dref = poisoned(ny * 4), *dadd = poisoned(ny * 4);
     float *href = malloc(ny * 4), *hadd = malloc(ny * 4);
-    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
-        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
+    for (int form = 0; form < 3; form++) {   // 0, 1: fast, wgmma / mma.sync; 2: exact
+        const int exact = form == 2, wg = form == 0;
         k_set_qb_wgmma(wg);
-        k_set_qb_blocks(blocks);
         cudaMemset(dd, 0, ny * 4);
         cudaMemcpy(dref, y0, ny * 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dadd, y0, ny * 4, cudaMemcpyHostToDevice);
@@ -876,7 +870,7 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "add %s", name);
-        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, qb_form(exact, wg, blocks),
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, qb_form(exact, wg),
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && changed > 0;
         checks++;
@@ -885,7 +879,6 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
                ok ? "PASS" : "FAIL");
     }
     k_set_qb_wgmma(1);
-    k_set_qb_blocks(2);
     cudaFree((void *)q.d.w), cudaFree((void *)q.d.scales), cudaFree((void *)q.d.biases);
     free((void *)q.h.w), free((void *)q.h.scales), free((void *)q.h.biases);
     free(x), free(y0), free(href), free(hadd);
