@@ -443,8 +443,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->lm_prefetch = lmp && !strcmp(lmp, "1");
     const char *occ = getenv("CALLA_DV_OCC");
     k_set_dv_occupancy(occ ? atoi(occ) : 0);
-    const char *qbw = getenv("CALLA_QB");
-    k_set_qb_wgmma(!(qbw && !strcmp(qbw, "mma")));
     if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);

@@ -46,7 +46,8 @@ int k_qmatmul(struct dqt W, const float *x, int ldx, const int *xmap, int xdiv, 
 // as MLX does). The result is bf16(W) x_bf16 to fp32 rounding. Needs W.cols % 64 == 0, ldx % 8 == 0
 // and x 16-byte aligned (else cudaErrorInvalidValue). Grouped with M > 0: M bounds the rows of all
 // experts together, and the grid holds only the experts' row tiles (M / 128 + E rows of blocks, not
-// E x maxrows / 128; E <= 256); the same results.
+// E x maxrows / 128; E <= 256); the same results. On warpgroup products (wgmma):
+// cudaErrorInvalidDeviceFunction where the device does not run this binary's sm_90a code.
 int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, int maxrows, void *stream);
 // The up product of a SwiGLU with its activation in the epilogue (fast prefill, issue 12):
@@ -60,8 +61,7 @@ int k_qmatmul_bf16_swiglu(struct dqt W, const uint16_t *x, int ldx, const int *x
 // 12): y[r, n] += (W x)[r, n] for r < M (one product, matrix 0; no gather). Each element is read and
 // written by the one thread that computes it, so y is bit-identical to the product into a buffer d,
 // then k_add(y, d): the same fp32 sum, without d's write and two reads and k_add's launch. The exact
-// kernel (k_qmatmul's) and the fast one (k_qmatmul_bf16's, on its form: wgmma or mma.sync, 2 or 1
-// blocks an SM), their requirements as those launchers'.
+// kernel (k_qmatmul's) and the fast one (k_qmatmul_bf16's), their requirements as those launchers'.
 int k_qmatmul_add(struct dqt W, const float *x, int ldx, float *y, int ldy, int M, void *stream);
 int k_qmatmul_bf16_add(struct dqt W, const uint16_t *x, int ldx, float *y, int ldy, int M, void *stream);
 // Several dense products of one input in one launch (prefill: the projections of a layer's normed
@@ -78,9 +78,6 @@ struct qm_seg {
 };
 int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, int ldx, int M, void *stream);
 int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M, void *stream);
-// The fast qmatmul's products: 1 (default) warpgroup products (wgmma) where k_has_sm90a(), 0 mma.sync
-// (A/B, CALLA_QB=mma).
-void k_set_qb_wgmma(int on);
 // Whether the device runs this binary's sm_90a code (wgmma, setmaxnreg): probed once, not in a capture.
 int k_has_sm90a(void);
 // y[i] = bf16(x[i]), round to nearest even (n elements).

@@ -64,37 +64,26 @@ extern "C" int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, 
     return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, false, stream);
 }
 
-// CALLA_QB=mma (k_set_qb_wgmma(0)): the products on mma.sync instead of wgmma (A/B).
-static int g_qb_wg = 1;
-extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
-
-template <int BITS, bool GLU, bool WG, bool SEGS, bool ADD>
-static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
-                                    const int *xmap, int xdiv, const int *ymap, int M, const int *counts,
-                                    const int *offs, const float *gate, uint16_t *yb) {
-    static int attr_set;   // once per process and form (idempotent, so a race is harmless)
-    const size_t smem = QB_SMEM<BITS, WG>;
-    if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, GLU, WG, SEGS, ADD>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
-    }
-    qmatmul_bf16_kernel<BITS, GLU, WG, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
-        S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
-    return launch_status();
-}
-
+// On warpgroup products: cudaErrorInvalidDeviceFunction where the device does not run this binary's
+// sm_90a code (the backend refuses such a device at load).
 template <int BITS, bool GLU, bool SEGS, bool ADD>
 static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
                                const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
                                const float *gate, uint16_t *yb) {
-    if (g_qb_wg && k_has_sm90a())
-        return launch_qmatmul_bf16_form<BITS, GLU, true, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
-                                                                    offs, gate, yb);
-    return launch_qmatmul_bf16_form<BITS, GLU, false, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts,
-                                                                 offs, gate, yb);
+    if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
+    static int attr_set;   // once per process and form (idempotent, so a race is harmless)
+    const size_t smem = QB_SMEM<BITS>;
+    if (!attr_set) {
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = 1;
+    }
+    qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
+        S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
+    return launch_status();
 }
+
 
 // Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
 // (W x)) (the GLU form), or for ADD (one dense segment) y += W x. SEGS: the kernels' segment lookup

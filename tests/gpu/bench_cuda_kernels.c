@@ -210,14 +210,6 @@ static int run_norm_gate_only(void *c) {
     return k_rmsnorm_gate(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, n->G, n->sg, NULL);
 }
 
-// The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
-static double time_mma(struct mctx *m) {
-    k_set_qb_wgmma(0);
-    const double ms = time_ms(run_mmb, m);
-    k_set_qb_wgmma(1);
-    return ms;
-}
-
 int main(int argc, char **argv) {
     rng = 0x2545F4914F6CDD1Dull;
     char why[256];
@@ -272,11 +264,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 6; i++) {
         struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0,
                          xb, NULL, NULL};
-        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m), msm = time_mma(&m);
+        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m);
         const double flop = 2.0 * T * dense[i].rows * dense[i].cols;
-        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s "
-               "(mma.sync %8.3f ms %6.1f)\n", dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms,
-               flop / ms / 1e9, msf, flop / msf / 1e9, msm, flop / msm / 1e9);
+        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s\n",
+               dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms, flop / ms / 1e9, msf, flop / msf / 1e9);
         cudaFree((void *)m.W.w), cudaFree((void *)m.W.scales), cudaFree((void *)m.W.biases);
     }
     {   // cuda_layer's groups of products of one input: one launch each vs one segmented launch (mm_segs)
@@ -301,12 +292,8 @@ int main(int argc, char **argv) {
             const double es = time_ms(run_sep, &g), eg = time_ms(run_seg, &g);
             g.exact = 0;
             const double fs = time_ms(run_sep, &g), fg = time_ms(run_seg, &g);
-            k_set_qb_wgmma(0);
-            const double ms_ = time_ms(run_sep, &g), mg = time_ms(run_seg, &g);
-            k_set_qb_wgmma(1);
             printf("qmatmul group %-21s %d-bit, %d launches -> 1: exact %8.3f -> %8.3f ms | fast %8.3f -> %8.3f ms "
-                   "%6.1f TFLOP/s (mma.sync %8.3f -> %8.3f ms)\n", grp[i].name, grp[i].bits, g.n, es, eg, fs, fg,
-                   flop / fg / 1e9, ms_, mg);
+                   "%6.1f TFLOP/s\n", grp[i].name, grp[i].bits, g.n, es, eg, fs, fg, flop / fg / 1e9);
             for (int j = 0; j < g.n; j++) {
                 cudaFree(g.s[j].y);
                 cudaFree((void *)g.s[j].W.w), cudaFree((void *)g.s[j].W.scales), cudaFree((void *)g.s[j].W.biases);
@@ -364,11 +351,10 @@ int main(int argc, char **argv) {
     cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
     struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb, NULL, NULL};
-    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g), msm = time_mma(&g);
+    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g);
     const double eflop = 2.0 * T * K * I * H;
     printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
-           eflop / msm / 1e9);
+           "%6.1f TFLOP/s\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
     g.T = T * K;   // the compact grid (M = T K, the experts' row tiles only)
     const double msgc = time_ms(run_mmb, &g);
     g.T = 0;
@@ -385,10 +371,8 @@ int main(int argc, char **argv) {
     struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb, NULL, NULL};
     ms = time_ms(run_mm, &dn);
     msf = time_ms(run_mmb, &dn);
-    msm = time_mma(&dn);
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
-           eflop / msm / 1e9);
+           "%6.1f TFLOP/s\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
     dn.T = T * K;
     const double msdc = time_ms(run_mmb, &dn);
     dn.T = 0;

@@ -310,9 +310,8 @@ static void test_moe(int T) {
         snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, H, I, rc ? " LAUNCH FAILED" : "");
         report("grouped down bf16", sh, yd, dr, nd, 2e-5);
         report_bound("grouped down bf16", "vs fp32 x", yd, dc, da, nd);
-        // the compact grid (M = T K): the same tiles, so the same bits, gate and down, both forms
-        for (int form = 0; form < 2; form++) {
-            k_set_qb_wgmma(form);
+        // the compact grid (M = T K): the same tiles, so the same bits, gate and down
+        {
             float *dyc = poisoned(ny * 4), *ddc = poisoned(nd * 4), *dy0 = poisoned(ny * 4), *dd0 = poisoned(nd * 4);
             int rcc = k_qmatmul_bf16(g.d, dxb, H, slots, K, dy0, I, NULL, 0, counts, offs, T, NULL);
             rcc = rcc ? rcc : k_qmatmul_bf16(g.d, dxb, H, slots, K, dyc, I, NULL, T * K, counts, offs, T, NULL);
@@ -324,13 +323,11 @@ static void test_moe(int T) {
             for (size_t i = 0; i < nd; i++) dif += memcmp(&b0[i], &b1[i], 4) != 0;
             checks++;
             fails += dif || rcc;
-            printf("%-22s %-34s %zu of %zu differ from the full grid (%s)%s  %s\n", "grouped compact grid",
-                   "gate + down, M = T K", dif, ny + nd, form ? "wgmma" : "mma.sync", rcc ? " LAUNCH FAILED" : "",
-                   dif || rcc ? "FAIL" : "PASS");
+            printf("%-22s %-34s %zu of %zu differ from the full grid%s  %s\n", "grouped compact grid",
+                   "gate + down, M = T K", dif, ny + nd, rcc ? " LAUNCH FAILED" : "", dif || rcc ? "FAIL" : "PASS");
             free(a0), free(a1), free(b0), free(b1);
             cudaFree(dyc), cudaFree(ddc), cudaFree(dy0), cudaFree(dd0);
         }
-        k_set_qb_wgmma(1);
         free(xr), free(yr), free(yab), free(yf), free(act), free(actr), free(yd), free(dc), free(dr);
         free(da), free(hc), free(ho);
         cudaFree(dxb), cudaFree(dyf), cudaFree(dact), cudaFree(ddn), cudaFree(dab);
@@ -747,16 +744,10 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
     if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
 }
 
-// The product form a check ran: exact, or fast on wgmma / mma.sync.
-static const char *qb_form(int exact, int wg) {
-    if (exact) return "exact";
-    return wg && k_has_sm90a() ? "wgmma" : "mma.sync";
-}
-
 // Segmented launches (k_qmatmul_bf16_segs, k_qmatmul_segs: cuda_layer's groups of products of one
 // input) against each product's own launch (k_qmatmul_bf16, k_qmatmul) on the same x, bit for bit:
 // every output buffer, poisoned before each run, must be equal (0 differing elements) and written.
-// The fast products on each form (wgmma and mma.sync) and the exact kernel.
+// The fast products and the exact kernel.
 // Then a group of two bit widths must be refused (cudaErrorInvalidValue, nothing launched).
 static void test_segments(int T, const char *name, int n, const int *rows, int bits) {
     const int H = QWEN_HIDDEN;
@@ -778,9 +769,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
     char shape[96] = "";
     for (int i = 0; i < n; i++)
         snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%d", i ? " + " : "", rows[i]);
-    for (int form = 0; form < 3; form++) {   // 0, 1: fast, wgmma / mma.sync; 2: exact
-        const int exact = form == 2, wg = form == 0;
-        k_set_qb_wgmma(wg);
+    for (int exact = 0; exact < 2; exact++) {
         struct qm_seg sg[QM_MAX_SEGS];
         int rc = 0;
         for (int i = 0; i < n; i++) {
@@ -805,7 +794,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         for (size_t j = 0; j < total; j++) dif += memcmp(ha + j, hs + j, 4) != 0, unwritten += isnan(hs[j]);
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "segments %s", name);
-        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, qb_form(exact, wg),
+        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, exact ? "exact" : "fast",
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && !unwritten;
         checks++;
@@ -813,7 +802,6 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", nm, sh, dif, total, unwritten,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_wgmma(1);
     {   // another bit width in the group: refused, both kernels
         struct hq o = make_q(0, 32, H, 12 - bits);
         struct qm_seg sg[2] = {{q[0].d, seg[0], rows[0]}, {o.d, seg[0], 32}};
@@ -838,8 +826,8 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
 // out_proj into the residual stream) against the plain product into d, then k_add, bit for bit. y
 // starts with random values (the stream's prior contents) and has 3 rows past M and 5 padding
 // columns (ldy = rows + 5), which must keep them: d is zeroed first, so k_add over the whole buffer
-// adds the plain form's output where it writes and +0 (exact) elsewhere. Each fast form (wgmma and
-// mma.sync) and the exact kernel; 0 differing elements to pass.
+// adds the plain form's output where it writes and +0 (exact) elsewhere. The fast kernel and
+// the exact kernel; 0 differing elements to pass.
 static void test_add(int T, int rows, int cols, int bits, const char *name) {
     const int ldy = rows + 5, Ty = T + 3;
     const size_t nx = (size_t)T * cols, ny = (size_t)Ty * ldy;
@@ -849,9 +837,7 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
     k_to_bf16(dx, dxb, (long)nx, NULL);
     float *dd = poisoned(ny * 4), *dref = poisoned(ny * 4), *dadd = poisoned(ny * 4);
     float *href = malloc(ny * 4), *hadd = malloc(ny * 4);
-    for (int form = 0; form < 3; form++) {   // 0, 1: fast, wgmma / mma.sync; 2: exact
-        const int exact = form == 2, wg = form == 0;
-        k_set_qb_wgmma(wg);
+    for (int exact = 0; exact < 2; exact++) {
         cudaMemset(dd, 0, ny * 4);
         cudaMemcpy(dref, y0, ny * 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dadd, y0, ny * 4, cudaMemcpyHostToDevice);
@@ -870,7 +856,7 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "add %s", name);
-        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, qb_form(exact, wg),
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, exact ? "exact" : "fast",
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && changed > 0;
         checks++;
@@ -878,7 +864,6 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         printf("%-22s %-34s %zu of %zu differ from product + k_add, %zu changed  %s\n", nm, sh, dif, ny, changed,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_wgmma(1);
     cudaFree((void *)q.d.w), cudaFree((void *)q.d.scales), cudaFree((void *)q.d.biases);
     free((void *)q.h.w), free((void *)q.h.scales), free((void *)q.h.biases);
     free(x), free(y0), free(href), free(hadd);
@@ -967,26 +952,18 @@ int main(int argc, char **argv) {
     if (all || fast) {
         test_rmsnorm_embed();
         test_swiglu();
-        // the fast products on both forms: wgmma (the default where the device runs sm_90a code) and
-        // mma.sync (CALLA_QB=mma; a lighter set: the forms share everything but the products)
-        for (int wg = 1; wg >= 0; wg--) {
-            k_set_qb_wgmma(wg);
-            printf("# fast products on %s\n", wg && k_has_sm90a() ? "wgmma" : "mma.sync");
-            if (wg) {
-                test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
-                                 QWEN_HIDDEN, 4, "qmatmul in_qkv");
-                test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
-                test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-                test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
-                test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
-                test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
-            }
-            test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
-            test_swiglu_epilogue(77, 200, 0);
-            test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
-            test_moe(64);
-        }
-        k_set_qb_wgmma(1);
+        // the fast products (warpgroup products)
+        test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN,
+                         4, "qmatmul in_qkv");
+        test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+        test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+        test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
+        test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
+        test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
+        test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+        test_swiglu_epilogue(77, 200, 0);
+        test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
+        test_moe(64);
     }
     if (all || fast || segs) {   // cuda_layer's groups of products of one input (mm_segs)
         const int dn[] = {2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
