@@ -452,8 +452,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     k_set_tc_small(!(tsm && !strcmp(tsm, "0")));
     const char *dtc = getenv("CALLA_DOWN_TC");
     k_set_down_tc(!(dtc && !strcmp(dtc, "0")));
-    const char *guw = getenv("CALLA_GATEUP_WARPS");
-    k_set_gateup_warps(guw && !strcmp(guw, "4") ? 4 : 8);
     const char *tsp = getenv("CALLA_TC_SPLIT");
     k_set_tc_split(tsp && (!strcmp(tsp, "0") || !strcmp(tsp, "1")) ? atoi(tsp) : 2);
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;

@@ -30,7 +30,7 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2, g_gateup_warps = 8, g_tc_small = 1, g_down_tc = 1;
+static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2, g_tc_small = 1, g_down_tc = 1;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
@@ -43,8 +43,6 @@ extern "C" int k_pdl(void) { return g_pdl; }
 extern "C" void k_set_tc_small(int on) { g_tc_small = on; }
 // The MoE down products on the tensor cores (fast mode, dv_down_tc_kernel): 1 (default) or 0 (CUDA cores, A/B).
 extern "C" void k_set_down_tc(int on) { g_down_tc = on; }
-// Warps of a gate/up tile (fast mode): 8 (default) or 4 (version 10's form, A/B).
-extern "C" void k_set_gateup_warps(int n) { g_gateup_warps = n == 4 ? 4 : 8; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
 extern "C" void k_set_dv_occupancy(int blocks_per_sm) { g_dv_occ = blocks_per_sm; }
@@ -934,7 +932,7 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
         struct dv_moe mm = *m;
         mm.tc_split = g_tc_split != 0;
-        if (g_gateup_warps == 4 || m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))
+        if (m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))   // a test geometry's shape
             return launch_k(dv_gateup_tc_kernel<4, 4>,
                             dim3(grid_for_tasks<dv_gateup_tc_kernel<4, 4>>(tiles * 4, 4 * WARP_SIZE, tsmem)),
                             dim3(4 * WARP_SIZE), tsmem, stream, mm);
