@@ -30,7 +30,7 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2, g_tc_small = 1, g_down_tc = 1;
+static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
@@ -39,10 +39,6 @@ extern "C" void k_set_pdl(int on) { g_pdl = on; }
 // the split), 1 wherever K allows it, 2 (default) only where the tasks do not fill the GPU's warps.
 extern "C" void k_set_tc_split(int mode) { g_tc_split = mode; }
 extern "C" int k_pdl(void) { return g_pdl; }
-// o_proj / out_proj on the tensor cores (fast mode; dv_tc8_launch): 1 (default) or 0 (k_dv's CUDA-core form, A/B).
-extern "C" void k_set_tc_small(int on) { g_tc_small = on; }
-// The MoE down products on the tensor cores (fast mode, dv_down_tc_kernel): 1 (default) or 0 (CUDA cores, A/B).
-extern "C" void k_set_down_tc(int on) { g_down_tc = on; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
 extern "C" void k_set_dv_occupancy(int blocks_per_sm) { g_dv_occ = blocks_per_sm; }
@@ -631,7 +627,7 @@ static int dv_tc_launch(const struct dv_desc *d, void *stream) {
 }
 
 // o_proj and out_proj (2,048 rows, K = 4,096: 128 tasks of 16 rows) on the tensor cores, a block of 8 warps a
-// task, each warp's two super-steps loaded at once (fast mode; CALLA_TC_SMALL=0: k_dv's CUDA-core form).
+// task, each warp's two super-steps loaded at once (fast mode).
 // 80 registers, three blocks an SM: the tasks in one wave.
 enum { DV_TC8_WARPS = 8, DV_TC8_MIN_BLOCKS = 3, DV_TC8_MAX_TASKS = 132 * DV_TC8_MIN_BLOCKS };
 static int dv_tc8_launch(const struct dv_desc *d, void *stream) {
@@ -647,7 +643,7 @@ static int dv_pick(const struct dv_desc *d, void *stream) {
         long rows = 0;
         for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
         if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, stream);
-        if (g_tc_small && d->in_mode == DV_IN_PLAIN && !d->x_out && !d->best && d->K % (TC_SUPER * DV_TC8_WARPS) == 0 &&
+        if (d->in_mode == DV_IN_PLAIN && !d->x_out && !d->best && d->K % (TC_SUPER * DV_TC8_WARPS) == 0 &&
             dv_tc_tasks(d) <= DV_TC8_MAX_TASKS)
             return dv_tc8_launch(d, stream);
     }
@@ -950,7 +946,7 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->I % 64 || m->down.bits != 4 || m->sdown.bits != 4 ||
         m->sdown.cols != m->I || (m->k + 1) * (m->I / 32) > DN_ITEMS * WARP_SIZE)
         return (int)cudaErrorInvalidValue;
-    if (!g_exact && g_down_tc && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
+    if (!g_exact && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
         const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
         static size_t raised;
         if (smem > 48 * 1024 && smem > raised) {   // (the model's 9 experts: 12 KB)

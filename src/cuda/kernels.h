@@ -155,8 +155,6 @@ int k_argmax(const float *x, int n, int *out, void *stream);
 // Launched with programmatic dependent launch while k_pdl() (default on): a kernel may start
 // before its predecessor ends and waits on the device before reading its input.
 void k_set_pdl(int on);
-void k_set_tc_small(int on);      // o_proj / out_proj on the tensor cores in fast decode: 1 (default) or 0 (CALLA_TC_SMALL)
-void k_set_down_tc(int on);       // the MoE down products on the tensor cores in fast decode: 1 (default) or 0 (CALLA_DOWN_TC)
 void k_set_tc_split(int mode);   // K split of the tensor-core decode GEMVs: 0 never, 1 always, 2 where tasks are few (A/B, CALLA_TC_SPLIT)
 int k_pdl(void);
 
