@@ -448,8 +448,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
                  e->opts.device);
         goto fail_msg;
     }
-    const char *tsp = getenv("CALLA_TC_SPLIT");
-    k_set_tc_split(tsp && (!strcmp(tsp, "0") || !strcmp(tsp, "1")) ? atoi(tsp) : 2);
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;

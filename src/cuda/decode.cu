@@ -30,14 +30,11 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_dv_occ = 0, g_exact = 0, g_tc_split = 2;
+static int g_pdl = 1, g_dv_occ = 0, g_exact = 0;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
 extern "C" void k_set_pdl(int on) { g_pdl = on; }
-// The K split of the tensor-core GEMVs (A/B): 0 never (a warp walks K per 16-row task, as before
-// the split), 1 wherever K allows it, 2 (default) only where the tasks do not fill the GPU's warps.
-extern "C" void k_set_tc_split(int mode) { g_tc_split = mode; }
 extern "C" int k_pdl(void) { return g_pdl; }
 // At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
 // next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
@@ -439,8 +436,7 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
 //     and attention (576) input projections run as one wave of 792 blocks (at 128 registers, two
 //     waves of 528).
 //   dv_tc_kernel a warp takes a task whole: where there are more tasks than warps resident
-//     anyway (lm_head's 15,520), where K is not a multiple of 1,024 (test geometries), and for
-//     CALLA_TC_SPLIT=0.
+//     anyway (lm_head's 15,520) and where K is not a multiple of 1,024 (test geometries).
 enum { DV_TC_MIN_BLOCKS = 4, DV_TC_SPLIT_MIN_BLOCKS = 6, DV_TC_MIN_ROWS = 8192 };
 static bool tc_split_k(int K) { return K % (TC_SUPER * DV_WARPS) == 0; }
 
@@ -602,10 +598,6 @@ static size_t dv_smem_bytes(const struct dv_desc *d) {
     return (size_t)(d->K + d->K / 16) * sizeof(float);
 }
 
-// The tensor-core form where it pays: fast mode, 4-bit, enough rows to fill the GPU with 16-row
-// tasks. The K split (a block a task) where K allows it and, with g_tc_split = 2 (the default),
-// only where the tasks are fewer than the warps the whole-K form keeps resident: past that every
-// warp has a task anyway and the split only adds the partial sums' round trip through shared memory.
 // The 16-row tasks of d's segments and the shared memory of the tensor-core forms (k_dv's staging, then tc's).
 static long dv_tc_tasks(const struct dv_desc *d) {
     long tasks = 0;
@@ -614,12 +606,16 @@ static long dv_tc_tasks(const struct dv_desc *d) {
 }
 static size_t dv_tc_smem(const struct dv_desc *d) { return dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K); }
 
+// The tensor-core form where it pays: fast mode, 4-bit, enough rows to fill the GPU with 16-row
+// tasks. The K split (a block a task) where K allows it, and only where the tasks are fewer than
+// the warps the whole-K form keeps resident: past that every warp has a task anyway and the split
+// only adds the partial sums' round trip through shared memory.
 static int dv_tc_launch(const struct dv_desc *d, void *stream) {
     const long tasks = dv_tc_tasks(d);
     const size_t smem = dv_tc_smem(d);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
     constexpr auto split = dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>;
-    if (tc_split_k(d->K) && (g_tc_split == 1 || (g_tc_split == 2 && tasks < resident)))
+    if (tc_split_k(d->K) && tasks < resident)
         return launch_k(split, dim3(grid_for_tasks<split>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS), smem,
                         stream, *d);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
@@ -927,7 +923,7 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         const size_t tsmem = (size_t)tc_smem_bytes(m->H);
         const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
         struct dv_moe mm = *m;
-        mm.tc_split = g_tc_split != 0;
+        mm.tc_split = 1;
         if (m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))   // a test geometry's shape
             return launch_k(dv_gateup_tc_kernel<4, 4>,
                             dim3(grid_for_tasks<dv_gateup_tc_kernel<4, 4>>(tiles * 4, 4 * WARP_SIZE, tsmem)),

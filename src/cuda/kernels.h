@@ -155,7 +155,6 @@ int k_argmax(const float *x, int n, int *out, void *stream);
 // Launched with programmatic dependent launch while k_pdl() (default on): a kernel may start
 // before its predecessor ends and waits on the device before reading its input.
 void k_set_pdl(int on);
-void k_set_tc_split(int mode);   // K split of the tensor-core decode GEMVs: 0 never, 1 always, 2 where tasks are few (A/B, CALLA_TC_SPLIT)
 int k_pdl(void);
 
 enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
@@ -205,7 +204,7 @@ struct dv_moe {
     int *ids;                                 // [k + 1]
     float *w;                                 // [k + 1]
     float *x;                                 // [H] the residual stream
-    int tc_split;                             // (set by k_dv_moe_gateup) gate/up split K over warps
+    int tc_split;                             // (k_dv_moe_gateup sets 1) gate/up split K over warps where H allows
 };
 int k_dv_moe_gateup(const struct dv_moe *m, void *stream);
 int k_dv_moe_down(const struct dv_moe *m, void *stream);
