@@ -16,8 +16,7 @@
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
 // tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=0 turns programmatic dependent launch off; CALLA_DV_OCC=N: at most N GEMV blocks
-// an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
+// CALLA_PDL=0 turns programmatic dependent launch off; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
 // Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
 // k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
 // MLX does; the router and the lm_head stay on the exact kernel, the shared-expert gate's one row is
@@ -441,8 +440,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
     const char *lmp = getenv("CALLA_LM_PREFETCH");
     ce->lm_prefetch = lmp && !strcmp(lmp, "1");
-    const char *occ = getenv("CALLA_DV_OCC");
-    k_set_dv_occupancy(occ ? atoi(occ) : 0);
     if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);

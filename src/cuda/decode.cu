@@ -30,15 +30,12 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_dv_occ = 0, g_exact = 0;
+static int g_pdl = 1, g_exact = 0;
 // Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
 // large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
 extern "C" void k_set_decode_exact(int on) { g_exact = on; }
 extern "C" void k_set_pdl(int on) { g_pdl = on; }
 extern "C" int k_pdl(void) { return g_pdl; }
-// At most this many blocks an SM for the GEMV kernels (0: as many as fit), leaving room for the
-// next kernel's blocks to start and prefetch their weights while this one runs (A/B knob).
-extern "C" void k_set_dv_occupancy(int blocks_per_sm) { g_dv_occ = blocks_per_sm; }
 
 static int sm_count(void) {
     static int n;
@@ -568,8 +565,7 @@ static int grid_for_tasks(long tasks, int threads, size_t smem) {
     if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERN, threads, smem) != cudaSuccess ||
                     per_sm < 1))
         per_sm = 1;
-    const int occ = g_dv_occ > 0 && g_dv_occ < per_sm ? g_dv_occ : per_sm;
-    const long want = CEIL_DIV(tasks, threads / WARP_SIZE), cap = (long)occ * sm_count();
+    const long want = CEIL_DIV(tasks, threads / WARP_SIZE), cap = (long)per_sm * sm_count();
     return (int)(want < cap ? (want > 0 ? want : 1) : cap);
 }
 

@@ -220,7 +220,6 @@ int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float
                     float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
                     int rope_dim, double theta, float eps, void *stream);
 void k_set_decode_exact(int on);   // 1: decode products in fp32 on the CUDA cores (verification)
-void k_set_dv_occupancy(int blocks_per_sm);   // GEMV blocks an SM at most (0: all that fit)
 // The key splits k_dec_attention's grid should have for sequences of up to cap keys (at most `most`).
 int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most);
 int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
