@@ -16,7 +16,7 @@
 // of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph); CALLA_DECODE_EXACT=1: every decode product in
 // fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
 // tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=0 turns programmatic dependent launch off; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
+// CALLA_PDL=0 turns programmatic dependent launch off.
 // Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
 // k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
 // MLX does; the router and the lm_head stay on the exact kernel, the shared-expert gate's one row is
@@ -98,8 +98,6 @@ struct cuda_engine {
     int *d_next, *h_next;
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
-    int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
-    int lm_prefetch;                         // lm_head too: off (its 286 MB do not fit in L2; version 9), CALLA_LM_PREFETCH=1 on
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
     int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
     int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
@@ -436,10 +434,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
     const char *seg = getenv("CALLA_PREFILL_SEGS");   // 0: the prefill products one launch each (A/B)
     ce->prefill_segs = !(seg && !strcmp(seg, "0"));
-    const char *dvp = getenv("CALLA_DV_PREFETCH");
-    ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
-    const char *lmp = getenv("CALLA_LM_PREFETCH");
-    ce->lm_prefetch = lmp && !strcmp(lmp, "1");
     if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);
@@ -597,7 +591,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     void *st = ce->stream;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    const int pf = k_pdl() && ce->dv_prefetch;
+    const int pf = k_pdl();   // with PDL the GEMVs prefetch their weights into L2 before the wait
 // The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
 #define STAGE(sg, call) for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
@@ -649,7 +643,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
         STAGE(DS_DOWN, k_dv_moe_down(&m, st));
     }
     struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
-                         .best = d->best, .prefetch = pf && ce->lm_prefetch, .n_seg = 1};
+                         .best = d->best, .prefetch = 0, .n_seg = 1};   // (its 286 MB do not fit in L2)
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     STAGE(DS_LM, k_dv(&lm, st));
 #undef STAGE
