@@ -33,7 +33,7 @@
 // verification mode, operands split hi + lo and fp32 inputs to the products.
 // CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
 // as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output still its own
-// buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B): the small ones fill the grid of
+// buffer, bit-identical to a launch each: the small ones fill the grid of
 // the large ones instead of paying a launch's fixed cost each. The o_proj / out_proj products add
 // into the residual stream in their epilogue (k_qmatmul_bf16_add, k_qmatmul_add; bit-identical to
 // the product, then k_add). A prefill chunk is the embedding, cuda_layer per layer, the head; the
@@ -99,7 +99,6 @@ struct cuda_engine {
     struct dec_bufs dec;
     int decode_mode;                         // DEC_*
     int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
-    int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
     int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
 };
 
@@ -432,8 +431,6 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     const int exact = all && !strcmp(all, "1");
     k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
     ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
-    const char *seg = getenv("CALLA_PREFILL_SEGS");   // 0: the prefill products one launch each (A/B)
-    ce->prefill_segs = !(seg && !strcmp(seg, "0"));
     if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);
@@ -551,11 +548,11 @@ static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, 
 }
 // The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
 // one launch when they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on x):
-// bit-identical to mmb on each, without a launch's fixed cost per product. Else (another K or bits,
-// CALLA_PREFILL_SEGS=0) one mmb each.
-static int mm_segs(const struct cuda_engine *ce, const struct qtensor *const *W, float *const *y, int n,
+// bit-identical to mmb on each, without a launch's fixed cost per product. Else (another K or bits)
+// one mmb each.
+static int mm_segs(const struct qtensor *const *W, float *const *y, int n,
                    const float *x, const uint16_t *xb, int T, void *st) {
-    int one = ce->prefill_segs && n <= QM_MAX_SEGS;
+    int one = n <= QM_MAX_SEGS;
     for (int i = 1; i < n; i++) one = one && W[i]->cols == W[0]->cols && W[i]->bits == W[0]->bits;
     if (!one) {
         for (int i = 0; i < n; i++) {
@@ -770,7 +767,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     if (geom_is_attn(g, i)) {
         const struct qtensor *qkv[] = {&L->q_proj, &L->k_proj, &L->v_proj};
         float *qkv_y[] = {b->qg, b->kb, b->vb};
-        KL(mm_segs(ce, qkv, qkv_y, 3, b->u, ub, T, st));
+        KL(mm_segs(qkv, qkv_y, 3, b->u, ub, T, st));
         KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
         // fast: the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32 o, no
@@ -782,7 +779,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
-        KL(mm_segs(ce, in, in_y, 4, b->u, ub, T, st));
+        KL(mm_segs(in, in_y, 4, b->u, ub, T, st));
         KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                       g->lin_k_dim, st));
         const uint16_t *gb = NULL;   // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
