@@ -319,7 +319,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
     int n0;
     const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
+    const int tid = threadIdx.x, N = W.rows, K = W.cols;
     qm_rows<QB_BM>(r0, cnt, base, xmap, xdiv, ymap, xrow, yrow);
     const size_t mat = counts ? (size_t)e : 0;
     const int wpr = K / PER, ng = K / QB_BK;
@@ -404,7 +404,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     __syncthreads();
     dequant(0);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim_wgmma.h)
-    const int g = lane / 4, c4 = lane % 4;
+    const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;
     // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
     // fence.proxy.async in the writing thread, then a barrier.
     fence_async_smem();
