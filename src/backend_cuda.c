@@ -82,10 +82,6 @@ struct dec_bufs {
     int *ids;                                // [k + 1]
 };
 
-enum { DEC_GRAPH, DEC_EAGER };
-static int decode_mode_of(const char *name) {   // NULL or anything else: the graph
-    return name && !strcmp(name, "eager") ? DEC_EAGER : DEC_GRAPH;
-}
 
 struct cuda_engine {
     cudaStream_t stream;
@@ -97,8 +93,8 @@ struct cuda_engine {
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
     struct dec_bufs dec;
-    int decode_mode;                         // DEC_*
-    int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
+    struct cuda_tuning tuning;               // as the engine's user last set it (backend_cuda_tuning)
+    struct cuda_tuning applied;              // what the scratch and the next launches follow (apply_tuning)
     int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
 };
 
@@ -107,7 +103,7 @@ struct cuda_seq {
     float *conv[QWEN_LAYERS];                    // [KW - 1, C]
     float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
     cudaGraphExec_t graph;                       // the decode step, captured on first use
-    int graph_pdl;                               // k_pdl() at capture
+    bool graph_pdl, graph_exact;                 // the tuning's pdl and exact_decode at capture
     int graph_stage, graph_reps;                 // the stage probe's probe_stage, probe_reps at capture
 };
 
@@ -279,12 +275,12 @@ static void free_scratch(struct scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-// The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128).
-// CALLA_PREFILL_GDN=recurrent keeps the token-by-token recurrence (8x slower on a 4K chunk), whose
-// results do not depend on where a prompt is cut (the chunked rule's differ by rounding).
-static int gdn_chunked_fits(const struct geometry *g) {
-    const char *m = getenv("CALLA_PREFILL_GDN");
-    return g->lin_k_dim == 128 && g->lin_v_dim == 128 && !(m && !strcmp(m, "recurrent"));
+// The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128); the
+// test geometries, and the tuning's gdn_recurrent, run the token-by-token recurrence (8x slower on a
+// 4K chunk), whose results do not depend on where a prompt is cut (the chunked rule's differ by
+// rounding).
+static int gdn_chunked_fits(const struct geometry *g, const struct cuda_tuning *t) {
+    return g->lin_k_dim == 128 && g->lin_v_dim == 128 && !t->gdn_recurrent;
 }
 
 // Scratch for chunks of up to T tokens (grows; never shrinks).
@@ -323,7 +319,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
             return -1;
         }
     }
-    if (gdn_chunked_fits(g) && T > 1) {
+    if (gdn_chunked_fits(g, &ce->applied) && T > 1) {
         const size_t bytes = (size_t)k_gdn_chunked_ws_floats(T, g->lin_v_heads, g->lin_k_dim) * sizeof(float);
         if (cudaMalloc((void **)&s->gdn_ws, bytes) != cudaSuccess) {
             snprintf(err, errlen, "cudaMalloc of %zu bytes of DeltaNet workspace for %d tokens failed", bytes, T);
@@ -332,7 +328,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
             return -1;
         }
     }
-    if (!ce->prefill_exact && T > 1) {   // the fast products' bf16 inputs
+    if (!ce->applied.exact_prefill && T > 1) {   // the fast products' bf16 inputs
         const size_t w = H > QD ? (H > VD ? H : VD) : (QD > VD ? QD : VD), a2 = S > K * I ? S : K * I;
         if (cudaMalloc((void **)&s->xh, t * w * 2) != cudaSuccess ||
             cudaMalloc((void **)&s->xa, t * a2 * 2) != cudaSuccess) {
@@ -421,16 +417,10 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
     if (dec_alloc(e, err, errlen)) goto fail_msg;
-    const char *pdl = getenv("CALLA_PDL");
-    ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
-    k_set_pdl(!(pdl && !strcmp(pdl, "0")));   // on by default since version 6 (bench/NOTES.md); 0 turns it off
-    // Fast mode by default (tensor-core products on bf16 activations, fp32 accumulation);
-    // CALLA_EXACT=1 is the verification mode of both, or each alone: CALLA_DECODE_EXACT=1,
-    // CALLA_PREFILL_FAST=0.
-    const char *all = getenv("CALLA_EXACT"), *ex = getenv("CALLA_DECODE_EXACT"), *fast = getenv("CALLA_PREFILL_FAST");
-    const int exact = all && !strcmp(all, "1");
-    k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
-    ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
+    // The fast mode unless the engine was opened exact (engine_options.exact): tensor-core products
+    // on bf16 activations with fp32 accumulation, or the verification mode's fp32-level products.
+    ce->tuning = (struct cuda_tuning){.exact_prefill = e->opts.exact, .exact_decode = e->opts.exact, .pdl = true};
+    ce->applied = ce->tuning;
     if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);
@@ -585,13 +575,14 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
     struct dec_bufs *d = &ce->dec;
-    void *st = ce->stream;
+    const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = ce->applied.exact_decode},
+                            *st = &dl;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    const int pf = k_pdl();   // with PDL the GEMVs prefetch their weights into L2 before the wait
+    const int pf = dl.pdl;   // with PDL the GEMVs prefetch their weights into L2 before the wait
 // The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
 #define STAGE(sg, call) for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
-    CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, ce->stream));
     KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
         const struct layer_weights *L = &ce->w.layers[i];
@@ -644,17 +635,18 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     STAGE(DS_LM, k_dv(&lm, st));
 #undef STAGE
-    CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
+    CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, ce->stream));
     return 0;
 fail:
     return -1;
 }
 
-// Captures the decode step of s as a graph (once per sequence and launch mode).
+// Captures the decode step of s as a graph (once per sequence, launch mode and stage probe).
 static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
-    if (cs->graph && cs->graph_pdl == k_pdl() && cs->graph_stage == ce->probe_stage && cs->graph_reps == ce->probe_reps)
+    if (cs->graph && cs->graph_pdl == ce->applied.pdl && cs->graph_exact == ce->applied.exact_decode &&
+        cs->graph_stage == ce->probe_stage && cs->graph_reps == ce->probe_reps)
         return 0;
     if (cs->graph) cudaGraphExecDestroy(cs->graph);
     cs->graph = NULL;
@@ -671,7 +663,7 @@ static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen
     const cudaError_t ei = cudaGraphInstantiate(&cs->graph, graph, 0);
     cudaGraphDestroy(graph);
     CK(ei);
-    cs->graph_pdl = k_pdl();
+    cs->graph_pdl = ce->applied.pdl, cs->graph_exact = ce->applied.exact_decode;
     cs->graph_stage = ce->probe_stage, cs->graph_reps = ce->probe_reps;
     return 0;
 fail:
@@ -689,7 +681,7 @@ static int cuda_decode(struct engine *e, struct seq *s, int32_t token, int want_
     void *st = ce->stream;
     d->h_io[0] = token;
     d->h_io[1] = s->pos;
-    if (ce->decode_mode == DEC_GRAPH) {
+    if (!ce->applied.eager) {
         if (dec_capture(e, s, err, errlen)) return -1;
         CK(cudaGraphLaunch(cs->graph, st));
     } else if (dec_enqueue(e, s, err, errlen)) {
@@ -740,10 +732,20 @@ void backend_cuda_probe_stage(struct engine *e, enum dec_stage stage, int reps) 
     ce->probe_reps = stage == DS_NONE ? 1 : reps;
 }
 
-void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
-    struct cuda_engine *ce = e->impl;
-    ce->decode_mode = decode_mode_of(mode);
-    k_set_pdl(pdl);
+struct cuda_tuning *backend_cuda_tuning(struct engine *e) {
+    return e->ops == &backend_cuda ? &((struct cuda_engine *)e->impl)->tuning : NULL;
+}
+
+// Brings the tuning the user set into effect before a forward: a change of the prefill's mode or
+// delta rule reallocates the scratch (which holds the bf16 inputs and the chunked rule's workspace
+// only where they are used); decode's mode and PDL are read at each step (dec_capture recaptures).
+static void apply_tuning(struct cuda_engine *ce) {
+    const struct cuda_tuning *t = &ce->tuning, *a = &ce->applied;
+    if (t->exact_prefill != a->exact_prefill || t->gdn_recurrent != a->gdn_recurrent) {
+        cudaStreamSynchronize(ce->stream);
+        free_scratch(&ce->sc);   // ensure_scratch allocates it again for the next chunk
+    }
+    ce->applied = *t;
 }
 
 // Decoder layer i (docs/MODEL.md §2.2) on the residual stream ce->sc.x [T, H] in place, at positions
@@ -774,7 +776,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         // k_to_bf16); else o in fp32
         uint16_t *ob = fast ? b->xh : NULL;
         KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads, g->n_kv_heads, D,
-                             ce->prefill_exact, st));
+                             ce->applied.exact_prefill, st));
         KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
@@ -786,7 +788,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         if (b->gdn_ws && T > 1) {   // chunks of 64 tokens on the tensor cores (this model's heads)
             KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og,
                              fast ? b->xh : NULL, b->gdn_ws, T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim,
-                             g->lin_v_dim, eps, ce->prefill_exact, st));
+                             g->lin_v_dim, eps, ce->applied.exact_prefill, st));
             gb = fast ? b->xh : NULL;
         } else {
             KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
@@ -840,7 +842,7 @@ fail:
 static int prefill_prepare(struct engine *e, int T, int *fast, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     if (ensure_scratch(e, T, err, errlen)) return -1;
-    *fast = !ce->prefill_exact && T > 1 && ce->sc.xh && ce->sc.xa;
+    *fast = !ce->applied.exact_prefill && T > 1 && ce->sc.xh && ce->sc.xa;
     return 0;
 }
 
@@ -848,6 +850,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
                               int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
+    apply_tuning(ce);
     if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     int fast;
     if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
@@ -889,6 +892,7 @@ fail:
 
 static int cuda_embed(struct engine *e, const int32_t *tokens, int T, float *out, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
+    apply_tuning(ce);
     void *st = ce->stream;
     if (ensure_scratch(e, T, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
@@ -910,6 +914,7 @@ static int cuda_layer_probe(struct engine *e, struct seq *s, int layer, const fl
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     void *st = ce->stream;
+    apply_tuning(ce);
     int fast;
     if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
     struct scratch *b = &ce->sc;

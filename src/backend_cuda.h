@@ -9,8 +9,22 @@
 // backend_cuda.available on device 0 (the GPU programs' probe): 1, or 0 with the reason in msg.
 int backend_cuda_available(char *msg, size_t msglen);
 
-// Decode path for tests and A/B measurement: "graph" (default) or "eager"; pdl 0/1.
-void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
+// What stays tunable in the CUDA backend, per engine. Filled at load (both exact bits from
+// engine_options.exact, the rest as below); a test changes it through backend_cuda_tuning, and the
+// next forward (or layer probe, or embedding) applies it: the prefill scratch is reallocated where
+// its mode or delta rule changed, and a sequence's decode graph is captured again where the decode
+// mode or PDL differs from its capture's.
+struct cuda_tuning {
+    bool exact_prefill;   // prefill products, attention and delta rule on hi + lo operands (verification)
+    bool exact_decode;    // decode products in fp32 on the CUDA cores (verification)
+    bool pdl;             // decode kernels with programmatic dependent launch (true at load)
+    bool eager;           // decode kernel by kernel instead of the captured graph (false at load)
+    // Prefill's delta rule token by token instead of chunked (false at load; the test geometries'
+    // heads have no chunked form and run the recurrence always).
+    bool gdn_recurrent;
+};
+// e's tuning, to change in place; NULL when e does not run on the CUDA backend.
+struct cuda_tuning *backend_cuda_tuning(struct engine *e);
 
 // Test hook: s's captured decode graph (graph mode, after a decode step of s) launched n times back to
 // back on the device, the same step each time (its token and position), with no host round trip

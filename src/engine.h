@@ -23,6 +23,14 @@ struct engine_options {
     bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
     int device;            // GPU index for a GPU backend (0: the first); the CPU backend ignores it
     bool gpu_exclusive;    // GPU backend: refuse a GPU that another process computes on (serve: one replica per GPU)
+    // The verification mode: fp32-level products (CUDA: hi + lo operands in prefill, fp32 CUDA-core
+    // products in decode) instead of the fast mode's bf16 inputs; the CPU backend is exact always.
+    bool exact;
+    // Developer and test settings, which the environment can also turn on (engine.c's table).
+    bool cpu_reference;        // CPU backend: the naive reference kernels (tests/test_cpu_reference.c)
+    bool cpu_no_avx;           // CPU backend: the portable kernels even where the CPU has AVX
+    size_t cpu_alloc_limit;    // CPU backend: fail every scratch allocation above this many bytes (0: none)
+    const char *router_trace;  // CPU backend: append every routing decision to this file (NULL: none)
 };
 
 struct forward_opts {

@@ -82,9 +82,10 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
 
 extern "C" int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm,
                                const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap,
-                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps, void *stream) {
+                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps,
+                               const struct dec_launch *l) {
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
-    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, stream, qg, k, v, q_norm, k_norm, q, kc,
+    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, l, qg, k, v, q_norm, k_norm, q, kc,
                     vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
 }
 
@@ -339,7 +340,7 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
 
 template <int D>
 static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
-                         int ns_max, int cap, int n_heads, int n_kv, void *stream) {
+                         int ns_max, int cap, int n_heads, int n_kv, const struct dec_launch *l) {
     static bool attr;
     if (!attr) {
         const cudaError_t e = cudaFuncSetAttribute(dec_attn_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -347,7 +348,7 @@ static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc,
         if (e != cudaSuccess) return (int)e;
         attr = true;
     }
-    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), stream, q, kc, vc, part,
+    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), l, q, kc, vc, part,
                     d_pos, cap, n_heads, n_kv);
 }
 
@@ -368,19 +369,19 @@ extern "C" int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most
 
 extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                float *part, const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D,
-                               void *stream) {
+                               const struct dec_launch *l) {
     const int G = n_heads / n_kv;
     if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS)
         return (int)cudaErrorInvalidValue;
     int rc;
     switch (D) {   // (G <= 16 = AT_MAXWARPS: the query heads of a kv head fill one 16-row tile)
-    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream); break;
-    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream); break;
-    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream); break;
+    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
+    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
+    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
     default: return (int)cudaErrorInvalidValue;
     }
     if (rc) return rc;
-    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, stream, (const float *)part, qg, o, n_heads, D,
+    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads, D,
                     ns_max, d_pos);
 }
 

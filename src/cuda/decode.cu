@@ -30,13 +30,6 @@
 // DV_ONE_WAVE: warps resident at once on an H200 (132 SMs x 8 blocks x 4 warps).
 enum { DV_WARPS = 4, DV_THREADS = DV_WARPS * WARP_SIZE, DV_MIN_BLOCKS = 8, DV_ONE_WAVE = 132 * 8 * DV_WARPS };
 
-static int g_pdl = 1, g_exact = 0;
-// Exact mode (verification): every product on the CUDA cores in fp32. Fast mode (default): the
-// large 4-bit products on the tensor cores with the input rounded to bf16 (tcgemv.cuh).
-extern "C" void k_set_decode_exact(int on) { g_exact = on; }
-extern "C" void k_set_pdl(int on) { g_pdl = on; }
-extern "C" int k_pdl(void) { return g_pdl; }
-
 static int sm_count(void) {
     static int n;
     if (!n) {
@@ -571,10 +564,10 @@ static int grid_for_tasks(long tasks, int threads, size_t smem) {
 
 static size_t dv_smem_bytes(const struct dv_desc *d);
 template <int BITS, int RW>
-static int dv_launch(const struct dv_desc *d, long tasks, void *stream) {
+static int dv_launch(const struct dv_desc *d, long tasks, const struct dec_launch *l) {
     const size_t smem = dv_smem_bytes(d);
     return launch_k(dv_kernel<BITS, RW>, dim3(grid_for_tasks<dv_kernel<BITS, RW>>(tasks, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, stream, *d);
+                    dim3(DV_THREADS), smem, l, *d);
 }
 
 // Rows a warp covers per pass at K inputs and BITS (lanes_of's rpp, on the host).
@@ -606,46 +599,46 @@ static size_t dv_tc_smem(const struct dv_desc *d) { return dv_smem_bytes(d) + (s
 // tasks. The K split (a block a task) where K allows it, and only where the tasks are fewer than
 // the warps the whole-K form keeps resident: past that every warp has a task anyway and the split
 // only adds the partial sums' round trip through shared memory.
-static int dv_tc_launch(const struct dv_desc *d, void *stream) {
+static int dv_tc_launch(const struct dv_desc *d, const struct dec_launch *l) {
     const long tasks = dv_tc_tasks(d);
     const size_t smem = dv_tc_smem(d);
     const long resident = (long)DV_TC_MIN_BLOCKS * DV_WARPS * sm_count();
     constexpr auto split = dv_tc_split_kernel<DV_WARPS, DV_TC_SPLIT_MIN_BLOCKS>;
     if (tc_split_k(d->K) && tasks < resident)
         return launch_k(split, dim3(grid_for_tasks<split>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS), smem,
-                        stream, *d);
+                        l, *d);
     return launch_k(dv_tc_kernel, dim3(grid_for_tasks<dv_tc_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS), smem,
-                    stream, *d);
+                    l, *d);
 }
 
 // o_proj and out_proj (2,048 rows, K = 4,096: 128 tasks of 16 rows) on the tensor cores, a block of 8 warps a
 // task, each warp's two super-steps loaded at once (fast mode).
 // 80 registers, three blocks an SM: the tasks in one wave.
 enum { DV_TC8_WARPS = 8, DV_TC8_MIN_BLOCKS = 3, DV_TC8_MAX_TASKS = 132 * DV_TC8_MIN_BLOCKS };
-static int dv_tc8_launch(const struct dv_desc *d, void *stream) {
+static int dv_tc8_launch(const struct dv_desc *d, const struct dec_launch *l) {
     const size_t smem = dv_tc_smem(d);
     constexpr auto kern = dv_tc_split_kernel<DV_TC8_WARPS, DV_TC8_MIN_BLOCKS>;
     return launch_k(kern, dim3(grid_for_tasks<kern>(dv_tc_tasks(d) * DV_TC8_WARPS, DV_TC8_WARPS * WARP_SIZE, smem)),
-                    dim3(DV_TC8_WARPS * WARP_SIZE), smem, stream, *d);
+                    dim3(DV_TC8_WARPS * WARP_SIZE), smem, l, *d);
 }
 
 template <int BITS>
-static int dv_pick(const struct dv_desc *d, void *stream) {
-    if (BITS == 4 && !g_exact) {
+static int dv_pick(const struct dv_desc *d, const struct dec_launch *l) {
+    if (BITS == 4 && !l->exact) {
         long rows = 0;
         for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
-        if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, stream);
+        if (rows >= DV_TC_MIN_ROWS) return dv_tc_launch(d, l);
         if (d->in_mode == DV_IN_PLAIN && !d->x_out && !d->best && d->K % (TC_SUPER * DV_TC8_WARPS) == 0 &&
             dv_tc_tasks(d) <= DV_TC8_MAX_TASKS)
-            return dv_tc8_launch(d, stream);
+            return dv_tc8_launch(d, l);
     }
     // Two rows per pass keep x reads shared; one row (and all four of its chunks a lane in flight
     // at once) where one-row tasks still fit on the GPU in one wave.
-    if (dv_tasks(d, 1) > DV_ONE_WAVE) return dv_launch<BITS, 2>(d, dv_tasks(d, 2), stream);
-    return dv_launch<BITS, 1>(d, dv_tasks(d, 1), stream);
+    if (dv_tasks(d, 1) > DV_ONE_WAVE) return dv_launch<BITS, 2>(d, dv_tasks(d, 2), l);
+    return dv_launch<BITS, 1>(d, dv_tasks(d, 1), l);
 }
 
-extern "C" int k_dv(const struct dv_desc *d, void *stream) {
+extern "C" int k_dv(const struct dv_desc *d, const struct dec_launch *l) {
     if (d->n_seg < 1 || d->n_seg > DV_MAXSEG || d->K < 64 || d->K % 64 || d->K > DV_MAXK)
         return (int)cudaErrorInvalidValue;
     const int bits = d->seg[0].W.bits;
@@ -659,7 +652,7 @@ extern "C" int k_dv(const struct dv_desc *d, void *stream) {
         if (d->seg[s].mode == DV_OUT_ARGMAX && !d->best) return (int)cudaErrorInvalidValue;
     }
     if (d->in_mode != DV_IN_PLAIN && d->in_mode != DV_IN_RMS) return (int)cudaErrorInvalidValue;
-    return bits == 4 ? dv_pick<4>(d, stream) : dv_pick<8>(d, stream);
+    return bits == 4 ? dv_pick<4>(d, l) : dv_pick<8>(d, l);
 }
 
 // ---- embedding -----------------------------------------------------------------------------------
@@ -672,8 +665,8 @@ static __global__ void dv_embed_kernel(struct dqt E, const int *io, float *x, un
     if (threadIdx.x == 0 && best) *best = 0;
 }
 
-extern "C" int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, void *stream) {
-    return launch_k(dv_embed_kernel, dim3(1), dim3(256), 0, stream, E, io, x, best);
+extern "C" int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, const struct dec_launch *l) {
+    return launch_k(dv_embed_kernel, dim3(1), dim3(256), 0, l, E, io, x, best);
 }
 
 // ---- MoE -----------------------------------------------------------------------------------------
@@ -911,11 +904,11 @@ static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_ke
     }
 }
 
-extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
+extern "C" int k_dv_moe_gateup(const struct dv_moe *m, const struct dec_launch *l) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->E > RT_MAXE || m->H % 64 || m->H > DV_MAXK || m->I % 64 ||
         m->gate.bits != 4 || m->up.bits != 4 || m->sgate.bits != 4 || m->sup.bits != 4 || m->sgate.rows != m->I)
         return (int)cudaErrorInvalidValue;
-    if (!g_exact && m->E <= RW_MAXE) {
+    if (!l->exact && m->E <= RW_MAXE) {
         const size_t tsmem = (size_t)tc_smem_bytes(m->H);
         const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
         struct dv_moe mm = *m;
@@ -923,22 +916,22 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, void *stream) {
         if (m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))   // a test geometry's shape
             return launch_k(dv_gateup_tc_kernel<4, 4>,
                             dim3(grid_for_tasks<dv_gateup_tc_kernel<4, 4>>(tiles * 4, 4 * WARP_SIZE, tsmem)),
-                            dim3(4 * WARP_SIZE), tsmem, stream, mm);
+                            dim3(4 * WARP_SIZE), tsmem, l, mm);
         return launch_k(dv_gateup_tc_kernel<8, 3>,
                         dim3(grid_for_tasks<dv_gateup_tc_kernel<8, 3>>(tiles * 8, 8 * WARP_SIZE, tsmem)),
-                        dim3(8 * WARP_SIZE), tsmem, stream, mm);
+                        dim3(8 * WARP_SIZE), tsmem, l, mm);
     }
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
     const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));
     return launch_k(dv_gateup_kernel, dim3(grid_for_tasks<dv_gateup_kernel>(tasks, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, stream, *m);
+                    dim3(DV_THREADS), smem, l, *m);
 }
 
-extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
+extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l) {
     if (m->k < 1 || m->k >= WARP_SIZE || m->I % 64 || m->down.bits != 4 || m->sdown.bits != 4 ||
         m->sdown.cols != m->I || (m->k + 1) * (m->I / 32) > DN_ITEMS * WARP_SIZE)
         return (int)cudaErrorInvalidValue;
-    if (!g_exact && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
+    if (!l->exact && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
         const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
         static size_t raised;
         if (smem > 48 * 1024 && smem > raised) {   // (the model's 9 experts: 12 KB)
@@ -947,13 +940,13 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, void *stream) {
             if (e != cudaSuccess) return (int)e;
             raised = smem;
         }
-        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, stream,
+        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, l,
                         *m);
     }
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
     return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, stream, *m);
+                    dim3(DV_THREADS), smem, l, *m);
 }
 
 // ---- the gated delta rule step -------------------------------------------------------------------
@@ -1030,13 +1023,13 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
 
 extern "C" int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias,
                         float *S, const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk,
-                        int Dv, void *stream) {
+                        int Dv, const struct dec_launch *l) {
     if (Dv % WARP_SIZE || Dv > GD_MAXDV || Hv % Hk || Dk > GD_PARTS * Dv) return (int)cudaErrorInvalidValue;
     const dim3 grid(Hv), block(GD_PARTS * Dv);
     switch (Dk) {
-    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
-    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
-    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, stream, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
     default: return (int)cudaErrorInvalidValue;
     }
 }

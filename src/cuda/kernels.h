@@ -6,6 +6,7 @@
 // Activations are fp32 row-major [T, width]; the KV cache is bf16 [n_kv_heads, cap, head_dim].
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -152,10 +153,17 @@ int k_moe_combine(const float *shared, const float *sg, const float *w, const fl
 int k_argmax(const float *x, int n, int *out, void *stream);
 
 // ---- decode (src/cuda/decode.cu): one token, position on the device, fused kernels ------------
-// Launched with programmatic dependent launch while k_pdl() (default on): a kernel may start
-// before its predecessor ends and waits on the device before reading its input.
-void k_set_pdl(int on);
-int k_pdl(void);
+// How a decode launcher runs its kernels. The mode and the launch attribute are the caller's (the
+// backend's per-engine tuning), passed with every launch: nothing here is process-wide.
+struct dec_launch {
+    void *stream;
+    // Programmatic dependent launch: a kernel may start before its predecessor ends, and waits on
+    // the device before reading its input (the backend's default; off for comparisons).
+    bool pdl;
+    // The verification mode: every product in fp32 on the CUDA cores. Else (fast) the large 4-bit
+    // products on the tensor cores with their input rounded to bf16 (tcgemv.cuh).
+    bool exact;
+};
 
 enum { DV_MAXSEG = 4, DV_MAXK = 4096 };
 enum { DV_IN_PLAIN, DV_IN_RMS };                                 // input transform
@@ -186,12 +194,12 @@ struct dv_desc {
     unsigned long long *best;   // DV_OUT_ARGMAX
     int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
 };
-int k_dv(const struct dv_desc *d, void *stream);
+int k_dv(const struct dv_desc *d, const struct dec_launch *l);
 // y [rows] = W x for a 4-bit matrix (matrix 0) on the tensor cores (tcgemv.cuh): x as bf16, codes as
 // bf16, fp32 accumulation. K = W->cols a multiple of 64, <= 8192 (shared memory <= 48 KB).
 int k_tcgemv(const struct dqt *W, const float *x, float *y, void *stream);
 // x [H] = dequant(E[io[0]]); *best = 0 (best may be NULL).
-int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, void *stream);
+int k_dv_embed(struct dqt E, const int *io, float *x, unsigned long long *best, const struct dec_launch *l);
 // The MoE of one token (docs/MODEL.md §2.6): k_dv_moe_gateup routes (every block, from logits [E]) and
 // writes act [k + 1, I] (slot k: the shared expert), ids [k + 1] and w [k + 1] (w[k] =
 // sigmoid(shared_logit)); k_dv_moe_down adds sum_e w_e down_e act_e into x [H].
@@ -206,24 +214,24 @@ struct dv_moe {
     float *x;                                 // [H] the residual stream
     int tc_split;                             // (k_dv_moe_gateup sets 1) gate/up split K over warps where H allows
 };
-int k_dv_moe_gateup(const struct dv_moe *m, void *stream);
-int k_dv_moe_down(const struct dv_moe *m, void *stream);
+int k_dv_moe_gateup(const struct dv_moe *m, const struct dec_launch *l);
+int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l);
 // One gated delta rule step for every value head: y [C] the conv output (after SiLU), b/a [Hv],
 // S [Hv, Dk, Dv] updated, o [Hv * Dv] = the gated norm of S^T q: w * rmsnorm_head(S^T q) * silu(z)
 // with z [Hv * Dv], w = norm_w [Dv]. Dv a multiple of 32, at most 128.
 int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
-             const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk, int Dv, void *stream);
+             const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk, int Dv,
+             const struct dec_launch *l);
 // Attention of one token at position *d_pos: prep (norms, RoPE, K/V into the cache at *d_pos) and
 // the split attention over ns_max key splits (the first ones used, by the key count) + combine.
 // part holds n_heads * ns_max * (D + 2) floats.
 int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
                     float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
-                    int rope_dim, double theta, float eps, void *stream);
-void k_set_decode_exact(int on);   // 1: decode products in fp32 on the CUDA cores (verification)
+                    int rope_dim, double theta, float eps, const struct dec_launch *l);
 // The key splits k_dec_attention's grid should have for sequences of up to cap keys (at most `most`).
 int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most);
 int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
-                    const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, void *stream);
+                    const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, const struct dec_launch *l);
 
 #ifdef __cplusplus
 }

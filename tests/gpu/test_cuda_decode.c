@@ -90,7 +90,8 @@ static double hq_dot(const struct hq *m, int row, const double *x) {
 }
 
 // One k_dv configuration: rows of each segment, K, bits, input and output modes.
-static int lab_exact;   // the mode k_dv runs in (k_set_decode_exact)
+// How the lab launches: the default stream, PDL as the backend's default, the mode as a check asks.
+static struct dec_launch lab_l = {.stream = NULL, .pdl = true};
 
 struct lab_case {
     const char *name;
@@ -146,7 +147,7 @@ static void lab_run(const struct lab_case *c, FILE *table) {
         d.best = dbest;
         CUDA_OK(cudaMemset(dbest, 0, 8));
     }
-    CUDA_OK((cudaError_t)k_dv(&d, NULL));
+    CUDA_OK((cudaError_t)k_dv(&d, &lab_l));
     CUDA_OK(cudaDeviceSynchronize());
     // Check every segment.
     double worst = 0;
@@ -190,23 +191,23 @@ static void lab_run(const struct lab_case *c, FILE *table) {
     // (test_tcgemv checks that per row); over random rows that is ~2^-9 / sqrt(3) of |y| on
     // average with |y| ~ sum |W x| / sqrt(K)-scale cancellation: 1e-2 of the normalised error
     // holds that with headroom and still fails on a wrong layout (errors of order 1).
-    const double tol = lab_exact ? 1e-5 : 1e-2;
+    const double tol = lab_l.exact ? 1e-5 : 1e-2;
     checks++;
     if (!(worst <= tol)) fails++;
     // Time it: 50 launches in a graph-free loop after a warm-up, restoring nothing (the conv state
     // and the residual drift, which changes no timing).
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
-    for (int i = 0; i < 5; i++) k_dv(&d, NULL);
+    for (int i = 0; i < 5; i++) k_dv(&d, &lab_l);
     const int reps = 50;
     cudaEventRecord(a, NULL);
-    for (int i = 0; i < reps; i++) k_dv(&d, NULL);
+    for (int i = 0; i < reps; i++) k_dv(&d, &lab_l);
     cudaEventRecord(b, NULL);
     CUDA_OK(cudaEventSynchronize(b));
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     const double us = 1000.0 * ms / reps;
-    fprintf(table, "%-28s %-5s %-6s %9.2e  %7.2f MB %8.2f us %7.0f GB/s\n", c->name, lab_exact ? "exact" : "fast",
+    fprintf(table, "%-28s %-5s %-6s %9.2e  %7.2f MB %8.2f us %7.0f GB/s\n", c->name, lab_l.exact ? "exact" : "fast",
             worst <= tol ? "PASS" : "FAIL", worst,
             bytes / 1e6, us, bytes / (us * 1e-6) / 1e9);
     for (int s = 0; s < c->n_seg; s++) {
@@ -219,12 +220,12 @@ static void lab_run(const struct lab_case *c, FILE *table) {
 }
 
 // Microseconds a launch of fn(m), 50 back to back after 5 of warm-up (the lab's timing).
-static double moe_us(int (*fn)(const struct dv_moe *, void *), const struct dv_moe *m) {
+static double moe_us(int (*fn)(const struct dv_moe *, const struct dec_launch *), const struct dv_moe *m) {
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
     for (int i = 0; i < 55; i++) {
         if (i == 5) cudaEventRecord(a, NULL);
-        fn(m, NULL);
+        fn(m, &lab_l);
     }
     cudaEventRecord(b, NULL);
     CUDA_OK(cudaEventSynchronize(b));
@@ -258,16 +259,16 @@ static void lab_gateup(void) {
     int ids[2][K + 1];
     double us[2];
     for (int f = 0; f < 2; f++) {   // f = 0: fast, 1: exact
-        k_set_decode_exact(f);
+        lab_l.exact = f;
         CUDA_OK(cudaMemset(dact, 0xff, 4 * (size_t)(K + 1) * I));   // poison: NaN
-        CUDA_OK((cudaError_t)k_dv_moe_gateup(&m, NULL));
+        CUDA_OK((cudaError_t)k_dv_moe_gateup(&m, &lab_l));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(act[f], dact, 4 * (size_t)(K + 1) * I, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(w[f], dw, 4 * (K + 1), cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(ids[f], dids, 4 * (K + 1), cudaMemcpyDeviceToHost));
         us[f] = moe_us(k_dv_moe_gateup, &m);
     }
-    k_set_decode_exact(0);
+    lab_l.exact = false;
     double *ud = malloc(8 * (size_t)H), *ref = malloc(8 * (size_t)(K + 1) * I);
     for (int i = 0; i < H; i++) ud[i] = u[i];
     for (int e = 0; e <= K; e++)
@@ -292,14 +293,14 @@ static void lab_gateup(void) {
     m.x = to_dev(x0, 4 * (size_t)H);
     CUDA_OK(cudaMemcpy(dact, act[0], 4 * n, cudaMemcpyHostToDevice));
     for (int f = 0; f < 2; f++) {   // f = 0: fast, 1: exact
-        k_set_decode_exact(f);
+        lab_l.exact = f;
         CUDA_OK(cudaMemcpy(m.x, x0, 4 * (size_t)H, cudaMemcpyHostToDevice));
-        CUDA_OK((cudaError_t)k_dv_moe_down(&m, NULL));
+        CUDA_OK((cudaError_t)k_dv_moe_down(&m, &lab_l));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(xo[f], m.x, 4 * (size_t)H, cudaMemcpyDeviceToHost));
         us[f] = moe_us(k_dv_moe_down, &m);
     }
-    k_set_decode_exact(0);
+    lab_l.exact = false;
     double *ad = malloc(8 * (size_t)I), *dref = malloc(8 * (size_t)H);
     float *dd[2] = {malloc(4 * (size_t)H), malloc(4 * (size_t)H)};
     for (int r = 0; r < H; r++) dref[r] = 0;
@@ -336,12 +337,12 @@ static int lab(int only) {
         {"tiny 8-bit 128", 128, 2, {8, 1}, {8, 8}, DV_IN_PLAIN, DV_OUT_ADD},
     };
     printf("%-28s %-5s %-6s %9s  %10s %11s %12s\n", "k_dv case", "mode", "check", "nerr", "bytes", "time", "bandwidth");
-    for (lab_exact = 1; lab_exact >= 0; lab_exact--) {
-        k_set_decode_exact(lab_exact);
+    for (int ex = 1; ex >= 0; ex--) {
+        lab_l.exact = ex;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (only < 0 || (size_t)only == i) lab_run(&cases[i], stdout);
     }
-    if (only < 0 || only == 100) lab_gateup();   // fast mode (lab_exact 0 here)
+    if (only < 0 || only == 100) lab_gateup();   // fast mode (lab_l.exact 0 here)
     return 0;
 }
 
@@ -387,8 +388,9 @@ static int e2e(const char *dir, int n, int steps) {
         return 2;
     }
     const int V = engine_geometry(e)->vocab;
-    const char *modes[] = {"graph", "graph", "eager"};
-    const int pdl[] = {1, 0, 1};
+    struct cuda_tuning *tu = backend_cuda_tuning(e);
+    tu->exact_prefill = true;   // the paths compared here differ in decode only
+    const bool eager[] = {false, false, true}, pdl[] = {true, false, true};
     float *lg[4];
     int32_t *tok[4];
     double ms[4] = {0};
@@ -396,9 +398,9 @@ static int e2e(const char *dir, int n, int steps) {
     // Exact mode for the comparison of paths (fast mode is checked per kernel by the lab and
     // test_tcgemv, and reported against exact mode below). Path 0 runs greedily; the others are
     // fed its tokens, so rows stay aligned.
-    k_set_decode_exact(1);
+    tu->exact_decode = true;
     for (int m = 0; m < 3; m++) {
-        backend_cuda_set_decode(e, modes[m], pdl[m]);
+        tu->eager = eager[m], tu->pdl = pdl[m];
         if (run(e, n, steps, m ? tok[0] : NULL, lg[m], tok[m], &ms[m])) return 2;
     }
     int have_cpu = 0;
@@ -443,8 +445,10 @@ static int e2e(const char *dir, int n, int steps) {
     // Determinism: the graph path again gives the same tokens.
     if (!e) {
         if (engine_open(dir, &o, &e, err, sizeof err)) return 2;
+        tu = backend_cuda_tuning(e);
+        tu->exact_prefill = tu->exact_decode = true;
     }
-    backend_cuda_set_decode(e, "graph", 1);
+    tu->eager = false, tu->pdl = true;
     int32_t *again = malloc(4 * (size_t)steps);
     double ms2;
     if (run(e, n, steps, NULL, NULL, again, &ms2)) return 2;
@@ -458,8 +462,7 @@ static int e2e(const char *dir, int n, int steps) {
     // Fast mode (the default): fed the exact path's tokens, its logits against exact mode's
     // (reported: the fast mode's bound is per kernel, not end to end), then greedy twice:
     // deterministic.
-    k_set_decode_exact(0);
-    backend_cuda_set_decode(e, "graph", 1);
+    tu->exact_decode = false;
     float *lf = malloc(sizeof(float) * (size_t)steps * V);
     int32_t *tf = malloc(4 * (size_t)steps), *g1 = malloc(4 * (size_t)steps), *g2 = malloc(4 * (size_t)steps);
     double msf, msg;
@@ -494,15 +497,15 @@ static int e2e(const char *dir, int n, int steps) {
         bad = 1;
         printf("FAIL fast mode: greedy tokens differ between two runs\n");
     }
-    k_set_decode_exact(1);
     free(lf), free(tf), free(g1), free(g2);
     engine_close(e);
     return bad;
 }
 
-// A CUDA engine on dir with decode path mode (PDL on) and a sequence of n + extra positions holding
+// A CUDA engine on dir (prefill exact; decode fast, eager or on the graph, PDL on) and a sequence of
+// n + extra positions holding
 // an n-token prompt (token i = i * 2654435761 mod vocab); *next: the prompt's greedy token. 0 or -1.
-static int open_prefilled(const char *dir, const char *mode, int n, int extra, struct engine **pe, struct seq **ps,
+static int open_prefilled(const char *dir, bool eager, int n, int extra, struct engine **pe, struct seq **ps,
                           int32_t *next) {
     char err[512];
     struct engine_options o = {.backend = "cuda"};
@@ -510,7 +513,9 @@ static int open_prefilled(const char *dir, const char *mode, int n, int extra, s
         fprintf(stderr, "%s\n", err);
         return -1;
     }
-    backend_cuda_set_decode(*pe, mode, 1);
+    struct cuda_tuning *tu = backend_cuda_tuning(*pe);
+    tu->exact_prefill = true;   // as e2e's
+    tu->eager = eager;
     const int V = engine_geometry(*pe)->vocab;
     int32_t *p = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)V);
@@ -528,7 +533,7 @@ static int replay(const char *dir, int n, int steps) {
     struct engine *e;
     struct seq *s;
     int32_t next;
-    if (open_prefilled(dir, "graph", n, steps + 1, &e, &s, &next)) return 2;
+    if (open_prefilled(dir, false, n, steps + 1, &e, &s, &next)) return 2;
     double t = 0, dev = 0;
     for (int k = 0; k < steps; k++) {
         const double t0 = now_s();
@@ -557,7 +562,7 @@ static int stages(const char *dir, int n, int steps) {
     struct engine *e;
     struct seq *s;
     int32_t next;
-    if (open_prefilled(dir, "graph", n, 2 * DS_COUNT + 2, &e, &s, &next)) return 2;
+    if (open_prefilled(dir, false, n, 2 * DS_COUNT + 2, &e, &s, &next)) return 2;
     char err[512];
     int rc = engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err);   // captures the real step
     double base = 0, t0 = 0, t2 = 0;
@@ -589,7 +594,7 @@ static int profile_step(const char *dir, int n) {
     struct engine *e;
     struct seq *s;
     int32_t next;
-    if (open_prefilled(dir, "eager", n, 4, &e, &s, &next)) return 2;
+    if (open_prefilled(dir, true, n, 4, &e, &s, &next)) return 2;
     if (engine_forward(e, s, &next, 1, NULL, &next, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 2;
@@ -605,7 +610,6 @@ static int profile_step(const char *dir, int n) {
 }
 
 int main(int argc, char **argv) {
-    setenv("CALLA_PREFILL_FAST", "0", 0);   // the paths compared here differ in decode only; prefill exact
     rng = 0x9E3779B97F4A7C15ull;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {

@@ -104,6 +104,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuda open: %s\n", err);
         return 1;
     }
+    const char *gdn_env = getenv("CALLA_PREFILL_GDN");   // "recurrent": the token-by-token delta rule
+    backend_cuda_tuning(eg)->gdn_recurrent = gdn_env && !strcmp(gdn_env, "recurrent");
     printf("# model %s (%s), loaded in %.1f s, %s, GPU weights %.3f GB\n", dir, engine_geometry(eg)->name, now_s() - t0,
            why, (double)engine_weight_bytes(eg) / 1e9);
     const int V = engine_geometry(ec)->vocab, R = n_p + n_dec;
