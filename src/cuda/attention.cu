@@ -408,29 +408,6 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
 // the binary's sm_90a code, which the backend checks at load (k_has_sm90a).
 #include "flash_wg.cuh"
 
-static __global__ void sm90a_probe(int *ok) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *ok = 1;
-#else
-    *ok = 0;
-#endif
-}
-
-// Whether the code the device runs was compiled with the sm_90a features (wgmma): a probe kernel
-// reports it, once (the binary may hold sm_90 code too, and the driver picks).
-extern "C" int k_has_sm90a(void) {
-    static int known = -1;
-    if (known < 0) {
-        int *d = NULL, h = 0;
-        if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return 0;
-        sm90a_probe<<<1, 1>>>(d);
-        const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-        cudaFree(d);
-        known = e == cudaSuccess && h == 1;
-    }
-    return known;
-}
-
 // OT: float (o) or uint16_t (its bf16 copy only, fa_store).
 template <typename OT>
 static int flash_ws_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,

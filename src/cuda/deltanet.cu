@@ -1,9 +1,11 @@
 // deltanet.cu: Gated DeltaNet (docs/MODEL.md §2.5): causal depthwise conv + SiLU, L2 norms, the gated
-// delta rule token by token with an fp32 state, and the gated RMSNorm.
+// delta rule token by token with an fp32 state, and the gated RMSNorm; the decode step's rule
+// (k_dv_gdn). The chunked form of the rule for prefill is gdn_chunked.cu.
 //
 // The recurrence kernel keeps each head's state in registers (a quarter column S[dk.., dv] per
 // thread) for the whole chunk: the state is read and written once per chunk, and each token
-// costs two short loops over dk plus two shuffle reductions.
+// costs two short loops over dk plus two shuffle reductions. The decode step's kernel keeps a value
+// head's state in registers across a block, with the gated norm in its epilogue.
 #include "common.cuh"
 
 // ---- conv + SiLU + L2 norms in one pass -------------------------------------------------------
@@ -221,4 +223,89 @@ extern "C" int k_gdn_recurrent(const float *y, const float *b, const float *a, c
     if (rc) return rc;
     gdn_gated_norm_kernel<<<dim3(T, Hv), 128, 0, st>>>(o, z, gdn_norm, Hv, Dv, eps);
     return launch_status();
+}
+
+// ---- decode: the gated delta rule step ---------------------------------------------------------
+
+// Block = value head h; thread (part, col) keeps rows [part * DK / 8, ..) of column col of the
+// head's state in registers. Reads the conv output y [C] = (q heads | k heads | v heads) after
+// SiLU; L2-normalises q and k (q also by 1/sqrt(DK)); S = alpha S; m = S^T k; S += k (beta (v - m))^T;
+// o = S^T q; then the gated norm of the head (docs/MODEL.md §2.5): out = w * (o * rsqrt(mean(o^2) + eps))
+// * silu(z), so that the out_proj kernel stages a plain input.
+enum { GD_PARTS = 8, GD_MAXDV = 128 };
+template <int DK>
+static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
+    dv_gdn_kernel(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
+                  const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dv) {
+    constexpr int DP = DK / GD_PARTS;
+    __shared__ float qs[DK], ks[DK], red[GD_PARTS][GD_MAXDV];
+    __shared__ float sh[2 * 32];
+    const int h = blockIdx.x, col = threadIdx.x % Dv, part = threadIdx.x / Dv;
+    const int kh = h / (Hv / Hk), KD = Hk * DK;
+    float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + col;
+    float st[DP];
+#pragma unroll
+    for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];   // this step's own state: no wait needed
+    const float A = A_log[h], dtb = dt_bias[h], nw = norm_w[col];   // weights: no wait needed
+    pdl_wait();
+    pdl_trigger();
+    // Every input of the step in one round trip (q, k, v, b, a, z), before the first barrier.
+    float qv = 0, kv = 0;
+    if (threadIdx.x < DK) qv = y[(size_t)kh * DK + threadIdx.x], kv = y[KD + (size_t)kh * DK + threadIdx.x];
+    const float v = y[2 * (size_t)KD + (size_t)h * Dv + col], bh = b[h], ah = a[h];
+    const float zz = part == 0 ? z[(size_t)h * Dv + col] : 0.0f;
+    const float2 qk = block_sum2(qv * qv, kv * kv, sh);
+    const float qss = qk.x, kss = qk.y;
+    if (threadIdx.x < DK) {
+        const float rq = 1.0f / sqrtf(qss + 1e-6f) / sqrtf((float)DK), rk = 1.0f / sqrtf(kss + 1e-6f);
+        qs[threadIdx.x] = qv * rq;
+        ks[threadIdx.x] = kv * rk;
+    }
+    __syncthreads();
+    const float beta = sigmoid_f(bh);
+    const float alpha = expf(-expf(A) * softplus_f(ah + dtb));
+    float m = 0;
+#pragma unroll
+    for (int i = 0; i < DP; i++) {
+        st[i] *= alpha;
+        m += st[i] * ks[part * DP + i];
+    }
+    red[part][col] = m;
+    __syncthreads();
+    m = 0;
+#pragma unroll
+    for (int p = 0; p < GD_PARTS; p++) m += red[p][col];
+    const float delta = beta * (v - m);
+    float out = 0;
+#pragma unroll
+    for (int i = 0; i < DP; i++) {
+        st[i] += ks[part * DP + i] * delta;
+        out += st[i] * qs[part * DP + i];
+    }
+    __syncthreads();
+    red[part][col] = out;
+    __syncthreads();
+    out = 0;
+#pragma unroll
+    for (int p = 0; p < GD_PARTS; p++) out += red[p][col];   // every part has the column's output
+    const float ss = block_sum(part == 0 ? out * out : 0.0f, sh);
+    if (part == 0) {
+        const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
+        o[(size_t)h * Dv + col] = nw * (out * r) * silu_f(zz);
+    }
+#pragma unroll
+    for (int i = 0; i < DP; i++) Sh[(size_t)i * Dv] = st[i];
+}
+
+extern "C" int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias,
+                        float *S, const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk,
+                        int Dv, const struct dec_launch *l) {
+    if (Dv % WARP_SIZE || Dv > GD_MAXDV || Hv % Hk || Dk > GD_PARTS * Dv) return (int)cudaErrorInvalidValue;
+    const dim3 grid(Hv), block(GD_PARTS * Dv);
+    switch (Dk) {
+    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    default: return (int)cudaErrorInvalidValue;
+    }
 }
