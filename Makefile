@@ -6,6 +6,8 @@
 #   make fuzz         bounded libFuzzer runs of the checkpoint and server parsers (clang; FUZZ_SECONDS in all)
 #   make browser-test the chat page (GET /) in headless chromium (Debian chromium, chromium-driver; pip selenium)
 #   make gpu-check    GPU kernel and end-to-end checks (on an sm_90 machine)
+#   make gpu-tests    the GPU test programs (tests/gpu/) into build/gpu/, without running them
+#   make lab          the lab and timing programs (bench/lab/) into build/lab/
 #   make format       clang-format every C/CUDA source
 #   make CUDA=0       force a CPU-only build
 #   make STATIC=1     link the Debian libraries statically (a binary to carry to another machine)
@@ -108,7 +110,19 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)
 
 gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 
-gpu-check: $(BUILD)/calla $(GPU_TESTS)
+# The lab (bench/lab/: kernel labs and timing programs on the GPU, no tests): `make lab` builds them
+# into $(BUILD)/lab/, against the same headers as the GPU tests.
+LAB_SRCS := $(wildcard bench/lab/*.c)
+LAB_PROGS := $(LAB_SRCS:bench/lab/%.c=$(BUILD)/lab/%)
+
+$(BUILD)/lab/%: bench/lab/%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $^ $(LDLIBS)
+
+.PHONY: lab
+lab: $(LAB_PROGS)
+
+gpu-check: $(BUILD)/calla $(GPU_TESTS) $(LAB_PROGS)
 	@tools/gpu_check.sh $(BUILD)
 
 # The device code of the tensor-core GEMV (src/cuda/tcgemv.cuh) run on the host, a warp as 32

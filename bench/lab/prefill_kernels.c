@@ -1,8 +1,8 @@
-// bench_cuda_kernels.c: times the prefill kernels at the full shape on random inputs (CUDA events,
+// prefill_kernels.c: times the prefill kernels at the full shape on random inputs (CUDA events,
 // best of 3 after a warmup) and prints achieved TFLOP/s or GB/s. A benchmark, not a test: it
-// asserts nothing; correctness is test_cuda_kernels' job.
+// asserts nothing; correctness is tests/gpu/test_cuda_kernels' job.
 //
-//   bench_cuda_kernels [T=4096]
+//   prefill_kernels [T=4096]
 #include "cuda/kernels.h"
 #include "backend_cuda.h"
 #include "engine.h"
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
     rng = 0x2545F4914F6CDD1Dull;
     char why[256];
     if (!backend_cuda_available(why, sizeof why)) {
-        printf("bench_cuda_kernels: no suitable GPU (%s); ran nothing\n", why);
+        printf("prefill_kernels: no suitable GPU (%s); ran nothing\n", why);
         return 77;   // ran nothing: never a pass (gpu_check records a FAIL)
     }
     const int T = argc > 1 ? atoi(argv[1]) : 4096;
