@@ -13,11 +13,11 @@
 //
 // Fast paths (qmatmul, attention), because the GPU tests need the oracle's prefill of 4,096 tokens:
 // the reference's loops are kept (qmatmul_ref, attend_ref) and engine_options.cpu_reference
-// (CALLA_CPU_REFERENCE=1) selects them. The fast ones give the same bits: they change which values are computed together,
-// never the operations that make one value. Every output is still one accumulator that starts at 0
-// and adds w * x over k in ascending order, one expression per step as before (so a compiler that
-// contracts a*b+s into an fma does so in both; GCC in ISO C mode does not); the lanes of a vector
-// are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
+// (CALLA_CPU_REFERENCE=1) selects them. The fast ones give the same bits: they change which values
+// are computed together, never the operations that make one value. Every output is still one
+// accumulator that starts at 0 and adds w * x over k in ascending order, one expression per step as
+// in the reference (so a compiler that contracts a*b+s into an fma does so in both; GCC in ISO C
+// mode does not); the lanes of a vector are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
 //
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.

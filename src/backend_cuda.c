@@ -1,43 +1,44 @@
-// backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200).
+// backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200), built with
+// the binary's sm_90a code (warpgroup products); load refuses any other device.
 //
 // Load uploads every weight once, walking the model's tensor table (model_tensor_specs) into a
 // device copy of struct weights, in the MLX layout as stored (4/8-bit codes, bf16 scales and
-// biases; the small fp32 vectors as fp32), and a forward chunk is a fixed sequence of kernel
-// launches on one stream (src/cuda/kernels.h) with no host synchronisation until the argmax
-// (and any wanted logits) are read back at its end. Activations are fp32, the KV cache is bf16
-// [n_kv_heads, cap, head_dim] per attention layer, and the DeltaNet state is fp32 on the device.
-// MoE routing, top-k and expert dispatch happen on the device: decode runs the 8 chosen experts
-// in one launch per projection (expert ids read on the device); prefill groups the chunk's
-// (token, expert) pairs by expert with device-side counts and offsets.
+// biases; the small fp32 vectors as fp32). A forward chunk is a fixed sequence of kernel launches on
+// one stream (src/cuda/kernels.h) with no host synchronisation until the argmax (and any wanted
+// logits) are read back at its end. Activations are fp32, the KV cache is bf16 [n_kv_heads, cap,
+// head_dim] per attention layer, and the DeltaNet state is fp32 on the device. MoE routing, top-k and
+// expert dispatch happen on the device.
 //
-// Decode (one token) has its own path: fused kernels (src/cuda/decode.cu) reading the position from
-// device memory, so the whole step is captured once per sequence as a CUDA graph and replayed:
-// one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
-// of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph); CALLA_DECODE_EXACT=1: every decode product in
-// fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
-// tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=0 turns programmatic dependent launch off.
-// Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
-// k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
-// MLX does; the router and the lm_head stay on the exact kernel, the shared-expert gate's one row is
-// an fp32 dot product in the post-attention norm, k_rmsnorm_gate). Where the
-// input has a producer of its own, the producer writes the bf16 copy (issue 12): both RMS norms write
-// u and bf16(u) in one pass (u stays: the router and the shared-expert gate read it), and the up
-// product of each SwiGLU (routed experts and shared expert) ends in the activation, writing
-// bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu). Bit-identical
-// to k_to_bf16 (and k_swiglu) after the producer, without their fp32 round trips; so do FlashAttention
-// (its o, o_proj's input: only the bf16 copy, no fp32 o) and the chunked DeltaNet's gated norm (the
-// recurrent form's output still goes through k_to_bf16). The DeltaNet layers run as the chunked gated delta
-// rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention takes Q and P as bf16 (one
-// mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
-// verification mode, operands split hi + lo and fp32 inputs to the products.
-// CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
-// as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output still its own
-// buffer, bit-identical to a launch each: the small ones fill the grid of
-// the large ones instead of paying a launch's fixed cost each. The o_proj / out_proj products add
-// into the residual stream in their epilogue (k_qmatmul_bf16_add, k_qmatmul_add; bit-identical to
-// the product, then k_add). A prefill chunk is the embedding, cuda_layer per layer, the head; the
-// layer probe (engine_layer_probe) runs one cuda_layer on hidden states from the host.
+// Two modes, per engine (struct cuda_tuning, from engine_options.exact): fast (the default), every
+// large product on the tensor cores with its input rounded once to bf16 and fp32 accumulation; and
+// the verification mode, fp32-level products (hi + lo operands in prefill, fp32 CUDA-core products
+// in decode), which the end-to-end checks against the CPU oracle use.
+//
+// Decode (one token, forward_chunk with T = 1): fused kernels (gemv.cu, moe.cu, deltanet.cu,
+// attention.cu's decode kernels) that read the position from device memory, so the whole step is
+// captured once per sequence as a CUDA graph and replayed: one H2D copy of (token, position), ~260
+// kernels with programmatic dependent launch (each prefetches its weights into L2 before waiting on
+// its predecessor), one D2H copy of the argmax. The tuning's eager and pdl (tests) launch the same
+// kernels without the graph or without PDL.
+//
+// Prefill (T > 1, and the layer probe): cuda_layer per layer. Fast mode: each product's input is
+// rounded once to bf16 and read by k_qmatmul_bf16 (the weights dequantized to bf16 as MLX does); the
+// router and lm_head stay on the exact kernel, and the shared-expert gate's one row is an fp32 dot
+// product in the post-attention norm (k_rmsnorm_gate). Where the input has a producer of its own, the
+// producer writes the bf16 copy: both RMS norms write u and bf16(u) in one pass (u stays: the router
+// and the shared-expert gate read it), the up product of each SwiGLU ends in the activation and
+// writes bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu),
+// FlashAttention writes only o's bf16 copy (o_proj's input), and the chunked DeltaNet's gated norm
+// writes its output's; each bit-identical to k_to_bf16 (and k_swiglu) after the producer, without
+// their fp32 round trips (the recurrent rule's output still goes through k_to_bf16). The DeltaNet
+// layers run the chunked gated delta rule (gdn_chunked.cu) where the heads allow (this model's), else
+// the token-by-token rule (the test geometries, or the tuning's gdn_recurrent). The products of one
+// input run as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output its own
+// buffer, bit-identical to a launch each: the small ones fill the grid of the large ones instead of
+// paying a launch's fixed cost each. The o_proj / out_proj products add into the residual stream in
+// their epilogue (bit-identical to the product, then k_add). A prefill chunk is the embedding,
+// cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one cuda_layer on hidden
+// states from the host.
 #ifdef CALLA_CUDA
 
 #include "backend_cuda.h"

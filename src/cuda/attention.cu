@@ -424,7 +424,7 @@ static int flash_ws_launch(dim3 grid, cudaStream_t st, const float *q, const flo
 }
 
 // ob (fast mode only; NULL: o in fp32): the kernel writes o's bf16 copy there instead (o unused), o_proj's
-// input, bit-identical to o then k_to_bf16 (issue 12: no 134 MB read + 67 MB write a 4K chunk and layer).
+// input, bit-identical to o then k_to_bf16 (without a 134 MB read + 67 MB write a 4K chunk and layer).
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                  uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact,
                                  void *stream) {

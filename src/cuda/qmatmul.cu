@@ -15,10 +15,10 @@
 // per-expert row counts and offsets from device memory (blockIdx.z = expert); blocks past an
 // expert's count exit, so the grid is sized on the host from a bound alone and nothing is read back.
 //
-// The fast mode (issue 12, the default; CALLA_PREFILL_FAST=0 selects this kernel): k_qmatmul_bf16
+// The fast mode (the default; the verification mode runs this exact kernel): k_qmatmul_bf16
 // (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input,
 // or its producer writes it: k_rmsnorm's bf16 copy, k_qmatmul_bf16_swiglu's epilogue) with one
-// MMA per product; this exact kernel stays as it is, the verification mode. Its device code is in
+// MMA per product. Its device code is in
 // qmatmul_exact.cuh (run on the host by make qmatmul-sim, as the fast kernel's); both kernels also run
 // several products of one input in one launch (segments: qmatmul_bf16.cuh, k_qmatmul_segs).
 #include "qmatmul_bf16.cuh"    // the fast kernel; the segment table (qm_segs: several products, one launch)

@@ -7,16 +7,16 @@
 #include "wgmma.cuh"
 #endif
 
-// Fast mode: x already in bf16 (issue 12), the weights dequantized to bf16 as MLX does.
+// Fast mode: x already in bf16, the weights dequantized to bf16 as MLX does.
 //
 // y[r, n] = sum_k bf16(s_g[n] q[n, k] + b_g[n]) xb[r, k]
 // with xb the bf16 activations (written once by k_to_bf16 or by their producer) and each weight
 // dequantized by one fused bf16 multiply-add (fma.rn.bf16x2: the exact s q + b rounded once to
 // bf16, what MLX's own quantized matmul computes in a bf16 model): one MMA per product, fp32
-// accumulation, no per-group folding. (Version 5 kept the weights exact and folded the scale and
-// bias into an fp32 accumulator once per group: 128 FFMA, a second accumulator tile and the row
-// sums of x per warp and step, ~60% of the instructions; the kernel issued at 0.45 instructions a
-// cycle per scheduler. bench/NOTES.md, version 6.)
+// accumulation, no per-group folding. (Keeping the weights exact and folding the scale and bias into
+// an fp32 accumulator once per group costs 128 FFMA, a second accumulator tile and the row sums of x
+// per warp and step, ~60% of the instructions: such a kernel issued at 0.45 instructions a cycle per
+// scheduler; bench/NOTES.md.)
 //
 // Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as two warpgroups of 64 rows x
 // 128 features (4 wgmma m64n128k16 a step, sm_90a). A 3-stage cp.async pipeline (16-byte copies
@@ -33,14 +33,14 @@
 // dequantization do not idle the SM's tensor cores). The host simulator runs it on the wgmma model
 // of tools/sim_wgmma.h; test_cuda_kernels checks it on the GPU.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
-// GLU (k_qmatmul_bf16_swiglu, issue 12): the up product of a SwiGLU ends in its activation. The
+// GLU (k_qmatmul_bf16_swiglu): the up product of a SwiGLU ends in its activation. The
 // epilogue reads the gate product's fp32 output g at the element it would write (same ldy, ymap,
 // grouped rows) and stores bf16(silu(g) acc) to a bf16 output, instead of acc to y: the down
 // product's input, without the fp32 round trips of k_swiglu and k_to_bf16 (ncu, one 4,096-token
-// prefill before the fusion: k_swiglu 3.4 ms, k_to_bf16 3.3 ms; with k_rmsnorm's bf16 copy, all of
-// k_swiglu and about two thirds of k_to_bf16's elements go). The same expression (silu_f(g) * u)
+// prefill with them: k_swiglu 3.4 ms, k_to_bf16 3.3 ms; with k_rmsnorm's bf16 copy, all of k_swiglu
+// and about two thirds of k_to_bf16's elements go). The same expression (silu_f(g) * u)
 // and rounding (f2bf16) as those two kernels, so the values are bit-identical (the PTX of silu_f is
-// the same sequence in both). A template parameter, so the plain form compiles as before; the
+// the same sequence in both). A template parameter, so the plain form carries none of it; the
 // epilogue runs after the main loop, its registers within the launch bounds (ptxas -v: no more
 // registers or spills than the plain form).
 // tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
@@ -197,8 +197,8 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + 1024;
 // parameters (nothing to upload); tile0 of the slots past the last segment is the total tile count,
 // so they are never picked. The kernels take SEGS as a template
 // parameter: without it (the single-product launchers) the product is the kernel's own parameters
-// W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
-// registers they had); with it the fields are picked by a select chain on constant indices (no local
+// W1, y1, ldy1 (the table is passed but not read; ptxas gives those forms the registers of a
+// kernel without segments); with it the fields are picked by a select chain on constant indices (no local
 // copy of the table), K from segment 0 (shared), the output pointer and stride at the epilogue.
 struct qm_segs {
     struct qm_seg s[QM_MAX_SEGS];
