@@ -27,10 +27,18 @@ extern "C" int k_route(const float *logits, int T, int E, int k, int *ids, float
     return launch_status();
 }
 
-// One warp per token (route_warp, the decode kernels' routing): for its tests against k_route's.
+// route_warp's twin for route_warp_kernel, whose ids and weights are global: the decode kernels call
+// route_warp with shared ones, and one out-of-line function called with both would store through
+// generic addresses in all of them.
+static __device__ __noinline__ void route_warp_global(const float *x, int E, int k, int *ids, float *w) {
+    if (E == RW_MAXE) route_warp_of<true>(x, E, k, ids, w);
+    else route_warp_of<false>(x, E, k, ids, w);
+}
+
+// One warp per token (route_warp_of, the decode kernels' routing): for its tests against k_route's.
 static __global__ void route_warp_kernel(const float *logits, int E, int k, int *ids, float *w) {
     const int t = blockIdx.x;
-    route_warp(logits + (size_t)t * E, E, k, ids + (size_t)t * k, w + (size_t)t * k);
+    route_warp_global(logits + (size_t)t * E, E, k, ids + (size_t)t * k, w + (size_t)t * k);
 }
 
 extern "C" int k_route_warp(const float *logits, int T, int E, int k, int *ids, float *w, void *stream) {
