@@ -13,6 +13,7 @@
 #   make fuzz            bounded libFuzzer runs of the checkpoint and server parsers (clang;
 #                        FUZZ_SECONDS in all, default 60) (CI)
 #   make gpu-tests       the GPU test programs (tests/gpu/) in build/gpu/, built, not run
+#   make lab             the lab and timing programs (bench/lab/) in build/lab/, built, not run
 #   make gpu-check       every GPU kernel and end-to-end check, on an sm_90 machine
 #                        (tools/device/gpu_check.sh; outputs in a temporary directory, or GPU_CHECK_OUT)
 #   make tcgemv-sim      the tensor-core GEMV's device code run on the host (tools/sim/)
@@ -132,7 +133,19 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIBOBJS)
 
 gpu-tests: $(BUILD)/calla $(GPU_TESTS)
 
-gpu-check: $(BUILD)/calla $(GPU_TESTS)
+# The lab (bench/lab/: kernel labs and timing programs on the GPU, no tests): `make lab` builds them
+# into $(BUILD)/lab/, against the same headers as the GPU tests.
+LAB_SRCS := $(wildcard bench/lab/*.c)
+LAB_PROGS := $(LAB_SRCS:bench/lab/%.c=$(BUILD)/lab/%)
+
+$(BUILD)/lab/%: bench/lab/%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $^ $(LDLIBS)
+
+.PHONY: lab
+lab: $(LAB_PROGS)
+
+gpu-check: $(BUILD)/calla $(GPU_TESTS) $(LAB_PROGS)
 	@tools/device/gpu_check.sh $(BUILD)
 
 # The device code of the tensor-core GEMV (src/cuda/tcgemv.cuh) run on the host, a warp as 32

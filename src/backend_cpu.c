@@ -12,16 +12,16 @@
 // copies into the sequence before using it again (engine.h).
 //
 // Fast paths (qmatmul, attention), because the GPU tests need the oracle's prefill of 4,096 tokens:
-// the reference's loops are kept (qmatmul_ref, attend_ref) and CALLA_CPU_REFERENCE=1 (read at load)
-// selects them. The fast ones give the same bits: they change which values are computed together,
-// never the operations that make one value. Every output is still one accumulator that starts at 0
-// and adds w * x over k in ascending order, one expression per step as before (so a compiler that
-// contracts a*b+s into an fma does so in both; GCC in ISO C mode does not); the lanes of a vector
-// are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
+// the reference's loops are kept (qmatmul_ref, attend_ref) and engine_options.cpu_reference
+// (CALLA_CPU_REFERENCE=1) selects them. The fast ones give the same bits: they change which values
+// are computed together, never the operations that make one value. Every output is still one
+// accumulator that starts at 0 and adds w * x over k in ascending order, one expression per step as
+// in the reference (so a compiler that contracts a*b+s into an fma does so in both; GCC in ISO C
+// mode does not); the lanes of a vector are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
 //
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
-#include "engine.h"
+#include "backend.h"
 
 #include <math.h>
 #include <omp.h>
@@ -88,15 +88,15 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
 
-// Scratch allocations of the forward pass. CALLA_CPU_ALLOC_LIMIT=BYTES (a test hook, read at load)
-// makes every one larger than BYTES fail, as if memory had run out.
+// Scratch allocations of the forward pass. engine_options.cpu_alloc_limit (a test hook,
+// CALLA_CPU_ALLOC_LIMIT=BYTES) makes every one larger than BYTES fail, as if memory had run out.
 static size_t alloc_limit;
 
 static void *scratch(size_t n) { return alloc_limit && n > alloc_limit ? NULL : malloc(n ? n : 1); }
 
 // ---- the fast kernels ---------------------------------------------------------------------------
 
-// CALLA_CPU_REFERENCE=1 (a test hook, read at load): the reference loops (qmatmul_ref, attend_ref).
+// engine_options.cpu_reference (a test hook, set at load): the reference loops (qmatmul_ref, attend_ref).
 static bool cpu_reference;
 
 enum {
@@ -121,7 +121,8 @@ static inline void vstore(float *p, vf4 v) { memcpy(p, &v, sizeof v); }
 #if defined(__GNUC__) && defined(__x86_64__)
 // tile_dot with eight lanes to a register where the CPU has AVX (cpu_avx, set at load; the build
 // targets plain x86-64). vmulps and vaddps round each lane as mulps and addps do, and FMA is not
-// enabled here, so the bits are tile_dot's. CALLA_CPU_AVX=0 (a test hook) keeps the SSE loop.
+// enabled here, so the bits are tile_dot's. engine_options.cpu_no_avx (CALLA_CPU_AVX=0, a test hook)
+// keeps the SSE loop.
 #define CPU_AVX 1
 static bool cpu_avx;
 typedef float vf8 __attribute__((vector_size(32)));
@@ -669,21 +670,21 @@ static void route(const float *logits, int E, int k, int *ids, float *w, struct 
     st->w1 = w[0], st->wk = w[k - 1], st->lstd = (float)sqrt(v);
 }
 
-// Developer diagnostic: with CALLA_ROUTER_TRACE=FILE, every routing decision is appended to FILE as
+// Developer diagnostic: with engine_options.router_trace (CALLA_ROUTER_TRACE=FILE), every routing
+// decision is appended to FILE as
 // "layer position gap id,id,... lgap w1 wk lstd" (ids ascending; struct route_stats says what the
 // numbers are): tools/router_diff.py compares two such traces (tools/make_golden.py --router-trace
 // writes HF's) and finds the first decision that differs; tools/router_stats.py plots them.
-// router_trace() is the open file, or NULL when not asked for.
-static FILE *router_trace(void) {
-    static FILE *f;
-    static bool tried;
-    if (!tried) {
-        tried = true;
-        const char *path = getenv("CALLA_ROUTER_TRACE");
-        if (path && *path && !(f = fopen(path, "a"))) fprintf(stderr, "calla: cannot open %s\n", path);
-    }
-    return f;
+// The file is opened by the first load that names one and stays open for the process; router_trace()
+// is it, or NULL when not asked for.
+static FILE *trace_file;
+static bool trace_tried;
+static void router_trace_open(const char *path) {
+    if (trace_tried || !path || !*path) return;
+    trace_tried = true;
+    if (!(trace_file = fopen(path, "a"))) fprintf(stderr, "calla: cannot open %s\n", path);
 }
+static FILE *router_trace(void) { return trace_file; }
 
 static void trace_route(FILE *f, int layer, int pos, const struct route_stats *st, const int *ids, int k) {
     int s[64];
@@ -775,14 +776,12 @@ out:
 
 static int cpu_load(struct engine *e, char *err, size_t errlen) {
     if (e->opts.threads > 0) omp_set_num_threads(e->opts.threads);
-    const char *lim = getenv("CALLA_CPU_ALLOC_LIMIT");
-    alloc_limit = lim && *lim ? (size_t)strtoull(lim, NULL, 10) : 0;
-    const char *ref = getenv("CALLA_CPU_REFERENCE");
-    cpu_reference = ref && *ref && strcmp(ref, "0");
+    alloc_limit = e->opts.cpu_alloc_limit;
+    cpu_reference = e->opts.cpu_reference;
 #if defined(CPU_AVX)
-    const char *avx = getenv("CALLA_CPU_AVX");
-    cpu_avx = __builtin_cpu_supports("avx") && !(avx && !strcmp(avx, "0"));
+    cpu_avx = __builtin_cpu_supports("avx") && !e->opts.cpu_no_avx;
 #endif
+    router_trace_open(e->opts.router_trace);
     e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
     return 0;
 }

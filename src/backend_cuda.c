@@ -1,49 +1,48 @@
-// backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200).
+// backend_cuda.c: the CUDA backend (host side) for compute capability 9.0 (H100/H200), built with
+// the binary's sm_90a code (warpgroup products); load refuses any other device.
 //
 // Load uploads every weight once, walking the model's tensor table (model_tensor_specs) into a
 // device copy of struct weights, in the MLX layout as stored (4/8-bit codes, bf16 scales and
-// biases; the small fp32 vectors as fp32), and a forward chunk is a fixed sequence of kernel
-// launches on one stream (src/cuda/kernels.h) with no host synchronisation until the argmax
-// (and any wanted logits) are read back at its end. Activations are fp32, the KV cache is bf16
-// [n_kv_heads, cap, head_dim] per attention layer, and the DeltaNet state is fp32 on the device.
-// MoE routing, top-k and expert dispatch happen on the device: decode runs the 8 chosen experts
-// in one launch per projection (expert ids read on the device); prefill groups the chunk's
-// (token, expert) pairs by expert with device-side counts and offsets.
+// biases; the small fp32 vectors as fp32). A forward chunk is a fixed sequence of kernel launches on
+// one stream (src/cuda/kernels.h) with no host synchronisation until the argmax (and any wanted
+// logits) are read back at its end. Activations are fp32, the KV cache is bf16 [n_kv_heads, cap,
+// head_dim] per attention layer, and the DeltaNet state is fp32 on the device. MoE routing, top-k and
+// expert dispatch happen on the device.
 //
-// Decode (one token) has its own path: fused kernels (src/cuda/decode.cu) reading the position from
-// device memory, so the whole step is captured once per sequence as a CUDA graph and replayed:
-// one H2D copy of (token, position), ~260 kernels with programmatic dependent launch, one D2H copy
-// of the argmax. CALLA_DECODE=graph (default) | eager (the same kernels, no graph) | legacy (the
-// first version's kernels, kept for A/B measurement); CALLA_DECODE_EXACT=1: every decode product in
-// fp32 on the CUDA cores (the verification mode; by default the large 4-bit products run on the
-// tensor cores with bf16 inputs); CALLA_EXACT=1: the verification mode of decode and prefill;
-// CALLA_PDL=0 turns programmatic dependent launch off;
-// CALLA_DEC_ATTN=split|warps|tc (default): the decode attention kernel; CALLA_DV_OCC=N: at most N GEMV blocks
-// an SM; CALLA_DV_PREFETCH=0: no L2 prefetch before the PDL wait (A/B knobs).
-// Prefill, fast mode (the default): each product's input is rounded once to bf16 and read by
-// k_qmatmul_bf16 (one bf16 MMA per product, fp32 accumulation, the weights dequantized to bf16 as
-// MLX does; the router and the lm_head stay on the exact kernel, the shared-expert gate's one row is
-// an fp32 dot product in the post-attention norm, k_rmsnorm_gate). Where the
-// input has a producer of its own, the producer writes the bf16 copy (issue 12): both RMS norms write
-// u and bf16(u) in one pass (u stays: the router and the shared-expert gate read it), and the up
-// product of each SwiGLU (routed experts and shared expert) ends in the activation, writing
-// bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu). Bit-identical
-// to k_to_bf16 (and k_swiglu) after the producer, without their fp32 round trips; so do FlashAttention
-// (its o, o_proj's input: only the bf16 copy, no fp32 o) and the chunked DeltaNet's gated norm (the
-// recurrent form's output still goes through k_to_bf16). The DeltaNet layers run as the chunked gated delta
-// rule (src/cuda/gdn_chunked.cu) with bf16 operands, and FlashAttention takes Q and P as bf16 (one
-// mma per product; softmax statistics fp32). CALLA_PREFILL_FAST=0 (or CALLA_EXACT=1): the
-// verification mode, operands split hi + lo and fp32 inputs to the products.
-// CALLA_PREFILL_GDN=recurrent: the token-by-token delta rule. The prefill products of one input run
-// as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output still its own
-// buffer, bit-identical to a launch each (CALLA_PREFILL_SEGS=0, A/B): the small ones fill the grid of
-// the large ones instead of paying a launch's fixed cost each. The o_proj / out_proj products add
-// into the residual stream in their epilogue (k_qmatmul_bf16_add, k_qmatmul_add; bit-identical to
-// the product, then k_add). A prefill chunk is the embedding, cuda_layer per layer, the head; the
-// layer probe (engine_layer_probe) runs one cuda_layer on hidden states from the host.
+// Two modes, per engine (struct cuda_tuning, from engine_options.exact): fast (the default), every
+// large product on the tensor cores with its input rounded once to bf16 and fp32 accumulation; and
+// the verification mode, fp32-level products (hi + lo operands in prefill, fp32 CUDA-core products
+// in decode), which the end-to-end checks against the CPU oracle use.
+//
+// Decode (one token, forward_chunk with T = 1): fused kernels (gemv.cu, moe.cu, deltanet.cu,
+// attention.cu's decode kernels) that read the position from device memory, so the whole step is
+// captured once per sequence as a CUDA graph and replayed: one H2D copy of (token, position), ~260
+// kernels with programmatic dependent launch (each prefetches its weights into L2 before waiting on
+// its predecessor), one D2H copy of the argmax. The tuning's eager and pdl (tests) launch the same
+// kernels without the graph or without PDL.
+//
+// Prefill (T > 1, and the layer probe): cuda_layer per layer. Fast mode: each product's input is
+// rounded once to bf16 and read by k_qmatmul_bf16 (the weights dequantized to bf16 as MLX does); the
+// router and lm_head stay on the exact kernel, and the shared-expert gate's one row is an fp32 dot
+// product in the post-attention norm (k_rmsnorm_gate). Where the input has a producer of its own, the
+// producer writes the bf16 copy: both RMS norms write u and bf16(u) in one pass (u stays: the router
+// and the shared-expert gate read it), the up product of each SwiGLU ends in the activation and
+// writes bf16(silu(gate) up) straight into the down product's input (k_qmatmul_bf16_swiglu),
+// FlashAttention writes only o's bf16 copy (o_proj's input), and the chunked DeltaNet's gated norm
+// writes its output's; each bit-identical to k_to_bf16 (and k_swiglu) after the producer, without
+// their fp32 round trips (the recurrent rule's output still goes through k_to_bf16). The DeltaNet
+// layers run the chunked gated delta rule (gdn_chunked.cu) where the heads allow (this model's), else
+// the token-by-token rule (the test geometries, or the tuning's gdn_recurrent). The products of one
+// input run as one launch a group (mm_segs: in_qkv, in_z, in_b, in_a; q, k, v), each output its own
+// buffer, bit-identical to a launch each: the small ones fill the grid of the large ones instead of
+// paying a launch's fixed cost each. The o_proj / out_proj products add into the residual stream in
+// their epilogue (bit-identical to the product, then k_add). A prefill chunk is the embedding,
+// cuda_layer per layer, the head; the layer probe (engine_layer_probe) runs one cuda_layer on hidden
+// states from the host.
 #ifdef CALLA_CUDA
 
-#include "engine.h"
+#include "backend_cuda.h"
+#include "backend.h"
 
 #include "cuda/kernels.h"
 
@@ -54,13 +53,12 @@
 
 enum {
     LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
-    DECODE_SPLIT = 256,    // keys per attention split in legacy decode (prefill: k_flash_attention)
     DEC_MAX_SPLITS = 256,  // most key splits of the decode attention (sized by sequence capacity)
 };
 
 struct scratch {
     int T;                                   // tokens the buffers hold
-    float *x, *u, *d;                        // [T, H]
+    float *x, *u;                            // [T, H]
     float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
     float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
     float *rl, *sg, *w, *eg, *eu, *ea, *ye;  // MoE: [T, E], [T], [T, k], [T*k, I] x3, [T*k, H]
@@ -85,10 +83,6 @@ struct dec_bufs {
     int *ids;                                // [k + 1]
 };
 
-enum { DEC_GRAPH, DEC_EAGER, DEC_LEGACY };
-static int decode_mode_of(const char *name) {   // NULL or anything else: the graph
-    return name && !strcmp(name, "legacy") ? DEC_LEGACY : name && !strcmp(name, "eager") ? DEC_EAGER : DEC_GRAPH;
-}
 
 struct cuda_engine {
     cudaStream_t stream;
@@ -99,14 +93,9 @@ struct cuda_engine {
     int *counts, *offs;                      // [E]
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
-    float *part;                             // legacy decode attention partials
-    long part_floats;
     struct dec_bufs dec;
-    int decode_mode;                         // DEC_*
-    int dv_prefetch;                         // decode GEMVs prefetch their weights before the PDL wait
-    int lm_prefetch;                         // lm_head too: off (its 286 MB do not fit in L2; version 9), CALLA_LM_PREFETCH=1 on
-    int prefill_exact;                       // delta rule, products, attention: 1 hi + lo operands, 0 bf16 (default)
-    int prefill_segs;                        // products of one input in one launch (mm_segs): 1 (default), 0 one each
+    struct cuda_tuning tuning;               // as the engine's user last set it (backend_cuda_tuning)
+    struct cuda_tuning applied;              // what the scratch and the next launches follow (apply_tuning)
     int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
 };
 
@@ -115,7 +104,7 @@ struct cuda_seq {
     float *conv[QWEN_LAYERS];                    // [KW - 1, C]
     float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
     cudaGraphExec_t graph;                       // the decode step, captured on first use
-    int graph_pdl;                               // k_pdl() at capture
+    bool graph_pdl, graph_exact;                 // the tuning's pdl and exact_decode at capture
     int graph_stage, graph_reps;                 // the stage probe's probe_stage, probe_reps at capture
 };
 
@@ -268,7 +257,7 @@ static struct dqt dq(const struct qtensor *t) {
 }
 
 static void free_scratch(struct scratch *s) {
-    float **f[] = {&s->x, &s->u, &s->d, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
+    float **f[] = {&s->x, &s->u, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
                    &s->aa, &s->og, &s->rl, &s->sg, &s->w, &s->eg, &s->eu, &s->ea, &s->ye, &s->sgt, &s->sup,
                    &s->sact, &s->shout};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
@@ -287,12 +276,12 @@ static void free_scratch(struct scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-// The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128).
-// CALLA_PREFILL_GDN=recurrent keeps the token-by-token recurrence (8x slower on a 4K chunk), whose
-// results do not depend on where a prompt is cut (the chunked rule's differ by rounding).
-static int gdn_chunked_fits(const struct geometry *g) {
-    const char *m = getenv("CALLA_PREFILL_GDN");
-    return g->lin_k_dim == 128 && g->lin_v_dim == 128 && !(m && !strcmp(m, "recurrent"));
+// The chunked delta rule (src/cuda/gdn_chunked.cu) is built for this model's head size (128); the
+// test geometries, and the tuning's gdn_recurrent, run the token-by-token recurrence (8x slower on a
+// 4K chunk), whose results do not depend on where a prompt is cut (the chunked rule's differ by
+// rounding).
+static int gdn_chunked_fits(const struct geometry *g, const struct cuda_tuning *t) {
+    return g->lin_k_dim == 128 && g->lin_v_dim == 128 && !t->gdn_recurrent;
 }
 
 // Scratch for chunks of up to T tokens (grows; never shrinks).
@@ -310,7 +299,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         void **p;
         size_t bytes;
     } a[] = {
-        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},         {(void **)&s->d, t * H * 4},
+        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},
         {(void **)&s->qg, t * 2 * QD * 4},  {(void **)&s->kb, t * KVD * 4},      {(void **)&s->vb, t * KVD * 4},
         {(void **)&s->q, t * QD * 4},       {(void **)&s->o, t * QD * 4},        {(void **)&s->xin, t * C * 4},
         {(void **)&s->y, t * C * 4},        {(void **)&s->z, t * VD * 4},        {(void **)&s->bb, t * Hv * 4},
@@ -331,7 +320,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
             return -1;
         }
     }
-    if (gdn_chunked_fits(g) && T > 1) {
+    if (gdn_chunked_fits(g, &ce->applied) && T > 1) {
         const size_t bytes = (size_t)k_gdn_chunked_ws_floats(T, g->lin_v_heads, g->lin_k_dim) * sizeof(float);
         if (cudaMalloc((void **)&s->gdn_ws, bytes) != cudaSuccess) {
             snprintf(err, errlen, "cudaMalloc of %zu bytes of DeltaNet workspace for %d tokens failed", bytes, T);
@@ -340,7 +329,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
             return -1;
         }
     }
-    if (!ce->prefill_exact && T > 1) {   // the fast products' bf16 inputs
+    if (!ce->applied.exact_prefill && T > 1) {   // the fast products' bf16 inputs
         const size_t w = H > QD ? (H > VD ? H : VD) : (QD > VD ? QD : VD), a2 = S > K * I ? S : K * I;
         if (cudaMalloc((void **)&s->xh, t * w * 2) != cudaSuccess ||
             cudaMalloc((void **)&s->xa, t * a2 * 2) != cudaSuccess) {
@@ -358,22 +347,6 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         return -1;
     }
     s->T = T;
-    return 0;
-}
-
-static int ensure_part(struct cuda_engine *ce, long floats, char *err, size_t errlen) {
-    if (ce->part_floats >= floats) return 0;
-    cudaStreamSynchronize(ce->stream);
-    cudaFree(ce->part);
-    ce->part = NULL;
-    ce->part_floats = 0;
-    cudaError_t r = cudaMalloc((void **)&ce->part, (size_t)floats * sizeof(float));
-    if (r != cudaSuccess) {
-        snprintf(err, errlen, "cudaMalloc of %ld attention partials failed: %s", floats, cudaGetErrorString(r));
-        cudaGetLastError();
-        return -1;
-    }
-    ce->part_floats = floats;
     return 0;
 }
 
@@ -416,7 +389,6 @@ static void cuda_unload(struct engine *e) {
     for (int i = 0; i < ce->n_allocs; i++) cudaFree(ce->allocs[i]);
     free(ce->allocs);
     free_scratch(&ce->sc);
-    cudaFree(ce->part);
     cudaFreeHost(ce->h_next);
     cudaFreeHost(ce->dec.h_io);
     cudaFreeHost(ce->dec.h_best);
@@ -446,42 +418,15 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
     if (dec_alloc(e, err, errlen)) goto fail_msg;
-    const char *pdl = getenv("CALLA_PDL");
-    ce->decode_mode = decode_mode_of(getenv("CALLA_DECODE"));
-    k_set_pdl(!(pdl && !strcmp(pdl, "0")));   // on by default since version 6 (bench/NOTES.md); 0 turns it off
-    const char *da = getenv("CALLA_DEC_ATTN");
-    k_set_dec_attn(!da ? 2 : !strcmp(da, "split") ? 0 : !strcmp(da, "warps") ? 1 : 2);
-    // Fast mode by default (tensor-core products on bf16 activations, fp32 accumulation);
-    // CALLA_EXACT=1 is the verification mode of both, or each alone: CALLA_DECODE_EXACT=1,
-    // CALLA_PREFILL_FAST=0.
-    const char *all = getenv("CALLA_EXACT"), *ex = getenv("CALLA_DECODE_EXACT"), *fast = getenv("CALLA_PREFILL_FAST");
-    const int exact = all && !strcmp(all, "1");
-    k_set_decode_exact(exact || (ex && !strcmp(ex, "1")));
-    ce->prefill_exact = exact || (fast && !strcmp(fast, "0"));
-    const char *seg = getenv("CALLA_PREFILL_SEGS");   // 0: the prefill products one launch each (A/B)
-    ce->prefill_segs = !(seg && !strcmp(seg, "0"));
-    const char *dvp = getenv("CALLA_DV_PREFETCH");
-    ce->dv_prefetch = !(dvp && !strcmp(dvp, "0"));
-    const char *lmp = getenv("CALLA_LM_PREFETCH");
-    ce->lm_prefetch = lmp && !strcmp(lmp, "1");
-    const char *occ = getenv("CALLA_DV_OCC");
-    k_set_dv_occupancy(occ ? atoi(occ) : 0);
-    const char *qbw = getenv("CALLA_QB");
-    k_set_qb_wgmma(!(qbw && !strcmp(qbw, "mma")));
-    const char *fl = getenv("CALLA_FLASH");
-    k_set_flash(!fl ? FLASH_DEFAULT : !strcmp(fl, "mma") ? 0 : !strcmp(fl, "wg") ? 1 : !strcmp(fl, "ws") ? 2 : !strcmp(fl, "pp") ? 3 : FLASH_DEFAULT);
-    const char *gc = getenv("CALLA_GDN_CONV");
-    k_set_gdn_conv_fused(!(gc && !strcmp(gc, "old")));
-    const char *qbb = getenv("CALLA_QB_BLOCKS");
-    k_set_qb_blocks(qbb ? atoi(qbb) : 2);
-    const char *tsm = getenv("CALLA_TC_SMALL");
-    k_set_tc_small(!(tsm && !strcmp(tsm, "0")));
-    const char *dtc = getenv("CALLA_DOWN_TC");
-    k_set_down_tc(!(dtc && !strcmp(dtc, "0")));
-    const char *guw = getenv("CALLA_GATEUP_WARPS");
-    k_set_gateup_warps(guw && !strcmp(guw, "4") ? 4 : 8);
-    const char *tsp = getenv("CALLA_TC_SPLIT");
-    k_set_tc_split(tsp && (!strcmp(tsp, "0") || !strcmp(tsp, "1")) ? atoi(tsp) : 2);
+    // The fast mode unless the engine was opened exact (engine_options.exact): tensor-core products
+    // on bf16 activations with fp32 accumulation, or the verification mode's fp32-level products.
+    ce->tuning = (struct cuda_tuning){.exact_prefill = e->opts.exact, .exact_decode = e->opts.exact, .pdl = true};
+    ce->applied = ce->tuning;
+    if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
+        snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
+                 e->opts.device);
+        goto fail_msg;
+    }
     if (ensure_scratch(e, 1, err, errlen)) goto fail_msg;
     CK(cudaDeviceSynchronize());
     return 0;
@@ -579,32 +524,26 @@ fail:
 
 // y [T, W.rows] = x [T, W.cols] W^T
 static int mm(const struct qtensor *W, const float *x, int T, float *y, void *st) {
-    if (T == 1) return k_qmatvec(dq(W), NULL, x, W->cols, 1, y, W->rows, 1, st);
     return k_qmatmul(dq(W), x, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // The same from the bf16 copy xb of x when there is one (the fast prefill products), else mm.
 static int mmb(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
-    if (!xb || T == 1) return mm(W, x, T, y, st);
+    if (!xb) return mm(W, x, T, y, st);
     return k_qmatmul_bf16(dq(W), xb, W->cols, NULL, 1, y, W->rows, NULL, T, NULL, NULL, 0, st);
 }
 // y [T, W.rows] += x [T, W.cols] W^T (from xb when there is one, as mmb): the residual add in the
-// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into d, then k_add.
-// T == 1 (k_qmatvec): mm into d [W.rows], then k_add.
-static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, float *d, void *st) {
-    if (T == 1) {
-        const int rc = mm(W, x, 1, d, st);
-        return rc ? rc : k_add(y, d, W->rows, st);
-    }
+// product's epilogue (k_qmatmul_bf16_add, k_qmatmul_add), bit-identical to mmb into a buffer, then k_add.
+static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, int T, float *y, void *st) {
     if (xb) return k_qmatmul_bf16_add(dq(W), xb, W->cols, y, W->rows, T, st);
     return k_qmatmul_add(dq(W), x, W->cols, y, W->rows, T, st);
 }
 // The products of one input x (its bf16 copy xb when there is one), y[i] [T, W[i]->rows] = x W[i]^T, in
-// one launch when T > 1 and they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on
-// x): bit-identical to mmb on each, without a launch's fixed cost per product. Else (decode's T = 1,
-// another K or bits, CALLA_PREFILL_SEGS=0) one mmb each.
-static int mm_segs(const struct cuda_engine *ce, const struct qtensor *const *W, float *const *y, int n,
+// one launch when they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on x):
+// bit-identical to mmb on each, without a launch's fixed cost per product. Else (another K or bits)
+// one mmb each.
+static int mm_segs(const struct qtensor *const *W, float *const *y, int n,
                    const float *x, const uint16_t *xb, int T, void *st) {
-    int one = ce->prefill_segs && T > 1 && n <= QM_MAX_SEGS;
+    int one = n <= QM_MAX_SEGS;
     for (int i = 1; i < n; i++) one = one && W[i]->cols == W[0]->cols && W[i]->bits == W[0]->bits;
     if (!one) {
         for (int i = 0; i < n; i++) {
@@ -637,13 +576,14 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
     struct dec_bufs *d = &ce->dec;
-    void *st = ce->stream;
+    const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = ce->applied.exact_decode},
+                            *st = &dl;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    const int pf = k_pdl() && ce->dv_prefetch;
+    const int pf = dl.pdl;   // with PDL the GEMVs prefetch their weights into L2 before the wait
 // The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
 #define STAGE(sg, call) for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
-    CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, ce->stream));
     KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
         const struct layer_weights *L = &ce->w.layers[i];
@@ -692,21 +632,22 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
         STAGE(DS_DOWN, k_dv_moe_down(&m, st));
     }
     struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
-                         .best = d->best, .prefetch = pf && ce->lm_prefetch, .n_seg = 1};
+                         .best = d->best, .prefetch = 0, .n_seg = 1};   // (its 286 MB do not fit in L2)
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     STAGE(DS_LM, k_dv(&lm, st));
 #undef STAGE
-    CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, st));
+    CK(cudaMemcpyAsync(d->h_best, d->best, 8, cudaMemcpyDeviceToHost, ce->stream));
     return 0;
 fail:
     return -1;
 }
 
-// Captures the decode step of s as a graph (once per sequence and launch mode).
+// Captures the decode step of s as a graph (once per sequence, launch mode and stage probe).
 static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
-    if (cs->graph && cs->graph_pdl == k_pdl() && cs->graph_stage == ce->probe_stage && cs->graph_reps == ce->probe_reps)
+    if (cs->graph && cs->graph_pdl == ce->applied.pdl && cs->graph_exact == ce->applied.exact_decode &&
+        cs->graph_stage == ce->probe_stage && cs->graph_reps == ce->probe_reps)
         return 0;
     if (cs->graph) cudaGraphExecDestroy(cs->graph);
     cs->graph = NULL;
@@ -723,7 +664,7 @@ static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen
     const cudaError_t ei = cudaGraphInstantiate(&cs->graph, graph, 0);
     cudaGraphDestroy(graph);
     CK(ei);
-    cs->graph_pdl = k_pdl();
+    cs->graph_pdl = ce->applied.pdl, cs->graph_exact = ce->applied.exact_decode;
     cs->graph_stage = ce->probe_stage, cs->graph_reps = ce->probe_reps;
     return 0;
 fail:
@@ -741,7 +682,7 @@ static int cuda_decode(struct engine *e, struct seq *s, int32_t token, int want_
     void *st = ce->stream;
     d->h_io[0] = token;
     d->h_io[1] = s->pos;
-    if (ce->decode_mode == DEC_GRAPH) {
+    if (!ce->applied.eager) {
         if (dec_capture(e, s, err, errlen)) return -1;
         CK(cudaGraphLaunch(cs->graph, st));
     } else if (dec_enqueue(e, s, err, errlen)) {
@@ -792,15 +733,25 @@ void backend_cuda_probe_stage(struct engine *e, enum dec_stage stage, int reps) 
     ce->probe_reps = stage == DS_NONE ? 1 : reps;
 }
 
-void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl) {
-    struct cuda_engine *ce = e->impl;
-    ce->decode_mode = decode_mode_of(mode);
-    k_set_pdl(pdl);
+struct cuda_tuning *backend_cuda_tuning(struct engine *e) {
+    return e->ops == &backend_cuda ? &((struct cuda_engine *)e->impl)->tuning : NULL;
+}
+
+// Brings the tuning the user set into effect before a forward: a change of the prefill's mode or
+// delta rule reallocates the scratch (which holds the bf16 inputs and the chunked rule's workspace
+// only where they are used); decode's mode and PDL are read at each step (dec_capture recaptures).
+static void apply_tuning(struct cuda_engine *ce) {
+    const struct cuda_tuning *t = &ce->tuning, *a = &ce->applied;
+    if (t->exact_prefill != a->exact_prefill || t->gdn_recurrent != a->gdn_recurrent) {
+        cudaStreamSynchronize(ce->stream);
+        free_scratch(&ce->sc);   // ensure_scratch allocates it again for the next chunk
+    }
+    ce->applied = *t;
 }
 
 // Decoder layer i (docs/MODEL.md §2.2) on the residual stream ce->sc.x [T, H] in place, at positions
-// s->pos..: the prefill path (T == 1: the legacy decode kernels), fast (bf16 inputs to the products)
-// or not. Leaves the router's logits in ce->sc.rl [T, E]. Enqueues only: no synchronisation.
+// s->pos..: the prefill kernels for any T (a layer probe may pass one row), fast (bf16 inputs to the
+// products) or not. Leaves the router's logits in ce->sc.rl [T, E]. Enqueues only: no synchronisation.
 // forward_chunk runs it for every layer, the layer probe for one.
 static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
@@ -819,30 +770,26 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     if (geom_is_attn(g, i)) {
         const struct qtensor *qkv[] = {&L->q_proj, &L->k_proj, &L->v_proj};
         float *qkv_y[] = {b->qg, b->kb, b->vb};
-        KL(mm_segs(ce, qkv, qkv_y, 3, b->u, ub, T, st));
+        KL(mm_segs(qkv, qkv_y, 3, b->u, ub, T, st));
         KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
                        g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-        // fast (T > 1 always): the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32
-        // o, no k_to_bf16); else o in fp32
+        // fast: the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32 o, no
+        // k_to_bf16); else o in fp32
         uint16_t *ob = fast ? b->xh : NULL;
-        if (T == 1)
-            KL(k_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ce->part, 1, p0, s->cap, g->n_heads,
-                           g->n_kv_heads, D, DECODE_SPLIT, st));
-        else
-            KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads,
-                                 g->n_kv_heads, D, ce->prefill_exact, st));
-        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, b->d, st));   // x += the attention's output
+        KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads, g->n_kv_heads, D,
+                             ce->applied.exact_prefill, st));
+        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, st));   // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
-        KL(mm_segs(ce, in, in_y, 4, b->u, ub, T, st));
+        KL(mm_segs(in, in_y, 4, b->u, ub, T, st));
         KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                       g->lin_k_dim, st));
         const uint16_t *gb = NULL;   // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
         if (b->gdn_ws && T > 1) {   // chunks of 64 tokens on the tensor cores (this model's heads)
             KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og,
                              fast ? b->xh : NULL, b->gdn_ws, T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim,
-                             g->lin_v_dim, eps, ce->prefill_exact, st));
+                             g->lin_v_dim, eps, ce->applied.exact_prefill, st));
             gb = fast ? b->xh : NULL;
         } else {
             KL(k_gdn_recurrent(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og, T,
@@ -850,7 +797,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
             KL(rc);
         }
-        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, b->d, st));   // x += the DeltaNet's output
+        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, st));   // x += the DeltaNet's output
     }
     // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
     // writes its bf16 copy xh too). The norm also forms the shared-expert gate's logit sg from u in
@@ -872,26 +819,18 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(k_swiglu(b->sgt, b->sup, b->sact, (long)T * S, st));
     }
     KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
-    if (T == 1) {
-        KL(k_qmatvec(dq(&L->ex_gate), b->ids, b->u, H, K, b->eg, I, K, st));
-        KL(k_qmatvec(dq(&L->ex_up), b->ids, b->u, H, K, b->eu, I, K, st));
-        KL(k_swiglu(b->eg, b->eu, b->ea, (long)K * I, st));
-        KL(k_qmatvec(dq(&L->ex_down), b->ids, b->ea, I, 1, b->ye, H, K, st));
+    KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
+    if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
+        // M = T K: the compact grid, the experts' row tiles only
+        KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
+        KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts, ce->offs,
+                                 T, st));
+        KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, T * K, ce->counts, ce->offs, T, st));
     } else {
-        KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-        if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
-            // M = T K: the compact grid, the experts' row tiles only
-            KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts,
-                                     ce->offs, T, st));
-            KL(k_qmatmul_bf16(dq(&L->ex_down), b->xa, I, NULL, 1, b->ye, H, b->slots, T * K, ce->counts, ce->offs, T,
-                              st));
-        } else {
-            KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
-            KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
-            KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
-        }
+        KL(k_qmatmul(dq(&L->ex_gate), b->u, H, b->slots, K, b->eg, I, NULL, 0, ce->counts, ce->offs, T, st));
+        KL(k_qmatmul(dq(&L->ex_up), b->u, H, b->slots, K, b->eu, I, NULL, 0, ce->counts, ce->offs, T, st));
+        KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
+        KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
     }
     KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->x, T, K, H, 1, st));   // x += the MoE's output
     return 0;
@@ -899,20 +838,12 @@ fail:
     return -1;
 }
 
-// Scratch and attention partials for a prefill chunk of T tokens at s->pos; *fast: whether its
-// products take bf16 inputs (the fast mode, T > 1).
-static int prefill_prepare(struct engine *e, struct seq *s, int T, int *fast, char *err, size_t errlen) {
-    const struct geometry *g = &e->model.g;
+// Scratch for a prefill chunk (or a layer probe) of T tokens; *fast: whether its products take bf16
+// inputs (the fast mode; a single row, the layer probe's T = 1, runs the exact products).
+static int prefill_prepare(struct engine *e, int T, int *fast, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
     if (ensure_scratch(e, T, err, errlen)) return -1;
-    *fast = !ce->prefill_exact && T > 1 && ce->sc.xh && ce->sc.xa;   // bf16 inputs to the products
-    // Decode splits the keys into blocks of DECODE_SPLIT with partials; prefill (T > 1) runs
-    // FlashAttention with keys in fixed tiles from position 0, so a query's result does not depend
-    // on how the prompt was cut into chunks (the session cache continues a snapshot with the rest
-    // of a prompt and must match a single prefill).
-    if (T == 1 &&
-        ensure_part(ce, k_attention_part_floats(1, s->pos + 1, g->n_heads, g->head_dim, DECODE_SPLIT), err, errlen))
-        return -1;
+    *fast = !ce->applied.exact_prefill && T > 1 && ce->sc.xh && ce->sc.xa;
     return 0;
 }
 
@@ -920,10 +851,10 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
                               int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
-    if (T == 1 && ce->decode_mode != DEC_LEGACY && (n_rows == 0 || (n_rows == 1 && rows[0] == 0)))
-        return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
+    apply_tuning(ce);
+    if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     int fast;
-    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     void *st = ce->stream;
     const int H = g->hidden;
@@ -962,6 +893,7 @@ fail:
 
 static int cuda_embed(struct engine *e, const int32_t *tokens, int T, float *out, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
+    apply_tuning(ce);
     void *st = ce->stream;
     if (ensure_scratch(e, T, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
@@ -983,8 +915,9 @@ static int cuda_layer_probe(struct engine *e, struct seq *s, int layer, const fl
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     void *st = ce->stream;
+    apply_tuning(ce);
     int fast;
-    if (prefill_prepare(e, s, T, &fast, err, errlen)) return -1;
+    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
     struct scratch *b = &ce->sc;
     const size_t n = (size_t)T * g->hidden;
     CK(cudaMemcpyAsync(b->x, x_in, sizeof(float) * n, cudaMemcpyHostToDevice, st));

@@ -1,9 +1,10 @@
 // engine.c: backend selection, sequences, and chunked forward over the backend interface.
-#include "engine.h"
+#include "backend.h"
 #include "util.h"
 
 #include "gpu.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,42 @@ static const struct backend_ops *pick_backend(const char *name, int device, char
     return NULL;
 }
 
+// The developer and test settings the environment can turn on, applied by engine_open on top of the
+// caller's options; an unset or empty variable changes nothing. Every variable Calla reads for them is
+// in this table (README, "Developer settings").
+enum env_kind {
+    ENV_FLAG,    // a value other than "0" sets the bool
+    ENV_FLAG0,   // "0" sets the bool (a "no" field: CALLA_CPU_AVX=0 sets cpu_no_avx)
+    ENV_BYTES,   // a decimal byte count into the size_t
+    ENV_PATH,    // the value itself into the const char *
+};
+static const struct env_setting {
+    const char *name;
+    enum env_kind kind;
+    size_t field;   // offsetof(struct engine_options, ...)
+} env_settings[] = {
+    {"CALLA_EXACT", ENV_FLAG, offsetof(struct engine_options, exact)},   // 1: the verification mode
+    {"CALLA_CPU_REFERENCE", ENV_FLAG, offsetof(struct engine_options, cpu_reference)},
+    {"CALLA_CPU_AVX", ENV_FLAG0, offsetof(struct engine_options, cpu_no_avx)},
+    {"CALLA_CPU_ALLOC_LIMIT", ENV_BYTES, offsetof(struct engine_options, cpu_alloc_limit)},
+    {"CALLA_ROUTER_TRACE", ENV_PATH, offsetof(struct engine_options, router_trace)},
+};
+
+static void apply_environment(struct engine_options *o) {
+    for (size_t i = 0; i < sizeof env_settings / sizeof env_settings[0]; i++) {
+        const struct env_setting *v = &env_settings[i];
+        const char *val = getenv(v->name);
+        if (!val || !*val) continue;
+        char *f = (char *)o + v->field;
+        switch (v->kind) {
+        case ENV_FLAG: *(bool *)f = *(bool *)f || strcmp(val, "0"); break;
+        case ENV_FLAG0: *(bool *)f = *(bool *)f || !strcmp(val, "0"); break;
+        case ENV_BYTES: *(size_t *)f = (size_t)strtoull(val, NULL, 10); break;
+        case ENV_PATH: *(const char **)f = val; break;
+        }
+    }
+}
+
 int engine_open(const char *model_dir, const struct engine_options *o, struct engine **out, char *err, size_t errlen) {
     struct engine_options def = {0};
     if (!o) o = &def;
@@ -50,6 +87,7 @@ int engine_open(const char *model_dir, const struct engine_options *o, struct en
     }
     e->ops = ops;
     e->opts = *o;
+    apply_environment(&e->opts);
     if (checkpoint_open(model_dir, &e->model, err, errlen)) {
         free(e);
         return -1;

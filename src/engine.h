@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct engine;
+struct engine;   // opaque: defined in backend.h, for engine.c and the backends only
 struct seq;
 
 struct engine_options {
@@ -23,6 +23,14 @@ struct engine_options {
     bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
     int device;            // GPU index for a GPU backend (0: the first); the CPU backend ignores it
     bool gpu_exclusive;    // GPU backend: refuse a GPU that another process computes on (serve: one replica per GPU)
+    // The verification mode: fp32-level products (CUDA: hi + lo operands in prefill, fp32 CUDA-core
+    // products in decode) instead of the fast mode's bf16 inputs; the CPU backend is exact always.
+    bool exact;
+    // Developer and test settings, which the environment can also turn on (engine.c's table).
+    bool cpu_reference;        // CPU backend: the naive reference kernels (tests/test_cpu_reference.c)
+    bool cpu_no_avx;           // CPU backend: the portable kernels even where the CPU has AVX
+    size_t cpu_alloc_limit;    // CPU backend: fail every scratch allocation above this many bytes (0: none)
+    const char *router_trace;  // CPU backend: append every routing decision to this file (NULL: none)
 };
 
 struct forward_opts {
@@ -95,67 +103,3 @@ struct progress_line {
     double t0;         // now_s() at the start (util.h)
 };
 void progress_line(void *arg, int done, int total);
-
-// ---- backend interface -------------------------------------------------------------------------
-
-struct backend_ops {
-    const char *name;
-    // 1 when this backend can run here on the given device; 0 with the reason in msg.
-    int (*available)(int device, char *msg, size_t msglen);
-    int (*load)(struct engine *e, char *err, size_t errlen);
-    void (*unload)(struct engine *e);
-    int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen);   // sets s->impl
-    void (*seq_release)(struct seq *s);
-    void (*seq_clear)(struct seq *s);                                              // zero state
-    int (*seq_copy)(struct seq *dst, const struct seq *src, char *err, size_t errlen);
-    // One chunk: tokens at positions s->pos..; writes logits of the wanted rows (row indices
-    // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
-    int (*forward_chunk)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
-                         float *logits, int32_t *next, char *err, size_t errlen);
-    // (optional) The embedding rows of n valid tokens: out [n, hidden] (engine_embed).
-    int (*embed)(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
-    // (optional) One layer over n rows at positions s->pos.. through the same per-layer function
-    // forward_chunk runs (engine_layer_probe); does not advance s->pos.
-    int (*layer_probe)(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
-                       float *router_logits, char *err, size_t errlen);
-    // (optional) Host memory the backend copies logits into fastest (engine_logits_alloc).
-    void *(*host_alloc)(size_t bytes);
-    void (*host_free)(void *p);
-};
-
-struct engine {
-    struct model model;
-    const struct backend_ops *ops;
-    struct engine_options opts;
-    void *impl;                 // backend state
-    int64_t weight_bytes;
-};
-
-struct seq {
-    struct engine *e;
-    int pos, cap;
-    void *impl;
-};
-
-extern const struct backend_ops backend_cpu;
-#ifdef CALLA_CUDA
-extern const struct backend_ops backend_cuda;
-// backend_cuda.available on device 0 (the GPU test programs' probe).
-int backend_cuda_available(char *msg, size_t msglen);
-// Decode path for tests and A/B measurement: "graph" (default), "eager" or "legacy"; pdl 0/1.
-void backend_cuda_set_decode(struct engine *e, const char *mode, int pdl);
-// Test hook: s's captured decode graph (graph mode, after a decode step of s) launched n times back to
-// back on the device, the same step each time (its token and position), with no host round trip
-// between: *ms = device time per step. s's state is garbage afterwards. 0 or -1.
-int backend_cuda_decode_replay(struct engine *e, struct seq *s, int n, double *ms);
-// Stages of the decode step, for the stage probe (a measurement: what one stage costs in the step).
-enum dec_stage {
-    DS_NONE, DS_GDN_IN, DS_GDN, DS_GDN_OUT, DS_ATTN_IN, DS_ATTN_PREP, DS_ATTN, DS_ATTN_OUT, DS_ROUTER, DS_GATEUP,
-    DS_DOWN, DS_LM, DS_COUNT
-};
-extern const char *const dec_stage_names[DS_COUNT];
-// Test hook: the stage's launches enqueued reps times (0: skipped, 2: twice) in every layer of the
-// decode graphs captured from now on (DS_NONE: the real step). The step's output is garbage unless
-// reps == 1: for timing only.
-void backend_cuda_probe_stage(struct engine *e, enum dec_stage stage, int reps);
-#endif

@@ -575,7 +575,7 @@ static int load_sequence(const char *dir, const char *tokens_path, const char *t
 int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *tokens_path = NULL, *text_path = NULL, *backend = NULL, *json = NULL, *ref_path = NULL;
     long long top_k = SCORE_TOP_K_DEFAULT, chunk = SCORE_CHUNK_DEFAULT, threads = 0, decode_from = 0;
-    bool full = false, kv_f32 = false;
+    bool full = false, kv_f32 = false, exact = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory"},
         {"tokens", OPT_STR, &tokens_path, 0, 0, "file of token ids (decimal, separated by spaces or commas)"},
@@ -590,6 +590,7 @@ int cmd_score(int argc, char **argv) {
          "tokens before N as prefill, each later one alone through the decode path (1 <= N < tokens)"},
         {"threads", OPT_INT, &threads, 0, 1024, "CPU threads (0: all cores)"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
+        {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (fp32-level products; CALLA_EXACT=1)"},
     };
     const int nopt = sizeof opts / sizeof opts[0];
     const char *summary = "teacher-forced scoring: log-probability of each next token, NLL, perplexity, KL vs a reference";
@@ -614,7 +615,7 @@ int cmd_score(int argc, char **argv) {
         goto out;
     }
     rc = 1;
-    struct engine_options eo = {.backend = backend, .threads = (int)threads, .kv_f32 = kv_f32};
+    struct engine_options eo = {.backend = backend, .threads = (int)threads, .kv_f32 = kv_f32, .exact = exact};
     if (engine_open(dir, &eo, &e, err, sizeof err)) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;

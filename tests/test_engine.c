@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"   // the layer probe test moves a sequence's position as engine_forward does
 #include "engine.h"
 #include "synth.h"
 #include "tiny_engine.h"

@@ -1,12 +1,11 @@
 // attention.cu: full attention (docs/MODEL.md §2.4): q/k RMSNorm + partial RoPE + KV append, then causal
 // GQA softmax attention with the sigmoid output gate.
 //
-// Two attention kernels:
-// - decode (and any T): split over blocks of keys (flash-decoding): each block of the grid (split,
-//   kv head, token group) runs an online softmax over its keys for the G = n_heads / n_kv query
-//   heads that share the kv head (one warp each) and TQ consecutive tokens, reading each K/V tile
-//   once into shared memory; a second kernel merges the splits and applies the gate. fp32; K/V bf16.
-// - prefill: FlashAttention on the tensor cores (k_flash_attention below; the kernel in flash.cuh).
+// Two attention kernels, both on the tensor cores:
+// - decode (one token, its position read on the device): split over blocks of keys (flash-decoding),
+//   each block (split, kv head) an online softmax over its keys for the G = n_heads / n_kv query
+//   heads of the kv head; a second kernel merges the splits and applies the gate.
+// - prefill (any T): FlashAttention (k_flash_attention below; the kernel in flash.cuh).
 #include "mma.cuh"
 
 enum { AT_TILE = 32, AT_MAXD = 256, AT_MAXWARPS = 16, AT_MIN_SPLIT = 64, AT_MAX_SPLITS = 1024, AT_PREP_THREADS = 128 };
@@ -83,174 +82,20 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
 
 extern "C" int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm,
                                const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap,
-                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps, void *stream) {
+                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps,
+                               const struct dec_launch *l) {
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
-    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, stream, qg, k, v, q_norm, k_norm, q, kc,
+    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, l, qg, k, v, q_norm, k_norm, q, kc,
                     vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
 }
 
-// ---- split attention -------------------------------------------------------------------------
-
-static __host__ __device__ int tokens_per_block(int G) {
-    int tq = AT_MAXWARPS / G;
-    return tq > 0 ? tq : 1;
-}
+// ---- decode attention: key splits, then their combine --------------------------------------------
 
 // Decode with the position on the device (one CUDA graph serves every step): the grid has ns_max
 // splits; the first n of them take split_len keys each, n and split_len from the key count.
 static __device__ __forceinline__ void dec_split(int n_keys, int ns_max, int *n, int *split_len) {
     *n = min(ns_max, CEIL_DIV(n_keys, AT_MIN_SPLIT));
     *split_len = CEIL_DIV(CEIL_DIV(n_keys, *n), AT_TILE) * AT_TILE;
-}
-
-// part[((t * n_heads + h) * gridDim.x + split) * (D + 2)]: running max m, sum l, then o[D]
-// (unnormalised). d_pos: the position is read on the device (T = 1, decode), see dec_split.
-template <int D>
-static __global__ void __launch_bounds__(AT_MAXWARPS * WARP_SIZE)
-    attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, int T, int p0,
-                     const int *d_pos, int cap, int n_heads, int n_kv, int split_len) {
-    constexpr int KW = D / 2;   // K tile row stride in words; lanes read it swizzled (no bank conflicts)
-    constexpr int DL = D / WARP_SIZE;
-    __shared__ __align__(16) uint32_t Ks[AT_TILE * KW];
-    __shared__ __align__(16) uint16_t Vs[AT_TILE * D];
-    __shared__ __align__(16) float qs[AT_MAXWARPS][D];
-    pdl_wait();
-    if (d_pos) {
-        int n;
-        p0 = *d_pos;
-        dec_split(p0 + T, gridDim.x, &n, &split_len);
-        if ((int)blockIdx.x >= n) return;
-    }
-    const int split = blockIdx.x, kvh = blockIdx.y, G = n_heads / n_kv, TQ = tokens_per_block(G);
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int tl = warp / G, h = kvh * G + warp % G;   // this warp's token (in the group) and head
-    const int t = blockIdx.z * TQ + tl;
-    const bool active = t < T && tl < TQ;
-    const int kb = split * split_len;
-    const int t_last = min(T - 1, (int)blockIdx.z * TQ + TQ - 1);
-    const int ke_block = min(kb + split_len, p0 + t_last + 1);          // keys this block visits
-    const int ke = active ? min(kb + split_len, p0 + t + 1) : kb;        // keys this warp uses
-    if (active)
-        for (int d = lane; d < D; d += WARP_SIZE) qs[warp][d] = q[((size_t)t * n_heads + h) * D + d];
-    float m = -INFINITY, l = 0, o[DL];
-#pragma unroll
-    for (int i = 0; i < DL; i++) o[i] = 0;
-    const float scale = rsqrtf((float)D);
-    const uint32_t *kbase = (const uint32_t *)(kc + (size_t)kvh * cap * D);
-    const uint32_t *vbase = (const uint32_t *)(vc + (size_t)kvh * cap * D);
-    for (int k0 = kb; k0 < ke_block; k0 += AT_TILE) {
-        __syncthreads();
-        const int nk = min(AT_TILE, ke_block - k0);
-        {   // the tile: every thread's loads first, then its stores (blockDim is 512)
-            constexpr int NV = AT_TILE * D / 8, PT = CEIL_DIV(NV, 512);   // uint4 per tile, per thread
-            uint4 kr[PT], vr[PT];
-#pragma unroll
-            for (int j = 0; j < PT; j++) {
-                const int i = threadIdx.x + j * blockDim.x, r = i / (D / 8), c = i % (D / 8);
-                kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
-                if (i < NV && r < nk) {
-                    kr[j] = __ldg((const uint4 *)(kbase + (size_t)(k0 + r) * (D / 2)) + c);
-                    vr[j] = __ldg((const uint4 *)(vbase + (size_t)(k0 + r) * (D / 2)) + c);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < PT; j++) {
-                const int i = threadIdx.x + j * blockDim.x, r = i / (D / 8), c = i % (D / 8);
-                if (i < NV) {
-                    *(uint4 *)(Ks + r * KW + 4 * c) = kr[j];
-                    *(uint4 *)((uint32_t *)Vs + r * (D / 2) + 4 * c) = vr[j];
-                }
-            }
-        }
-        __syncthreads();
-        if (!active || k0 >= ke) continue;
-        // score of key k0 + lane
-        const int key = k0 + lane;
-        float s = -INFINITY;
-        if (key < ke) {
-            float acc = 0;
-            const uint32_t *kr = Ks + lane * KW;
-            const float2 *q2 = (const float2 *)qs[warp];
-#pragma unroll 8
-            for (int i = 0; i < KW; i++) {
-                const int c = (i + lane) % KW;   // lane j starts at word j: distinct banks
-                const uint32_t w = kr[c];
-                const float2 qq = q2[c];
-                acc += qq.x * __uint_as_float(w << 16) + qq.y * __uint_as_float(w & 0xffff0000u);
-            }
-            s = acc * scale;
-        }
-        const float m_new = fmaxf(m, warp_max(s));
-        const float pj = key < ke ? expf(s - m_new) : 0.0f;
-        const float corr = expf(m - m_new);
-        l = l * corr + warp_sum(pj);
-#pragma unroll
-        for (int i = 0; i < DL; i++) o[i] *= corr;
-        const int nv = min(AT_TILE, ke - k0);
-        for (int jj = 0; jj < nv; jj++) {
-            const float pv = __shfl_sync(0xffffffffu, pj, jj);
-#pragma unroll
-            for (int i = 0; i < DL; i++) o[i] += pv * bf16f(Vs[jj * D + lane + WARP_SIZE * i]);
-        }
-        m = m_new;
-    }
-    if (!active) return;
-    float *pp = part + (((size_t)t * n_heads + h) * gridDim.x + split) * (D + 2);
-    if (lane == 0) {
-        pp[0] = m;
-        pp[1] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < DL; i++) pp[2 + lane + WARP_SIZE * i] = o[i];
-}
-
-// o[t, h*D + d] = sum_s o_s e^{m_s - M} / sum_s l_s e^{m_s - M} * sigmoid(gate)
-static __global__ void attention_combine_kernel(const float *part, const float *qg, float *o, int n_heads, int D,
-                                                int n_split) {
-    const int t = blockIdx.x, h = blockIdx.y;
-    const float *pp = part + ((size_t)t * n_heads + h) * n_split * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (D + 2)]);
-    float L = 0;
-    for (int s = 0; s < n_split; s++) {
-        const float ms = pp[(size_t)s * (D + 2)];
-        if (ms != -INFINITY) L += pp[(size_t)s * (D + 2) + 1] * expf(ms - M);
-    }
-    const float *gate = qg + ((size_t)t * n_heads + h) * 2 * D + D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0;
-        for (int s = 0; s < n_split; s++) {
-            const float ms = pp[(size_t)s * (D + 2)];
-            if (ms != -INFINITY) acc += pp[(size_t)s * (D + 2) + 2 + d] * expf(ms - M);
-        }
-        o[((size_t)t * n_heads + h) * D + d] = acc / L * sigmoid_f(gate[d]);
-    }
-}
-
-extern "C" long k_attention_part_floats(int T, int n_keys, int n_heads, int D, int split_len) {
-    return (long)T * n_heads * CEIL_DIV(n_keys, split_len) * (D + 2);
-}
-
-extern "C" int k_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
-                           float *part, int T, int p0, int cap, int n_heads, int n_kv, int D, int split_len,
-                           void *stream) {
-    if (T <= 0) return 0;
-    const int G = n_heads / n_kv, TQ = tokens_per_block(G), n_split = CEIL_DIV(p0 + T, split_len);
-    if (G > AT_MAXWARPS || n_heads % n_kv || split_len % AT_TILE) return (int)cudaErrorInvalidValue;
-    cudaStream_t st = (cudaStream_t)stream;
-    dim3 grid(n_split, n_kv, CEIL_DIV(T, TQ));
-    const int threads = G * TQ * WARP_SIZE;
-    if (threads != 512) return (int)cudaErrorInvalidValue;   // the tile loads assume 512 threads
-    switch (D) {
-    case 256: attention_kernel<256><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
-    case 128: attention_kernel<128><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
-    case 64: attention_kernel<64><<<grid, threads, 0, st>>>(q, kc, vc, part, T, p0, nullptr, cap, n_heads, n_kv, split_len); break;
-    default: return (int)cudaErrorInvalidValue;
-    }
-    int rc = launch_status();
-    if (rc) return rc;
-    attention_combine_kernel<<<dim3(T, n_heads), 128, 0, st>>>(part, qg, o, n_heads, D, n_split);
-    return launch_status();
 }
 
 // Decode combine: one block per head; the split weights e^{m_s - M} once in shared memory, then
@@ -294,143 +139,6 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     }
 }
 
-// ---- decode attention, all warps busy -----------------------------------------------------------
-//
-// For GQA groups of G = D / 32 heads (this model: G = 8, D = 256; the test geometries too): a block
-// (split, kv head) of 16 warps, NW = 16 / G warps per head, each taking its own tile of 32 keys of
-// the block's KI = 32 NW keys an iteration (one key a lane for the scores, then P V with the weights
-// broadcast), with its own online softmax; the NW partial softmaxes of a head merge at the end.
-// K/V of the next iteration are loaded into registers while this one computes; the first
-// iteration's keys before the current position are loaded before waiting on the predecessor (they
-// were written by earlier steps). K rows sit in shared memory with 16-byte chunks XOR-swizzled by
-// the row, so a warp reading chunk c of 32 rows touches every bank.
-enum { DA_WARPS = 16, DA_THREADS = DA_WARPS * WARP_SIZE };
-static int g_dec_attn = 2;
-extern "C" void k_set_dec_attn(int v) { g_dec_attn = v; }
-
-template <int D>
-static __global__ void __launch_bounds__(DA_THREADS, 1)
-    dec_attn_kernel(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos, int cap,
-                    int n_heads) {
-    constexpr int G = D / 32, NW = DA_WARPS / G, KI = 32 * NW, CH = D / 8;   // CH: 16-byte chunks a row
-    constexpr int PT = KI * CH / DA_THREADS;                                   // chunks a thread loads, K and V each
-    static_assert(PT * DA_THREADS == KI * CH, "tile loads");
-    extern __shared__ __align__(16) uint4 da_smem[];
-    uint4 *Ks = da_smem, *Vs = da_smem + KI * CH;
-    __shared__ __align__(16) float qs[G][D];
-    const int kvh = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int hw = warp % G, pw = warp / G, h = kvh * G + hw;
-    const int pos = *d_pos;   // written before the step's first kernel (see below)
-    int n, split_len;
-    dec_split(pos + 1, gridDim.x, &n, &split_len);
-    if ((int)blockIdx.x >= n) return;
-    split_len = CEIL_DIV(split_len, KI) * KI;
-    const int kb = blockIdx.x * split_len, ke = min(kb + split_len, pos + 1);
-    const uint4 *kbase = (const uint4 *)(kc + (size_t)kvh * cap * D), *vbase = (const uint4 *)(vc + (size_t)kvh * cap * D);
-    uint4 kr[PT], vr[PT];
-    // rows [k0, k0 + KI) below `below` into registers (zeros elsewhere)
-    auto load = [&](int k0, int below) {
-#pragma unroll
-        for (int j = 0; j < PT; j++) {
-            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
-            kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
-            if (k0 + r < below) {
-                kr[j] = __ldg(kbase + (size_t)(k0 + r) * CH + c);
-                vr[j] = __ldg(vbase + (size_t)(k0 + r) * CH + c);
-            }
-        }
-    };
-    // This kernel runs only once its predecessor (attn_prep) has passed its own wait, so everything
-    // before attn_prep (the position copy, earlier steps' K/V) is complete: keys < pos need no wait.
-    load(kb, min(ke, pos));
-    pdl_wait();
-    pdl_trigger();
-    if (kb <= pos && pos < kb + KI) {   // the current key: written by attn_prep
-#pragma unroll
-        for (int j = 0; j < PT; j++) {
-            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
-            if (kb + r == pos) kr[j] = __ldg(kbase + (size_t)pos * CH + c), vr[j] = __ldg(vbase + (size_t)pos * CH + c);
-        }
-    }
-    for (int d = threadIdx.x; d < G * D; d += DA_THREADS) qs[d / D][d % D] = q[(size_t)kvh * G * D + d];
-    float m = -INFINITY, l = 0, o[D / 32];
-#pragma unroll
-    for (int i = 0; i < D / 32; i++) o[i] = 0;
-    const float scale = rsqrtf((float)D);
-    for (int k0 = kb; k0 < ke; k0 += KI) {
-        __syncthreads();   // the previous iteration's readers are done
-#pragma unroll
-        for (int j = 0; j < PT; j++) {
-            const int i = threadIdx.x + j * DA_THREADS, r = i / CH, c = i % CH;
-            Ks[r * CH + (c ^ (r & 7))] = kr[j];
-            Vs[i] = vr[j];
-        }
-        __syncthreads();
-        if (k0 + KI < ke) load(k0 + KI, ke);   // in flight while this iteration computes
-        const int t0 = k0 + pw * 32;            // this warp's tile
-        if (t0 >= ke) continue;
-        const int r = pw * 32 + lane, key = t0 + lane;
-        float s = -INFINITY;
-        if (key < ke) {
-            float acc = 0;
-            const float4 *q4 = (const float4 *)qs[hw];
-#pragma unroll 4
-            for (int c = 0; c < CH; c++) {
-                const uint4 w = Ks[r * CH + (c ^ (r & 7))];
-                const float4 a = q4[2 * c], b = q4[2 * c + 1];
-                acc += a.x * __uint_as_float(w.x << 16) + a.y * __uint_as_float(w.x & 0xffff0000u) +
-                       a.z * __uint_as_float(w.y << 16) + a.w * __uint_as_float(w.y & 0xffff0000u) +
-                       b.x * __uint_as_float(w.z << 16) + b.y * __uint_as_float(w.z & 0xffff0000u) +
-                       b.z * __uint_as_float(w.w << 16) + b.w * __uint_as_float(w.w & 0xffff0000u);
-            }
-            s = acc * scale;
-        }
-        const float m_new = fmaxf(m, warp_max(s));
-        const float pj = key < ke ? expf(s - m_new) : 0.0f;
-        const float corr = expf(m - m_new);
-        l = l * corr + warp_sum(pj);
-#pragma unroll
-        for (int i = 0; i < D / 32; i++) o[i] *= corr;
-        const int nv = min(32, ke - t0);
-        const uint32_t *vw = (const uint32_t *)(Vs + pw * 32 * CH);
-        for (int jj = 0; jj < nv; jj++) {
-            const float pv = __shfl_sync(0xffffffffu, pj, jj);
-#pragma unroll
-            for (int i = 0; i < D / 64; i++) {   // dims 2 (lane + 32 i), + 1
-                const uint32_t w = vw[jj * (D / 2) + lane + WARP_SIZE * i];
-                o[2 * i] += pv * __uint_as_float(w << 16);
-                o[2 * i + 1] += pv * __uint_as_float(w & 0xffff0000u);
-            }
-        }
-        m = m_new;
-    }
-    // merge the NW partial softmaxes of each head (scratch in the K/V tiles)
-    __syncthreads();
-    float *scr = (float *)da_smem + (size_t)warp * (D + 2);
-    if (lane == 0) scr[0] = m, scr[1] = l;
-#pragma unroll
-    for (int i = 0; i < D / 64; i++) ((float2 *)(scr + 2))[lane + WARP_SIZE * i] = make_float2(o[2 * i], o[2 * i + 1]);
-    __syncthreads();
-    if (pw) return;
-    float M = -INFINITY;
-    for (int p = 0; p < NW; p++) M = fmaxf(M, ((float *)da_smem)[(size_t)(p * G + hw) * (D + 2)]);
-    float L = 0, wt[NW];
-#pragma unroll
-    for (int p = 0; p < NW; p++) {
-        const float *sp = (float *)da_smem + (size_t)(p * G + hw) * (D + 2);
-        wt[p] = sp[0] == -INFINITY ? 0.0f : expf(sp[0] - M);
-        L += sp[1] * wt[p];
-    }
-    float *pp = part + ((size_t)h * gridDim.x + blockIdx.x) * (D + 2);
-    if (lane == 0) pp[0] = M, pp[1] = L;
-    for (int d = lane; d < D; d += WARP_SIZE) {
-        float acc = 0;
-#pragma unroll
-        for (int p = 0; p < NW; p++) acc += ((float *)da_smem)[(size_t)(p * G + hw) * (D + 2) + 2 + d] * wt[p];
-        pp[2 + d] = acc;
-    }
-}
-
 // ---- decode attention on the tensor cores ---------------------------------------------------------
 //
 // The prefill kernel's arithmetic (below) for one token: a block (split, kv head) of 4 warps; the
@@ -452,7 +160,9 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
     uint16_t *Qh = dt_smem, *Ql = Qh + 16 * D, *Kb = Ql + 16 * D, *Vb = Kb + 2 * DT_BN * D;   // K, V: [2][64][D]
     const int G = n_heads / n_kv, kvh = blockIdx.y;
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
-    const int pos = *d_pos;   // see dec_attn_kernel: written before the step's first kernel
+    // This kernel runs only once its predecessor (attn_prep) has passed its own wait, so everything
+    // before attn_prep (the position copy, earlier steps' K/V) is complete: keys < pos need no wait.
+    const int pos = *d_pos;
     int n, split_len;
     dec_split(pos + 1, gridDim.x, &n, &split_len);
     if ((int)blockIdx.x >= n) return;
@@ -630,7 +340,7 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
 
 template <int D>
 static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
-                         int ns_max, int cap, int n_heads, int n_kv, void *stream) {
+                         int ns_max, int cap, int n_heads, int n_kv, const struct dec_launch *l) {
     static bool attr;
     if (!attr) {
         const cudaError_t e = cudaFuncSetAttribute(dec_attn_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -638,64 +348,40 @@ static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc,
         if (e != cudaSuccess) return (int)e;
         attr = true;
     }
-    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), stream, q, kc, vc, part,
+    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), l, q, kc, vc, part,
                     d_pos, cap, n_heads, n_kv);
 }
 
 // Key splits for a decode grid over sequences of up to cap keys: at least AT_MIN_SPLIT keys a split,
-// and for dec_attn_kernel no more blocks than fit on the GPU at once (each iterates over its keys).
+// and no more blocks than fit on the GPU at once (each iterates over its keys).
 extern "C" int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most) {
     int n = CEIL_DIV(cap, AT_MIN_SPLIT);
     if (n > most) n = most;
-    if ((g_dec_attn == 2 && n_kv > 0 && n_heads / n_kv <= 16) || (g_dec_attn == 1 && n_kv > 0 && (n_heads / n_kv) * 32 == D)) {
+    if (n_kv > 0 && n_heads / n_kv <= 16) {
         int dev = 0, sms = 1;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        const int fit = sms / n_kv;   // one 512-thread block an SM
+        const int fit = sms / n_kv;   // one block an SM
         if (n > fit) n = fit;
     }
     return n < 1 ? 1 : n;
 }
 
-template <int D>
-static int dec_attn_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
-                           int ns_max, int cap, int n_heads, int n_kv, void *stream) {
-    constexpr int CH = D / 8, KI = 32 * (DA_WARPS / (D / 32));
-    const size_t smem = 2 * (size_t)KI * CH * sizeof(uint4);
-    static bool attr;
-    if (!attr) {
-        const cudaError_t e = cudaFuncSetAttribute(dec_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        attr = true;
-    }
-    return launch_k(dec_attn_kernel<D>, dim3(ns_max, n_kv), dim3(DA_THREADS), smem, stream, q, kc, vc, part, d_pos, cap,
-                    n_heads);
-}
-
 extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                float *part, const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D,
-                               void *stream) {
+                               const struct dec_launch *l) {
     const int G = n_heads / n_kv;
     if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS)
         return (int)cudaErrorInvalidValue;
-    const dim3 grid(ns_max, n_kv, 1), threads(G * tokens_per_block(G) * WARP_SIZE);
-    int rc = -1;
-    if (g_dec_attn == 2 && G <= 16 && (D == 256 || D == 128 || D == 64)) {
-        rc = D == 256 ? dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
-           : D == 128 ? dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
-                      : dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream);
-    } else if (g_dec_attn && G * 32 == D && (D == 256 || D == 128 || D == 64)) {
-        rc = D == 256 ? dec_attn_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
-           : D == 128 ? dec_attn_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream)
-                      : dec_attn_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, stream);
-    } else switch (D) {
-    case 256: rc = launch_k(attention_kernel<256>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
-    case 128: rc = launch_k(attention_kernel<128>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
-    case 64: rc = launch_k(attention_kernel<64>, grid, threads, 0, stream, q, kc, vc, part, 1, 0, d_pos, cap, n_heads, n_kv, 0); break;
+    int rc;
+    switch (D) {   // (G <= 16 = AT_MAXWARPS: the query heads of a kv head fill one 16-row tile)
+    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
+    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
+    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
     default: return (int)cudaErrorInvalidValue;
     }
     if (rc) return rc;
-    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, stream, (const float *)part, qg, o, n_heads, D,
+    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads, D,
                     ns_max, d_pos);
 }
 
@@ -718,63 +404,27 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
     return launch_status();
 }
 
-// The fast mode at D = 256 on warpgroup products (flash_wg.cuh) where the device runs this binary's
-// sm_90a code (k_has_sm90a). CALLA_FLASH=mma (k_set_flash(0)) keeps the mma.sync kernel for A/B.
+// The fast mode at D = 256 runs the warp-specialized warpgroup-product kernel (flash_wg.cuh): it needs
+// the binary's sm_90a code, which the backend checks at load (k_has_sm90a).
 #include "flash_wg.cuh"
 
-static int g_flash_wg = FLASH_DEFAULT;
-extern "C" void k_set_flash(int wg) { g_flash_wg = k_has_sm90a() ? wg : 0; }   // probes at init, not in a capture
-
-static __global__ void sm90a_probe(int *ok) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *ok = 1;
-#else
-    *ok = 0;
-#endif
-}
-
-// Whether the code the device runs was compiled with the sm_90a features (wgmma): a probe kernel
-// reports it, once (the binary may hold sm_90 code too, and the driver picks).
-extern "C" int k_has_sm90a(void) {
-    static int known = -1;
-    if (known < 0) {
-        int *d = NULL, h = 0;
-        if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return 0;
-        sm90a_probe<<<1, 1>>>(d);
-        const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-        cudaFree(d);
-        known = e == cudaSuccess && h == 1;
-    }
-    return known;
-}
-
-// g_flash_wg: 1 the lockstep kernel, 2 the warp-specialized one, 3 with ping-pong. OT: float (o) or
-// uint16_t (its bf16 copy only, fa_store).
-template <auto KERN, typename OT>
-static int flash_wg_run(dim3 grid, int threads, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                        const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    static bool raised;   // one per kernel
+// OT: float (o) or uint16_t (its bf16 copy only, fa_store).
+template <typename OT>
+static int flash_ws_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
+                           const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
+    static bool raised;   // one per output type
     const size_t smem = flash_wg_smem_bytes();
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(flash_ws_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
-    KERN<<<grid, threads, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    flash_ws_kernel<OT><<<grid, FW_WS_THREADS, smem, st>>>(q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
     return launch_status();
-}
-template <typename OT>
-static int flash_wg_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
-                           const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    if (g_flash_wg == 3)
-        return flash_wg_run<flash_ws_kernel<true, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    if (g_flash_wg == 2)
-        return flash_wg_run<flash_ws_kernel<false, OT>>(grid, FW_WS_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    return flash_wg_run<flash_wg_kernel<OT>>(grid, FA_THREADS, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
 }
 
 // ob (fast mode only; NULL: o in fp32): the kernel writes o's bf16 copy there instead (o unused), o_proj's
-// input, bit-identical to o then k_to_bf16 (issue 12: no 134 MB read + 67 MB write a 4K chunk and layer).
+// input, bit-identical to o then k_to_bf16 (without a 134 MB read + 67 MB write a 4K chunk and layer).
 extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                                  uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact,
                                  void *stream) {
@@ -783,19 +433,26 @@ extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t
     if (ob && (exact || (uintptr_t)ob % 4)) return (int)cudaErrorInvalidValue;   // pairs stored as 4 bytes
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
-    if (!exact && D == FW_D && g_flash_wg && k_has_sm90a())
-        return ob ? flash_wg_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
-                  : flash_wg_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-#define FA_CASE(d)                                                                                             \
-    case d:                                                                                                    \
-        return exact ? flash_launch<d, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv)            \
-               : ob  ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)           \
-                     : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    if (exact) {
+        switch (D) {
+        case 256: return flash_launch<256, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 128: return flash_launch<128, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 64: return flash_launch<64, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        default: return (int)cudaErrorInvalidValue;
+        }
+    }
+    // fast: this model's head dimension on warpgroup products, the test geometries' on mma.sync
+#define FA_FAST(d)                                                                                             \
+    (ob ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)                       \
+        : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv))
     switch (D) {
-        FA_CASE(256)
-        FA_CASE(128)
-        FA_CASE(64)
+    case FW_D:
+        if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
+        return ob ? flash_ws_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
+                  : flash_ws_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+    case 128: return FA_FAST(128);
+    case 64: return FA_FAST(64);
     default: return (int)cudaErrorInvalidValue;
     }
-#undef FA_CASE
+#undef FA_FAST
 }

@@ -189,19 +189,19 @@ static __device__ __noinline__ void route_warp(const float *x, int E, int k, int
 static __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 static __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// Launch with programmatic dependent launch when k_pdl() is on (the decode kernels). Returns 0 or
-// the CUDA error of the launch.
+// A decode kernel's launch on l's stream, with programmatic dependent launch where l asks for it.
+// Returns 0 or the CUDA error of the launch.
 template <typename... P, typename... A>
-static int launch_k(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, void *stream, A... args) {
+static int launch_k(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, const struct dec_launch *l, A... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = (cudaStream_t)stream;
+    cfg.stream = (cudaStream_t)l->stream;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = k_pdl() ? 1 : 0;
+    cfg.numAttrs = l->pdl ? 1 : 0;
     return (int)cudaLaunchKernelEx(&cfg, kern, ((P)args)...);
 }

@@ -1,26 +1,14 @@
 // deltanet.cu: Gated DeltaNet (docs/MODEL.md §2.5): causal depthwise conv + SiLU, L2 norms, the gated
-// delta rule token by token with an fp32 state, and the gated RMSNorm.
+// delta rule token by token with an fp32 state, and the gated RMSNorm; the decode step's rule
+// (k_dv_gdn). The chunked form of the rule for prefill is gdn_chunked.cu.
 //
 // The recurrence kernel keeps each head's state in registers (a quarter column S[dk.., dv] per
 // thread) for the whole chunk: the state is read and written once per chunk, and each token
-// costs two short loops over dk plus two shuffle reductions.
+// costs two short loops over dk plus two shuffle reductions. The decode step's kernel keeps a value
+// head's state in registers across a block, with the gated norm in its epilogue.
 #include "common.cuh"
 
-// ---- conv --------------------------------------------------------------------------------------
-
-// y[t, c] = silu(sum_j w[c, j] * xe[t + j, c]), xe = [state rows (KW-1) | xin rows (T)].
-static __global__ void gdn_conv_kernel(const float *xin, const float *state, const float *conv_w, float *y, int T,
-                                       int C, int KW) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
-    if (c >= C) return;
-    float s = 0;
-    for (int j = 0; j < KW; j++) {
-        const int r = t + j;   // row of xe
-        const float xv = r < KW - 1 ? state[(size_t)r * C + c] : xin[(size_t)(r - (KW - 1)) * C + c];
-        s += conv_w[(size_t)c * KW + j] * xv;
-    }
-    y[(size_t)t * C + c] = silu_f(s);
-}
+// ---- conv + SiLU + L2 norms in one pass -------------------------------------------------------
 
 // state[r] = xe[T + r] for r < KW - 1 (ascending r reads ahead of the writes).
 static __global__ void gdn_conv_state_kernel(const float *xin, float *state, int T, int C, int KW) {
@@ -32,29 +20,15 @@ static __global__ void gdn_conv_state_kernel(const float *xin, float *state, int
     }
 }
 
-// L2-normalise q and k heads in place (q also by 1/sqrt(Dk)); one block per (t, head of 2*Hk).
-static __global__ void gdn_l2norm_kernel(float *y, int C, int Hk, int Dk) {
-    __shared__ float sh[32];
-    const int t = blockIdx.x, kh = blockIdx.y;
-    float *x = y + (size_t)t * C + (size_t)kh * Dk;
-    float ss = 0;
-    for (int d = threadIdx.x; d < Dk; d += blockDim.x) ss += x[d] * x[d];
-    ss = block_sum(ss, sh);
-    float r = 1.0f / sqrtf(ss + 1e-6f);
-    if (kh < Hk) r /= sqrtf((float)Dk);
-    for (int d = threadIdx.x; d < Dk; d += blockDim.x) x[d] *= r;
-}
-
-// ---- conv + L2 norm in one pass (the default) ---------------------------------------------------
-//
-// A block of DK threads owns the DK channels of one head slice (q, k, or DK channels of v) and
-// GC_TT consecutive tokens: a thread reads its channel's GC_TT + KW - 1 rows of xe once, all loads
-// in flight together, and slides the conv window in registers. Bit-identical to gdn_conv_kernel
-// then gdn_l2norm_kernel (the A/B form, k_set_gdn_conv_fused(0)): the conv is the same fma chain
-// from 0 (j = 0 .. KW-1, as nvcc contracts the old loop), and each token's sum of squares is added
-// in the old block_sum's order: warp_sum's xor tree within a warp, then the 128-thread block's four
-// warp sums as its second warp_sum adds them, (w0 + w2) + (w1 + w3), with 0 for the warps a
-// head of DK < 128 leaves empty there (adding +0 to a sum of squares changes no bit).
+// y[t, c] = silu(sum_j w[c, j] * xe[t + j, c]), xe = [state rows (KW-1) | xin rows (T)], then the q
+// and k heads L2-normalised (q also by 1/sqrt(Dk)). A block of DK threads owns the DK channels of one
+// head slice (q, k, or DK channels of v) and GC_TT consecutive tokens: a thread reads its channel's
+// GC_TT + KW - 1 rows of xe once, all loads in flight together, and slides the conv window in
+// registers. The conv is one fma chain from 0 (j = 0 .. KW-1), and each token's sum of squares is
+// added in a block_sum's order: warp_sum's xor tree within a warp, then the four warp sums of a
+// 128-thread block as its second warp_sum adds them, (w0 + w2) + (w1 + w3), with 0 for the warps a
+// head of DK < 128 leaves empty there (adding +0 to a sum of squares changes no bit): every DK sums
+// in the order of one 128-thread block_sum.
 enum { GC_TT = 32 };   // tokens a block: one a lane after the transposed reduction
 
 // p[i]: this lane's value for token i. Returns, on lane l, the sum over the warp's lanes for token
@@ -86,7 +60,7 @@ template <int DK, int KW>
 static __global__ void __launch_bounds__(DK)
     gdn_conv_norm_kernel(const float *__restrict__ xin, const float *__restrict__ state,
                          const float *__restrict__ conv_w, float *__restrict__ y, int T, int C, int Hk) {
-    static_assert(DK % WARP_SIZE == 0 && DK <= 128, "the old l2norm's 128-thread block");
+    static_assert(DK % WARP_SIZE == 0 && DK <= 128, "a 128-thread block's sum order");
     constexpr int NW = DK / WARP_SIZE, NX = GC_TT + KW - 1;
     __shared__ float part[4][GC_TT];   // warp sums, 0 in the rows of warps that a DK < 128 leaves empty
     __shared__ float rs[GC_TT];        // each token's scale
@@ -113,7 +87,7 @@ static __global__ void __launch_bounds__(DK)
         const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
         float p[GC_TT];
 #pragma unroll
-        for (int i = 0; i < GC_TT; i++) p[i] = __fmul_rn(v[i], v[i]);   // the old fma(x, x, 0)
+        for (int i = 0; i < GC_TT; i++) p[i] = __fmul_rn(v[i], v[i]);   // rounded alone, as fma(x, x, 0)
         part[wid][lane] = warp_sum_transposed(p);
 #pragma unroll
         for (int k = NW; k < 4; k++)
@@ -142,9 +116,6 @@ static __global__ void __launch_bounds__(DK)
     }
 }
 
-static int g_gdn_conv_fused = 1;
-extern "C" void k_set_gdn_conv_fused(int on) { g_gdn_conv_fused = on; }
-
 template <int DK>
 static void gdn_conv_norm(const float *xin, const float *state, const float *conv_w, float *y, int T, int C, int Hk,
                           cudaStream_t st) {
@@ -155,17 +126,13 @@ static void gdn_conv_norm(const float *xin, const float *state, const float *con
 extern "C" int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk,
                           int Dk, void *stream) {
     if (T <= 0) return 0;
+    if (KW != 4 || (Dk != 32 && Dk != 64 && Dk != 128)) return (int)cudaErrorInvalidValue;   // every geometry's
     cudaStream_t st = (cudaStream_t)stream;
-    const bool fused = g_gdn_conv_fused && KW == 4 && (Dk == 32 || Dk == 64 || Dk == 128);
-    if (fused) {   // reads the old state: before gdn_conv_state_kernel overwrites it
-        if (Dk == 128) gdn_conv_norm<128>(xin, state, conv_w, y, T, C, Hk, st);
-        else if (Dk == 64) gdn_conv_norm<64>(xin, state, conv_w, y, T, C, Hk, st);
-        else gdn_conv_norm<32>(xin, state, conv_w, y, T, C, Hk, st);
-    } else {
-        gdn_conv_kernel<<<dim3(CEIL_DIV(C, 256), T), 256, 0, st>>>(xin, state, conv_w, y, T, C, KW);
-    }
+    // reads the state before gdn_conv_state_kernel overwrites it
+    if (Dk == 128) gdn_conv_norm<128>(xin, state, conv_w, y, T, C, Hk, st);
+    else if (Dk == 64) gdn_conv_norm<64>(xin, state, conv_w, y, T, C, Hk, st);
+    else gdn_conv_norm<32>(xin, state, conv_w, y, T, C, Hk, st);
     gdn_conv_state_kernel<<<CEIL_DIV(C, 256), 256, 0, st>>>(xin, state, T, C, KW);
-    if (!fused) gdn_l2norm_kernel<<<dim3(T, 2 * Hk), 128, 0, st>>>(y, C, Hk, Dk);
     return launch_status();
 }
 
@@ -256,4 +223,89 @@ extern "C" int k_gdn_recurrent(const float *y, const float *b, const float *a, c
     if (rc) return rc;
     gdn_gated_norm_kernel<<<dim3(T, Hv), 128, 0, st>>>(o, z, gdn_norm, Hv, Dv, eps);
     return launch_status();
+}
+
+// ---- decode: the gated delta rule step ---------------------------------------------------------
+
+// Block = value head h; thread (part, col) keeps rows [part * DK / 8, ..) of column col of the
+// head's state in registers. Reads the conv output y [C] = (q heads | k heads | v heads) after
+// SiLU; L2-normalises q and k (q also by 1/sqrt(DK)); S = alpha S; m = S^T k; S += k (beta (v - m))^T;
+// o = S^T q; then the gated norm of the head (docs/MODEL.md §2.5): out = w * (o * rsqrt(mean(o^2) + eps))
+// * silu(z), so that the out_proj kernel stages a plain input.
+enum { GD_PARTS = 8, GD_MAXDV = 128 };
+template <int DK>
+static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
+    dv_gdn_kernel(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias, float *S,
+                  const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dv) {
+    constexpr int DP = DK / GD_PARTS;
+    __shared__ float qs[DK], ks[DK], red[GD_PARTS][GD_MAXDV];
+    __shared__ float sh[2 * 32];
+    const int h = blockIdx.x, col = threadIdx.x % Dv, part = threadIdx.x / Dv;
+    const int kh = h / (Hv / Hk), KD = Hk * DK;
+    float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + col;
+    float st[DP];
+#pragma unroll
+    for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];   // this step's own state: no wait needed
+    const float A = A_log[h], dtb = dt_bias[h], nw = norm_w[col];   // weights: no wait needed
+    pdl_wait();
+    pdl_trigger();
+    // Every input of the step in one round trip (q, k, v, b, a, z), before the first barrier.
+    float qv = 0, kv = 0;
+    if (threadIdx.x < DK) qv = y[(size_t)kh * DK + threadIdx.x], kv = y[KD + (size_t)kh * DK + threadIdx.x];
+    const float v = y[2 * (size_t)KD + (size_t)h * Dv + col], bh = b[h], ah = a[h];
+    const float zz = part == 0 ? z[(size_t)h * Dv + col] : 0.0f;
+    const float2 qk = block_sum2(qv * qv, kv * kv, sh);
+    const float qss = qk.x, kss = qk.y;
+    if (threadIdx.x < DK) {
+        const float rq = 1.0f / sqrtf(qss + 1e-6f) / sqrtf((float)DK), rk = 1.0f / sqrtf(kss + 1e-6f);
+        qs[threadIdx.x] = qv * rq;
+        ks[threadIdx.x] = kv * rk;
+    }
+    __syncthreads();
+    const float beta = sigmoid_f(bh);
+    const float alpha = expf(-expf(A) * softplus_f(ah + dtb));
+    float m = 0;
+#pragma unroll
+    for (int i = 0; i < DP; i++) {
+        st[i] *= alpha;
+        m += st[i] * ks[part * DP + i];
+    }
+    red[part][col] = m;
+    __syncthreads();
+    m = 0;
+#pragma unroll
+    for (int p = 0; p < GD_PARTS; p++) m += red[p][col];
+    const float delta = beta * (v - m);
+    float out = 0;
+#pragma unroll
+    for (int i = 0; i < DP; i++) {
+        st[i] += ks[part * DP + i] * delta;
+        out += st[i] * qs[part * DP + i];
+    }
+    __syncthreads();
+    red[part][col] = out;
+    __syncthreads();
+    out = 0;
+#pragma unroll
+    for (int p = 0; p < GD_PARTS; p++) out += red[p][col];   // every part has the column's output
+    const float ss = block_sum(part == 0 ? out * out : 0.0f, sh);
+    if (part == 0) {
+        const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
+        o[(size_t)h * Dv + col] = nw * (out * r) * silu_f(zz);
+    }
+#pragma unroll
+    for (int i = 0; i < DP; i++) Sh[(size_t)i * Dv] = st[i];
+}
+
+extern "C" int k_dv_gdn(const float *y, const float *b, const float *a, const float *A_log, const float *dt_bias,
+                        float *S, const float *z, const float *norm_w, float eps, float *o, int Hk, int Hv, int Dk,
+                        int Dv, const struct dec_launch *l) {
+    if (Dv % WARP_SIZE || Dv > GD_MAXDV || Hv % Hk || Dk > GD_PARTS * Dv) return (int)cudaErrorInvalidValue;
+    const dim3 grid(Hv), block(GD_PARTS * Dv);
+    switch (Dk) {
+    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
+    default: return (int)cudaErrorInvalidValue;
+    }
 }

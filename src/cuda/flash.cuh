@@ -12,7 +12,7 @@
 // cache's continued prefill matches one prefill bit for bit.
 // Precision (template EXACT): K and V are bf16 already (the cache). EXACT (the verification mode):
 // Q and the probabilities P go to the tensor cores as two bf16 terms each (hi + lo), so scores and
-// outputs carry fp32-level error (~1e-6), not bf16's. Fast (the default, issue 12): Q and P rounded
+// outputs carry fp32-level error (~1e-6), not bf16's. Fast (the default): Q and P rounded
 // once to bf16 (nearest even), one mma per product, fp32 accumulation, as FlashAttention, MLX and
 // llama.cpp do; the softmax statistics (max, sum, rescaling) stay fp32 in both.
 // Shared memory, bf16, loaded with cp.async:
@@ -100,10 +100,10 @@ static __device__ __forceinline__ void fa_rescale(float (&acc)[N], float corr_a,
 }
 
 // The output of rows a (block row ra) and b (ra + 8): acc / l times the gate's sigmoid, rows past
-// the chunk not written. OT float: o in fp32; OT uint16_t (the fast mode, issue 12): only o's bf16
-// copy, o_proj's input, each value rounded by f2bf16 as k_to_bf16 rounds it, so bit-identical to
-// the fp32 store then k_to_bf16 without their round trip (a compile-time choice: the fp32 form's
-// code stays as it was).
+// the chunk not written. OT float: o in fp32; OT uint16_t (the fast mode): only o's bf16 copy,
+// o_proj's input, each value rounded by f2bf16 as k_to_bf16 rounds it, so bit-identical to the fp32
+// store then k_to_bf16 without their round trip (a compile-time choice, so the fp32 form's code is
+// not burdened by it).
 template <int D, typename OT>
 static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_rows r, OT *o, const float *qg, int ra,
                                                 int t0, int G, int kvh, int T, int n_heads, int c4) {

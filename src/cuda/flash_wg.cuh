@@ -1,27 +1,24 @@
 // flash_wg.cuh: the fast-mode prefill FlashAttention kernel on warpgroup products (sm_90a wgmma), for
 // this model's head dimension (256). Included by attention.cu after flash.cuh, whose mma.sync kernel
-// it replaces in the fast mode (CALLA_FLASH=mma keeps that one for A/B) and whose tiling, causal
-// limits and arithmetic it keeps:
+// runs the exact mode (and the fast mode of the test geometries' head dimensions), and whose tiling,
+// causal limits and arithmetic it keeps:
 //   - a block takes 128 query rows that share one kv head (TPB tokens x G heads), keys in tiles of 64
 //     at absolute positions from key 0, so the result does not depend on how the prompt was cut into
 //     chunks (the session cache's continued prefill matches one prefill bit for bit);
 //   - Q and P rounded once to bf16, fp32 accumulation, the online softmax in base 2 in fp32.
-// What changes: two warpgroups of 64 rows each, and the products are wgmma that read K and V straight
-// from shared memory once per warpgroup. The mma.sync kernel's warps each read the whole K and V tile
-// through ldmatrix (576 KB of shared-memory reads per tile for 128 rows; at 128 bytes a clock that
-// alone is ~4,600 cycles against ~2,050 of tensor work): here Q K^T is 16 wgmma m64n64k16 per
-// warpgroup with Q and K from shared memory, and P V 4 wgmma m64n256k16 with P from registers (the
-// S accumulator converted in place) and V read MN-major, so the tile's shared-memory traffic is about
-// 160 KB.
+// What changes: two consumer warpgroups of 64 rows each, and the products are wgmma that read K and V
+// straight from shared memory once per warpgroup. The mma.sync kernel's warps each read the whole K
+// and V tile through ldmatrix (576 KB of shared-memory reads per tile for 128 rows; at 128 bytes a
+// clock that alone is ~4,600 cycles against ~2,050 of tensor work): here Q K^T is 16 wgmma m64n64k16
+// per warpgroup with Q and K from shared memory, and P V 4 wgmma m64n256k16 with P from registers
+// (the S accumulator converted in place) and V read MN-major, so the tile's shared-memory traffic is
+// about 160 KB.
 // Shared memory (bf16, 128-byte swizzle, wgmma.cuh): Q [4 slabs][128][64], K and V [2 stages][4
-// slabs][64][64]: 192 KB plus 1 KB to align the slabs to 1024 bytes; K(j + 1) and V(j + 1) load by
-// cp.async under all of tile j, as in the mma.sync kernel. One block of 8 warps an SM (the output
-// accumulator is 128 floats a thread).
+// slabs][64][64]: 192 KB plus 1 KB to align the slabs to 1024 bytes; K(j + 1) and V(j + 1) load
+// under all of tile j. One block an SM (the output accumulator is 128 floats a consumer thread).
 // tools/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
-// tools/sim_wgmma.h, which stands in for wgmma.cuh there.
-// The warp-specialized form below (the default since version 8: flash_ws_kernel<true>) does the same
-// arithmetic in the same order: test_cuda_kernels (on the GPU) and make flash-sim (on the host, with
-// models of the mbarriers and named barriers) hold it to the lockstep kernel's output bit for bit.
+// tools/sim_wgmma.h (with models of the mbarriers and named barriers), which stands in for wgmma.cuh
+// there; test_cuda_kernels holds it on the GPU to the CPU twins of its arithmetic.
 #pragma once
 
 #include "wgmma.cuh"
@@ -75,105 +72,20 @@ static __device__ __forceinline__ void fw_pv(float (&acc)[FW_D / 2], const uint3
         wgmma_64x256_rs(acc, pa[kk], wg_desc(vt + kk * 16 * 128, FA_BN * 128, 1024));
 }
 
-// OT: the output's type, float or uint16_t (bf16: fa_store).
-template <typename OT>
-static __global__ void __launch_bounds__(FA_THREADS, 1)
-    flash_wg_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T, int p0,
-                    int cap, int n_heads, int n_kv) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int D = FW_D, CH = D / 8;
-    FA_DYNAMIC_SMEM(fw_raw);
-    // slabs on 1024-byte boundaries (the swizzle pattern repeats there; descriptors' base offset 0)
-    const uint32_t raw = smem_u32(fw_raw), base = (raw + 1023) & ~1023u;
-    char *sm = (char *)fw_raw + (base - raw);
-    const uint32_t sQ = base, sK = sQ + FA_BM * D * 2, sV = sK + 2 * FA_BN * D * 2;   // shared addresses
-    char *Qp = sm, *Kp = sm + (sK - base), *Vp = sm + (sV - base);
-    const int G = n_heads / n_kv, TPB = FA_BM / G;
-    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
-    const int wg = warp / 4;
-    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;
-    const int n_tiles = CEIL_DIV(n_keys, FA_BN);
-    const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
-    auto load_tile = [&](char *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
-        for (int i = tid; i < FA_BN * CH; i += FA_THREADS) {
-            const int r = i / CH, c = i % CH, key = j * FA_BN + r;
-            const bool ok = key < n_keys;
-            cp_async16(dst + fw_at(r, c, FA_BN), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
-        }
-    };
-    load_tile(Kp, kbase, 0);
-    cp_async_commit();
-    load_tile(Vp, vbase, 0);
-    cp_async_commit();
-    for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> bf16
-        const int r = i / CH, c = i % CH;
-        float v[8];
-        fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
-        *(uint4 *)(Qp + fw_at(r, c, FA_BM)) =
-            make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]), bf16x2_rn(v[6], v[7]));
-    }
-    fence_async_smem();   // Q's st.shared, for wgmma (the barrier of tile 0 publishes it)
-    const int ra = warp * 16 + g, rb = ra + 8;
-    const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
-    float acc[D / 2];   // this thread's part of the warpgroup's 64 x 256 output: acc[4 dn + e]
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) acc[i] = 0;
-    fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
-    for (int j = 0; j < n_tiles; j++) {
-        const bool more = j + 1 < n_tiles;
-        const uint32_t kt = sK + (j & 1) * FA_BN * D * 2, vt = sV + (j & 1) * FA_BN * D * 2;
-        cp_async_wait<1>();   // K(j) landed; V(j) may fly
-        fence_async_smem();
-        __syncthreads();      // ... and both warpgroups are done with tile j - 1's K and V stages
-        if (more) {
-            load_tile(Kp + ((j + 1) & 1) * FA_BN * D * 2, kbase, j + 1);
-            cp_async_commit();
-            load_tile(Vp + ((j + 1) & 1) * FA_BN * D * 2, vbase, j + 1);
-            cp_async_commit();
-        }
-        float s[FA_BN / 2];
-        wg_fence();
-        fw_qk(s, sQ, kt, wg);
-        wg_commit();
-        wg_wait<0>();
-        fw_pin(s);
-        float corr_a, corr_b;   // fp32 P; the products see bf16(P)
-        fa_softmax(s, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
-        fa_rescale(acc, corr_a, corr_b);
-        uint32_t pa[FA_BN / 16][4];
-        fw_p(s, pa);
-        if (more) cp_async_wait<2>();   // V(j) landed; K(j + 1) and V(j + 1) may fly
-        else cp_async_wait<0>();
-        fence_async_smem();
-        __syncthreads();
-        wg_fence();
-        fw_pv(acc, pa, vt);
-        wg_commit();
-        wg_wait<0>();
-        fw_pin(acc);
-    }   // the barrier at the top of tile j + 1 guards the stages tile j read
-    fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
-#else
-    __trap();   // built for sm_90 without the "a" features: the host never launches it there (k_has_sm90a)
-#endif
-}
-
-// ---- the warp-specialized form ------------------------------------------------------------------
-// The same tiles and arithmetic, with a producer warpgroup (warps 0-3) copying K and V into the two
-// stages and mbarriers in place of the block barriers: full_k / full_v [stage] (each producer warp
+// ---- the kernel: warp-specialized, with ping-pong -------------------------------------------------
+// A producer warpgroup (warps 0-3) copies K and V into the two stages, and mbarriers stand in for
+// block barriers: full_k / full_v [stage] (each producer warp
 // arrives once its copies landed and were fenced for the async proxy), empty [stage] (each consumer
 // warp arrives once its warpgroup's P V product of the stage is complete). The two consumer
-// warpgroups (warps 4-7 and 8-11) no longer meet at a barrier twice a tile, so one can run its
-// softmax while the other's products occupy the tensor cores. Registers: 384 threads get 168 each
-// at launch; the producer gives back to 56 and the consumers take 224 (setmaxnreg: regs_producer,
-// regs_consumer in wgmma.cuh), the 194 the lockstep kernel needs and more. PP (ping-pong, FlashAttention-3's
-// scheduling): named barriers 1 and 2 make the consumer warpgroups issue their Q K^T products in
-// turn, so that they settle half a tile apart.
+// warpgroups (warps 4-7 and 8-11) never meet at a block barrier, so one can run its softmax while the
+// other's products occupy the tensor cores. Registers: 384 threads get 168 each at launch; the
+// producer gives back to 56 and the consumers take 224 (setmaxnreg: regs_producer, regs_consumer in
+// wgmma.cuh), more than the 194 the arithmetic needs. Ping-pong (FlashAttention-3's scheduling):
+// named barriers 1 and 2 make the consumer warpgroups issue their Q K^T products in turn, so that
+// they settle half a tile apart. OT: the output's type, float or uint16_t (bf16: fa_store).
 enum { FW_CONSUMERS = FA_THREADS, FW_WS_THREADS = FA_THREADS + 128 };
 
-template <bool PP, typename OT>
+template <typename OT>
 static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
     flash_ws_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T, int p0,
                     int cap, int n_heads, int n_kv) {
@@ -248,17 +160,17 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < D / 2; i++) acc[i] = 0;
     fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
-    if (PP && wg == 1) named_arrive(1, FW_CONSUMERS);   // warpgroup 0 issues first
+    if (wg == 1) named_arrive(1, FW_CONSUMERS);   // warpgroup 0 issues first
     for (int j = 0; j < n_tiles; j++) {
         const int s = j & 1, ph = (j >> 1) & 1;
         const uint32_t kt = sK + s * FA_BN * D * 2, vt = sV + s * FA_BN * D * 2;
         mbar_wait(&full_k[s], ph);
         float sc[FA_BN / 2];
-        if (PP) named_sync(1 + wg, FW_CONSUMERS);
+        named_sync(1 + wg, FW_CONSUMERS);
         wg_fence();
         fw_qk(sc, sQ, kt, wg);
         wg_commit();
-        if (PP && (wg == 0 || j + 1 < n_tiles)) named_arrive(2 - wg, FW_CONSUMERS);   // the other's turn
+        if (wg == 0 || j + 1 < n_tiles) named_arrive(2 - wg, FW_CONSUMERS);   // the other's turn
         wg_wait<0>();
         fw_pin(sc);
         float corr_a, corr_b;

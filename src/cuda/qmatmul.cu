@@ -15,10 +15,10 @@
 // per-expert row counts and offsets from device memory (blockIdx.z = expert); blocks past an
 // expert's count exit, so the grid is sized on the host from a bound alone and nothing is read back.
 //
-// The fast mode (issue 12, the default; CALLA_PREFILL_FAST=0 selects this kernel): k_qmatmul_bf16
+// The fast mode (the default; the verification mode runs this exact kernel): k_qmatmul_bf16
 // (qmatmul_bf16.cuh) reads x already in bf16 (k_to_bf16 here converts it once per product input,
 // or its producer writes it: k_rmsnorm's bf16 copy, k_qmatmul_bf16_swiglu's epilogue) with one
-// MMA per product; this exact kernel stays as it is, the verification mode. Its device code is in
+// MMA per product. Its device code is in
 // qmatmul_exact.cuh (run on the host by make qmatmul-sim, as the fast kernel's); both kernels also run
 // several products of one input in one launch (segments: qmatmul_bf16.cuh, k_qmatmul_segs).
 #include "qmatmul_bf16.cuh"    // the fast kernel; the segment table (qm_segs: several products, one launch)
@@ -64,41 +64,26 @@ extern "C" int k_qmatmul_segs(const struct qm_seg *segs, int n, const float *x, 
     return qmatmul_launch(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, false, stream);
 }
 
-// CALLA_QB_BLOCKS (k_set_qb_blocks): 2 (default) the 3-stage form at two blocks an SM, 1 the
-// 4-stage form at one (qmatmul_bf16.cuh).
-static int g_qb_blocks = 2;
-extern "C" void k_set_qb_blocks(int n) { g_qb_blocks = n == 1 ? 1 : 2; }
-// CALLA_QB=mma (k_set_qb_wgmma(0)): the products on mma.sync instead of wgmma (A/B).
-static int g_qb_wg = 1;
-extern "C" void k_set_qb_wgmma(int on) { g_qb_wg = on && k_has_sm90a(); }
-
-template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS, bool ADD>
-static int launch_qmatmul_bf16_form(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
-                                    const int *xmap, int xdiv, const int *ymap, int M, const int *counts,
-                                    const int *offs, const float *gate, uint16_t *yb) {
+// On warpgroup products: cudaErrorInvalidDeviceFunction where the device does not run this binary's
+// sm_90a code (the backend refuses such a device at load).
+template <int BITS, bool GLU, bool SEGS, bool ADD>
+static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
+                               const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
+                               const float *gate, uint16_t *yb) {
+    if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
     static int attr_set;   // once per process and form (idempotent, so a race is harmless)
-    const size_t smem = QB_SMEM<BITS, STAGES, WG>;
+    const size_t smem = QB_SMEM<BITS>;
     if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD>,
+        const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
+    qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD><<<grid, QB_THREADS, smem, st>>>(
         S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y, S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
     return launch_status();
 }
 
-template <int BITS, int STAGES, bool GLU, bool SEGS, bool ADD>
-static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, const uint16_t *x, int ldx,
-                               const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
-                               const float *gate, uint16_t *yb) {
-    if (g_qb_wg && k_has_sm90a())
-        return launch_qmatmul_bf16_form<BITS, STAGES, GLU, true, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
-                                                                            counts, offs, gate, yb);
-    return launch_qmatmul_bf16_form<BITS, STAGES, GLU, false, SEGS, ADD>(grid, st, S, x, ldx, xmap, xdiv, ymap, M,
-                                                                         counts, offs, gate, yb);
-}
 
 // Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
 // (W x)) (the GLU form), or for ADD (one dense segment) y += W x. SEGS: the kernels' segment lookup
@@ -125,12 +110,8 @@ static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t 
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define QB_ARGS grid, st, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb
-    if (W.bits == 4)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<4, 3, GLU, SEGS, ADD>(QB_ARGS)
-                                : launch_qmatmul_bf16<4, 4, GLU, SEGS, ADD>(QB_ARGS);
-    if (W.bits == 8)
-        return g_qb_blocks == 2 ? launch_qmatmul_bf16<8, 3, GLU, SEGS, ADD>(QB_ARGS)
-                                : launch_qmatmul_bf16<8, 4, GLU, SEGS, ADD>(QB_ARGS);
+    if (W.bits == 4) return launch_qmatmul_bf16<4, GLU, SEGS, ADD>(QB_ARGS);
+    if (W.bits == 8) return launch_qmatmul_bf16<8, GLU, SEGS, ADD>(QB_ARGS);
 #undef QB_ARGS
     return (int)cudaErrorInvalidValue;
 }

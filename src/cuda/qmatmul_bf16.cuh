@@ -7,56 +7,50 @@
 #include "wgmma.cuh"
 #endif
 
-// Fast mode: x already in bf16 (issue 12), the weights dequantized to bf16 as MLX does.
+// Fast mode: x already in bf16, the weights dequantized to bf16 as MLX does.
 //
 // y[r, n] = sum_k bf16(s_g[n] q[n, k] + b_g[n]) xb[r, k]
 // with xb the bf16 activations (written once by k_to_bf16 or by their producer) and each weight
 // dequantized by one fused bf16 multiply-add (fma.rn.bf16x2: the exact s q + b rounded once to
 // bf16, what MLX's own quantized matmul computes in a bf16 model): one MMA per product, fp32
-// accumulation, no per-group folding. (Version 5 kept the weights exact and folded the scale and
-// bias into an fp32 accumulator once per group: 128 FFMA, a second accumulator tile and the row
-// sums of x per warp and step, ~60% of the instructions; the kernel issued at 0.45 instructions a
-// cycle per scheduler. bench/NOTES.md, version 6.)
+// accumulation, no per-group folding. (Keeping the weights exact and folding the scale and bias into
+// an fp32 accumulator once per group costs 128 FFMA, a second accumulator tile and the row sums of x
+// per warp and step, ~60% of the instructions: such a kernel issued at 0.45 instructions a cycle per
+// scheduler; bench/NOTES.md.)
 //
-// Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as 2 (rows) x 4 (features),
-// 64 x 32 each (4 x 4 mma.m16n8k16 per k16). A 3- or 4-stage cp.async pipeline (16-byte copies straight
-// into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte chunks) and
-// the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are dequantized once
-// per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into 0x4300 | q = 128 + q
-// and one exact bf16x2 fma of -128, 8-bit ones by I2F; then the fma with the row's scale and bias),
-// double-buffered, one step ahead of the products. One barrier per step:
-//   wait for step kt + 1's copies; barrier; issue step kt + STAGES - 1's copies and its scale /
-//   bias loads; dequantize step kt + 1; ldmatrix + mma of step kt into the accumulator; store step
-//   kt + STAGES - 1's scale / bias pairs to its stage.
-// So the tensor cores of one warp overlap the dequantization of another, and global loads run
-// STAGES - 1 steps ahead. The WG form (the default on sm_90a; below the kernel's QB_SMEM) issues
-// step kt's products as wgmma before dequantizing step kt + 1, so each warpgroup's own
-// dequantization runs under its products, and waits for them at the end of the step. The host
-// simulator runs both forms (wgmma on the model of tools/sim_wgmma.h); test_cuda_kernels checks both.
+// Tile: 128 rows x 128 features, K one group (64) per step; 8 warps as two warpgroups of 64 rows x
+// 128 features (4 wgmma m64n128k16 a step, sm_90a). A 3-stage cp.async pipeline (16-byte copies
+// straight into shared memory): per stage the x tile (128 x 64 bf16, rows of 8 swizzled 16-byte
+// chunks) and the raw codes of the 128 weight rows (4/8-bit words, unswizzled). The codes are
+// dequantized once per block into a bf16 tile (swizzled as the x tile; 4-bit codes by LOP3 into
+// 0x4300 | q = 128 + q and one exact bf16x2 fma of -128, 8-bit ones by I2F; then the fma with the
+// row's scale and bias), double-buffered, one step ahead of the products. One barrier per step:
+//   wait for step kt + 1's copies; barrier; issue step kt + 2's copies and its scale / bias loads;
+//   issue step kt's wgmma; dequantize step kt + 1 under them; store step kt + 2's scale / bias pairs
+//   to its stage; wait for the products.
+// So each warpgroup's own dequantization runs under its products, and global loads run two steps
+// ahead. At up to 128 registers a thread, two blocks an SM (16 warps: one block's barrier and
+// dequantization do not idle the SM's tensor cores). The host simulator runs it on the wgmma model
+// of tools/sim_wgmma.h; test_cuda_kernels checks it on the GPU.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
-// GLU (k_qmatmul_bf16_swiglu, issue 12): the up product of a SwiGLU ends in its activation. The
+// GLU (k_qmatmul_bf16_swiglu): the up product of a SwiGLU ends in its activation. The
 // epilogue reads the gate product's fp32 output g at the element it would write (same ldy, ymap,
 // grouped rows) and stores bf16(silu(g) acc) to a bf16 output, instead of acc to y: the down
 // product's input, without the fp32 round trips of k_swiglu and k_to_bf16 (ncu, one 4,096-token
-// prefill before the fusion: k_swiglu 3.4 ms, k_to_bf16 3.3 ms; with k_rmsnorm's bf16 copy, all of
-// k_swiglu and about two thirds of k_to_bf16's elements go). The same expression (silu_f(g) * u)
+// prefill with them: k_swiglu 3.4 ms, k_to_bf16 3.3 ms; with k_rmsnorm's bf16 copy, all of k_swiglu
+// and about two thirds of k_to_bf16's elements go). The same expression (silu_f(g) * u)
 // and rounding (f2bf16) as those two kernels, so the values are bit-identical (the PTX of silu_f is
-// the same sequence in both). A template parameter, so the plain form compiles as before; the
+// the same sequence in both). A template parameter, so the plain form carries none of it; the
 // epilogue runs after the main loop, its registers within the launch bounds (ptxas -v: no more
 // registers or spills than the plain form).
 // tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
 // once or as late as their wait_group allows.
-enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256 };
-// Two forms (A/B, CALLA_QB_BLOCKS): STAGES = 3 at up to 128 registers, two blocks an SM (16 warps:
-// the default since version 6; one block's barrier and dequantization no longer idle the SM's
-// tensor cores), or STAGES = 4 at one block an SM (version 5's pipeline). QB_BLOCKS: the blocks an SM
-// of each form, which its launch bounds ask for.
-template <int STAGES>
-inline constexpr int QB_BLOCKS = STAGES == 3 ? 2 : 1;
+enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 3, QB_BLOCKS = 2 };
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
 
-template <int BITS, int STAGES>
+template <int BITS>
 struct qb_layout {   // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
+    static constexpr int STAGES = QB_STAGES;
     static constexpr int WPR = QB_BK * BITS / 32;                                     // words per row per group
     static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
     static constexpr size_t WC = X + (size_t)STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
@@ -183,16 +177,15 @@ static __device__ __forceinline__ void qm_store_frags(const float (&acc)[MI][4][
         }
 }
 
-// The products of one K step on warpgroup products (WG, sm_90a, the default where the device runs
-// this binary's sm_90a code; CALLA_QB=mma keeps mma.sync for A/B): the x tile and the dequantized
-// weight tile are already in wgmma's 128-byte-swizzle K-major layout (rows of 128 bytes, chunk c of
-// row r at c ^ (r & 7), wgmma.cuh) once their stages start on 1024-byte boundaries, so each
-// warpgroup (64 rows x 128 features) issues 4 wgmma m64n128k16 that read both straight from shared
-// memory, and dequantizes step kt + 1 while they run. The mma.sync form reads both through
-// ldmatrix, every warp its own 64 x 32 (~96 KB of shared-memory reads a step against ~48 KB).
-// Dynamic shared memory of a form: the layout, and for WG 1 KB to align its start.
-template <int BITS, int STAGES, bool WG>
-inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 0);
+// The products of one K step on warpgroup products: the x tile and the dequantized weight tile are
+// already in wgmma's 128-byte-swizzle K-major layout (rows of 128 bytes, chunk c of row r at
+// c ^ (r & 7), wgmma.cuh) once their stages start on 1024-byte boundaries, so each warpgroup (64 rows
+// x 128 features) issues 4 wgmma m64n128k16 that read both straight from shared memory (~48 KB of
+// shared-memory reads a step, half of what ldmatrix for mma.sync would read), and dequantizes step
+// kt + 1 while they run.
+// Dynamic shared memory: the layout, and 1 KB to align its start.
+template <int BITS>
+inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + 1024;
 
 // Segments (k_qmatmul_segs, k_qmatmul_bf16_segs): up to QM_MAX_SEGS dense products of one input
 // (the same x, K and bits) in one launch, each into its own output with its own row stride. grid.x
@@ -204,8 +197,8 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS, STAGES>::BYTES + (WG ? 1024 : 
 // parameters (nothing to upload); tile0 of the slots past the last segment is the total tile count,
 // so they are never picked. The kernels take SEGS as a template
 // parameter: without it (the single-product launchers) the product is the kernel's own parameters
-// W1, y1, ldy1, as before segments (the table is passed but not read; ptxas gives those forms the
-// registers they had); with it the fields are picked by a select chain on constant indices (no local
+// W1, y1, ldy1 (the table is passed but not read; ptxas gives those forms the registers of a
+// kernel without segments); with it the fields are picked by a select chain on constant indices (no local
 // copy of the table), K from segment 0 (shared), the output pointer and stride at the epilogue.
 struct qm_segs {
     struct qm_seg s[QM_MAX_SEGS];
@@ -292,18 +285,19 @@ static __device__ __forceinline__ void qm_output(const qm_segs &S, int i, float 
 // GLU off, k_qmatmul_bf16_add): y1 += W x, each element read and written by the one thread that
 // computes it, so bit-identical to the plain form into a buffer d, then k_add(y1, d) (the residual
 // add of cuda_layer's o_proj / out_proj without d's write and two reads).
-template <int BITS, int STAGES, bool GLU, bool WG = false, bool SEGS = false, bool ADD = false>
-static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
+template <int BITS, bool GLU, bool SEGS = false, bool ADD = false>
+static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     qmatmul_bf16_kernel(struct dqt W1, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb,
                         const qm_segs S) {
     static_assert(!(ADD && (GLU || SEGS)), "the add form: one plain product");
-    using L = qb_layout<BITS, STAGES>;
+    constexpr int STAGES = QB_STAGES;
+    using L = qb_layout<BITS>;
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
     QB_DYNAMIC_SMEM(qb_raw);
     // (the host simulator's smem_u32 models shared addresses too: tools/sim_wgmma.h)
-    unsigned char *const qb_smem = WG ? qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023) : qb_raw;
+    unsigned char *const qb_smem = qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023);
     uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
     uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
     uint16_t *const Wb = (uint16_t *)(qb_smem + L::WB);
@@ -325,7 +319,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     const int seg = qm_seg_of<SEGS>(S, blockIdx.x);
     int n0;
     const struct dqt W = qm_matrix<SEGS, QB_BN, BITS>(S, W1, seg, blockIdx.x, &n0);
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, N = W.rows, K = W.cols;
+    const int tid = threadIdx.x, N = W.rows, K = W.cols;
     qm_rows<QB_BM>(r0, cnt, base, xmap, xdiv, ymap, xrow, yrow);
     const size_t mat = counts ? (size_t)e : 0;
     const int wpr = K / PER, ng = K / QB_BK;
@@ -409,95 +403,59 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS<STAGES>)
     cp_async_wait<STAGES - 2>();   // step 0 has landed (this thread's copies)
     __syncthreads();
     dequant(0);
-    const int g = lane / 4, c4 = lane % 4;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim_wgmma.h)
-    if constexpr (WG) {
-        // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
-        // fence.proxy.async in the writing thread, then a barrier.
-        fence_async_smem();
-        float acc[QB_BN / 2] = {};   // this warpgroup's 64 x 128: row g (+ 8) of the warp's 16, acc[4 ni + 2 h + j]
-        const int wg = warp / 4;
-        const uint64_t dX = wg_desc(smem_u32(Xt) + wg * 64 * 128, 16, 1024), dW = wg_desc(smem_u32(Wb), 16, 1024);
-        for (int kt = 0; kt < ng; kt++) {
-            const int st = kt % STAGES;
-            cp_async_wait<STAGES - 3>();   // this thread's copies of step kt + 1 have landed
-            fence_async_smem();
-            __syncthreads();   // as in the mma.sync loop below; step kt - 1's products were waited for
-            load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
-            uint32_t nsv, nbv;
-            load_sb(kt + STAGES - 1, nsv, nbv);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < QB_BK / 16; kk++)
-                wgmma_64x128_ss(acc, dX + ((st * XT * 2 + kk * 32) >> 4),
-                                dW + (((kt % 2) * QB_BN * QB_BK * 2 + kk * 32) >> 4));
-            wg_commit();
-            dequant(kt + 1);   // under the products
-            fence_async_smem();
-            if (tid < QB_BN) {
-                Sc[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nsv;
-                Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
-            }
-            wg_wait<0>();
-#ifndef QB_HOST_SIM   // pins acc after the wait (the host model is synchronous; no "f" registers there)
-#pragma unroll
-            for (int i = 0; i < QB_BN / 2; i++) asm volatile("" : "+f"(acc[i])::"memory");
-#endif
-        }
-        cp_async_wait<0>();
-        float *y;
-        int ldy;
-        qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
-        const int wr = wg * 64 + (warp % 4) * 16 + g;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int yr = yrow[wr + 8 * h];
-            if (yr < 0) continue;
-#pragma unroll
-            for (int ni = 0; ni < QB_BN / 8; ni++) {
-                const int n = n0 + ni * 8 + 2 * c4;
-                qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[4 * ni + 2 * h], acc[4 * ni + 2 * h + 1]);
-            }
-        }
-        return;
-    }
-#endif
-    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
-    float acc[4][4][4] = {};
+    const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;
+    // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
+    // fence.proxy.async in the writing thread, then a barrier.
+    fence_async_smem();
+    float acc[QB_BN / 2] = {};   // this warpgroup's 64 x 128: row g (+ 8) of the warp's 16, acc[4 ni + 2 h + j]
+    const int wg = warp / 4;
+    const uint64_t dX = wg_desc(smem_u32(Xt) + wg * 64 * 128, 16, 1024), dW = wg_desc(smem_u32(Wb), 16, 1024);
     for (int kt = 0; kt < ng; kt++) {
         const int st = kt % STAGES;
         cp_async_wait<STAGES - 3>();   // this thread's copies of step kt + 1 have landed
-        // Everyone's have; Wb of step kt is written; every thread is done with step kt - 1, so its
-        // stage, its Wb and its scales are free.
+        fence_async_smem();
+        // Everyone's have; Wb of step kt is written; every thread is done with step kt - 1 (its
+        // products were waited for), so its stage, its Wb and its scales are free.
         __syncthreads();
         load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
         uint32_t nsv, nbv;
         load_sb(kt + STAGES - 1, nsv, nbv);
-        dequant(kt + 1);   // one step ahead: no barrier between it and this step's products
-        const uint16_t *Wk = Wb + (kt % 2) * (QB_BN * QB_BK);
-        const uint16_t *X = Xt + st * XT;
+        wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < QB_BK / 16; kk++) {
-            uint32_t bq[4][2];
-            qm_b_frags(bq, Wk, wn, kk, lane);
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++) {
-                const int r = wm + mi * 16 + lane % 16, c = kk * 2 + lane / 16;
-                uint32_t a[4];
-                ldsm_x4(a, &X[r * QB_BK + swz(r, c) * 8]);
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], a, bq[ni][0], bq[ni][1]);
-            }
-        }
-        if (tid < QB_BN) {   // stage (kt - 1) % STAGES: its scales were last read by dequant(kt - 1), in step kt - 2
+        for (int kk = 0; kk < QB_BK / 16; kk++)
+            wgmma_64x128_ss(acc, dX + ((st * XT * 2 + kk * 32) >> 4),
+                            dW + (((kt % 2) * QB_BN * QB_BK * 2 + kk * 32) >> 4));
+        wg_commit();
+        dequant(kt + 1);   // under the products
+        fence_async_smem();
+        if (tid < QB_BN) {
             Sc[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nsv;
             Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
         }
+        wg_wait<0>();
+#ifndef QB_HOST_SIM   // pins acc after the wait (the host model is synchronous; no "f" registers there)
+#pragma unroll
+        for (int i = 0; i < QB_BN / 2; i++) asm volatile("" : "+f"(acc[i])::"memory");
+#endif
     }
     cp_async_wait<0>();
     float *y;
     int ldy;
     qm_output<SEGS>(S, seg, y1, ldy1, &y, &ldy);
-    qm_store_frags<GLU, ADD>(acc, yrow, wm, wn, g, c4, n0, N, y, ldy, gate, yb);
+    const int wr = wg * 64 + (warp % 4) * 16 + g;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int yr = yrow[wr + 8 * h];
+        if (yr < 0) continue;
+#pragma unroll
+        for (int ni = 0; ni < QB_BN / 8; ni++) {
+            const int n = n0 + ni * 8 + 2 * c4;
+            qb_store<GLU, ADD>(y, gate, yb, (size_t)yr * ldy, n, N, acc[4 * ni + 2 * h], acc[4 * ni + 2 * h + 1]);
+        }
+    }
+#else
+    __trap();   // built for sm_90 without the "a" features: the backend refuses such a device at load
+#endif
 }
 

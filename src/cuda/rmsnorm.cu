@@ -1,10 +1,10 @@
 // rmsnorm.cu: RMSNorm kind (a) of docs/MODEL.md §2.2 (the stored weight holds the +1), one block per row.
-// Optionally also the bf16 copy of the output (yb, the fast prefill products' input, issue 12): the
+// Optionally also the bf16 copy of the output (yb, the fast prefill products' input): the
 // same value rounded by f2bf16 as k_to_bf16 does, so bit-identical to k_rmsnorm then k_to_bf16, in
 // one pass instead of a second read and write of the row.
-// k_rmsnorm_gate (issue 12): the same kernel also forms one quantized row's product with the normed
-// row, the MoE's shared-expert gate logit, while y is in registers: a 1-row product in the router's
-// exact launch got blocks of its own that each walked all of K for one row, a second wave (0.222 ms
+// k_rmsnorm_gate: the same kernel also forms one quantized row's product with the normed row, the
+// MoE's shared-expert gate logit, while y is in registers: as a 1-row product in the router's exact
+// launch it gets blocks of its own that each walk all of K for one row, a second wave (0.222 ms
 // against the router's 0.111 ms alone at 4,096 tokens).
 #include "common.cuh"
 

@@ -33,7 +33,7 @@
 #include "common.cuh"
 #include "tcgemv_layout.h"
 
-// Dropping into decode.cu's dv_kernel in place of rows_dot: stage with tc_stage_x_by (the
+// Dropping into gemv.cu's dv_kernel in place of rows_dot: stage with tc_stage_x_by (the
 // lambda form of tc_stage_x) reading its swizzled fp32 xs (get8(u, v): x4[swz(2u)], x4[swz(2u + 1)]) into a
 // tc_smem_bytes(K) area, then per 16-row task tc_rows16(W.w, W.scales, W.biases, W.rows, K, n0, sm)
 // and the epilogue by the lanes with lane % 2 == 0 on row n0 + tc_lane_row(lane) (< R).

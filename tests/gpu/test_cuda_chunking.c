@@ -10,6 +10,7 @@
 //
 // One-token chunks run the decode kernels (matvec, 256-key splits): equal within rounding, not
 // bit for bit, so they are not part of this check.
+#include "backend_cuda.h"
 #include "engine.h"
 
 #include <stdio.h>

@@ -11,6 +11,7 @@
 // 4. CUDA determinism: two runs give bit-identical tokens and logits.
 // Prints a table; exit 0 when every check passes, 1 when one fails, 2 on bad arguments, 77 when
 // there is no suitable GPU (nothing ran: never a pass).
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 
@@ -103,6 +104,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuda open: %s\n", err);
         return 1;
     }
+    const char *gdn_env = getenv("CALLA_PREFILL_GDN");   // "recurrent": the token-by-token delta rule
+    backend_cuda_tuning(eg)->gdn_recurrent = gdn_env && !strcmp(gdn_env, "recurrent");
     printf("# model %s (%s), loaded in %.1f s, %s, GPU weights %.3f GB\n", dir, engine_geometry(eg)->name, now_s() - t0,
            why, (double)engine_weight_bytes(eg) / 1e9);
     const int V = engine_geometry(ec)->vocab, R = n_p + n_dec;

@@ -6,6 +6,7 @@
 //   test_cuda_kernels [seed [subset]]   prints one row per check; exit 0 when all pass (subsets: main)
 #include "checkpoint.h"
 #include "cuda/kernels.h"
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 
@@ -205,18 +206,6 @@ static void test_matmul_fast(int T, int rows, int cols, int bits, const char *na
     cudaFree(dx), cudaFree(dy), cudaFree(dxb);
 }
 
-static void test_matvec(int rows, int cols, int bits, const char *name) {
-    struct hq q = make_q(0, rows, cols, bits);
-    float *x = randv(cols, 1), *yc = malloc(sizeof(float) * rows);
-    float *dx = dup_d(x, cols * 4), *dy = poisoned(rows * 4);
-    k_qmatvec(q.d, NULL, dx, cols, 1, dy, rows, 1, NULL);
-    cpu_mm(&q.h, 0, x, yc);
-    char sh[64];
-    snprintf(sh, sizeof sh, "[%d x %d] %d-bit", rows, cols, bits);
-    float *yg = back(dy, rows);
-    report(name, sh, yg, yc, rows, 1e-5);
-}
-
 static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
     struct hq q = make_q(0, rows, cols, bits);
     float *x = randv((size_t)T * cols, 1), *yc = malloc(sizeof(float) * T * rows);
@@ -228,7 +217,7 @@ static void test_matmul(int T, int rows, int cols, int bits, const char *name) {
     report(name, sh, back(dy, (size_t)T * rows), yc, (size_t)T * rows, 1e-5);
 }
 
-// Routing + dispatch + grouped expert products (gate) + decode gathered matvec (down).
+// Routing + dispatch + grouped expert products (gate, down) + combine.
 static void test_moe(int T) {
     const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, I = QWEN_MOE_INTER;
     float *lg = randv((size_t)T * E, 2), *x = randv((size_t)T * H, 1);
@@ -321,9 +310,8 @@ static void test_moe(int T) {
         snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, H, I, rc ? " LAUNCH FAILED" : "");
         report("grouped down bf16", sh, yd, dr, nd, 2e-5);
         report_bound("grouped down bf16", "vs fp32 x", yd, dc, da, nd);
-        // the compact grid (M = T K): the same tiles, so the same bits, gate and down, both forms
-        for (int form = 0; form < 2; form++) {
-            k_set_qb_wgmma(form);
+        // the compact grid (M = T K): the same tiles, so the same bits, gate and down
+        {
             float *dyc = poisoned(ny * 4), *ddc = poisoned(nd * 4), *dy0 = poisoned(ny * 4), *dd0 = poisoned(nd * 4);
             int rcc = k_qmatmul_bf16(g.d, dxb, H, slots, K, dy0, I, NULL, 0, counts, offs, T, NULL);
             rcc = rcc ? rcc : k_qmatmul_bf16(g.d, dxb, H, slots, K, dyc, I, NULL, T * K, counts, offs, T, NULL);
@@ -335,24 +323,15 @@ static void test_moe(int T) {
             for (size_t i = 0; i < nd; i++) dif += memcmp(&b0[i], &b1[i], 4) != 0;
             checks++;
             fails += dif || rcc;
-            printf("%-22s %-34s %zu of %zu differ from the full grid (%s)%s  %s\n", "grouped compact grid",
-                   "gate + down, M = T K", dif, ny + nd, form ? "wgmma" : "mma.sync", rcc ? " LAUNCH FAILED" : "",
-                   dif || rcc ? "FAIL" : "PASS");
+            printf("%-22s %-34s %zu of %zu differ from the full grid%s  %s\n", "grouped compact grid",
+                   "gate + down, M = T K", dif, ny + nd, rcc ? " LAUNCH FAILED" : "", dif || rcc ? "FAIL" : "PASS");
             free(a0), free(a1), free(b0), free(b1);
             cudaFree(dyc), cudaFree(ddc), cudaFree(dy0), cudaFree(dd0);
         }
-        k_set_qb_wgmma(1);
         free(xr), free(yr), free(yab), free(yf), free(act), free(actr), free(yd), free(dc), free(dr);
         free(da), free(hc), free(ho);
         cudaFree(dxb), cudaFree(dyf), cudaFree(dact), cudaFree(ddn), cudaFree(dab);
     }
-    // decode: gathered matvec over the 8 experts of token 0 (down projection)
-    struct hq dn = make_q(E, H, I, 4);
-    float *a = randv((size_t)K * I, 1), *da = dup_d(a, (size_t)K * I * 4), *dye = poisoned((size_t)K * H * 4);
-    k_qmatvec(dn.d, di, da, I, 1, dye, H, K, NULL);
-    float *yec = malloc(sizeof(float) * K * H);
-    for (int j = 0; j < K; j++) cpu_mm(&dn.h, ids[j], a + (size_t)j * I, yec + (size_t)j * H);
-    report("expert matvec (ids)", "8 x [2048 x 512] 4-bit", back(dye, (size_t)K * H), yec, (size_t)K * H, 1e-5);
     // combine
     float *sh_ = randv((size_t)T * H, 1), *sg = randv(T, 1), *ye = randv((size_t)T * K * H, 1);
     float *dsh = dup_d(sh_, (size_t)T * H * 4), *dsg = dup_d(sg, T * 4), *dye2 = dup_d(ye, (size_t)T * K * H * 4);
@@ -420,11 +399,10 @@ static void test_rmsnorm_embed(void) {
     printf("%-22s %-34s got %d want 170001  %s\n", "argmax", "248320, planted tie", *ga, *ga == 170001 ? "PASS" : "FAIL");
 }
 
-// attention: prep (norm, RoPE, cache append) + split attention with gate (decode) and, for T > 1,
-// the tensor-core FlashAttention (prefill) in both modes, vs the CPU formula.
+// attention: prep (norm, RoPE, cache append) + the tensor-core FlashAttention (prefill, any T: the
+// layer probe passes one row) in both modes, vs the CPU formula.
 //
-// FlashAttention's exact mode (Q and P as bf16 hi + lo) is held to the fp32 formula's 1e-4, as the
-// split kernel. Its fast mode (Q and P rounded once to bf16) gets two CPU twins, as the fast
+// FlashAttention's exact mode (Q and P as bf16 hi + lo) is held to the fp32 formula's 1e-4. Its fast mode (Q and P rounded once to bf16) gets two CPU twins, as the fast
 // products do:
 //  (a) the kernel's own arithmetic in double: q rounded to bf16, the online softmax in base 2 over
 //      the same 64-key tiles from key 0 (running max, fp32-valued P, sum l of the unrounded P), and
@@ -453,8 +431,10 @@ static void rope_c(float *x, int rd, double theta, int p) {
         x[m + rd / 2] = a * s + b * c;
     }
 }
-static void test_attention(int T, int p0, int cap, int split) {
-    const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM, QD = NH * D, KVD = NKV * D;
+// NH query heads over NKV kv heads of D (64, 128, 256: this model's, and the test geometries' with
+// their own fast kernel), RoPE on D / 4 dimensions as in every geometry.
+static void test_attention(int T, int p0, int cap, int NH, int NKV, int D) {
+    const int QD = NH * D, KVD = NKV * D, RD = D / 4;
     const double theta = 1e7;
     float *qg = randv((size_t)T * 2 * QD, 1), *k = randv((size_t)T * KVD, 1), *v = randv((size_t)T * KVD, 1);
     float *qn = randv(D, 1), *kn = randv(D, 1);
@@ -462,35 +442,18 @@ static void test_attention(int T, int p0, int cap, int split) {
     for (size_t i = 0; i < (size_t)NKV * cap * D; i++) kc[i] = f32_to_bf16(grand()), vc[i] = f32_to_bf16(grand());
     uint16_t *dkc = dup_d(kc, (size_t)NKV * cap * D * 2), *dvc = dup_d(vc, (size_t)NKV * cap * D * 2);
     float *dqg = dup_d(qg, (size_t)T * 2 * QD * 4), *dk = dup_d(k, (size_t)T * KVD * 4), *dv = dup_d(v, (size_t)T * KVD * 4);
-    float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4), *dout = poisoned((size_t)T * QD * 4);
-    float *part = poisoned((size_t)k_attention_part_floats(T, p0 + T, NH, D, split) * 4);
-    k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, QWEN_ROPE_DIM, theta, 1e-6f, NULL);
-    k_attention(dq, dqg, dkc, dvc, dout, part, T, p0, cap, NH, NKV, D, split, NULL);
+    float *dqn = dup_d(qn, D * 4), *dkn = dup_d(kn, D * 4), *dq = poisoned((size_t)T * QD * 4);
+    k_attn_prep(dqg, dk, dv, dqn, dkn, dq, dkc, dvc, T, p0, cap, NH, NKV, D, RD, theta, 1e-6f, NULL);
+    // Exact, then fast (D = 256: the warp-specialized wgmma kernel; D = 64, 128: the mma.sync one) with
+    // o in fp32 and with its bf16 store (ob: o_proj's input in the fast mode, no fp32 o), poisoned
+    // (0xffff), so an element left unwritten differs from the rounded fp32 o (which the checks below
+    // hold to be no NaN). The exact mode must refuse ob.
     float *dflash = poisoned((size_t)T * QD * 4), *dfast = poisoned((size_t)T * QD * 4);
-    float *dmma = poisoned((size_t)T * QD * 4), *dws[2] = {poisoned((size_t)T * QD * 4), poisoned((size_t)T * QD * 4)};
-    int rc_exact = 0, rc_fast = 0, rc_mma = 0, rc_ws[2] = {0, 0};
-    // each fast form's bf16 store (ob: o_proj's input in the fast mode, no fp32 o): lockstep wgmma,
-    // mma.sync, warp-specialized, ping-pong; poisoned (0xffff), so an element left unwritten differs from
-    // the rounded fp32 o (which the checks below hold to be no NaN)
-    uint16_t *dob[4] = {NULL, NULL, NULL, NULL};
-    int rc_ob[4] = {0, 0, 0, 0}, rc_ob_exact = 0;
-    if (T > 1) {   // fast: the wgmma kernels (lockstep, warp-specialized, ping-pong) and mma.sync (CALLA_FLASH)
-        for (int f = 0; f < 4; f++) dob[f] = poisoned((size_t)T * QD * 2);
-        rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
-        rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob[0], T, p0, cap, NH, NKV, D, 1, NULL);
-        k_set_flash(1);
-        rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-        rc_ob[0] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[0], T, p0, cap, NH, NKV, D, 0, NULL);
-        k_set_flash(0);
-        rc_mma = k_flash_attention(dq, dqg, dkc, dvc, dmma, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-        rc_ob[1] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[1], T, p0, cap, NH, NKV, D, 0, NULL);
-        for (int w = 0; w < 2; w++) {
-            k_set_flash(2 + w);
-            rc_ws[w] = k_flash_attention(dq, dqg, dkc, dvc, dws[w], NULL, T, p0, cap, NH, NKV, D, 0, NULL);
-            rc_ob[2 + w] = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob[2 + w], T, p0, cap, NH, NKV, D, 0, NULL);
-        }
-        k_set_flash(FLASH_DEFAULT);
-    }
+    uint16_t *dob = poisoned((size_t)T * QD * 2);
+    const int rc_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, NULL, T, p0, cap, NH, NKV, D, 1, NULL);
+    const int rc_ob_exact = k_flash_attention(dq, dqg, dkc, dvc, dflash, dob, T, p0, cap, NH, NKV, D, 1, NULL);
+    const int rc_fast = k_flash_attention(dq, dqg, dkc, dvc, dfast, NULL, T, p0, cap, NH, NKV, D, 0, NULL);
+    const int rc_ob = k_flash_attention(dq, dqg, dkc, dvc, NULL, dob, T, p0, cap, NH, NKV, D, 0, NULL);
     // CPU twin
     for (int t = 0; t < T; t++)
         for (int j = 0; j < NKV; j++) {
@@ -499,7 +462,7 @@ static void test_attention(int T, int p0, int cap, int split) {
             for (int d = 0; d < D; d++) ss += k[t * KVD + j * D + d] * k[t * KVD + j * D + d];
             float r = 1.0f / sqrtf(ss / D + 1e-6f);
             for (int d = 0; d < D; d++) kh[d] = k[t * KVD + j * D + d] * r * kn[d];
-            rope_c(kh, QWEN_ROPE_DIM, theta, p0 + t);
+            rope_c(kh, RD, theta, p0 + t);
             for (int d = 0; d < D; d++) {
                 kc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(kh[d]);
                 vc[((size_t)j * cap + p0 + t) * D + d] = f32_to_bf16(v[t * KVD + j * D + d]);
@@ -517,7 +480,7 @@ static void test_attention(int T, int p0, int cap, int split) {
             for (int d = 0; d < D; d++) ss += qh[d] * qh[d];
             float r = 1.0f / sqrtf(ss / D + 1e-6f);
             for (int d = 0; d < D; d++) q[d] = qh[d] * r * qn[d];
-            rope_c(q, QWEN_ROPE_DIM, theta, p0 + t);
+            rope_c(q, RD, theta, p0 + t);
             for (int d = 0; d < D; d++) qb[d] = bf16_to_f32(f32_to_bf16(q[d]));
             const int kvh = h / (NH / NKV), nk = p0 + t + 1;
             float mx = -INFINITY, sum = 0;
@@ -532,7 +495,7 @@ static void test_attention(int T, int p0, int cap, int split) {
                     sb += (double)qb[d] * kv;
                     sa += fabs((double)q[d] * kv);
                 }
-                sc[j] = s / 16.0f;
+                sc[j] = s / sqrtf((float)D);
                 sf[j] = (float)sb * sl2;
                 mx = fmaxf(mx, sc[j]);
                 if (sa / sqrt((double)D) > amax) amax = sa / sqrt((double)D);
@@ -570,7 +533,7 @@ static void test_attention(int T, int p0, int cap, int split) {
             }
         }
     char sh[80];
-    snprintf(sh, sizeof sh, "T %d p0 %d cap %d split %d", T, p0, cap, split);
+    snprintf(sh, sizeof sh, "T %d p0 %d cap %d D %d G %d", T, p0, cap, D, NH / NKV);
     uint16_t *gk = malloc((size_t)NKV * cap * D * 2);
     cudaMemcpy(gk, dkc, (size_t)NKV * cap * D * 2, cudaMemcpyDeviceToHost);
     float *a = malloc(sizeof(float) * T * KVD), *b = malloc(sizeof(float) * T * KVD);
@@ -581,95 +544,79 @@ static void test_attention(int T, int p0, int cap, int split) {
                 b[t * KVD + j * D + d] = bf16_to_f32(kc[((size_t)j * cap + p0 + t) * D + d]);
             }
     report("attn prep (k cache)", sh, a, b, (size_t)T * KVD, 1e-2 / 4);
-    report(T == 1 ? "attention decode" : "attention split", sh, back(dout, n_out), oc, n_out, 1e-4);
-    if (T > 1) {
-        char shf[96];
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_exact ? " LAUNCH FAILED" : "");
-        report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_fast ? " LAUNCH FAILED" : "");
-        float *gf = back(dfast, n_out);
-        report("flash fast wgmma (bf16 QP)", shf, gf, of, n_out, 5e-4);
-        report_within("flash fast wgmma (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
-        free(gf);
-        snprintf(shf, sizeof shf, "%s%s", sh, rc_mma ? " LAUNCH FAILED" : "");
-        gf = back(dmma, n_out);
-        report("flash fast mma.sync (bf16 QP)", shf, gf, of, n_out, 5e-4);
-        report_within("flash fast mma.sync (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
-        free(gf);
-        // The warp-specialized forms do the lockstep kernel's arithmetic in its order: bit-identical.
-        float *gl = back(dfast, n_out);
-        for (int w = 0; w < 2; w++) {
-            gf = back(dws[w], n_out);
-            size_t dif = 0;
-            for (size_t i = 0; i < n_out; i++) dif += memcmp(&gf[i], &gl[i], 4) != 0;
-            checks++;
-            fails += dif || rc_ws[w] || rc_fast;
-            printf("%-22s %-34s %zu of %zu differ from the lockstep wgmma kernel%s  %s\n",
-                   w ? "flash ws ping-pong" : "flash warp-specialized", sh, dif, n_out, rc_ws[w] ? " LAUNCH FAILED" : "",
-                   dif || rc_ws[w] || rc_fast ? "FAIL" : "PASS");
-            free(gf);
-        }
-        free(gl);
-        // The bf16 store (k_flash_attention's ob, the fast mode's o_proj input): each form's bf16 output
-        // must be its own fp32 output rounded by f32_to_bf16 (k_to_bf16's rounding), every element, bit
-        // for bit. The exact mode refuses ob (its o_proj reads the fp32 o).
-        const float *const fo[4] = {dfast, dmma, dws[0], dws[1]};
-        const int rc_fo[4] = {rc_fast, rc_mma, rc_ws[0], rc_ws[1]};
-        const char *const fname[4] = {"flash bf16 o wgmma", "flash bf16 o mma.sync", "flash bf16 o ws", "flash bf16 o pp"};
-        uint16_t *hb = malloc(n_out * 2);
-        for (int f = 0; f < 4; f++) {
-            gf = back(fo[f], n_out);
-            cudaMemcpy(hb, dob[f], n_out * 2, cudaMemcpyDeviceToHost);
-            size_t dif = 0;
-            for (size_t i = 0; i < n_out; i++) dif += hb[i] != f32_to_bf16(gf[i]);
-            const bool bad = dif || rc_ob[f] || rc_fo[f];
-            checks++;
-            fails += bad;
-            printf("%-22s %-34s %zu of %zu differ from bf16(fp32 o)%s  %s\n", fname[f], sh, dif, n_out,
-                   rc_ob[f] || rc_fo[f] ? " LAUNCH FAILED" : "", bad ? "FAIL" : "PASS");
-            free(gf);
-            cudaFree(dob[f]);
-        }
-        free(hb);
-        checks++;
-        fails += rc_ob_exact != (int)cudaErrorInvalidValue;
-        printf("%-22s %-34s rc %d  %s\n", "flash bf16 o exact", "refused (cudaErrorInvalidValue)", rc_ob_exact,
-               rc_ob_exact == (int)cudaErrorInvalidValue ? "PASS" : "FAIL");
-    }
+    char shf[96];
+    snprintf(shf, sizeof shf, "%s%s", sh, rc_exact ? " LAUNCH FAILED" : "");
+    report("flash attention", shf, back(dflash, n_out), oc, n_out, 1e-4);
+    snprintf(shf, sizeof shf, "%s%s", sh, rc_fast ? " LAUNCH FAILED" : "");
+    float *gf = back(dfast, n_out);
+    report("flash fast (bf16 QP)", shf, gf, of, n_out, 5e-4);
+    report_within("flash fast (bf16 QP)", "vs fp32 formula", gf, oc, bound, n_out);
+    // The bf16 store (k_flash_attention's ob, the fast mode's o_proj input): the fast kernel's bf16
+    // output must be its own fp32 output rounded by f32_to_bf16 (k_to_bf16's rounding), every element,
+    // bit for bit. The exact mode refuses ob (its o_proj reads the fp32 o).
+    uint16_t *hb = malloc(n_out * 2);
+    cudaMemcpy(hb, dob, n_out * 2, cudaMemcpyDeviceToHost);
+    size_t dif = 0;
+    for (size_t i = 0; i < n_out; i++) dif += hb[i] != f32_to_bf16(gf[i]);
+    const bool bad = dif || rc_ob || rc_fast;
+    checks++;
+    fails += bad;
+    printf("%-22s %-34s %zu of %zu differ from bf16(fp32 o)%s  %s\n", "flash bf16 o", sh, dif, n_out,
+           rc_ob || rc_fast ? " LAUNCH FAILED" : "", bad ? "FAIL" : "PASS");
+    free(gf), free(hb);
+    checks++;
+    fails += rc_ob_exact != (int)cudaErrorInvalidValue;
+    printf("%-22s %-34s rc %d  %s\n", "flash bf16 o exact", "refused (cudaErrorInvalidValue)", rc_ob_exact,
+           rc_ob_exact == (int)cudaErrorInvalidValue ? "PASS" : "FAIL");
+    cudaFree(dflash), cudaFree(dfast), cudaFree(dob);
     free(oc), free(sc), free(of), free(sf), free(bound), free(a), free(b), free(gk);
 }
 
-// The fused conv + norms (the default) against the two kernels it replaced (CALLA_GDN_CONV=old,
-// k_set_gdn_conv_fused(0)) on the same inputs: every bit of y and of the new state must agree.
-// Some weights and inputs are zeros of either sign, where a reordered sum would show in the sign.
-static void test_gdn_conv_ab(int T, int Hk, int Dk, int Hv, int Dv) {
+// CPU twin of the conv (backend_cpu.c): y [T, C] = the q/k-normalised silu(conv) of xe = [state |
+// xin]; xe [(T + KW - 1) C] keeps the rows, so the new state is xe + T C. Both malloc'd.
+static void cpu_gdn_conv(const float *xin, const float *st, const float *cw, int T, int C, int KW, int Hk, int Dk,
+                         float **py, float **pxe) {
+    float *xe = malloc(sizeof(float) * (size_t)(T + KW - 1) * C), *y = malloc(sizeof(float) * (size_t)T * C);
+    memcpy(xe, st, sizeof(float) * (KW - 1) * C);
+    memcpy(xe + (size_t)(KW - 1) * C, xin, sizeof(float) * (size_t)T * C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float s = 0;
+            for (int j = 0; j < KW; j++) s += cw[c * KW + j] * xe[(size_t)(t + j) * C + c];
+            y[(size_t)t * C + c] = s / (1.0f + expf(-s));
+        }
+    for (int t = 0; t < T; t++)
+        for (int kh = 0; kh < 2 * Hk; kh++) {
+            float *x = y + (size_t)t * C + kh * Dk, ss = 0;
+            for (int d = 0; d < Dk; d++) ss += x[d] * x[d];
+            float r = 1.0f / sqrtf(ss + 1e-6f);
+            if (kh < Hk) r /= sqrtf((float)Dk);
+            for (int d = 0; d < Dk; d++) x[d] *= r;
+        }
+    *py = y, *pxe = xe;
+}
+
+// The conv + SiLU + q/k L2 norms (one fused kernel) and its state update against the CPU twin
+// (backend_cpu.c's formulas), at the model's heads and the test geometries' (Dk 32, 64), whole and
+// partial token tiles, and v channels that are not a whole number of Dk (a partial slice). Some
+// weights and inputs are zeros of either sign.
+static void test_gdn_conv(int T, int Hk, int Dk, int Hv, int Dv) {
     const int KW = 4, C = 2 * Hk * Dk + Hv * Dv;
     float *xin = randv((size_t)T * C, 1), *st = randv((size_t)(KW - 1) * C, 1), *cw = randv((size_t)C * KW, 0.5f);
     for (size_t i = 0; i < (size_t)T * C; i += 61) xin[i] = i % 2 ? -0.0f : 0.0f;
     for (int c = 0; c < C; c += 53)
         for (int j = 0; j < KW; j++) cw[c * KW + j] = 0.0f;
-    float *dxin = dup_d(xin, (size_t)T * C * 4), *dcw = dup_d(cw, (size_t)C * KW * 4), *dst[2], *dy[2];
-    for (int old = 0; old < 2; old++) {
-        dst[old] = dup_d(st, (size_t)(KW - 1) * C * 4);
-        dy[old] = poisoned((size_t)T * C * 4);
-        k_set_gdn_conv_fused(!old);
-        k_gdn_conv(dxin, dst[old], dcw, dy[old], T, C, KW, Hk, Dk, NULL);
-    }
-    k_set_gdn_conv_fused(1);
-    float *y0 = back(dy[0], (size_t)T * C), *y1 = back(dy[1], (size_t)T * C);
-    float *s0 = back(dst[0], (size_t)(KW - 1) * C), *s1 = back(dst[1], (size_t)(KW - 1) * C);
-    size_t dif = 0, difs = 0;
-    for (size_t i = 0; i < (size_t)T * C; i++) dif += memcmp(&y0[i], &y1[i], 4) != 0;
-    for (size_t i = 0; i < (size_t)(KW - 1) * C; i++) difs += memcmp(&s0[i], &s1[i], 4) != 0;
+    float *dxin = dup_d(xin, (size_t)T * C * 4), *dcw = dup_d(cw, (size_t)C * KW * 4);
+    float *dst = dup_d(st, (size_t)(KW - 1) * C * 4), *dy = poisoned((size_t)T * C * 4);
+    const int rc = k_gdn_conv(dxin, dst, dcw, dy, T, C, KW, Hk, Dk, NULL);
+    float *xe, *y;
+    cpu_gdn_conv(xin, st, cw, T, C, KW, Hk, Dk, &y, &xe);
     char sh[64];
-    snprintf(sh, sizeof sh, "T %d C %d Dk %d", T, C, Dk);
-    checks++;
-    fails += dif || difs;
-    printf("%-22s %-34s y: %zu of %zu, state: %zu differ  %s\n", "gdn conv fused vs old", sh, dif, (size_t)T * C,
-           difs, dif || difs ? "FAIL" : "PASS");
-    free(xin), free(st), free(cw), free(y0), free(y1), free(s0), free(s1);
-    cudaFree(dxin), cudaFree(dcw);
-    for (int i = 0; i < 2; i++) cudaFree(dst[i]), cudaFree(dy[i]);
+    snprintf(sh, sizeof sh, "T %d C %d Dk %d%s", T, C, Dk, rc ? " LAUNCH FAILED" : "");
+    report("gdn conv+l2norm", sh, back(dy, (size_t)T * C), y, (size_t)T * C, 1e-5);
+    report("gdn conv state", sh, back(dst, (size_t)(KW - 1) * C), xe + (size_t)T * C, (size_t)(KW - 1) * C, 0);
+    free(xin), free(st), free(cw), free(xe), free(y);
+    cudaFree(dxin), cudaFree(dcw), cudaFree(dst), cudaFree(dy);
 }
 
 static void test_deltanet(int T) {
@@ -685,24 +632,9 @@ static void test_deltanet(int T) {
     k_gdn_conv(dxin, dst, dcw, dy, T, C, KW, Hk, Dk, NULL);
     k_gdn_recurrent(dy, dbb, daa, dz, dAl, ddtb, dgn, dS, dout, T, Hk, Hv, Dk, Dv, 1e-6f, NULL);
     // CPU twin (backend_cpu.c deltanet)
-    float *xe = malloc(sizeof(float) * (size_t)(T + KW - 1) * C), *y = malloc(sizeof(float) * (size_t)T * C);
-    memcpy(xe, st, sizeof(float) * (KW - 1) * C);
-    memcpy(xe + (size_t)(KW - 1) * C, xin, sizeof(float) * (size_t)T * C);
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < C; c++) {
-            float s = 0;
-            for (int j = 0; j < KW; j++) s += cw[c * KW + j] * xe[(size_t)(t + j) * C + c];
-            y[(size_t)t * C + c] = s / (1.0f + expf(-s));
-        }
+    float *xe, *y;
+    cpu_gdn_conv(xin, st, cw, T, C, KW, Hk, Dk, &y, &xe);
     float *stc = xe + (size_t)T * C;   // new conv state
-    for (int t = 0; t < T; t++)
-        for (int kh = 0; kh < 2 * Hk; kh++) {
-            float *x = y + (size_t)t * C + kh * Dk, ss = 0;
-            for (int d = 0; d < Dk; d++) ss += x[d] * x[d];
-            float r = 1.0f / sqrtf(ss + 1e-6f);
-            if (kh < Hk) r /= sqrtf((float)Dk);
-            for (int d = 0; d < Dk; d++) x[d] *= r;
-        }
     float *yg = back(dy, (size_t)T * C);
     char sh[64];
     snprintf(sh, sizeof sh, "T %d C %d", T, C);
@@ -743,7 +675,7 @@ static void test_deltanet(int T) {
 // before issue 12's fusion. The gate is the gate product's own output (k_qmatmul_bf16). Dense: the
 // shared expert [N x H] (N = 200: a feature tail); grouped: the routed experts (x gathered by
 // slot / k, rows in expert order) with skewed routing, so that some experts have no rows and a few
-// more than one 128-row tile. Both forms of the kernel (k_set_qb_blocks 2 and 1).
+// more than one 128-row tile.
 static void test_swiglu_epilogue(int T, int N, int grouped) {
     const int E = QWEN_EXPERTS, K = QWEN_EXPERTS_USED, H = QWEN_HIDDEN, R = grouped ? T * K : T;
     struct hq gq = make_q(grouped ? E : 0, N, H, 4), uq = make_q(grouped ? E : 0, N, H, 4);
@@ -773,8 +705,7 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
     }
     float *dg = poisoned(ny * 4), *du = poisoned(ny * 4), *da = poisoned(ny * 4);
     uint16_t *dref = poisoned(ny * 2), *dfu = poisoned(ny * 2), *href = malloc(ny * 2), *hfu = malloc(ny * 2);
-    for (int form = 2; form >= 1; form--) {
-        k_set_qb_blocks(form);
+    {
         cudaMemset(dref, 0xff, ny * 2);
         cudaMemset(dfu, 0xff, ny * 2);
         int rc;
@@ -799,32 +730,24 @@ static void test_swiglu_epilogue(int T, int N, int grouped) {
         for (size_t i = 0; i < ny; i++) dif += href[i] != hfu[i], unwritten += hfu[i] == 0xffff;
         char sh[96];
         const char *lf = rc ? " LAUNCH FAILED" : "";
-        if (grouped) snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped, %d blk/SM%s", T, E, N, H, form, lf);
-        else snprintf(sh, sizeof sh, "T %d [%d x %d], %d blk/SM%s", T, N, H, form, lf);
+        if (grouped) snprintf(sh, sizeof sh, "T %d E %d [%d x %d] grouped%s", T, E, N, H, lf);
+        else snprintf(sh, sizeof sh, "T %d [%d x %d]%s", T, N, H, lf);
         const int ok = !rc && !dif && !unwritten;
         checks++;
         fails += !ok;
         printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", "swiglu epilogue", sh, dif, ny, unwritten,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_blocks(2);
     if (grouped) printf("%-22s %-34s %d empty experts, %d over one tile\n", "", "(routing)", n_empty, n_big);
     free(x), free(href), free(hfu);
     cudaFree(dx), cudaFree(dxb), cudaFree(dg), cudaFree(du), cudaFree(da), cudaFree(dref), cudaFree(dfu);
     if (grouped) cudaFree(di), cudaFree(counts), cudaFree(offs), cudaFree(slots);
 }
 
-// The product form a check ran: exact, or wgmma / mma.sync at 1 or 2 blocks an SM.
-static const char *qb_form(int exact, int wg, int blocks) {
-    if (exact) return "exact";
-    const int w = wg && k_has_sm90a();
-    return blocks == 2 ? (w ? "wgmma 2/SM" : "mma.sync 2/SM") : (w ? "wgmma 1/SM" : "mma.sync 1/SM");
-}
-
 // Segmented launches (k_qmatmul_bf16_segs, k_qmatmul_segs: cuda_layer's groups of products of one
 // input) against each product's own launch (k_qmatmul_bf16, k_qmatmul) on the same x, bit for bit:
 // every output buffer, poisoned before each run, must be equal (0 differing elements) and written.
-// The fast products on each form (wgmma and mma.sync, two blocks an SM and one) and the exact kernel.
+// The fast products and the exact kernel.
 // Then a group of two bit widths must be refused (cudaErrorInvalidValue, nothing launched).
 static void test_segments(int T, const char *name, int n, const int *rows, int bits) {
     const int H = QWEN_HIDDEN;
@@ -846,10 +769,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
     char shape[96] = "";
     for (int i = 0; i < n; i++)
         snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%d", i ? " + " : "", rows[i]);
-    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
-        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
-        k_set_qb_wgmma(wg);
-        k_set_qb_blocks(blocks);
+    for (int exact = 0; exact < 2; exact++) {
         struct qm_seg sg[QM_MAX_SEGS];
         int rc = 0;
         for (int i = 0; i < n; i++) {
@@ -874,7 +794,7 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         for (size_t j = 0; j < total; j++) dif += memcmp(ha + j, hs + j, 4) != 0, unwritten += isnan(hs[j]);
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "segments %s", name);
-        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, qb_form(exact, wg, blocks),
+        snprintf(sh, sizeof sh, "T %d [%s] %d-bit %s%s", T, shape, bits, exact ? "exact" : "fast",
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && !unwritten;
         checks++;
@@ -882,8 +802,6 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
         printf("%-22s %-34s %zu of %zu differ, %zu unwritten  %s\n", nm, sh, dif, total, unwritten,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_wgmma(1);
-    k_set_qb_blocks(2);
     {   // another bit width in the group: refused, both kernels
         struct hq o = make_q(0, 32, H, 12 - bits);
         struct qm_seg sg[2] = {{q[0].d, seg[0], rows[0]}, {o.d, seg[0], 32}};
@@ -908,8 +826,8 @@ static void test_segments(int T, const char *name, int n, const int *rows, int b
 // out_proj into the residual stream) against the plain product into d, then k_add, bit for bit. y
 // starts with random values (the stream's prior contents) and has 3 rows past M and 5 padding
 // columns (ldy = rows + 5), which must keep them: d is zeroed first, so k_add over the whole buffer
-// adds the plain form's output where it writes and +0 (exact) elsewhere. Each fast form (wgmma and
-// mma.sync, two blocks an SM and one) and the exact kernel; 0 differing elements to pass.
+// adds the plain form's output where it writes and +0 (exact) elsewhere. The fast kernel and
+// the exact kernel; 0 differing elements to pass.
 static void test_add(int T, int rows, int cols, int bits, const char *name) {
     const int ldy = rows + 5, Ty = T + 3;
     const size_t nx = (size_t)T * cols, ny = (size_t)Ty * ldy;
@@ -919,10 +837,7 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
     k_to_bf16(dx, dxb, (long)nx, NULL);
     float *dd = poisoned(ny * 4), *dref = poisoned(ny * 4), *dadd = poisoned(ny * 4);
     float *href = malloc(ny * 4), *hadd = malloc(ny * 4);
-    for (int form = 0; form < 5; form++) {   // 0-3: fast, wgmma / mma.sync x 2 / 1 blocks an SM; 4: exact
-        const int exact = form == 4, wg = form < 2, blocks = form % 2 ? 1 : 2;
-        k_set_qb_wgmma(wg);
-        k_set_qb_blocks(blocks);
+    for (int exact = 0; exact < 2; exact++) {
         cudaMemset(dd, 0, ny * 4);
         cudaMemcpy(dref, y0, ny * 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dadd, y0, ny * 4, cudaMemcpyHostToDevice);
@@ -941,7 +856,7 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         for (size_t i = 0; i < ny; i++) dif += memcmp(href + i, hadd + i, 4) != 0, changed += hadd[i] != y0[i];
         char nm[64], sh[128];
         snprintf(nm, sizeof nm, "add %s", name);
-        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, qb_form(exact, wg, blocks),
+        snprintf(sh, sizeof sh, "T %d [%d x %d] %d-bit %s%s", T, rows, cols, bits, exact ? "exact" : "fast",
                  rc ? " LAUNCH FAILED" : "");
         const int ok = !rc && !dif && changed > 0;
         checks++;
@@ -949,8 +864,6 @@ static void test_add(int T, int rows, int cols, int bits, const char *name) {
         printf("%-22s %-34s %zu of %zu differ from product + k_add, %zu changed  %s\n", nm, sh, dif, ny, changed,
                ok ? "PASS" : "FAIL");
     }
-    k_set_qb_wgmma(1);
-    k_set_qb_blocks(2);
     cudaFree((void *)q.d.w), cudaFree((void *)q.d.scales), cudaFree((void *)q.d.biases);
     free((void *)q.h.w), free((void *)q.h.scales), free((void *)q.h.biases);
     free(x), free(y0), free(href), free(hadd);
@@ -1039,26 +952,18 @@ int main(int argc, char **argv) {
     if (all || fast) {
         test_rmsnorm_embed();
         test_swiglu();
-        // the fast products on both forms: wgmma (the default where the device runs sm_90a code) and
-        // mma.sync (CALLA_QB=mma; a lighter set: the forms share everything but the products)
-        for (int wg = 1; wg >= 0; wg--) {
-            k_set_qb_wgmma(wg);
-            printf("# fast products on %s\n", wg && k_has_sm90a() ? "wgmma" : "mma.sync");
-            if (wg) {
-                test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
-                                 QWEN_HIDDEN, 4, "qmatmul in_qkv");
-                test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
-                test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
-                test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
-                test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
-                test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
-            }
-            test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
-            test_swiglu_epilogue(77, 200, 0);
-            test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
-            test_moe(64);
-        }
-        k_set_qb_wgmma(1);
+        // the fast products (warpgroup products)
+        test_matmul_fast(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN,
+                         4, "qmatmul in_qkv");
+        test_matmul_fast(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
+        test_matmul_fast(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
+        test_matmul_fast(33, 1, QWEN_HIDDEN, 8, "qmatmul shared gate");
+        test_matmul_fast(257, QWEN_SHARED_INTER, QWEN_HIDDEN, 4, "qmatmul se_gate");
+        test_swiglu_epilogue(257, QWEN_SHARED_INTER, 0);
+        test_matmul_fast(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
+        test_swiglu_epilogue(77, 200, 0);
+        test_swiglu_epilogue(200, QWEN_MOE_INTER, 1);
+        test_moe(64);
     }
     if (all || fast || segs) {   // cuda_layer's groups of products of one input (mm_segs)
         const int dn[] = {2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM,
@@ -1082,35 +987,34 @@ int main(int argc, char **argv) {
         test_rmsnorm_gate(33, 4, 1);
     }
     if (all) {
-        test_matvec(2 * QWEN_HEADS * QWEN_HEAD_DIM, QWEN_HIDDEN, 4, "qmatvec q_proj");
-        test_matvec(QWEN_HIDDEN, QWEN_HEADS * QWEN_HEAD_DIM, 4, "qmatvec o_proj");
-        test_matvec(QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatvec router");
-        test_matvec(1, QWEN_HIDDEN, 8, "qmatvec shared gate");
         test_matmul(300, 2 * QWEN_LIN_K_HEADS * QWEN_LIN_K_DIM + QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, QWEN_HIDDEN, 4, "qmatmul in_qkv");
         test_matmul(77, QWEN_HIDDEN, QWEN_LIN_V_HEADS * QWEN_LIN_V_DIM, 4, "qmatmul out_proj");
         test_matmul(130, QWEN_EXPERTS, QWEN_HIDDEN, 8, "qmatmul router");
         test_matmul(65, QWEN_LIN_V_HEADS, QWEN_HIDDEN, 4, "qmatmul in_b");
     }
     if (attn) {
-        test_attention(1, 3000, 4096, 256);
-        test_attention(1, 0, 16, 256);
-        test_attention(100, 700, 1024, 256);
-        test_attention(37, 0, 64, 32);
-        test_attention(129, 0, 200, 256);
-        test_attention(300, 1990, 2400, 1024);
-        test_attention(64, 8192, 8256, 1024);    // long keys: 64 queries after 8K cached keys
-        test_attention(100, 8130, 8300, 1024);   // long keys, the chunk starting mid-tile, a partial block
+        const int NH = QWEN_HEADS, NKV = QWEN_KV_HEADS, D = QWEN_HEAD_DIM;
+        test_attention(1, 3000, 4096, NH, NKV, D);   // one row (the layer probe's T = 1)
+        test_attention(1, 0, 16, NH, NKV, D);
+        test_attention(100, 700, 1024, NH, NKV, D);
+        test_attention(37, 0, 64, NH, NKV, D);
+        test_attention(129, 0, 200, NH, NKV, D);
+        test_attention(300, 1990, 2400, NH, NKV, D);
+        test_attention(64, 8192, 8256, NH, NKV, D);    // long keys: 64 queries after 8K cached keys
+        test_attention(100, 8130, 8300, NH, NKV, D);   // long keys, the chunk starting mid-tile, a partial block
+        test_attention(100, 300, 512, 8, 2, 128);      // the small geometry's heads (the mma.sync fast kernel)
+        test_attention(70, 0, 128, 4, 2, 64);          // the tiny geometry's
     }
     if (all || !strcmp(only, "gdn")) {
         test_deltanet(1);
         test_deltanet(37);
-        // the fused conv on the model's heads and the test checkpoints' (Dk 32, 64), whole and partial tiles
-        const int ab_T[] = {1, 31, 37, 300, 4096};
+        // the conv on the model's heads and the test checkpoints' (Dk 32, 64), whole and partial tiles
+        const int cv_T[] = {1, 31, 37, 300, 4096};
         for (int i = 0; i < 5; i++)
-            test_gdn_conv_ab(ab_T[i], QWEN_LIN_K_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_HEADS, QWEN_LIN_V_DIM);
-        test_gdn_conv_ab(45, 2, 32, 4, 32);
-        test_gdn_conv_ab(96, 4, 64, 8, 64);
-        test_gdn_conv_ab(40, 2, 32, 3, 48);   // v channels not a whole number of Dk: a partial slice
+            test_gdn_conv(cv_T[i], QWEN_LIN_K_HEADS, QWEN_LIN_K_DIM, QWEN_LIN_V_HEADS, QWEN_LIN_V_DIM);
+        test_gdn_conv(45, 2, 32, 4, 32);
+        test_gdn_conv(96, 4, 64, 8, 64);
+        test_gdn_conv(40, 2, 32, 3, 48);   // v channels not a whole number of Dk: a partial slice
     }
     printf("test_cuda_kernels: %d checks, %d failed  %s\n", checks, fails, fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;

@@ -26,6 +26,7 @@
 // nothing: gpu-check records a FAIL).
 // TEST_LAYERS_BACKEND=cpu: a dry run of this program's own plumbing where there is no GPU, the
 // "fast" and "exact" engines being CPU engines too (every error 0); it proves nothing about CUDA.
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 
@@ -159,20 +160,21 @@ static double median(const double *v, int n) {
     return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-// Opens a CUDA engine in the fast (exact = 0) or verification mode. The mode is read from the
-// environment at load and the prefill's is the engine's own (cuda_engine.prefill_exact), so both
-// engines live side by side; the decode mode is process-wide but the probe never decodes.
+// Opens a CUDA engine in the fast (exact = 0) or verification mode (engine_options.exact: each
+// engine its own, so both live side by side), with the delta rule CALLA_PREFILL_GDN asks for
+// ("recurrent": the token-by-token rule).
 static struct engine *open_cuda(const char *dir, int exact) {
-    setenv("CALLA_EXACT", exact ? "1" : "0", 1);
-    setenv("CALLA_PREFILL_FAST", exact ? "0" : "1", 1);
     const char *b = getenv("TEST_LAYERS_BACKEND");
-    struct engine_options o = {.backend = b && *b ? b : "cuda"};
+    struct engine_options o = {.backend = b && *b ? b : "cuda", .exact = exact};
     struct engine *e;
     char err[512];
     if (engine_open(dir, &o, &e, err, sizeof err)) {
         fprintf(stderr, "test_cuda_layers: cuda (%s) open: %s\n", exact ? "exact" : "fast", err);
         return NULL;
     }
+    const char *gdn = getenv("CALLA_PREFILL_GDN");
+    struct cuda_tuning *t = backend_cuda_tuning(e);
+    if (t) t->gdn_recurrent = gdn && !strcmp(gdn, "recurrent");
     return e;
 }
 

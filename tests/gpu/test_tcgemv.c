@@ -1,4 +1,4 @@
-// test_tcgemv.c: the tensor-core 4-bit GEMV (src/cuda/tcgemv.cu, k_tcgemv) against a double
+// test_tcgemv.c: the tensor-core 4-bit GEMV (src/cuda/gemv.cu, k_tcgemv) against a double
 // reference, then timed.
 //
 //   test_tcgemv            host emulation of the warp (below), then the GPU shapes: one line each,

@@ -4,7 +4,7 @@
 # Stages (default all): kernels (test_cuda_kernels), lab (k_dv against a double reference, GB/s),
 # ncu (hardware counters of two k_dv cases, per-kernel times of one decode step at 4K), small (the
 # decode paths against each other and the CPU oracle at the tiny and small geometries), full (the
-# full shape's paths at each context: graph+PDL, graph, eager, legacy, ms/step). Logs under $OUT.
+# full shape's paths at each context: graph+PDL, graph, eager, ms/step). Logs under $OUT.
 set -u
 b=${1:-build}
 ctxs=${2:-4096}
@@ -18,17 +18,17 @@ full() { [ -f /tmp/calla-full/config.json ] || "$b/calla" synth --geometry full 
 if has kernels; then
     "$b/gpu/test_cuda_kernels" $RANDOM >"$out/kernels.txt" 2>&1; echo "test_cuda_kernels: rc $? $(tail -1 "$out/kernels.txt")"
 fi
-has lab && "$b/gpu/test_cuda_decode" lab 2>&1 | tee "$out/lab.txt"
+has lab && "$b/lab/decode_lab" lab 2>&1 | tee "$out/lab.txt"
 if has ncu; then
     for c in 6 0; do
         ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section LaunchStats -k regex:dv_kernel --launch-skip 3 --launch-count 1 \
-            "$b/gpu/test_cuda_decode" lab $c >"$out/ncu-lab$c.txt" 2>&1
+            "$b/lab/decode_lab" lab $c >"$out/ncu-lab$c.txt" 2>&1
         grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers|Stall|Issue|Warp Cycles Per Issued|Eligible|Grid Size|Block Limit" "$out/ncu-lab$c.txt" | head -40
     done
     full
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-        "$b/gpu/test_cuda_decode" profile /tmp/calla-full 4096 >"$out/ncu-step.csv" 2>"$out/ncu-step.err"
+        "$b/lab/decode_lab" profile /tmp/calla-full 4096 >"$out/ncu-step.csv" 2>"$out/ncu-step.err"
     python3 - "$out/ncu-step.csv" <<'PY'
 import csv, sys, collections, re
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
@@ -48,7 +48,7 @@ if has ncugate; then   # every section for one launch of each MoE kernel in a re
     for k in dv_gateup_kernel dv_down_kernel; do
         ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
             --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis -k regex:$k --launch-count 1 \
-            "$b/gpu/test_cuda_decode" profile /tmp/calla-full 4096 >"$out/ncu-$k.txt" 2>&1
+            "$b/lab/decode_lab" profile /tmp/calla-full 4096 >"$out/ncu-$k.txt" 2>&1
         grep -E "Duration|DRAM Throughput|L1/TEX Cache|Achieved Occupancy|Warp Cycles Per Issued|Est. Local|stalled|Grid Size" \
             "$out/ncu-$k.txt" | head -14
     done

@@ -5,7 +5,7 @@
 set -euo pipefail
 b=${1:-build}
 mkdir -p "$b/devlibs"
-for f in "$b"/calla "$b"/tests/test_* "$b"/gpu/*; do
+for f in "$b"/calla "$b"/tests/test_* "$b"/gpu/* "$b"/lab/*; do
     [ -x "$f" ] && [ -f "$f" ] || continue
     ldd "$f" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$b/devlibs/"; done

@@ -82,12 +82,12 @@ say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,no
 for st in $STAGES; do
     case $st in
     kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" $RANDOM ;;
-    kspeed) run_step "prefill kernel speed (no asserts)" "$B/gpu/bench_cuda_kernels" 4096 ;;
+    kspeed) run_step "prefill kernel speed (no asserts)" "$B/lab/prefill_kernels" 4096 ;;
     decode)   # the fused decode kernels against a double reference (and their GB/s), then the
-              # decode paths (graph, eager, legacy) against each other and the CPU oracle
+              # decode paths (graph ± PDL, eager) against each other and the CPU oracle
         "$B/calla" synth --geometry small --seed 1 --out "$TMP/calla-small" >/dev/null 2>&1
         "$B/calla" synth --geometry tiny --seed 1 --out "$TMP/calla-tiny" >/dev/null 2>&1
-        run_step "decode kernel lab" "$B/gpu/test_cuda_decode" lab
+        run_step "decode kernel lab" "$B/lab/decode_lab" lab
         run_step "decode paths tiny 64+32" "$B/gpu/test_cuda_decode" e2e "$TMP/calla-tiny" 64 32
         run_step "decode paths small 300+16" "$B/gpu/test_cuda_decode" e2e "$TMP/calla-small" 300 16 ;;
     gdn) run_step "chunked delta rule vs recurrence" "$B/gpu/test_gdn_chunked" ;;
@@ -115,9 +115,9 @@ for st in $STAGES; do
         run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32
         run_step "decode paths FULL 4096+48" timeout 300 "$B/gpu/test_cuda_decode" e2e "$TMP/calla-full" 4096 48 ;;
     timing)
-        run_step "timing full ctx 4096 (warm)" "$B/gpu/test_cuda_timing" "$TMP/calla-full" 4096 32 1
+        run_step "timing full ctx 4096 (warm)" "$B/lab/timing" "$TMP/calla-full" 4096 32 1
         run_step "timing full ctx 65536 (cold)" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} \
-            "$B/gpu/test_cuda_timing" "$TMP/calla-full" 65536 16 0 ;;
+            "$B/lab/timing" "$TMP/calla-full" 65536 16 0 ;;
     score)
         full_ckpt
         run_step "score gate full ${GPU_CHECK_SCORE_LEN:-4096}" timeout ${GPU_CHECK_SCORE_TIMEOUT:-3600} \

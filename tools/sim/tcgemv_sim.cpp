@@ -99,7 +99,7 @@ static int run(int R, int K) {
                 const float v = tc_rows16(w.data(), s.data(), b.data(), R, K, n0, sm.data());
                 const int row = n0 + tc_lane_row(l);
                 if (!(l & 1) && row < R) y[row] = v;
-                if (K % 1024) continue;   // decode.cu's K split: four quarters of the super-steps, summed
+                if (K % 1024) continue;   // gemv.cu's K split: four quarters of the super-steps, summed
                 const int nS = tc_nsuper(K);
                 float p[4];
                 for (int q = 0; q < 4; q++)

@@ -1,11 +1,13 @@
-// test_cuda_timing.c: a minimal timer for the speed baseline (issue 5, item 8) on the CUDA backend.
+// timing.c: a minimal timer of prefill and decode on the CUDA backend (calla bench is the full
+// protocol, docs/BENCH.md).
 //
-//   test_cuda_timing MODEL_DIR N_PROMPT [N_DECODE=32] [WARMUP=1]
+//   timing MODEL_DIR N_PROMPT [N_DECODE=32] [WARMUP=1]
 //
 // Prefill of N_PROMPT hash-prompt tokens (docs/BENCH.md prompt) in chunks of 4,096, timed until the
 // first token id is on the host; then N_DECODE greedy decode steps, each timed. With WARMUP, an
 // identical run first (discarded). Prints one line. Exit 1 when the token ids of the two runs
 // differ (or a run fails), 2 on bad arguments, 77 when there is no suitable GPU (never a pass).
+#include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
 
@@ -38,17 +40,17 @@ fail:
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_cuda_timing MODEL_DIR N_PROMPT [N_DECODE] [WARMUP]\n");
+        fprintf(stderr, "usage: timing MODEL_DIR N_PROMPT [N_DECODE] [WARMUP]\n");
         return 2;
     }
     char why[256], err[512];
     const int n = atoi(argv[2]), d = argc > 3 ? atoi(argv[3]) : 32, warm = argc > 4 ? atoi(argv[4]) : 1;
     if (n < 1 || d < 0) {
-        fprintf(stderr, "test_cuda_timing: N_PROMPT must be at least 1 and N_DECODE at least 0\n");
+        fprintf(stderr, "timing: N_PROMPT must be at least 1 and N_DECODE at least 0\n");
         return 2;
     }
     if (!backend_cuda_available(why, sizeof why)) {
-        printf("test_cuda_timing: no suitable GPU (%s); ran nothing: FAIL\n", why);
+        printf("timing: no suitable GPU (%s); ran nothing: FAIL\n", why);
         return 77;
     }
     struct engine_options o = {.backend = "cuda"};

@@ -1,9 +1,10 @@
-// bench_cuda_kernels.c: times the prefill kernels at the full shape on random inputs (CUDA events,
+// prefill_kernels.c: times the prefill kernels at the full shape on random inputs (CUDA events,
 // best of 3 after a warmup) and prints achieved TFLOP/s or GB/s. A benchmark, not a test: it
-// asserts nothing; correctness is test_cuda_kernels' job.
+// asserts nothing; correctness is tests/gpu/test_cuda_kernels' job.
 //
-//   bench_cuda_kernels [T=4096]
+//   prefill_kernels [T=4096]
 #include "cuda/kernels.h"
+#include "backend_cuda.h"
 #include "engine.h"
 #include "model.h"
 #include "gpu/gpu_test.h"
@@ -209,19 +210,11 @@ static int run_norm_gate_only(void *c) {
     return k_rmsnorm_gate(n->x, NULL, n->w, n->u, n->ub, n->T, QWEN_HIDDEN, 1e-6f, n->G, n->sg, NULL);
 }
 
-// The fast product timed on its mma.sync form (CALLA_QB=mma), then back to the default.
-static double time_mma(struct mctx *m) {
-    k_set_qb_wgmma(0);
-    const double ms = time_ms(run_mmb, m);
-    k_set_qb_wgmma(1);
-    return ms;
-}
-
 int main(int argc, char **argv) {
     rng = 0x2545F4914F6CDD1Dull;
     char why[256];
     if (!backend_cuda_available(why, sizeof why)) {
-        printf("bench_cuda_kernels: no suitable GPU (%s); ran nothing\n", why);
+        printf("prefill_kernels: no suitable GPU (%s); ran nothing\n", why);
         return 77;   // ran nothing: never a pass (gpu_check records a FAIL)
     }
     const int T = argc > 1 ? atoi(argv[1]) : 4096;
@@ -241,22 +234,13 @@ int main(int argc, char **argv) {
         a.exact = 1;
         const double ms = time_ms(run_flash, &a);
         a.exact = 0;
-        k_set_flash(0);
-        const double msm = time_ms(run_flash, &a);
-        double mw[3];   // wgmma: lockstep, warp-specialized, ping-pong
-        for (int v = 0; v < 3; v++) {
-            k_set_flash(1 + v);
-            mw[v] = time_ms(run_flash, &a);
-        }
-        k_set_flash(FLASH_DEFAULT);
+        const double msf = time_ms(run_flash, &a);   // the warp-specialized wgmma kernel with ping-pong
         a.ob = obuf;   // o_proj's bf16 input, default form: fp32 o then k_to_bf16 (before) vs the bf16 store
         const double mconv = time_ms(run_flash_conv, &a), mbf = time_ms(run_flash, &a);
         a.ob = NULL;
         const double flop = 4.0 * D * NH * ((double)T * a.p0 + (double)T * (T + 1) / 2);
-        printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast mma.sync "
-               "%8.3f ms %6.1f | wgmma lockstep %8.3f ms %6.1f | warp-specialized %8.3f ms %6.1f | ping-pong %8.3f ms "
-               "%6.1f TFLOP/s\n", T, a.p0, ends[i], ms, flop / ms / 1e9, msm, flop / msm / 1e9, mw[0], flop / mw[0] / 1e9,
-               mw[1], flop / mw[1] / 1e9, mw[2], flop / mw[2] / 1e9);
+        printf("flash attention T %d p0 %6d keys to %6d: exact (hi/lo) %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
+               "%6.1f TFLOP/s\n", T, a.p0, ends[i], ms, flop / ms / 1e9, msf, flop / msf / 1e9);
         printf("flash attention T %d p0 %6d keys to %6d: o_proj's bf16 input (default form): fp32 o + k_to_bf16 "
                "%8.3f ms | bf16 store %8.3f ms\n", T, a.p0, ends[i], mconv, mbf);
     }
@@ -280,11 +264,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 6; i++) {
         struct mctx m = {qmat(0, dense[i].rows, dense[i].cols, dense[i].bits), x, y, T, NULL, NULL, NULL, NULL, 1, 0,
                          xb, NULL, NULL};
-        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m), msm = time_mma(&m);
+        const double ms = time_ms(run_mm, &m), msf = time_ms(run_mmb, &m);
         const double flop = 2.0 * T * dense[i].rows * dense[i].cols;
-        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s "
-               "(mma.sync %8.3f ms %6.1f)\n", dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms,
-               flop / ms / 1e9, msf, flop / msf / 1e9, msm, flop / msm / 1e9);
+        printf("qmatmul %-8s [%5d x %4d] %d-bit: exact %8.3f ms %6.1f TFLOP/s | fast (bf16 x) %8.3f ms %6.1f TFLOP/s\n",
+               dense[i].name, dense[i].rows, dense[i].cols, dense[i].bits, ms, flop / ms / 1e9, msf, flop / msf / 1e9);
         cudaFree((void *)m.W.w), cudaFree((void *)m.W.scales), cudaFree((void *)m.W.biases);
     }
     {   // cuda_layer's groups of products of one input: one launch each vs one segmented launch (mm_segs)
@@ -309,12 +292,8 @@ int main(int argc, char **argv) {
             const double es = time_ms(run_sep, &g), eg = time_ms(run_seg, &g);
             g.exact = 0;
             const double fs = time_ms(run_sep, &g), fg = time_ms(run_seg, &g);
-            k_set_qb_wgmma(0);
-            const double ms_ = time_ms(run_sep, &g), mg = time_ms(run_seg, &g);
-            k_set_qb_wgmma(1);
             printf("qmatmul group %-21s %d-bit, %d launches -> 1: exact %8.3f -> %8.3f ms | fast %8.3f -> %8.3f ms "
-                   "%6.1f TFLOP/s (mma.sync %8.3f -> %8.3f ms)\n", grp[i].name, grp[i].bits, g.n, es, eg, fs, fg,
-                   flop / fg / 1e9, ms_, mg);
+                   "%6.1f TFLOP/s\n", grp[i].name, grp[i].bits, g.n, es, eg, fs, fg, flop / fg / 1e9);
             for (int j = 0; j < g.n; j++) {
                 cudaFree(g.s[j].y);
                 cudaFree((void *)g.s[j].W.w), cudaFree((void *)g.s[j].W.scales), cudaFree((void *)g.s[j].W.biases);
@@ -372,11 +351,10 @@ int main(int argc, char **argv) {
     cudaMemcpy(doff, offs, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(ds, slots, (size_t)T * K * 4, cudaMemcpyHostToDevice);
     struct mctx g = {qmat(E, I, H, 4), x, y, 0, ds, NULL, dc, doff, K, T, xb, NULL, NULL};
-    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g), msm = time_mma(&g);
+    double ms = time_ms(run_mm, &g), msf = time_ms(run_mmb, &g);
     const double eflop = 2.0 * T * K * I * H;
     printf("qmatmul experts gate/up [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
-           eflop / msm / 1e9);
+           "%6.1f TFLOP/s\n", I, H, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
     g.T = T * K;   // the compact grid (M = T K, the experts' row tiles only)
     const double msgc = time_ms(run_mmb, &g);
     g.T = 0;
@@ -393,26 +371,20 @@ int main(int argc, char **argv) {
     struct mctx dn = {qmat(E, H, I, 4), x, y, 0, NULL, ds, dc, doff, 1, T, xb, NULL, NULL};
     ms = time_ms(run_mm, &dn);
     msf = time_ms(run_mmb, &dn);
-    msm = time_mma(&dn);
     printf("qmatmul experts down    [256 x %d x %d] grouped, %d rows: exact %8.3f ms %6.1f TFLOP/s | fast %8.3f ms "
-           "%6.1f TFLOP/s (mma.sync %8.3f ms %6.1f)\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9, msm,
-           eflop / msm / 1e9);
+           "%6.1f TFLOP/s\n", H, I, T * K, ms, eflop / ms / 1e9, msf, eflop / msf / 1e9);
     dn.T = T * K;
     const double msdc = time_ms(run_mmb, &dn);
     dn.T = 0;
     printf("qmatmul experts down grouped, compact grid: fast %8.3f ms %6.1f TFLOP/s (full grid %8.3f ms)\n", msdc,
            eflop / msdc / 1e9, msf);
-    {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update): fused, and the old two kernels
+    {   // the DeltaNet conv + SiLU + q/k L2 norms (+ the state update)
         struct cvctx v = {dev_random((size_t)T * C * 4, 1), dev_random((size_t)(QWEN_CONV_KERNEL - 1) * C * 4, 1),
                           dev_random((size_t)C * QWEN_CONV_KERNEL * 4, 1), NULL, T, C};
         cudaMalloc((void **)&v.y, (size_t)T * C * 4);
         const double msc = time_ms(run_conv, &v);
-        k_set_gdn_conv_fused(0);
-        const double mso = time_ms(run_conv, &v);
-        k_set_gdn_conv_fused(1);
         const double bytes = 2.0 * T * C * 4;   // xin read once, y written once
-        printf("gdn conv+l2norm T %d: %8.3f ms %6.1f GB/s (old conv, norm: %8.3f ms %6.1f GB/s)\n", T, msc,
-               bytes / msc / 1e6, mso, bytes / mso / 1e6);
+        printf("gdn conv+l2norm T %d: %8.3f ms %6.1f GB/s\n", T, msc, bytes / msc / 1e6);
         cudaFree(v.xin), cudaFree(v.state), cudaFree(v.w), cudaFree(v.y);
     }
     // the DeltaNet recurrence over one chunk

@@ -1,0 +1,54 @@
+// backend.h: the seam between the engine and its backends. engine.c and backend_*.c include it;
+// everything above the engine sees only engine.h, where struct engine and struct seq are opaque.
+//
+// A backend fills a struct backend_ops (one slot a function, the optional ones marked) and keeps
+// its own state behind engine.impl and seq.impl. engine.c validates every argument (token ids,
+// capacity, logit rows, layer numbers) before it calls a slot, chunks a long forward, and moves
+// seq.pos; a backend never moves it.
+#pragma once
+
+#include "engine.h"
+
+struct backend_ops {
+    const char *name;
+    // 1 when this backend can run here on the given device; 0 with the reason in msg.
+    int (*available)(int device, char *msg, size_t msglen);
+    int (*load)(struct engine *e, char *err, size_t errlen);
+    void (*unload)(struct engine *e);
+    int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen);   // sets s->impl
+    void (*seq_release)(struct seq *s);
+    void (*seq_clear)(struct seq *s);                                              // zero state
+    int (*seq_copy)(struct seq *dst, const struct seq *src, char *err, size_t errlen);
+    // One chunk: tokens at positions s->pos..; writes logits of the wanted rows (row indices
+    // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
+    int (*forward_chunk)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
+                         float *logits, int32_t *next, char *err, size_t errlen);
+    // (optional) The embedding rows of n valid tokens: out [n, hidden] (engine_embed).
+    int (*embed)(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
+    // (optional) One layer over n rows at positions s->pos.. through the same per-layer function
+    // forward_chunk runs (engine_layer_probe); does not advance s->pos.
+    int (*layer_probe)(struct engine *e, struct seq *s, int layer, const float *x_in, int n, float *x_out,
+                       float *router_logits, char *err, size_t errlen);
+    // (optional) Host memory the backend copies logits into fastest (engine_logits_alloc).
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+};
+
+struct engine {
+    struct model model;
+    const struct backend_ops *ops;
+    struct engine_options opts;   // as opened, with the environment's developer settings applied (engine.c)
+    void *impl;                   // backend state
+    int64_t weight_bytes;
+};
+
+struct seq {
+    struct engine *e;
+    int pos, cap;   // tokens consumed, capacity
+    void *impl;     // backend state
+};
+
+extern const struct backend_ops backend_cpu;
+#ifdef CALLA_CUDA
+extern const struct backend_ops backend_cuda;
+#endif
