@@ -629,7 +629,7 @@ out:
 
 // ---- MoE (§2.6) -------------------------------------------------------------------------------
 
-// What the router trace records of one decision (tools/router_stats.py plots it).
+// What the router trace records of one decision (tools/dev/router_stats.py plots it).
 struct route_stats {
     float gap;    // k-th probability minus the largest one not chosen
     float lgap;   // the same in logits: k-th logit minus the (k+1)-th
@@ -673,8 +673,8 @@ static void route(const float *logits, int E, int k, int *ids, float *w, struct 
 // Developer diagnostic: with engine_options.router_trace (CALLA_ROUTER_TRACE=FILE), every routing
 // decision is appended to FILE as
 // "layer position gap id,id,... lgap w1 wk lstd" (ids ascending; struct route_stats says what the
-// numbers are): tools/router_diff.py compares two such traces (tools/make_golden.py --router-trace
-// writes HF's) and finds the first decision that differs; tools/router_stats.py plots them.
+// numbers are): tools/dev/router_diff.py compares two such traces (tools/gen/make_golden.py --router-trace
+// writes HF's) and finds the first decision that differs; tools/dev/router_stats.py plots them.
 // The file is opened by the first load that names one and stays open for the process; router_trace()
 // is it, or NULL when not asked for.
 static FILE *trace_file;

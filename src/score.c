@@ -583,7 +583,7 @@ int cmd_score(int argc, char **argv) {
         {"backend", OPT_STR, &backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
         {"json", OPT_STR, &json, 0, 0, "write every position and the totals here (the --reference format)"},
         {"top-k", OPT_INT, &top_k, 1, SCORE_TOP_K_MAX, "largest logits kept per position (default 16)"},
-        {"reference", OPT_STR, &ref_path, 0, 0, "compare with a run written by --json or tools/hf_score.py"},
+        {"reference", OPT_STR, &ref_path, 0, 0, "compare with a run written by --json or tools/device/hf_score.py"},
         {"full-logits", OPT_FLAG, &full, 0, 0, "keep whole rows (at most 256 positions): exact KL in comparisons"},
         {"chunk", OPT_INT, &chunk, 1, QWEN_PREFILL_CHUNK, "tokens per forward call; holds chunk x vocab floats (512)"},
         {"decode-from", OPT_INT, &decode_from, 1, QWEN_MAX_CTX - 1,

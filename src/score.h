@@ -1,5 +1,5 @@
 // score.h: teacher-forced scoring of a token sequence (`calla score`), and the comparison of a run
-// against a reference run (another backend, or HF transformers through tools/hf_score.py).
+// against a reference run (another backend, or HF transformers through tools/device/hf_score.py).
 //
 // Shapes: N = tokens in the sequence, P = N - 1 scored positions (position p holds the model's
 // distribution after tokens 0..p, scored on token p + 1), K = top-k kept per position, V = vocab.
@@ -66,7 +66,7 @@ struct score_options {
     // 0: every token fed as prefill, `chunk` at a time. D in 1..N-1: tokens 0..D-1 as prefill (in
     // chunks), then tokens D..N-2 one at a time through the decode path (engine_forward with
     // n = 1), so positions D.. are the decode kernels' rows: a greedy continuation made elsewhere
-    // (tools/hf_score.py --greedy) is teacher-forced through them.
+    // (tools/device/hf_score.py --greedy) is teacher-forced through them.
     int decode_from;
     const struct score_run *ref;   // compare against this while scoring, or NULL
 };
@@ -90,7 +90,7 @@ struct score_totals score_totals_of(const struct score_run *r);
 
 int score_write_json(const char *path, const struct score_run *r, const struct score_cmp *cmp, const char *ref_path,
                      const char *model_dir, char *err, size_t errlen);
-// Reads a run written by score_write_json or tools/hf_score.py, validated in full.
+// Reads a run written by score_write_json or tools/device/hf_score.py, validated in full.
 int score_read_json(const char *path, struct score_run *r, char *err, size_t errlen);
 
 void score_run_free(struct score_run *r);

@@ -45,7 +45,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen);
 // Puts tokenizer.json + tokenizer_config.json into a synthetic checkpoint directory.  Source, in
 // order: $CALLA_TOKENIZER_JSON (a tokenizer.json; a tokenizer_config.json beside it is copied
 // too); build/tokenizer/tokenizer.json under the working directory or beside the running
-// binary (made by tools/make_tokenizer_json.py from the real Qwen3.6 vocabulary); otherwise a
+// binary (made by tools/gen/make_tokenizer_json.py from the real Qwen3.6 vocabulary); otherwise a
 // small byte-level vocabulary generated here (256 bytes, a few hundred English merges, the 33
 // added tokens at 248044..248076).
 int synth_write_tokenizer(const char *out_dir, char *err, size_t errlen);

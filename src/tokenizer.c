@@ -823,7 +823,7 @@ fail:
 static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_piece(e, s, n); }
 
 // Code points that utf8proc must not normalise with their neighbours, so that the result is HF's
-// NFC (tools/make_nfc_sweep.py, tests/data/tokenizer/nfc.txt):
+// NFC (tools/gen/make_nfc_sweep.py, tests/data/tokenizer/nfc.txt):
 //  - nfc_tables.h: marks and compositions assigned after Unicode 9.0.  HF's normalizer has
 //    Unicode 9.0 tables, so it neither reorders nor composes them; utf8proc 2.8 (Unicode 15.0)
 //    does.  To HF they are starters that compose with nothing: a wall on both sides.

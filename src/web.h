@@ -1,4 +1,4 @@
-// web.h: the chat page's files (src/web/), compiled into the binary: tools/embed.sh turns them
+// web.h: the chat page's files (src/web/), compiled into the binary: tools/gen/embed.sh turns them
 // into byte arrays and this table (BUILD/web_files.c), and `calla serve` answers GET / with them.
 #pragma once
 

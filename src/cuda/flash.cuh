@@ -1,5 +1,5 @@
 // flash.cuh: the prefill FlashAttention kernel of attention.cu (k_flash_attention), in a header of its
-// own so that tools/flash_sim.cpp can run the same device code on the host (make flash-sim).
+// own so that tools/sim/flash_sim.cpp can run the same device code on the host (make flash-sim).
 #pragma once
 
 #include "mma.cuh"
@@ -22,7 +22,7 @@
 //          second V stage, so K(j + 1) and V(j + 1) both fly under all of tile j, and one barrier
 //          a tile goes. Two blocks an SM would need <= 128 registers a thread, but the output
 //          accumulator alone is 16 x D / 32 = 128 floats a thread at D = 256: one block of 8 warps.
-// tools/flash_sim.cpp runs this code on the host (make flash-sim), with the copies landing at once
+// tools/sim/flash_sim.cpp runs this code on the host (make flash-sim), with the copies landing at once
 // or as late as their wait_group allows.
 enum { FA_BM = 128, FA_BN = 64, FA_THREADS = 256 };
 

@@ -16,8 +16,8 @@
 // Shared memory (bf16, 128-byte swizzle, wgmma.cuh): Q [4 slabs][128][64], K and V [2 stages][4
 // slabs][64][64]: 192 KB plus 1 KB to align the slabs to 1024 bytes; K(j + 1) and V(j + 1) load
 // under all of tile j. One block an SM (the output accumulator is 128 floats a consumer thread).
-// tools/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
-// tools/sim_wgmma.h (with models of the mbarriers and named barriers), which stands in for wgmma.cuh
+// tools/sim/flash_sim.cpp runs this code on the host (make flash-sim) on the wgmma model of
+// tools/sim/sim_wgmma.h (with models of the mbarriers and named barriers), which stands in for wgmma.cuh
 // there; test_cuda_kernels holds it on the GPU to the CPU twins of its arithmetic.
 #pragma once
 

@@ -18,7 +18,7 @@
 // Padding rows of the last chunk (t >= T) are zero (q = k = v = beta = 0, g = 0): they change
 // nothing.
 #ifdef GDN_HOST_EMU
-#include "gdn_emu.h"   // tools/gdn_emu: runs these kernels on the CPU, thread by thread
+#include "gdn_emu.h"   // tools/sim/gdn_emu: runs these kernels on the CPU, thread by thread
 #else
 #include "mma.cuh"
 #endif

@@ -1,5 +1,5 @@
 // qmatmul_bf16.cuh: the fast-mode kernel of qmatmul.cu (x in bf16), in a header of its own so that
-// tools/qmatmul_sim.cpp can run the same device code on the host (make qmatmul-sim).
+// tools/sim/qmatmul_sim.cpp can run the same device code on the host (make qmatmul-sim).
 #pragma once
 
 #include "mma.cuh"
@@ -31,7 +31,7 @@
 // So each warpgroup's own dequantization runs under its products, and global loads run two steps
 // ahead. At up to 128 registers a thread, two blocks an SM (16 warps: one block's barrier and
 // dequantization do not idle the SM's tensor cores). The host simulator runs it on the wgmma model
-// of tools/sim_wgmma.h; test_cuda_kernels checks it on the GPU.
+// of tools/sim/sim_wgmma.h; test_cuda_kernels checks it on the GPU.
 // The grid and the grouped (per-expert) form are those of qmatmul_kernel.
 // GLU (k_qmatmul_bf16_swiglu): the up product of a SwiGLU ends in its activation. The
 // epilogue reads the gate product's fp32 output g at the element it would write (same ldy, ymap,
@@ -43,7 +43,7 @@
 // the same sequence in both). A template parameter, so the plain form carries none of it; the
 // epilogue runs after the main loop, its registers within the launch bounds (ptxas -v: no more
 // registers or spills than the plain form).
-// tools/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
+// tools/sim/qmatmul_sim.cpp runs this code on the host (make qmatmul-sim), with the copies landing at
 // once or as late as their wait_group allows.
 enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 3, QB_BLOCKS = 2 };
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
@@ -296,7 +296,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
     constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
     QB_DYNAMIC_SMEM(qb_raw);
-    // (the host simulator's smem_u32 models shared addresses too: tools/sim_wgmma.h)
+    // (the host simulator's smem_u32 models shared addresses too: tools/sim/sim_wgmma.h)
     unsigned char *const qb_smem = qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023);
     uint16_t *const Xt = (uint16_t *)(qb_smem + L::X);
     uint32_t *const Wc = (uint32_t *)(qb_smem + L::WC);
@@ -403,7 +403,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     cp_async_wait<STAGES - 2>();   // step 0 has landed (this thread's copies)
     __syncthreads();
     dequant(0);
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim_wgmma.h)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim/sim_wgmma.h)
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;
     // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
     // fence.proxy.async in the writing thread, then a barrier.

@@ -1,5 +1,5 @@
 // qmatmul_exact.cuh: the exact kernel of qmatmul.cu (fp32 x split into bf16 hi + lo), in a header of
-// its own so that tools/qmatmul_sim.cpp can run the same device code on the host (make qmatmul-sim).
+// its own so that tools/sim/qmatmul_sim.cpp can run the same device code on the host (make qmatmul-sim).
 // qmatmul.cu's header comment describes it.
 #pragma once
 

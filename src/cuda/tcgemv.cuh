@@ -107,7 +107,7 @@ static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigne
 template <bool ACC>
 static __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t b0, uint32_t b1) {
-#ifdef TC_HOST_SIM   // tools/tcgemv_sim.cpp: the warp on 32 host threads
+#ifdef TC_HOST_SIM   // tools/sim/tcgemv_sim.cpp: the warp on 32 host threads
     tc_sim_mma(c, a0, a1, a2, a3, b0, b1, ACC);
 #else
     if (ACC)

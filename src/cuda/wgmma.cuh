@@ -13,7 +13,7 @@
 // Accumulator fragments (m64nN, f32): warp w of the warpgroup holds rows 16 w .. 16 w + 15, laid out
 // per 8 columns as mma.m16n8's C (mma.cuh); the A fragment from registers (m64nNk16) is mma.m16n8k16's
 // A for the warp's 16 rows. So an S accumulator converts to P's A fragments in place, as in mma.cuh.
-// The host simulators (make flash-sim, make qmatmul-sim) replace this file with tools/sim_wgmma.h, a
+// The host simulators (make flash-sim, make qmatmul-sim) replace this file with tools/sim/sim_wgmma.h, a
 // model of these operations by the same layouts; a change here wants the same change there.
 #pragma once
 

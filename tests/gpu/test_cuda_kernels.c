@@ -410,7 +410,7 @@ static void test_rmsnorm_embed(void) {
 //      rounding boundary the two round it 2^-8 apart: a numpy model of those flips gives ~5e-5
 //      normalised at 8K keys (1e-4 at worst for one head). Held to 5e-4, a third of the bf16 error
 //      itself (~1.7e-3 against the fp32 formula); one lost 64-key tile of 8K would show as ~9e-2.
-//      (tools/flash_sim.cpp runs the kernel code on the host against the bit-exact float twin.)
+//      (tools/sim/flash_sim.cpp runs the kernel code on the host against the bit-exact float twin.)
 //  (b) the fp32 formula, elementwise. Rounding to bf16 (nearest even) moves each value by at most
 //      2^-9 of itself. With s_j = q . k_j / sqrt(D), rounding q moves score j by
 //      |ds_j| <= 2^-9 sum_d |q_d k_jd| / sqrt(D) <= E (E: the largest over the query's keys), so the

@@ -8,7 +8,7 @@
 //
 // Bounds (normalised error |x - ref|_2 / |ref|_2 of o after the gated norm, and of the final S):
 //   bf16 mode   1e-2   the CPU model of bf16 operands (tests/test_gdn_chunked.c) and the CPU
-//                      emulation of the kernels (tools/gdn_emu) both give 2.5e-3 .. 3.4e-3
+//                      emulation of the kernels (tools/sim/gdn_emu) both give 2.5e-3 .. 3.4e-3
 //   exact mode  1e-4   hi + lo operands: 5e-6 .. 7e-6 in the emulation (vs fp64); the fp32
 //                      recurrence kernel itself is ~1e-6 off fp64
 //   recurrent   1e-4   vs fp64 (test_cuda_kernels holds it to 1e-4 on o, 1e-5 on S)

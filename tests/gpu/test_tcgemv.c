@@ -14,7 +14,7 @@
 // (row.col, bf16: A a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..); B b0 (k 2t..2t+1,
 // col g) b1 (k 2t+8.., col g); C c0,c1 (g, 2t..2t+1) c2,c3 (g+8, 2t..2t+1)), the epilogue and the
 // final xor-1 shuffle. It proves the lane / k / group mapping (a wrong permutation gives errors of
-// the size of y, not of bf16 rounding). `make tcgemv-sim` (tools/tcgemv_sim.cpp) goes further: it
+// the size of y, not of bf16 rounding). `make tcgemv-sim` (tools/sim/tcgemv_sim.cpp) goes further: it
 // runs the device code of tcgemv.cuh itself on 32 host threads.
 //
 // The error bound: the only approximation the kernel makes against the exact sum is x rounded to
