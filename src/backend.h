@@ -23,6 +23,12 @@ struct backend_ops {
     // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
     int (*forward_chunk)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
                          float *logits, int32_t *next, char *err, size_t errlen);
+    // (optional) A chunk whose last row's next token the backend chooses itself (engine_pick), the
+    // logits staying where they are; without it engine.c reads the row and picks on the host.
+    int (*forward_pick)(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct engine_pick *pick,
+                        struct engine_choice *choice, char *err, size_t errlen);
+    // (optional, with forward_pick) The last row of the latest forward_pick into out [vocab].
+    int (*last_logits)(struct engine *e, float *out, char *err, size_t errlen);
     // (optional) The embedding rows of n valid tokens: out [n, hidden] (engine_embed).
     int (*embed)(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
     // (optional) One layer over n rows at positions s->pos.. through the same per-layer function
@@ -40,6 +46,8 @@ struct engine {
     struct engine_options opts;   // as opened, with the environment's developer settings applied (engine.c)
     void *impl;                   // backend state
     int64_t weight_bytes;
+    float *pick_row;              // [vocab] the last row of a choice made on the host (NULL until one is)
+    float *pick_scratch;          // [vocab] the host sampler's scratch (NULL until it is needed)
 };
 
 struct seq {

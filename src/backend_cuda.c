@@ -45,6 +45,8 @@
 #include "backend.h"
 
 #include "cuda/kernels.h"
+#include "cuda/pick.h"
+#include "pick.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -83,6 +85,17 @@ struct dec_bufs {
     int *ids;                                // [k + 1]
 };
 
+// The buffers of a short forward of T <= DQ_MAXT tokens through the decode kernels (mt_enqueue),
+// each [T, width] (token t's row at t * width).
+struct mt_bufs {
+    int *io, *h_io;                          // [2 DQ_MAXT] tokens, then positions (device, pinned host)
+    unsigned long long *best;                // the last row's argmax key
+    float *x, *u;                            // [T, H]
+    float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
+    float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
+    float *rl, *sg, *w, *act;                // MoE: [T, E], [T], [T, k + 1], [T, k + 1, I]
+    int *ids;                                // [T, k + 1]
+};
 
 struct cuda_engine {
     cudaStream_t stream;
@@ -94,6 +107,15 @@ struct cuda_engine {
     float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
     struct dec_bufs dec;
+    struct mt_bufs mt;
+    // The choice on the device (forward_pick): the mask's pinned staging and device copy, k_pick's
+    // workspace and result (device, pinned), the host sampler's row and scratch, and where the
+    // latest choice's row of logits lies (last_logits).
+    uint32_t *h_mask, *d_mask;               // [ceil(V / 32)]
+    void *pick_ws;
+    struct k_pick *d_pick, *h_pick;
+    float *h_row, *h_scratch;                // [V] each (the host sampler: NULL until needed)
+    const float *last_row;
     struct cuda_tuning tuning;               // as the engine's user last set it (backend_cuda_tuning)
     struct cuda_tuning applied;              // what the scratch and the next launches follow (apply_tuning)
     int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
@@ -382,6 +404,35 @@ static int dec_alloc(struct engine *e, char *err, size_t errlen) {
     return 0;
 }
 
+static int mt_alloc(struct engine *e, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct mt_bufs *m = &ce->mt;
+    const size_t T = DQ_MAXT, H = g->hidden, C = geom_conv_dim(g), VD = geom_lin_value_dim(g), Hv = g->lin_v_heads,
+                 QD = geom_q_dim(g), KVD = geom_kv_dim(g), E = g->n_experts, K1 = g->n_experts_used + 1,
+                 I = g->moe_inter;
+    struct {
+        void **p;
+        size_t bytes;
+    } a[] = {
+        {(void **)&m->io, 2 * T * 4},      {(void **)&m->best, 8},          {(void **)&m->x, T * H * 4},
+        {(void **)&m->u, T * H * 4},       {(void **)&m->xin, T * C * 4},   {(void **)&m->y, T * C * 4},
+        {(void **)&m->z, T * VD * 4},      {(void **)&m->bb, T * Hv * 4},   {(void **)&m->aa, T * Hv * 4},
+        {(void **)&m->og, T * VD * 4},     {(void **)&m->qg, T * 2 * QD * 4}, {(void **)&m->kb, T * KVD * 4},
+        {(void **)&m->vb, T * KVD * 4},    {(void **)&m->q, T * QD * 4},    {(void **)&m->o, T * QD * 4},
+        {(void **)&m->rl, T * E * 4},      {(void **)&m->sg, T * 4},        {(void **)&m->w, T * K1 * 4},
+        {(void **)&m->act, T * K1 * I * 4}, {(void **)&m->ids, T * K1 * 4},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+        if (!(*a[i].p = dalloc(ce, a[i].bytes, err, errlen))) return -1;
+    if (cudaMallocHost((void **)&m->h_io, 2 * T * 4) != cudaSuccess) {
+        snprintf(err, errlen, "cudaMallocHost failed");
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 static void cuda_unload(struct engine *e) {
     struct cuda_engine *ce = e->impl;
     if (!ce) return;
@@ -390,7 +441,12 @@ static void cuda_unload(struct engine *e) {
     free(ce->allocs);
     free_scratch(&ce->sc);
     cudaFreeHost(ce->h_next);
+    cudaFreeHost(ce->h_mask);
+    cudaFreeHost(ce->h_pick);
+    cudaFreeHost(ce->h_row);
+    free(ce->h_scratch);
     cudaFreeHost(ce->dec.h_io);
+    cudaFreeHost(ce->mt.h_io);
     cudaFreeHost(ce->dec.h_best);
     if (ce->stream) cudaStreamDestroy(ce->stream);
     free(ce);
@@ -417,7 +473,14 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         !(ce->d_next = dalloc(ce, 4, err, errlen)))
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
-    if (dec_alloc(e, err, errlen)) goto fail_msg;
+    const size_t mask_bytes = 4 * (((size_t)g->vocab + 31) / 32);
+    if (!(ce->d_mask = dalloc(ce, mask_bytes, err, errlen)) || !(ce->pick_ws = dalloc(ce, k_pick_ws_bytes(), err, errlen)) ||
+        !(ce->d_pick = dalloc(ce, sizeof(struct k_pick), err, errlen)))
+        goto fail_msg;
+    CK(cudaMemset(ce->pick_ws, 0, k_pick_ws_bytes()));
+    CK(cudaMallocHost((void **)&ce->h_mask, mask_bytes));
+    CK(cudaMallocHost((void **)&ce->h_pick, sizeof(struct k_pick)));
+    if (dec_alloc(e, err, errlen) || mt_alloc(e, err, errlen)) goto fail_msg;
     // The fast mode unless the engine was opened exact (engine_options.exact): tensor-core products
     // on bf16 activations with fp32 accumulation, or the verification mode's fp32-level products.
     ce->tuning = (struct cuda_tuning){.exact_prefill = e->opts.exact, .exact_decode = e->opts.exact, .pdl = true};
@@ -642,6 +705,95 @@ fail:
     return -1;
 }
 
+// Whether a forward of 2 .. DQ_MAXT tokens can run through the decode kernels (mt_enqueue): fast
+// mode, the model's shapes (the multi-token kernels' K splits, 256 experts, k = 8).
+static bool mt_fits(const struct engine *e, const struct cuda_engine *ce) {
+    const struct geometry *g = &e->model.g;
+    return !ce->applied.exact_prefill && !ce->applied.exact_decode && g->hidden % (4 * 256) == 0 &&
+           geom_q_dim(g) % 256 == 0 && geom_lin_value_dim(g) % 256 == 0 && g->moe_inter % 256 == 0 &&
+           g->n_experts == 256 && g->n_experts_used == 8 && g->lin_k_dim == 128 && g->lin_v_dim == 128;
+}
+
+// Enqueues a forward of tokens[0..T) (2 <= T <= DQ_MAXT) at s's position through the decode kernels
+// in their several-token forms: every weight read once for the T tokens (the experts once for the
+// tokens that chose them), the DeltaNet conv and rule token by token (k_gdn_conv, k_gdn_recurrent),
+// the attention a token at a time at its own position; the last row's logits land in ce->logits
+// row 0 and its argmax key in dec.h_best once the stream is through.
+static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, int T, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct mt_bufs *m = &ce->mt;
+    const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = false}, *st = &dl;
+    void *stream = ce->stream;
+    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
+    const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g), Hv = g->lin_v_heads;
+    const float eps = (float)g->rms_eps;
+    for (int t = 0; t < T; t++) m->h_io[t] = tokens[t], m->h_io[DQ_MAXT + t] = s->pos + t;
+    CK(cudaMemcpyAsync(m->io, m->h_io, sizeof(int) * 2 * DQ_MAXT, cudaMemcpyHostToDevice, stream));
+    const int *pos = m->io + DQ_MAXT;
+    KL(k_embed(dq(&ce->w.embed), m->io, T, m->x, stream));
+    for (int i = 0; i < g->n_layers; i++) {
+        const struct layer_weights *L = &ce->w.layers[i];
+        struct dq_desc in = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps},
+                             .T = T, .ldx = H};
+        if (geom_is_attn(g, i)) {
+            in.d.seg[0] = (struct dv_seg){dq(&L->q_proj), m->qg, DV_OUT_STORE};
+            in.d.seg[1] = (struct dv_seg){dq(&L->k_proj), m->kb, DV_OUT_STORE};
+            in.d.seg[2] = (struct dv_seg){dq(&L->v_proj), m->vb, DV_OUT_STORE};
+            in.d.n_seg = 3;
+            KL(k_dvq(&in, st));
+            for (int t = 0; t < T; t++)
+                KL(k_dec_attn_prep(m->qg + (size_t)t * 2 * QD, m->kb + (size_t)t * KVD, m->vb + (size_t)t * KVD,
+                                   L->q_norm, L->k_norm, m->q + (size_t)t * QD, cs->k[i], cs->v[i], pos + t, s->cap,
+                                   g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+            for (int t = 0; t < T; t++)
+                KL(k_dec_attention(m->q + (size_t)t * QD, m->qg + (size_t)t * 2 * QD, cs->k[i], cs->v[i],
+                                   m->o + (size_t)t * QD, ce->dec.part, pos + t, dec_splits(g, s->cap), s->cap,
+                                   g->n_heads, g->n_kv_heads, D, st));
+            struct dq_desc out = {.d = {.x = m->o, .K = QD, .in_mode = DV_IN_PLAIN, .n_seg = 1}, .T = T, .ldx = QD};
+            out.d.seg[0] = (struct dv_seg){dq(&L->o_proj), m->x, DV_OUT_ADD};
+            KL(k_dvq(&out, st));
+        } else {
+            in.d.seg[0] = (struct dv_seg){dq(&L->in_qkv), m->xin, DV_OUT_STORE};
+            in.d.seg[1] = (struct dv_seg){dq(&L->in_z), m->z, DV_OUT_STORE};
+            in.d.seg[2] = (struct dv_seg){dq(&L->in_b), m->bb, DV_OUT_STORE};
+            in.d.seg[3] = (struct dv_seg){dq(&L->in_a), m->aa, DV_OUT_STORE};
+            in.d.n_seg = 4;
+            KL(k_dvq(&in, st));
+            KL(k_gdn_conv(m->xin, cs->conv[i], L->conv_w, m->y, T, C, g->conv_kernel, g->lin_k_heads, g->lin_k_dim,
+                          stream));
+            KL(k_gdn_recurrent(m->y, m->bb, m->aa, m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, T,
+                               g->lin_k_heads, Hv, g->lin_k_dim, g->lin_v_dim, eps, stream));
+            struct dq_desc out = {.d = {.x = m->og, .K = VD, .in_mode = DV_IN_PLAIN, .n_seg = 1}, .T = T, .ldx = VD};
+            out.d.seg[0] = (struct dv_seg){dq(&L->out_proj), m->x, DV_OUT_ADD};
+            KL(k_dvq(&out, st));
+        }
+        struct dq_desc r = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
+                                  .x_out = m->u, .n_seg = 2},
+                            .T = T, .ldx = H};
+        r.d.seg[0] = (struct dv_seg){dq(&L->router), m->rl, DV_OUT_STORE};
+        r.d.seg[1] = (struct dv_seg){dq(&L->shared_gate), m->sg, DV_OUT_STORE};
+        KL(k_dvq(&r, st));
+        const struct dq_moe mo = {.m = {.logits = m->rl, .shared_logit = m->sg, .u = m->u, .gate = dq(&L->ex_gate),
+                                        .up = dq(&L->ex_up), .down = dq(&L->ex_down), .sgate = dq(&L->se_gate),
+                                        .sup = dq(&L->se_up), .sdown = dq(&L->se_down), .E = g->n_experts, .k = K,
+                                        .H = H, .I = g->moe_inter, .act = m->act, .ids = m->ids, .w = m->w, .x = m->x},
+                                  .T = T};
+        KL(k_dvq_moe_gateup(&mo, st));
+        KL(k_dvq_moe_down(&mo, st));
+    }
+    CK(cudaMemsetAsync(ce->dec.best, 0, sizeof *ce->dec.best, stream));
+    struct dv_desc lm = {.x = m->x + (size_t)(T - 1) * H, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm,
+                         .eps = eps, .best = ce->dec.best, .n_seg = 1};
+    lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
+    KL(k_dv(&lm, st));
+    CK(cudaMemcpyAsync(ce->dec.h_best, ce->dec.best, 8, cudaMemcpyDeviceToHost, stream));
+    return 0;
+fail:
+    return -1;
+}
+
 // Captures the decode step of s as a graph (once per sequence, launch mode and stage probe).
 static int dec_capture(struct engine *e, struct seq *s, char *err, size_t errlen) {
     struct cuda_engine *ce = e->impl;
@@ -673,30 +825,43 @@ fail:
     return -1;
 }
 
+// Enqueues the decode step of token at s's position (the captured graph, or kernel by kernel):
+// its logits land in ce->logits row 0, its argmax key in dec.h_best once the stream is through.
+static int dec_launch(struct engine *e, struct seq *s, int32_t token, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct dec_bufs *d = &ce->dec;
+    d->h_io[0] = token;
+    d->h_io[1] = s->pos;
+    if (ce->applied.eager) return dec_enqueue(e, s, err, errlen);
+    if (dec_capture(e, s, err, errlen)) return -1;
+    CK(cudaGraphLaunch(cs->graph, ce->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+// The argmax of a decode step, once the stream is through.
+static int dec_next(struct cuda_engine *ce, int32_t *next, char *err, size_t errlen) {
+    const unsigned long long best = *ce->dec.h_best;
+    if (!best) {
+        snprintf(err, errlen, "decode produced no argmax (non-finite logits?)");
+        return -1;
+    }
+    *next = (int32_t)(0xffffffffu - (uint32_t)(best & 0xffffffffu));
+    return 0;
+}
+
 static int cuda_decode(struct engine *e, struct seq *s, int32_t token, int want_logits, float *logits, int32_t *next,
                        char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
-    struct cuda_seq *cs = s->impl;
-    struct dec_bufs *d = &ce->dec;
     void *st = ce->stream;
-    d->h_io[0] = token;
-    d->h_io[1] = s->pos;
-    if (!ce->applied.eager) {
-        if (dec_capture(e, s, err, errlen)) return -1;
-        CK(cudaGraphLaunch(cs->graph, st));
-    } else if (dec_enqueue(e, s, err, errlen)) {
-        goto fail;
-    }
+    if (dec_launch(e, s, token, err, errlen)) goto fail;
     if (want_logits)
         CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
-    if (!*d->h_best) {
-        snprintf(err, errlen, "decode produced no argmax (non-finite logits?)");
-        return -1;
-    }
-    *next = (int32_t)(0xffffffffu - (uint32_t)(*d->h_best & 0xffffffffu));
-    return 0;
+    return dec_next(ce, next, err, errlen);
 fail:
     cudaStreamSynchronize(st);
     return -1;
@@ -847,23 +1012,42 @@ static int prefill_prepare(struct engine *e, int T, int *fast, char *err, size_t
     return 0;
 }
 
+// Enqueues a prefill chunk's embedding and layers: the residual stream ce->sc.x [T, H] holds the
+// last layer's output when the stream is through.
+static int prefill_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, int T, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    int fast;
+    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
+    struct scratch *b = &ce->sc;
+    void *st = ce->stream;
+    memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
+    CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
+    KL(k_embed(dq(&ce->w.embed), b->tokens, T, b->x, st));
+    for (int i = 0; i < g->n_layers; i++)
+        if (cuda_layer(e, s, i, T, fast, err, errlen)) return -1;
+    return 0;
+fail:
+    return -1;
+}
+
 static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
                               int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     apply_tuning(ce);
     if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
-    int fast;
-    if (prefill_prepare(e, T, &fast, err, errlen)) return -1;
-    struct scratch *b = &ce->sc;
     void *st = ce->stream;
+    if (T <= DQ_MAXT && mt_fits(e, ce) && (n_rows == 0 || (n_rows == 1 && rows[0] == T - 1))) {
+        if (mt_enqueue(e, s, tokens, T, err, errlen)) goto fail;
+        if (n_rows) CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        return dec_next(ce, next, err, errlen);
+    }
+    struct scratch *b = &ce->sc;
     const int H = g->hidden;
     const float eps = (float)g->rms_eps;
-    memcpy(b->h_tokens, tokens, sizeof(int32_t) * (size_t)T);
-    CK(cudaMemcpyAsync(b->tokens, b->h_tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, st));
-    KL(k_embed(dq(&ce->w.embed), b->tokens, T, b->x, st));
-    for (int i = 0; i < g->n_layers; i++)
-        if (cuda_layer(e, s, i, T, fast, err, errlen)) goto fail;
+    if (prefill_enqueue(e, s, tokens, T, err, errlen)) goto fail;
     // Final norm and lm_head for the wanted rows and the last row, LM_ROWS rows at a time.
     int nw = 0;
     for (int r = 0; r < n_rows; r++) b->h_rows[nw++] = rows[r];
@@ -888,6 +1072,76 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     return 0;
 fail:
     cudaStreamSynchronize(st);
+    return -1;
+}
+
+static void *cuda_host_alloc(size_t bytes);
+
+// A chunk and the choice after its last row on the device (k_pick): the constraint's mask goes
+// up (31 KB) while the forward runs, the choice comes back (~200 bytes), the row of logits stays.
+// Sampling draws on the host from the row (pick.c).
+static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tokens, int T,
+                             const struct engine_pick *p, struct engine_choice *c, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cuda_engine *ce = e->impl;
+    void *st = ce->stream;
+    const size_t V = (size_t)g->vocab;
+    apply_tuning(ce);
+    if (T == 1) {
+        if (dec_launch(e, s, tokens[0], err, errlen)) goto fail;
+        ce->last_row = ce->logits;
+    } else if (T <= DQ_MAXT && mt_fits(e, ce)) {
+        if (mt_enqueue(e, s, tokens, T, err, errlen)) goto fail;
+        ce->last_row = ce->logits;
+    } else {
+        struct scratch *b = &ce->sc;
+        if (prefill_enqueue(e, s, tokens, T, err, errlen)) goto fail;
+        b->h_rows[0] = T - 1;
+        CK(cudaMemcpyAsync(b->rows, b->h_rows, sizeof(int), cudaMemcpyHostToDevice, st));
+        KL(k_rmsnorm(b->x, b->rows, ce->w.final_norm, ce->hn, NULL, 1, g->hidden, (float)g->rms_eps, st));
+        KL(mm(&ce->w.lm_head, ce->hn, 1, ce->logits, st));
+        ce->last_row = ce->logits;
+    }
+    const uint32_t *allow = p->allow ? p->allow(p->allow_arg) : NULL;   // computed while the forward runs
+    if (p->sampling) {   // the row to the host, the draw there
+        if ((!ce->h_row && !(ce->h_row = cuda_host_alloc(sizeof(float) * V))) ||
+            (!ce->h_scratch && !(ce->h_scratch = malloc(sizeof(float) * V)))) {
+            snprintf(err, errlen, "out of host memory for a row of logits");
+            goto fail;
+        }
+        CK(cudaMemcpyAsync(ce->h_row, ce->last_row, sizeof(float) * V, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        if (pick_row(ce->h_row, (int)V, p, allow, ce->h_scratch, c)) goto fail;
+        return 0;
+    }
+    if (allow) {
+        memcpy(ce->h_mask, allow, 4 * ((V + 31) / 32));
+        CK(cudaMemcpyAsync(ce->d_mask, ce->h_mask, 4 * ((V + 31) / 32), cudaMemcpyHostToDevice, st));
+    }
+    KL(k_pick(ce->last_row, (int)V, allow ? ce->d_mask : NULL, p->n_top > 0 ? p->n_top : 0, p->n_top >= 0, ce->pick_ws,
+              ce->d_pick, st));
+    CK(cudaMemcpyAsync(ce->h_pick, ce->d_pick, sizeof *ce->h_pick, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    const struct k_pick *k = ce->h_pick;
+    *c = (struct engine_choice){.greedy = k->greedy, .chosen = k->chosen, .greedy_lp = k->greedy_lp,
+                                .chosen_lp = k->chosen_lp, .n_top = k->n_top};
+    memcpy(c->top_id, k->top_id, sizeof c->top_id[0] * (size_t)k->n_top);
+    memcpy(c->top_lp, k->top_lp, sizeof c->top_lp[0] * (size_t)k->n_top);
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+static int cuda_last_logits(struct engine *e, float *out, char *err, size_t errlen) {
+    struct cuda_engine *ce = e->impl;
+    if (!ce->last_row) {
+        snprintf(err, errlen, "no forward has made a choice yet");
+        return -1;
+    }
+    CK(cudaMemcpy(out, ce->last_row, sizeof(float) * (size_t)e->model.g.vocab, cudaMemcpyDeviceToHost));
+    return 0;
+fail:
     return -1;
 }
 
@@ -950,6 +1204,8 @@ const struct backend_ops backend_cuda = {
     .seq_clear = cuda_seq_clear,
     .seq_copy = cuda_seq_copy,
     .forward_chunk = cuda_forward_chunk,
+    .forward_pick = cuda_forward_pick,
+    .last_logits = cuda_last_logits,
     .embed = cuda_embed,
     .layer_probe = cuda_layer_probe,
     .host_alloc = cuda_host_alloc,

@@ -1,5 +1,6 @@
 // engine.c: backend selection, sequences, and chunked forward over the backend interface.
 #include "backend.h"
+#include "pick.h"
 #include "util.h"
 
 #include "gpu.h"
@@ -110,6 +111,8 @@ int engine_open(const char *model_dir, const struct engine_options *o, struct en
 
 void engine_close(struct engine *e) {
     if (!e) return;
+    engine_logits_free(e, e->pick_row);
+    free(e->pick_scratch);
     e->ops->unload(e);
     checkpoint_close(&e->model);
     free(e);
@@ -184,6 +187,34 @@ static int check_tokens(const struct engine *e, const int32_t *tokens, int n, ch
     return 0;
 }
 
+// One chunk and the choice after its last row: on the backend where it can, else from the row's
+// logits on the host (pick.c).
+static int forward_pick(struct engine *e, struct seq *s, const int32_t *tokens, int m, const struct engine_pick *p,
+                        struct engine_choice *c, char *err, size_t errlen) {
+    if (e->ops->forward_pick) return e->ops->forward_pick(e, s, tokens, m, p, c, err, errlen);
+    const size_t V = (size_t)e->model.g.vocab;
+    if ((!e->pick_row && !(e->pick_row = engine_logits_alloc(e, V))) ||
+        (p->sampling && !e->pick_scratch && !(e->pick_scratch = malloc(sizeof(float) * V)))) {
+        snprintf(err, errlen, "out of host memory for a row of logits");
+        return -1;
+    }
+    const int last = m - 1;
+    int32_t next;
+    if (e->ops->forward_chunk(e, s, tokens, m, &last, 1, e->pick_row, &next, err, errlen)) return -1;
+    const uint32_t *allow = p->allow ? p->allow(p->allow_arg) : NULL;
+    return pick_row(e->pick_row, (int)V, p, allow, e->pick_scratch, c);
+}
+
+int engine_last_logits(struct engine *e, float *out, char *err, size_t errlen) {
+    if (e->ops->last_logits) return e->ops->last_logits(e, out, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
+    if (!e->pick_row) {
+        snprintf(err, errlen, "no forward has made a choice yet");
+        return ENGINE_ERROR;
+    }
+    memcpy(out, e->pick_row, sizeof(float) * (size_t)e->model.g.vocab);
+    return ENGINE_OK;
+}
+
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen) {
     static const struct forward_opts none = {0};
@@ -207,6 +238,10 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         snprintf(err, errlen, "logit rows must lie within the %d tokens", n);
         return ENGINE_ERROR;
     }
+    if (o->pick && (o->n_logit_rows || !o->choice || o->pick->n_top > ENGINE_MAX_TOP)) {
+        snprintf(err, errlen, "a choice needs its output, no logit rows, and at most %d alternatives", ENGINE_MAX_TOP);
+        return ENGINE_ERROR;
+    }
     const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
     int r = 0;   // next wanted row
     for (int off = 0; off < n; off += chunk) {
@@ -218,7 +253,12 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
             rows[nr] = o->logit_rows[r + nr] - off;
             nr++;
         }
-        if (e->ops->forward_chunk(e, s, tokens + off, m, rows, nr, lg, next, err, errlen)) return ENGINE_ERROR;
+        if (o->pick && off + m == n) {
+            if (forward_pick(e, s, tokens + off, m, o->pick, o->choice, err, errlen)) return ENGINE_ERROR;
+            *next = o->choice->greedy;
+        } else if (e->ops->forward_chunk(e, s, tokens + off, m, rows, nr, lg, next, err, errlen)) {
+            return ENGINE_ERROR;
+        }
         r += nr;
         s->pos += m;
         if (o->progress) o->progress(o->progress_arg, off + m, n);

@@ -33,6 +33,43 @@ struct engine_options {
     const char *router_trace;  // CPU backend: append every routing decision to this file (NULL: none)
 };
 
+// The choice of the token after a forward's last row, made where its logits are: the CUDA backend
+// keeps them on the device and sends back only this (not the 1 MB row), the CPU backend picks from
+// its own row (src/pick.c, the reference of both).
+enum { ENGINE_MAX_TOP = 20 };   // OpenAI's limit on top_logprobs
+
+// Opt-in sampling (the server's --allow-sampling): l_i = logit_i - presence_penalty [i generated],
+// z_i = l_i / temperature over the allowed ids, p_i ~ exp(z_i - max z); then, in this order, only
+// the ids whose z is at least the top_k-th largest (ties at the boundary kept; 0: all), those with
+// p_i >= min_p p_max, and those with p_i >= tau, the largest tau whose ids hold at least top_p of the
+// mass kept so far; the draw u = U[0, 1) of (seed, step) walks the kept ids in id order. temperature
+// 0: the argmax of l (lowest id on ties).
+struct engine_sampling {
+    float temperature, top_p, min_p, presence_penalty;
+    int top_k;
+    uint64_t seed;
+};
+
+struct engine_pick {
+    // The ids a constraint allows, a bitmask [ceil(vocab / 32)] (bit i % 32 of word i / 32), or NULL
+    // for every id. Called once the forward is under way (the mask is computed meanwhile); NULL: none.
+    const uint32_t *(*allow)(void *arg);
+    void *allow_arg;
+    int n_top;                              // -1: no log-probabilities; else this many alternatives (<= 20)
+    const struct engine_sampling *sampling; // NULL: greedy (chosen is the allowed argmax)
+    uint64_t step;                          // the draw's step (with sampling->seed, its random stream)
+    const uint32_t *seen;                   // the generated ids as a bitmask as allow's (presence penalty; NULL: none)
+};
+
+struct engine_choice {
+    int32_t greedy;               // the argmax of the row (lowest id on ties): forward's *next
+    int32_t chosen;               // the allowed argmax, or the draw; -1 when the mask allows nothing
+    float greedy_lp, chosen_lp;   // their log-probabilities, softmax of the raw row (n_top >= 0)
+    int n_top;                    // top_id / top_lp: the most likely ids, most likely first (lowest id on ties)
+    int32_t top_id[ENGINE_MAX_TOP];
+    float top_lp[ENGINE_MAX_TOP];
+};
+
 struct forward_opts {
     const int *logit_rows;      // rows (0..n-1 of this call) whose logits are wanted, ascending
     int n_logit_rows;
@@ -44,6 +81,10 @@ struct forward_opts {
     // progress: the CLI's progress line, the server's /metrics). NULL: not called.
     void (*progress)(void *arg, int done, int total);
     void *progress_arg;
+    // The choice after the last row (NULL: none): *choice gets it, *next is its greedy id. Not with
+    // logit_rows (the two are ways of reading the same row).
+    const struct engine_pick *pick;
+    struct engine_choice *choice;
 };
 
 enum { ENGINE_OK = 0, ENGINE_ERROR = -1, ENGINE_CANCELLED = -2 };
@@ -77,6 +118,10 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
 // that a step's row (1 MB) comes back by DMA rather than through a staging copy (the constrained
 // decoder reads one every step); malloc elsewhere.  NULL when out of memory.
 float *engine_logits_alloc(struct engine *e, size_t n);
+// The last row of the latest forward that made a choice (forward_opts.pick), into out [vocab]: what
+// the constrained decoder reads in the rare steps the choice does not settle (near the end of its
+// budget). Valid until the engine's next forward.
+int engine_last_logits(struct engine *e, float *out, char *err, size_t errlen);
 void engine_logits_free(struct engine *e, float *p);
 
 // ---- the layer probe (tests: tests/gpu/test_cuda_layers.c, tests/test_engine.c) -------------------

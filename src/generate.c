@@ -168,7 +168,9 @@ struct gen {
     struct gen_result *res;
     struct gen_text text;
     struct tokenizer_stream ts;
-    float *logits;              // the step's logits, when wanted (else NULL)
+    bool pick;                  // each step's token is chosen by the engine (logprobs, a constraint)
+    struct engine_pick how;     // how (the constraint's mask through allow_mask)
+    struct engine_choice choice;   // the last forward's choice
     bool constrained;           // the answer is picked under req->schema
     struct constrained con;
 };
@@ -179,22 +181,54 @@ static void progress(void *arg, int done, int total) {
     if (g->sink->progress) g->sink->progress(g->sink->ctx, done, total);
 }
 
-// Forwards tokens; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (res->err).  logits (NULL: not
-// wanted) gets the last row's.  A prefill of several chunks reports its progress, the first
-// report before any work: a client sees bytes at once and after every chunk, however long the prompt.
-static int forward(struct gen *g, const int32_t *t, int n, int32_t *next, float *logits) {
+// Forwards tokens; ENGINE_OK, ENGINE_CANCELLED or ENGINE_ERROR (res->err).  pick: the engine
+// chooses the token after the last row (g->choice).  A prefill of several chunks reports its
+// progress, the first report before any work: a client sees bytes at once and after every chunk,
+// however long the prompt.
+static int forward(struct gen *g, const int32_t *t, int n, int32_t *next, bool pick) {
     const struct gen_env *env = g->env;
     if (env->cancelled && env->cancelled(env->arg)) return ENGINE_CANCELLED;
-    const int last = n - 1, chunk = env->chunk ? env->chunk : QWEN_PREFILL_CHUNK;
+    const int chunk = env->chunk ? env->chunk : QWEN_PREFILL_CHUNK;
     const bool multi = n > chunk;   // single steps and one-chunk prompts report nothing
-    struct forward_opts fo = {.cancelled = env->cancelled, .cancel_arg = env->arg, .logit_rows = logits ? &last : NULL,
-                              .n_logit_rows = logits ? 1 : 0, .logits = logits, .chunk = env->chunk,
-                              .progress = multi ? progress : NULL, .progress_arg = g};
+    struct forward_opts fo = {.cancelled = env->cancelled, .cancel_arg = env->arg, .chunk = env->chunk,
+                              .progress = multi ? progress : NULL, .progress_arg = g, .pick = pick ? &g->how : NULL,
+                              .choice = &g->choice};
     if (multi) progress(g, 0, n);
     return engine_forward(env->e, env->s, t, n, &fo, next, g->res->err, sizeof g->res->err);
 }
 
 static bool in_answer(const struct gen *g) { return g->text.cur == &g->text.answer; }
+
+// The engine's allow: the constraint's mask where the next token is the answer's.
+static const uint32_t *allow_mask(void *arg) {
+    struct gen *g = arg;
+    return g->constrained && in_answer(g) ? constrained_mask(&g->con) : NULL;
+}
+
+// The last forward's row of logits (the rare picks the choice does not settle); NULL on an error.
+static const float *last_row(void *arg) {
+    const struct gen *g = arg;
+    char err[256];
+    return engine_last_logits(g->env->e, g->env->logits, err, sizeof err) ? NULL : g->env->logits;
+}
+
+// tok's log-probabilities from the choice (the row's, when tok is neither its greedy nor its chosen id).
+static int token_logprobs(struct gen *g, int32_t tok, struct token_lp *lp) {
+    const struct engine_choice *c = &g->choice;
+    *lp = (struct token_lp){.id = tok, .n_top = c->n_top};
+    memcpy(lp->top_id, c->top_id, sizeof c->top_id[0] * (size_t)c->n_top);
+    memcpy(lp->top_lp, c->top_lp, sizeof c->top_lp[0] * (size_t)c->n_top);
+    if (tok == c->greedy) lp->lp = c->greedy_lp;
+    else if (tok == c->chosen) lp->lp = c->chosen_lp;
+    else {
+        const float *row = last_row(g);
+        if (!row) return -1;
+        struct token_lp full;
+        gen_logprobs(row, g->env->vocab, tok, 0, &full);
+        lp->lp = full.lp;
+    }
+    return 0;
+}
 
 // The text of one token into the current channel; true when a stop string ended the output.
 static bool decode(struct gen *g, int32_t tok) {
@@ -228,8 +262,7 @@ static bool take(struct gen *g, int32_t tok) {
     }
     if (r->logprobs >= 0 && g->sink->logprobs) {
         struct token_lp lp;
-        gen_logprobs(g->logits, g->env->vocab, tok, r->logprobs, &lp);
-        if (g->sink->logprobs(g->sink->ctx, &lp)) {
+        if (token_logprobs(g, tok, &lp) || g->sink->logprobs(g->sink->ctx, &lp)) {
             fail(res, GEN_NOMEM, "out of memory");
             return true;
         }
@@ -252,10 +285,11 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     struct gen g = {.env = env, .req = req, .sink = sink ? sink : &none, .res = res};
     const int32_t *P = req->prompt;
     const int n = req->n_prompt;
-    g.logits = gen_wants_logits(req) ? env->logits : NULL;
+    g.pick = gen_wants_logits(req);
+    g.how = (struct engine_pick){.allow = allow_mask, .allow_arg = &g, .n_top = req->logprobs};
     g.constrained = req->schema != NULL;
     int rc = ENGINE_OK;
-    if ((gen_wants_logits(req) && !g.logits) ||
+    if ((g.pick && !env->logits) ||
         (g.constrained && constrained_init(&g.con, req->schema, env->tok, env->trie, (enum mask_mode)env->mask_mode)))
         rc = fail(res, GEN_NOMEM, "out of memory");
     int32_t tok = next ? *next : -1;
@@ -264,14 +298,14 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     int pos = from;
     if (rc == ENGINE_OK && !next && env->snapshot && req->boundary > pos && req->boundary < n) {
         int32_t bnext;
-        rc = forward(&g, P + pos, req->boundary - pos, &bnext, NULL);
+        rc = forward(&g, P + pos, req->boundary - pos, &bnext, false);
         if (rc == ENGINE_OK) {
             pos = req->boundary;
             env->snapshot(env->arg, pos, bnext);
         }
     }
     if (rc == ENGINE_OK && g.constrained && !req->reasoning) constrained_prepare(&g.con);   // the first mask, during the prefill
-    if (rc == ENGINE_OK && !next) rc = forward(&g, P + pos, n - pos, &tok, g.logits);
+    if (rc == ENGINE_OK && !next) rc = forward(&g, P + pos, n - pos, &tok, g.pick);
     res->t_prefilled = now_s();
 
     // Decode.
@@ -281,14 +315,15 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
         rc = fail(res, GEN_NOMEM, "out of memory");
     if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
-        if (g.constrained && in_answer(&g)) tok = constrained_pick(&g.con, g.logits, tok, req->max_tokens - res->n);
+        if (g.constrained && in_answer(&g))
+            tok = constrained_pick_choice(&g.con, &g.choice, false, req->max_tokens - res->n, last_row, &g);
         if (take(&g, tok)) {
             rc = res->rc;
             break;
         }
         // The next step's mask depends on tok only: on the helper thread while the step runs.
         if (g.constrained && in_answer(&g)) constrained_prepare(&g.con);
-        rc = forward(&g, &tok, 1, &tok, g.logits);
+        rc = forward(&g, &tok, 1, &tok, g.pick);
     }
     if (rc == ENGINE_OK) {
         if (res->finish != GEN_FINISH_STOP_SEQUENCE && env->tok) {   // flush what the decoder and the channel still hold

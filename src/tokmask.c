@@ -550,3 +550,41 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
     cstate_feed(c->s, b, n);
     return pick;
 }
+
+const uint32_t *constrained_mask(struct constrained *c) {
+    if (c->mode == MASK_OFF) return NULL;
+    mask_collect(c);
+    mask_now(c);
+    return (const uint32_t *)c->mask;
+}
+
+int32_t constrained_pick_choice(struct constrained *c, const struct engine_choice *ch, bool sampled, int budget,
+                                const float *(*row)(void *), void *arg) {
+    mask_collect(c);
+    int32_t pick = -1;
+    char forced[128];
+    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
+        int32_t id = tokenizer_token_id(c->tok, forced, len);
+        if (constrained_allows(c, id)) pick = id;   // it must come anyway
+    }
+    if (pick < 0 && !sampled && constrained_fits(c, ch->greedy, budget)) pick = ch->greedy, c->n_greedy++;
+    if (pick < 0 && c->mode != MASK_OFF && ch->chosen >= 0) {
+        mask_now(c);   // (the choice was made under it; constrained_allows reads it)
+        if (constrained_fits(c, ch->chosen, budget)) pick = ch->chosen;
+    }
+    if (pick < 0) {   // the rest as from the logits, the ids that fit the budget first
+        const float *l = row(arg);
+        if (!l) {
+            c->mask_ok = false;
+            return chat_stop_ids[0];
+        }
+        return constrained_pick(c, l, ch->greedy, budget);
+    }
+    c->n_picks++;
+    c->mask_ok = false;   // s moves on
+    if (chat_is_stop(pick)) return chat_stop_ids[0];
+    size_t n;
+    const char *b = tokenizer_token_bytes(c->tok, pick, &n);
+    cstate_feed(c->s, b, n);
+    return pick;
+}

@@ -18,6 +18,8 @@
 // backend runs the forward of step k+1 (MASK_OVERLAP); the pick then waits for it.
 #pragma once
 
+#include "engine.h"
+
 #include "constrain.h"
 #include "tokenizer.h"
 
@@ -103,3 +105,13 @@ void constrained_prepare(struct constrained *c);
 // The next token of the answer, given the step's logits and greedy token and the tokens left
 // (budget, this one included).  Advances the document by it.
 int32_t constrained_pick(struct constrained *c, const float *logits, int32_t greedy, int budget);
+// The mask of the next pick (waiting for the helper thread's, or computing it now), as the
+// backend's choice reads it (struct engine_pick.allow: bit i % 32 of 32-bit word i / 32, the same
+// bits as the 64-bit words on a little-endian host); NULL in MASK_OFF.
+const uint32_t *constrained_mask(struct constrained *c);
+// The next token of the answer from a backend's choice made under constrained_mask's mask: the
+// longest forced token, else the greedy id (not when sampled: then the draw), else the choice's
+// allowed argmax or draw when it fits the budget, else what constrained_pick makes of the row's
+// logits, which row(arg) reads (rare: near the budget's end; NULL from it: a stop token).
+int32_t constrained_pick_choice(struct constrained *c, const struct engine_choice *ch, bool sampled, int budget,
+                                const float *(*row)(void *), void *arg);

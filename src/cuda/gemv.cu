@@ -20,8 +20,8 @@
 // registers through the block sum. So K <= 4 STAGE_RMS_F4 per thread (every model shape);
 // stage_input keeps the two-trip form for larger K.
 enum { STAGE_RMS_F4 = 4 };
-static __device__ void stage_rms_one_trip(const struct dv_desc &d, float *xs, float *sh) {
-    const float4 *x4 = (const float4 *)d.x, *w4 = (const float4 *)d.norm_w;
+static __device__ void stage_rms_one_trip(const struct dv_desc &d, const float *x, float *xs, float *sh) {
+    const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)d.norm_w;
     const int n4 = d.K / 4;
     float4 xv[STAGE_RMS_F4], wv[STAGE_RMS_F4];
     float ss = 0;   // (any order of the units)
@@ -43,15 +43,15 @@ static __device__ void stage_rms_one_trip(const struct dv_desc &d, float *xs, fl
     }
 }
 
-// Stage the input vector into shared memory: xs [K] fp32 with the input transform applied, xs16
-// [K / 16] the sums of 16.
-static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs16) {
+// Stage the input vector x (d's transform) into shared memory: xs [K] fp32 with the input transform
+// applied, xs16 [K / 16] the sums of 16; x_out (block 0, when set) gets the transformed input.
+static __device__ void stage_input_of(const struct dv_desc &d, const float *x, float *x_out, float *xs, float *xs16) {
     __shared__ float sh[32];
     const int K = d.K;
     if (d.in_mode == DV_IN_RMS && K <= 4 * STAGE_RMS_F4 * (int)blockDim.x) {   // every model shape
-        stage_rms_one_trip(d, xs, sh);
+        stage_rms_one_trip(d, x, xs, sh);
     } else {
-        copy_to_smem<true>(xs, d.x, K);
+        copy_to_smem<true>(xs, x, K);
         __syncthreads();
         if (d.in_mode == DV_IN_RMS) {   // the two-trip form: x staged, then scaled by w from global
             float ss = 0;
@@ -62,9 +62,12 @@ static __device__ void stage_input(const struct dv_desc &d, float *xs, float *xs
     }
     __syncthreads();
     sums16(xs, xs16, K);
-    if (d.x_out && blockIdx.x == 0)
-        for (int u = threadIdx.x; u < K / 4; u += blockDim.x) ((float4 *)d.x_out)[u] = ((const float4 *)xs)[swz(u)];
+    if (x_out && blockIdx.x == 0)
+        for (int u = threadIdx.x; u < K / 4; u += blockDim.x) ((float4 *)x_out)[u] = ((const float4 *)xs)[swz(u)];
     __syncthreads();
+}
+static __device__ __forceinline__ void stage_input(const struct dv_desc &d, float *xs, float *xs16) {
+    stage_input_of(d, d.x, d.x_out, xs, xs16);
 }
 
 // Orderable key of (value, row): the larger value wins, then the lower row.
@@ -476,4 +479,159 @@ extern "C" int k_tcgemv(const struct dqt *W, const float *x, float *y, void *str
     const int grid = (int)(want < cap ? want : cap);
     tc_kernel<<<grid, TC_THREADS, smem, (cudaStream_t)stream>>>(W->w, W->scales, W->biases, x, y, R, K);
     return launch_status();
+}
+
+// ---- k_dvq: the products of several tokens ----------------------------------------------------------
+
+// 4-bit segments: a block takes a 16-row task, its warps split the super-steps (as dv_tc_split_kernel),
+// each warp runs every token at once (tc_rows16_xq), warp 0 adds the parts and stores. The inputs of
+// the T tokens are staged once a block, RMS-normalised or plain (tc_stage_xq).
+template <int NQ>
+static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const struct dq_desc q) {
+    extern __shared__ __align__(16) unsigned char dq_smem[];
+    __shared__ float part[DV_WARPS][NQ][2][WARP_SIZE];
+    __shared__ float rs[DQ_MAXT];
+    __shared__ float sh[32];
+    const struct dv_desc &d = q.d;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, K = d.K, T = q.T;
+    const dv_taskmap M(d, TC_ROWS);
+    const int nS = tc_nsuper(K), S0 = warp * nS / DV_WARPS, S1 = (warp + 1) * nS / DV_WARPS;
+    pdl_wait();
+    pdl_trigger();
+    if (d.in_mode == DV_IN_RMS)
+        for (int t = 0; t < T; t++) {   // each token's 1 / rms (the block sum as stage_input's two-trip form)
+            const float4 *x4 = (const float4 *)(d.x + (size_t)t * q.ldx);
+            float ss = 0;
+            for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+                const float4 v = __ldg(x4 + i);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = block_sum(ss, sh);
+            if (threadIdx.x == 0) rs[t] = 1.0f / sqrtf(ss / (float)K + d.eps);
+        }
+    __syncthreads();
+    const bool rms = d.in_mode == DV_IN_RMS;
+    tc_stage_xq(
+        [&](int t, int u, float (&v)[8]) {
+            const float4 *x4 = (const float4 *)(d.x + (size_t)t * q.ldx) + 2 * u;
+            const float4 a = __ldg(x4), b = __ldg(x4 + 1);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            if (rms) {
+                const float4 wa = __ldg((const float4 *)d.norm_w + 2 * u), wb = __ldg((const float4 *)d.norm_w + 2 * u + 1);
+                const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = v[j] * rs[t] * w8[j];
+            }
+            if (d.x_out && blockIdx.x == 0) {
+                float4 *o = (float4 *)(d.x_out + (size_t)t * K) + 2 * u;
+                o[0] = make_float4(v[0], v[1], v[2], v[3]), o[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+        },
+        T, K, dq_smem);
+    unsigned long long best[NQ] = {};
+    const int g = lane / 4, tl = lane % 4;
+    for (int task = blockIdx.x; task < M.total(); task += gridDim.x) {
+        const int s = M.seg_of(task), n0 = (task - M.first[s]) * TC_ROWS;
+        const struct dqt &W = d.seg[s].W;
+        float o[NQ][2];
+        tc_rows16_xq<NQ>(W.w, W.scales, W.biases, W.rows, K, n0, dq_smem, T, o, S0, S1);
+#pragma unroll
+        for (int j = 0; j < NQ; j++) part[warp][j][0][lane] = o[j][0], part[warp][j][1][lane] = o[j][1];
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int t = 4 * j + tl, row = n0 + g + 8 * r;
+                    if (t >= T || row >= W.rows) continue;
+                    const float v = (part[0][j][r][lane] + part[1][j][r][lane]) + (part[2][j][r][lane] + part[3][j][r][lane]);
+                    float *y = d.seg[s].y + (size_t)t * W.rows + row;
+                    switch (d.seg[s].mode) {
+                    case DV_OUT_ADD: *y += v; break;
+                    case DV_OUT_ARGMAX: {
+                        *y = v;
+                        const unsigned long long k = argmax_key(v, row);
+                        best[j] = k > best[j] ? k : best[j];
+                        break;
+                    }
+                    default: *y = v;
+                    }
+                }
+        __syncthreads();
+    }
+    if (d.best && warp == 0)
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {   // the lanes of one token: tl fixed, g = 0 .. 7
+            unsigned long long b = best[j];
+#pragma unroll
+            for (int o = 4; o < WARP_SIZE; o <<= 1) {
+                const unsigned long long x = __shfl_xor_sync(0xffffffffu, b, o);
+                b = x > b ? x : b;
+            }
+            if (g == 0 && 4 * j + tl < T && b) atomicMax(d.best + 4 * j + tl, b);
+        }
+}
+
+// 8-bit segments: every token as k_dv's CUDA-core form computes it (the same staging and sums), its
+// rows' codes read again from L1 for the next token.
+static __global__ void __launch_bounds__(DV_THREADS, 4) dvq_cc_kernel(const struct dq_desc q) {
+    extern __shared__ __align__(16) float dv_smem[];
+    const struct dv_desc &d = q.d;
+    float *xs = dv_smem, *xs16 = dv_smem + d.K;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
+    const lanes L = lanes_of<8>(d.K);
+    const dv_taskmap M(d, L.rpp);
+    pdl_wait();
+    pdl_trigger();
+    for (int t = 0; t < q.T; t++) {
+        __syncthreads();   // the previous token's tasks are done with xs
+        stage_input_of(d, d.x + (size_t)t * q.ldx, d.x_out ? d.x_out + (size_t)t * d.K : nullptr, xs, xs16);
+        for (int task = gw; task < M.total(); task += stride) {
+            const int s = M.seg_of(task), n = (task - M.first[s]) * L.rpp + L.rip, R = d.seg[s].W.rows;
+            const qrow r[1] = {qrow_of(d.seg[s].W, (size_t)min(n, R - 1))};
+            float acc[1];
+            rows_dot<8, 1>(r, L, xs, xs16, acc);
+            if (!L.sub && n < R) d.seg[s].y[(size_t)t * R + n] = acc[0];   // DV_OUT_STORE (k_dvq checks)
+        }
+    }
+}
+
+extern "C" int k_dvq(const struct dq_desc *q, const struct dec_launch *l) {
+    const struct dv_desc *d = &q->d;
+    if (q->T < 1 || q->T > DQ_MAXT || d->n_seg < 1 || d->n_seg > DV_MAXSEG || d->K % TC_SUPER || d->K > DV_MAXK ||
+        l->exact || q->ldx < d->K || q->ldx % 4)
+        return (int)cudaErrorInvalidValue;
+    const int bits = d->seg[0].W.bits;
+    for (int s = 0; s < d->n_seg; s++) {
+        const struct dqt *W = &d->seg[s].W;
+        if (W->bits != bits || W->cols != d->K || W->rows < 1 || d->seg[s].mode == DV_OUT_CONV ||
+            (d->seg[s].mode == DV_OUT_ARGMAX && (bits != 4 || !d->best)))
+            return (int)cudaErrorInvalidValue;
+    }
+    if (bits == 8) {
+        for (int s = 0; s < d->n_seg; s++)
+            if (d->seg[s].mode != DV_OUT_STORE) return (int)cudaErrorInvalidValue;
+        const size_t smem = dv_smem_bytes(d);
+        return launch_k(dvq_cc_kernel, dim3(grid_for_tasks<dvq_cc_kernel>(dv_tasks(d, 1), DV_THREADS, smem)),
+                        dim3(DV_THREADS), smem, l, *q);
+    }
+    if (bits != 4) return (int)cudaErrorInvalidValue;
+    const size_t smem = (size_t)q->T * tc_area_bytes(d->K);
+    const long tasks = dv_tc_tasks(d);
+#define DQ_LAUNCH(NQ)                                                                                    \
+    do {                                                                                                 \
+        static size_t raised;                                                                            \
+        if (smem > 48 * 1024 && smem > raised) {                                                         \
+            const cudaError_t e = cudaFuncSetAttribute(dvq_tc_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+            if (e != cudaSuccess) return (int)e;                                                         \
+            raised = smem;                                                                               \
+        }                                                                                                \
+        return launch_k(dvq_tc_kernel<NQ>, dim3(grid_for_tasks<dvq_tc_kernel<NQ>>(tasks * DV_WARPS, DV_THREADS, smem)), \
+                        dim3(DV_THREADS), smem, l, *q);                                                  \
+    } while (0)
+    if (q->T <= 4) DQ_LAUNCH(1);
+    DQ_LAUNCH(2);
+#undef DQ_LAUNCH
 }

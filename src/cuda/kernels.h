@@ -133,6 +133,19 @@ struct dv_desc {
     int prefetch;            // prefetch the block's weights into L2 before waiting on the predecessor
 };
 int k_dv(const struct dv_desc *d, const struct dec_launch *l);
+// The same products for T tokens at once (a short forward: an append, a draft's verification),
+// fast mode: token t's input at x + t * ldx, its outputs at seg.y + t * seg.W.rows (DV_OUT_STORE,
+// DV_OUT_ADD, DV_OUT_ARGMAX with best[t]; no DV_OUT_CONV: the conv of several tokens runs after,
+// k_gdn_conv), its transformed input (x_out) at x_out + t * K. 4-bit segments on the tensor cores,
+// each weight read once for all tokens (tcgemv.cuh's tc_rows16_xq); 8-bit ones (the router, the
+// shared-expert gate) token by token on the CUDA cores, each token as k_dv would compute it.
+enum { DQ_MAXT = 8 };
+struct dq_desc {
+    struct dv_desc d;        // the products (d.x: token 0's input; d.conv_*, d.prefetch unused)
+    int T;                   // 1 .. DQ_MAXT
+    int ldx;                 // floats between two tokens' inputs
+};
+int k_dvq(const struct dq_desc *q, const struct dec_launch *l);
 // y [rows] = W x for a 4-bit matrix (matrix 0) on the tensor cores (tcgemv.cuh): x as bf16, codes as
 // bf16, fp32 accumulation. K = W->cols a multiple of 64, <= 8192 (shared memory <= 48 KB).
 int k_tcgemv(const struct dqt *W, const float *x, float *y, void *stream);
@@ -241,6 +254,15 @@ struct dv_moe {
 };
 int k_dv_moe_gateup(const struct dv_moe *m, const struct dec_launch *l);
 int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l);
+// The same for T tokens at once (fast mode, the model's 256 experts and k = 8): token t's inputs at
+// logits + t E, shared_logit + t, u + t H, its outputs at act + t (k + 1) I, ids + t (k + 1), w + t (k + 1)
+// and x + t H. Gate and up read each chosen expert's weights once for every token that chose it.
+struct dq_moe {
+    struct dv_moe m;
+    int T;   // 1 .. DQ_MAXT
+};
+int k_dvq_moe_gateup(const struct dq_moe *q, const struct dec_launch *l);
+int k_dvq_moe_down(const struct dq_moe *q, const struct dec_launch *l);
 
 // ---- argmax.cu ----------------------------------------------------------------------------------
 // Argmax of x[n] (lowest index on ties) into *out.

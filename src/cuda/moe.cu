@@ -314,10 +314,17 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
 // the residual in the experts' order. (k_dv_moe_down's CUDA-core form walked each row on one warp:
 // ~3.5 instructions a code against ~1.3 here.)
 enum { DN_TC_MAXW = 16 };
-static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_kernel(const struct dv_moe m) {
+// MT (k_dvq_moe_down): token blockIdx.y of several, its ids / w / act / x at their offsets.
+template <bool MT = false>
+static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_kernel(const struct dv_moe m0) {
     extern __shared__ __align__(16) unsigned char dt_smem[];
     __shared__ float part[DN_TC_MAXW][WARP_SIZE], wts[DN_TC_MAXW];
     __shared__ int ids[DN_TC_MAXW];
+    struct dv_moe m = m0;
+    if (MT) {
+        const size_t t = blockIdx.y;
+        m.ids += t * (m.k + 1), m.w += t * (m.k + 1), m.act += t * (m.k + 1) * m.I, m.x += t * m.H;
+    }
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, E1 = m.k + 1, I = m.I;
     const int sb = tc_smem_bytes(I), n0 = blockIdx.x * TC_ROWS, row = n0 + tc_lane_row(lane);
     const bool stores = warp == 0 && !(lane & 1) && row < m.H;
@@ -384,15 +391,132 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l)
         static size_t raised;
         if (smem > 48 * 1024 && smem > raised) {   // (the model's 9 experts: 12 KB)
             const cudaError_t e =
-                cudaFuncSetAttribute(dv_down_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+                cudaFuncSetAttribute(dv_down_tc_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return (int)e;
             raised = smem;
         }
-        return launch_k(dv_down_tc_kernel, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, l,
+        return launch_k(dv_down_tc_kernel<>, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, l,
                         *m);
     }
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
     return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)),
                     dim3(DV_THREADS), smem, l, *m);
+}
+
+// ---- the MoE of several tokens (k_dvq_moe_*) ----------------------------------------------------------
+
+// Gate and up for T tokens: warp t routes token t; the block stages every token's u (tc_stage_xq);
+// thread 0 lists the distinct experts the tokens chose (in the order of their first choice; the
+// shared expert last) with each token's slot in its own list; then a block takes a 16-row tile of
+// one listed expert, its 8 warps as the decode form's (gate / up, K in quarters), every token at once
+// (tc_rows16_xq), and warp 0 writes silu(gate) * up for the tokens that chose the expert.
+enum { DQ_MAXU = DQ_MAXT * 8 + 1 };   // distinct experts of DQ_MAXT tokens at k = 8, and the shared one
+template <int NQ>
+static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gateup_kernel(const struct dq_moe q) {
+    extern __shared__ __align__(16) unsigned char gq_smem[];
+    __shared__ int ids[DQ_MAXT][WARP_SIZE];
+    __shared__ float wts[DQ_MAXT][WARP_SIZE], part[8][NQ][2][WARP_SIZE];
+    __shared__ int uexp[DQ_MAXU], n_u;
+    __shared__ signed char slot[DQ_MAXU][DQ_MAXT];
+    const struct dv_moe &m = q.m;
+    const int T = q.T, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, kq = warp / 2;
+    const int K1 = m.k + 1, nS = tc_nsuper(m.H), S0 = kq * nS / 4, S1 = (kq + 1) * nS / 4;
+    pdl_wait();
+    pdl_trigger();
+    if (warp < T) route_warp_of<true>(m.logits + (size_t)warp * m.E, m.E, m.k, ids[warp], wts[warp]);   // (E == RW_MAXE)
+    tc_stage_xq(
+        [&](int t, int u, float (&v)[8]) {
+            const float4 *p = (const float4 *)(m.u + (size_t)t * m.H) + 2 * u;
+            const float4 a = __ldg(p), b = __ldg(p + 1);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        },
+        T, m.H, gq_smem);   // (its closing barrier publishes ids and wts too)
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < m.k; j++) {
+                int i = 0;
+                while (i < n && uexp[i] != ids[t][j]) i++;
+                if (i == n) {
+                    uexp[n] = ids[t][j];
+                    for (int r = 0; r < T; r++) slot[n][r] = -1;
+                    n++;
+                }
+                slot[i][t] = (signed char)j;
+            }
+        uexp[n] = -1;   // the shared expert: every token, slot k
+        for (int t = 0; t < T; t++) slot[n][t] = (signed char)m.k;
+        n_u = n + 1;
+    }
+    if (blockIdx.x == 0 && threadIdx.x < T * K1) {
+        const int t = threadIdx.x / K1, j = threadIdx.x % K1;
+        m.ids[threadIdx.x] = j < m.k ? ids[t][j] : -1;
+        m.w[threadIdx.x] = j < m.k ? wts[t][j] : sigmoid_f(m.shared_logit[t]);
+    }
+    __syncthreads();
+    const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = n_u * tiles_e, g = lane / 4, tl = lane % 4;
+    const size_t wpr = (size_t)m.H / 8, gpr = (size_t)m.H / QGROUP;
+    for (int task = blockIdx.x; task < total; task += gridDim.x) {
+        const int ue = task / tiles_e, n0 = (task % tiles_e) * TC_ROWS, e = uexp[ue];
+        const bool shared = e < 0;
+        const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
+        const size_t base = shared ? 0 : (size_t)e * m.I;
+        float o[NQ][2];
+        tc_rows16_xq<NQ>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gq_smem, T, o, S0,
+                         S1);
+#pragma unroll
+        for (int j = 0; j < NQ; j++) part[warp][j][0][lane] = o[j][0], part[warp][j][1][lane] = o[j][1];
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int t = 4 * j + tl, row = n0 + g + 8 * r;
+                    if (t >= T || row >= m.I || slot[ue][t] < 0) continue;
+                    float gs = 0, us = 0;
+#pragma unroll
+                    for (int p = 0; p < 4; p++) gs += part[2 * p][j][r][lane], us += part[2 * p + 1][j][r][lane];
+                    m.act[((size_t)t * K1 + slot[ue][t]) * m.I + row] = silu_f(gs) * us;
+                }
+        __syncthreads();
+    }
+}
+
+extern "C" int k_dvq_moe_gateup(const struct dq_moe *q, const struct dec_launch *l) {
+    const struct dv_moe *m = &q->m;
+    if (q->T < 1 || q->T > DQ_MAXT || l->exact || m->E != RW_MAXE || m->k != 8 || m->H % (4 * TC_SUPER) ||
+        m->H > DV_MAXK || m->I % TC_ROWS || m->gate.bits != 4 || m->up.bits != 4 || m->sgate.bits != 4 ||
+        m->sup.bits != 4 || m->sgate.rows != m->I)
+        return (int)cudaErrorInvalidValue;
+    const size_t smem = (size_t)q->T * tc_area_bytes(m->H);
+    const long tasks = (long)(q->T * m->k + 1) * CEIL_DIV(m->I, TC_ROWS);
+#define GQ_LAUNCH(NQ)                                                                                    \
+    do {                                                                                                 \
+        static size_t raised;                                                                            \
+        if (smem > 48 * 1024 && smem > raised) {                                                         \
+            const cudaError_t e = cudaFuncSetAttribute(dvq_gateup_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+            if (e != cudaSuccess) return (int)e;                                                         \
+            raised = smem;                                                                               \
+        }                                                                                                \
+        return launch_k(dvq_gateup_kernel<NQ>, dim3(grid_for_tasks<dvq_gateup_kernel<NQ>>(tasks * 8, 8 * WARP_SIZE, smem)), \
+                        dim3(8 * WARP_SIZE), smem, l, *q);                                               \
+    } while (0)
+    if (q->T <= 4) GQ_LAUNCH(1);
+    GQ_LAUNCH(2);
+#undef GQ_LAUNCH
+}
+
+// Down for T tokens: the decode kernel, a row of blocks a token (the experts' down matrices read again
+// from L2 by the tokens that share them).
+extern "C" int k_dvq_moe_down(const struct dq_moe *q, const struct dec_launch *l) {
+    const struct dv_moe *m = &q->m;
+    if (q->T < 1 || q->T > DQ_MAXT || l->exact || m->k + 1 > DN_TC_MAXW || m->I % TC_SUPER || m->down.bits != 4 ||
+        m->sdown.bits != 4 || m->sdown.cols != m->I)
+        return (int)cudaErrorInvalidValue;
+    const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
+    if (smem > 48 * 1024) return (int)cudaErrorInvalidValue;   // (the model's 9 experts: 12 KB)
+    return launch_k(dv_down_tc_kernel<true>, dim3(CEIL_DIV(m->H, TC_ROWS), q->T), dim3((m->k + 1) * WARP_SIZE), smem, l,
+                    q->m);
 }

@@ -259,3 +259,144 @@ static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w
                                                   const unsigned char *sm) {
     return K % TC_SUPER ? tc_rows16<true>(w, sc, bi, R, K, n0, sm) : tc_rows16<false>(w, sc, bi, R, K, n0, sm);
 }
+
+// ---- several tokens against the same 16 rows (tc_rows16_xq) --------------------------------------
+// For T <= 4 NQ tokens at once (a short forward: an append, a speculative draft's verification).
+// The codes go to the tensor cores as in tc_rows16, once for all tokens; B's eight columns stand
+// for (token 4 q + n / 2 of quad q, group parity n % 2) instead of (group n % 4): in half h lane t's
+// codes are of group 2 h + t / 2, so lane (g, t) of B carries its token's x where g % 2 == t / 2
+// (the same chunk tc_rows16's real lanes read, in the token's own area) and zeros elsewhere, and
+// each half accumulates into an accumulator of its own. The scale / bias epilogue then runs per
+// (row, group, token) at the end of each super-step: lane t of a quad finishes token 4 q + t of
+// rows g and g + 8. Token tau's input is staged in area tau (tc_stage_xq: tc_stage_x's layout, one
+// area a token, areas tc_area_bytes(K) apart: 16 bytes off a multiple of 128, so that the lanes
+// reading the same chunk of four tokens fall in distinct bank groups).
+TC_HD int tc_area_bytes(int K) { return ((tc_smem_bytes(K) + 127) & ~127) + 16; }
+
+// Stages tokens 0 .. T - 1: get8(tau, u, v) writes inputs 8u .. 8u+7 of token tau into v[8]; by
+// threads tid of nt (whole warps), then __syncthreads() by the whole block. sm: T tc_area_bytes(K).
+template <typename GET8>
+static __device__ __forceinline__ void tc_stage_xq(GET8 get8, int T, int K, unsigned char *sm, int tid = threadIdx.x,
+                                                   int nt = blockDim.x) {
+    const int nc = 32 * tc_nsuper(K), kc = K / 8, ab = tc_area_bytes(K);
+    for (int base = 0; tid >= 0 && base < T * nc; base += nt) {
+        const int idx = base + tid;
+        if (idx < T * nc) {   // warp-uniform: nc and base are multiples of 32
+            const int tau = idx / nc, u = idx % nc;
+            float v[8];
+            if (u < kc) get8(tau, u, v);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = 0.0f;
+            tc_stage_unit(u, v, K, sm + (size_t)tau * ab);
+        }
+    }
+    if (tid >= 0 && tid < 4) ((uint4 *)sm)[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);   // area 0's zero chunk
+    __syncthreads();
+}
+
+// Rows n0 .. n0 + 15 of a 4-bit matrix times the staged inputs of tokens 0 .. T - 1 (T <= 4 NQ),
+// K % 256 == 0, super-steps S0 .. S1 - 1 (S1 < 0: all; the parts of a split sum to the product).
+// out[q][0], out[q][1]: rows n0 + g and n0 + g + 8 for token 4 q + t (lane = 4 g + t), valid where
+// that token is below T and the row below R (rows >= R computed on row R - 1). Every lane must call it.
+template <int NQ>
+static __device__ __forceinline__ void tc_rows16_xq(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
+                                                    const uint16_t *__restrict__ bi, int R, int K, int n0,
+                                                    const unsigned char *sm, int T, float (&out)[NQ][2], int S0 = 0,
+                                                    int S1 = -1) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int rowbytes = K / 2, ng = K / 64, ab = tc_area_bytes(K);
+    if (S1 < 0) S0 = 0, S1 = tc_nsuper(K);
+    const int nS = S1 - S0;
+    const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1);
+    const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t + 128 * S0;
+    const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t + 128 * S0;
+    const uint16_t *sA = sc + (size_t)rA * ng + 4 * S0, *sB = sc + (size_t)rB * ng + 4 * S0;
+    const uint16_t *bA = bi + (size_t)rA * ng + 4 * S0, *bB = bi + (size_t)rB * ng + 4 * S0;
+    const unsigned char *bx[NQ][2];
+    const float4 *xs4[NQ];
+    int inc[NQ];
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+        const int tau = 4 * q + g / 2, mine = 4 * q + t;   // B's token; the epilogue's token
+        const bool real = (g & 1) == (t >> 1) && tau < T;
+        const unsigned char *area = sm + (size_t)(real ? tau : 0) * ab;
+        inc[q] = real ? TC_B_STEP : 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            bx[q][h] = real ? area + 16 * tc_xb_chunk(16 * h + 4 * t) + S0 * TC_B_STEP : sm + 16 * tc_zero_chunk(K);
+        xs4[q] = (const float4 *)(sm + (size_t)(mine < T ? mine : 0) * ab + tc_xs_byte(K)) + 2 * S0;
+    }
+    float acc[NQ][2];
+#pragma unroll
+    for (int q = 0; q < NQ; q++) acc[q][0] = acc[q][1] = 0.0f;
+    struct ld {
+        uint4 ga[2], gb[2];
+        uint2 sa, sb, ba, bb;   // 4 bf16 scales / biases of rows g and g + 8, groups 4 S .. 4 S + 3
+    };
+    auto load = [&](ld &l, int j) {
+        l.ga[0] = __ldg((const uint4 *)(pA + 128 * j));
+        l.gb[0] = __ldg((const uint4 *)(pB + 128 * j));
+        l.ga[1] = __ldg((const uint4 *)(pA + 128 * j + 64));
+        l.gb[1] = __ldg((const uint4 *)(pB + 128 * j + 64));
+        l.sa = __ldg((const uint2 *)(sA + 4 * j)), l.sb = __ldg((const uint2 *)(sB + 4 * j));
+        l.ba = __ldg((const uint2 *)(bA + 4 * j)), l.bb = __ldg((const uint2 *)(bB + 4 * j));
+    };
+    auto use = [&](const ld &l, int j) {
+        float c[NQ][2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 xb[NQ];
+#pragma unroll
+                for (int q = 0; q < NQ; q++) xb[q] = *(const uint4 *)(bx[q][h] + j * inc[q] + 16 * i);
+                const uint32_t wa = tc_word(l.ga[h], i), wb = tc_word(l.gb[h], i);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const uint32_t a0 = tc_a_dev(wa, e, 0), a1 = tc_a_dev(wb, e, 0);
+                    const uint32_t a2 = tc_a_dev(wa, e, 1), a3 = tc_a_dev(wb, e, 1);
+#pragma unroll
+                    for (int q = 0; q < NQ; q++) {
+                        const uint32_t b0 = e ? xb[q].z : xb[q].x, b1 = e ? xb[q].w : xb[q].y;
+                        if (i == 0 && e == 0) tc_mma<false>(c[q][h], a0, a1, a2, a3, b0, b1);
+                        else tc_mma<true>(c[q][h], a0, a1, a2, a3, b0, b1);
+                    }
+                }
+            }
+        const uint32_t sw[4] = {l.sa.x, l.sa.y, l.sb.x, l.sb.y}, bw[4] = {l.ba.x, l.ba.y, l.bb.x, l.bb.y};
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            const float4 x01 = xs4[q][2 * j], x23 = xs4[q][2 * j + 1];   // (sum, 128 sum bf16) of groups 0..3
+            const float xsum[4] = {x01.x, x01.z, x23.x, x23.z}, x128[4] = {x01.y, x01.w, x23.y, x23.w};
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++) {   // group 4 S + gi: half gi / 2, parity gi % 2
+                const int h = gi / 2, p = gi % 2;
+#pragma unroll
+                for (int r = 0; r < 2; r++) {   // row g (scales word r = 0) and row g + 8 (r = 1)
+                    const uint32_t s2 = sw[2 * r + h], b2 = bw[2 * r + h];   // groups 2h, 2h + 1 of the row
+                    const float s = __uint_as_float(p ? s2 & 0xffff0000u : s2 << 16);
+                    const float b = __uint_as_float(p ? b2 & 0xffff0000u : b2 << 16);
+                    acc[q][r] = fmaf(s, c[q][h][2 * r + p] - x128[gi], fmaf(b, xsum[gi], acc[q][r]));
+                }
+            }
+        }
+    };
+    ld A, B;
+    load(A, 0);
+    for (int S = 0; S < nS; S += 2) {
+        if (S + 1 < nS) load(B, 1);
+        use(A, 0);
+        if (S + 1 >= nS) break;
+        if (S + 2 < nS) load(A, 2);
+        use(B, 1);
+        pA += 256, pB += 256, sA += 8, sB += 8, bA += 8, bB += 8;
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            bx[q][0] += 2 * inc[q], bx[q][1] += 2 * inc[q];
+            xs4[q] += 4;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NQ; q++) out[q][0] = acc[q][0], out[q][1] = acc[q][1];
+}

@@ -14,7 +14,7 @@ cd "$src" || exit 2
 layers=(
     "base: util.* bf16.h options.* model.* commands.h"
     "checkpoint: safetensors.* checkpoint.*"
-    "engine: engine.* backend.h backend_*.* gpu.* nvml.* cuda/*"
+    "engine: engine.* backend.h backend_*.* pick.* gpu.* nvml.* cuda/*"
     "text: tokenizer.* unicode_tables.h nfc_tables.h chat.* toolcall.* constrain.* tokmask.*"
     "generate: generate.*"
     "job: job.*"

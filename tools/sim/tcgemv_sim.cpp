@@ -24,6 +24,7 @@
 #define WARP_SIZE 32
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 struct uint4 { uint32_t x, y, z, w; };
+struct uint2 { uint32_t x, y; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
@@ -135,11 +136,83 @@ static int run(int R, int K) {
     return bad != 0;
 }
 
+// tc_rows16_xq: T tokens (NQ quads) against the same rows, each token's outputs against its own
+// double reference with tc_rows16's bound; the K split (four quarters summed) too.
+template <int NQ>
+static int run_q(int R, int K, int T) {
+    const int ng = K / 64, ab = tc_area_bytes(K);
+    std::vector<uint32_t> w((size_t)R * K / 8);
+    std::vector<uint16_t> s((size_t)R * ng), b((size_t)R * ng);
+    std::vector<float> x((size_t)T * K), y((size_t)T * R, NAN), ys((size_t)T * R, NAN);
+    for (auto &v : w) v = rnd() ^ (rnd() << 21);
+    for (size_t i = 0; i < s.size(); i++) {
+        const float sc = (float)(0.02 * nrand());
+        s[i] = f2bf16(sc), b[i] = f2bf16(-8.0f * sc);
+    }
+    for (auto &v : x) v = (float)nrand();
+    std::vector<unsigned char> sm((size_t)T * ab, 0xff);
+    std::barrier<> bar(32);
+    g_bar = &bar;
+    std::vector<std::thread> th;
+    for (int l = 0; l < 32; l++)
+        th.emplace_back([&, l] {
+            threadIdx.x = l;
+            tc_stage_xq(
+                [&](int tau, int u, float (&v)[8]) {
+                    for (int j = 0; j < 8; j++) v[j] = x[(size_t)tau * K + 8 * u + j];
+                },
+                T, K, sm.data());
+            const int g = l / 4, t = l % 4, nS = tc_nsuper(K);
+            for (int n0 = 0; n0 < R; n0 += TC_ROWS) {
+                float o[NQ][2], p[4][NQ][2];
+                tc_rows16_xq<NQ>(w.data(), s.data(), b.data(), R, K, n0, sm.data(), T, o);
+                if (K % 1024 == 0)
+                    for (int q = 0; q < 4; q++)
+                        tc_rows16_xq<NQ>(w.data(), s.data(), b.data(), R, K, n0, sm.data(), T, p[q], q * nS / 4,
+                                         (q + 1) * nS / 4);
+                for (int q = 0; q < NQ; q++)
+                    for (int r = 0; r < 2; r++) {
+                        const int tok = 4 * q + t, row = n0 + g + 8 * r;
+                        if (tok >= T || row >= R) continue;
+                        y[(size_t)tok * R + row] = o[q][r];
+                        if (K % 1024 == 0) ys[(size_t)tok * R + row] = (p[0][q][r] + p[1][q][r]) + (p[2][q][r] + p[3][q][r]);
+                    }
+            }
+        });
+    for (auto &t : th) t.join();
+    int bad = 0;
+    double emax = 0, ymax = 0;
+    for (int tok = 0; tok < T; tok++)
+        for (int n = 0; n < R; n++) {
+            double ref = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                const int q = (w[((size_t)n * K + k) / 8] >> (4 * (k % 8))) & 15;
+                const double pr = ((double)bf16f(s[(size_t)n * ng + k / 64]) * q + bf16f(b[(size_t)n * ng + k / 64])) *
+                                  x[(size_t)tok * K + k];
+                ref += pr, a += fabs(pr);
+            }
+            const double v = y[(size_t)tok * R + n], e = fabs(v - ref);
+            if (!(e <= ldexp(a, -8) + 1e-6) ||
+                (K % 1024 == 0 && !(fabs((double)ys[(size_t)tok * R + n] - ref) <= ldexp(a, -8) + 1e-6))) {
+                if (!bad) fprintf(stderr, "  xq %dx%d T %d token %d row %d: y %.9g split %.9g ref %.9g\n", R, K, T, tok, n, v,
+                                  ys[(size_t)tok * R + n], ref);
+                bad++;
+            }
+            if (!(e <= emax)) emax = e;
+            ymax = fmax(ymax, fabs(ref));
+        }
+    printf("sim xq %5dx%-5d T %d NQ %d %s %.3e\n", R, K, T, NQ, bad ? "FAIL" : "PASS", emax / ymax);
+    return bad != 0;
+}
+
 int main() {
     static const int shapes[][2] = {{17, 128}, {320, 128}, {16, 64}, {33, 192}, {40, 320}, {24, 768},
                                     {48, 256}, {48, 512}, {40, 768}, {48, 2048}, {32, 4096}, {16, 8192}};
     int fails = 0;
     for (auto &sh : shapes) fails += run(sh[0], sh[1]);
+    static const int qshapes[][3] = {{48, 256, 1}, {40, 512, 2}, {33, 1024, 3}, {48, 2048, 4}, {16, 4096, 4}};
+    for (auto &sh : qshapes) fails += run_q<1>(sh[0], sh[1], sh[2]);
+    fails += run_q<2>(40, 1024, 5) + run_q<2>(32, 2048, 8) + run_q<2>(17, 512, 7);
     printf("%d failed\n", fails);
     return fails ? 1 : 0;
 }
