@@ -87,6 +87,21 @@ void answer_call_abort(struct answer *a) {
 
 void answer_finish(struct answer *a) { close_open(a); }
 
+// The sink's events, on the answer that begins the sink's context.
+static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) { answer_text(ctx, ch, s, n); }
+static void on_call_begin(void *ctx, const char *name) { answer_call_begin(ctx, name); }
+static void on_call_delta(void *ctx, const char *s, size_t n) { answer_call_delta(ctx, s, n); }
+static void on_call(void *ctx, const char *name, const char *arguments) { answer_call_end(ctx, name, arguments); }
+static void on_call_abort(void *ctx) { answer_call_abort(ctx); }
+
+void answer_attach(struct gen_sink *sink) {
+    sink->text = on_text;
+    sink->tool_call = on_call;
+    sink->tool_call_begin = on_call_begin;
+    sink->tool_call_delta = on_call_delta;
+    sink->tool_call_abort = on_call_abort;
+}
+
 void answer_free(struct answer *a) {
     for (int i = 0; i < a->n; i++) sbuf_free(&a->parts[i].text);
     free(a->parts);

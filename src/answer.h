@@ -41,6 +41,10 @@ struct answer {
     void *ctx;
 };
 
+// Sets the sink's text and tool-call events to feed the answer.  The sink's ctx must point to a
+// struct whose first member is the struct answer (anthropic_resp, responses_resp).
+void answer_attach(struct gen_sink *sink);
+
 // The generation's events.
 void answer_text(struct answer *a, enum gen_channel ch, const char *s, size_t n);
 void answer_call_begin(struct answer *a, const char *name);

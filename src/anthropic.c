@@ -426,15 +426,10 @@ done:
 }
 
 static struct job *parse(const struct chatreq_ctx *c, const char *data, size_t len, bool count, struct req_error *re) {
-    json_error_t je;
-    json_t *body = json_loadb(data, len, 0, &je);
-    if (!body) {
-        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
-    struct job *j = NULL;
-    if (!json_is_object(body)) req_fail(re, 400, NULL, "the request body must be a JSON object");
-    else if (!(j = anthropic_job_new(c))) req_fail(re, 500, NULL, "out of memory");
+    json_t *body = chatreq_load(data, len, re);
+    if (!body) return NULL;
+    struct job *j = anthropic_job_new(c);
+    if (!j) req_fail(re, 500, NULL, "out of memory");
     else if (parse_body(c, body, j, count, re)) job_unref(j), j = NULL;
     json_decref(body);
     return j;
@@ -531,17 +526,6 @@ static void on_begin(void *ctx) {
                                                         usage_json(j->req.n_prompt, j->n_cached, 0))));
 }
 
-static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
-    answer_text(&((struct anthropic_resp *)ctx)->ans, ch, s, n);
-}
-static void on_call_begin(void *ctx, const char *name) { answer_call_begin(&((struct anthropic_resp *)ctx)->ans, name); }
-static void on_call_delta(void *ctx, const char *s, size_t n) {
-    answer_call_delta(&((struct anthropic_resp *)ctx)->ans, s, n);
-}
-static void on_call(void *ctx, const char *name, const char *arguments) {
-    answer_call_end(&((struct anthropic_resp *)ctx)->ans, name, arguments);
-}
-static void on_call_abort(void *ctx) { answer_call_abort(&((struct anthropic_resp *)ctx)->ans); }
 
 static void on_end(void *ctx, const struct gen_end *e) {
     struct anthropic_resp *o = ctx;
@@ -591,9 +575,8 @@ struct job *anthropic_job_new(const struct chatreq_ctx *c) {
     *o = (struct anthropic_resp){.j = j, .model_name = c->model_name,
                                  .ans = {.call_prefix = "toolu_", .on_open = on_open, .on_delta = on_delta,
                                          .on_close = on_close, .ctx = o}};
-    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .text = on_text,
-                                .tool_call = on_call, .end = on_end, .tool_call_begin = on_call_begin,
-                                .tool_call_delta = on_call_delta, .tool_call_abort = on_call_abort};
+    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .end = on_end};
+    answer_attach(&j->sink);   // (the answer is o's first member)
     j->sink_free = resp_free;
     j->kind = "messages";
     char hex[25];

@@ -16,6 +16,19 @@
 
 // ---- checks --------------------------------------------------------------------------------------
 
+json_t *chatreq_load(const char *data, size_t len, struct req_error *re) {
+    json_error_t je;
+    json_t *body = json_loadb(data, len, 0, &je);
+    if (!body) {
+        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (json_is_object(body)) return body;
+    req_fail(re, 400, NULL, "the request body must be a JSON object");
+    json_decref(body);
+    return NULL;
+}
+
 // (The message goes into JSON, which must be valid UTF-8.)
 int chatreq_clip(const char *s, int max) {
     int n = (int)strnlen(s, (size_t)max + 1);

@@ -41,6 +41,8 @@ struct chatreq_ctx {
 
 // ---- checks --------------------------------------------------------------------------------------
 
+// A request body -> its JSON object, or NULL with a 400 (malformed JSON, or not an object).
+json_t *chatreq_load(const char *data, size_t len, struct req_error *re);
 // Sampling parameters (temperature, top_p, top_k, min_p, ..., seed, logit_bias): only the values
 // that mean greedy pass; anything else is a 400 naming the parameter.  The one place every API
 // checks them.

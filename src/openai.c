@@ -169,17 +169,9 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
 // The whole request -> a job ready to queue, or a 4xx.
 struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoint ep, const char *data, size_t len,
                                  struct req_error *re) {
-    json_error_t je;
-    json_t *body = json_loadb(data, len, 0, &je);
-    if (!body) {
-        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
+    json_t *body = chatreq_load(data, len, re);
+    if (!body) return NULL;
     struct job *j = NULL;
-    if (!json_is_object(body)) {
-        req_fail(re, 400, NULL, "the request body must be a JSON object");
-        goto fail;
-    }
     if (!(j = openai_job_new(oc, ep))) {
         req_fail(re, 500, NULL, "out of memory");
         goto fail;

@@ -438,15 +438,10 @@ done:
 
 struct job *responses_parse_request(const struct chatreq_ctx *c, struct rstore *store, const char *data, size_t len,
                                     struct req_error *re) {
-    json_error_t je;
-    json_t *body = json_loadb(data, len, 0, &je);
-    if (!body) {
-        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
-    struct job *j = NULL;
-    if (!json_is_object(body)) req_fail(re, 400, NULL, "the request body must be a JSON object");
-    else if (!(j = responses_job_new(c, store))) req_fail(re, 500, NULL, "out of memory");
+    json_t *body = chatreq_load(data, len, re);
+    if (!body) return NULL;
+    struct job *j = responses_job_new(c);
+    if (!j) req_fail(re, 500, NULL, "out of memory");
     else if (parse_body(c, store, body, j, re)) job_unref(j), j = NULL;
     json_decref(body);
     return j;
@@ -581,17 +576,6 @@ static void on_begin(void *ctx) {
     if (o->j->stream) stream_start(o);
 }
 
-static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
-    answer_text(&((struct responses_resp *)ctx)->ans, ch, s, n);
-}
-static void on_call_begin(void *ctx, const char *name) { answer_call_begin(&((struct responses_resp *)ctx)->ans, name); }
-static void on_call_delta(void *ctx, const char *s, size_t n) {
-    answer_call_delta(&((struct responses_resp *)ctx)->ans, s, n);
-}
-static void on_call(void *ctx, const char *name, const char *arguments) {
-    answer_call_end(&((struct responses_resp *)ctx)->ans, name, arguments);
-}
-static void on_call_abort(void *ctx) { answer_call_abort(&((struct responses_resp *)ctx)->ans); }
 
 // The output as the assistant message a continuation renders.
 static json_t *output_message(const struct responses_resp *o) {
@@ -698,7 +682,7 @@ static void resp_free(void *ctx) {
     free(o);
 }
 
-struct job *responses_job_new(const struct chatreq_ctx *c, struct rstore *store) {
+struct job *responses_job_new(const struct chatreq_ctx *c) {
     struct job *j = job_new();
     struct responses_resp *o = j ? calloc(1, sizeof *o) : NULL;
     if (!o) {
@@ -709,10 +693,8 @@ struct job *responses_job_new(const struct chatreq_ctx *c, struct rstore *store)
                                  .ans = {.id_prefix = {"rs_", "msg_", "fc_"}, .call_prefix = "call_", .on_open = on_open,
                                          .on_delta = on_delta, .on_close = on_close}};
     o->ans.ctx = o;
-    (void)store;   // set once the request says store: true
-    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .text = on_text,
-                                .tool_call = on_call, .end = on_end, .tool_call_begin = on_call_begin,
-                                .tool_call_delta = on_call_delta, .tool_call_abort = on_call_abort};
+    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .end = on_end};
+    answer_attach(&j->sink);   // (the answer is o's first member)
     j->sink_free = resp_free;
     j->kind = "responses";
     char hex[25];

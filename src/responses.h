@@ -20,6 +20,7 @@
 
 // The answer being built: the sink's context (job->sink.ctx).
 struct responses_resp {
+    struct answer ans;               // the output items, in order (first: answer_attach)
     struct job *j;
     struct rstore *store;            // where to keep it (store: true), or NULL
     const char *model_name;
@@ -27,7 +28,6 @@ struct responses_resp {
     bool started;                    // streaming: response.created sent
     bool incomplete;                 // the end: max_output_tokens (the open item is incomplete)
     int seq;                         // streaming: the next event's sequence_number
-    struct answer ans;               // the output items, in order
     // Echoed in the response object (references), and what a continuation needs.
     json_t *echo;                    // {"instructions", "max_output_tokens", "previous_response_id", "reasoning",
                                      //  "text", "tool_choice", "tools", "parallel_tool_calls", "store", "metadata",
@@ -42,4 +42,4 @@ struct responses_resp {
 struct job *responses_parse_request(const struct chatreq_ctx *c, struct rstore *store, const char *data, size_t len,
                                     struct req_error *re);
 // A job with the sink and nothing parsed yet (its id made); NULL when out of memory.
-struct job *responses_job_new(const struct chatreq_ctx *c, struct rstore *store);
+struct job *responses_job_new(const struct chatreq_ctx *c);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "anthropic.h"
+#include "sse_events.h"
 #include "openai.h"
 #include "synth.h"
 #include "tokenizer.h"
@@ -187,26 +188,6 @@ static void test_bad_requests(void **state) {
 
 // ---- the sink --------------------------------------------------------------------------------------
 
-// The output channel's events: [{"event": name, "data": {...}}].
-static json_t *events_of(const struct job *j) {
-    json_t *out = json_array();
-    const char *p = j->out.p ? j->out.p : "", *end = p + j->out.len;
-    char name[64] = "";
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        if (!nl) break;
-        if (!strncmp(p, "event: ", 7)) snprintf(name, sizeof name, "%.*s", (int)(nl - p - 7), p + 7);
-        else if (!strncmp(p, "data: ", 6)) {
-            json_t *d = json_loadb(p + 6, (size_t)(nl - p - 6), 0, NULL);
-            assert_non_null(d);
-            json_array_append_new(out, json_pack("{s:s, s:o}", "event", name, "data", d));
-            name[0] = 0;
-        }
-        p = nl + 1;
-    }
-    return out;
-}
-
 static void test_sink(void **state) {
     static const char reasoning[] = "The user wants the weather.";
     static const char answer[] = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZ\xc3\xbcrich \"centre\"\n"
@@ -236,7 +217,8 @@ static void test_sink(void **state) {
             gen_text_free(&t);
             json_t *content;
             if (stream) {   // rebuild the blocks from the events, as a client does
-                json_t *ev = events_of(j);
+                json_t *ev = sse_events(j);
+                assert_non_null(ev);
                 content = json_array();
                 json_t *partial = json_array();
                 size_t i;

@@ -17,6 +17,7 @@
 
 #include "openai.h"
 #include "responses.h"
+#include "sse_events.h"
 #include "synth.h"
 #include "tokenizer.h"
 
@@ -136,22 +137,18 @@ static void test_bad_requests(void **state) {
 
 // ---- the sink and the store ----------------------------------------------------------------------
 
+// The events' data, each checked to be named by its type.
 static json_t *events_of(const struct job *j) {
-    json_t *out = json_array();
-    const char *p = j->out.p ? j->out.p : "", *end = p + j->out.len;
-    char name[96] = "";
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        if (!nl) break;
-        if (!strncmp(p, "event: ", 7)) snprintf(name, sizeof name, "%.*s", (int)(nl - p - 7), p + 7);
-        else if (!strncmp(p, "data: ", 6)) {
-            json_t *d = json_loadb(p + 6, (size_t)(nl - p - 6), 0, NULL);
-            assert_non_null(d);
-            assert_string_equal(name, json_string_value(json_object_get(d, "type")));
-            json_array_append_new(out, d);
-        }
-        p = nl + 1;
+    json_t *ev = sse_events(j), *out = json_array();
+    assert_non_null(ev);
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        json_t *d = json_object_get(e, "data");
+        assert_string_equal(json_string_value(json_object_get(e, "event")), json_string_value(json_object_get(d, "type")));
+        json_array_append(out, d);
     }
+    json_decref(ev);
     return out;
 }
 
