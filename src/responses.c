@@ -613,7 +613,7 @@ static void store(struct responses_resp *o, const struct gen_end *e, const char 
     snprintf(s->id, sizeof s->id, "%s", o->j->id);
     memcpy(s->session, o->j->session, sizeof s->session);
     s->response = strdup(response);
-    s->conv = json_incref(o->conv);
+    s->conv = json_deep_copy(o->conv);   // its own: the store is read from other threads
     s->instructions = o->instructions ? strdup(o->instructions) : NULL;
     s->tools = strdup(o->tools ? o->tools : "");
     s->n_tokens = r->n_prompt + e->n_gen;
@@ -623,7 +623,7 @@ static void store(struct responses_resp *o, const struct gen_end *e, const char 
         memcpy(s->tokens + r->n_prompt, e->ids, sizeof *s->tokens * (size_t)e->n_gen);
     }
     s->continuable = e->n_gen > 0 && e->ids[e->n_gen - 1] == TOKEN_IM_END;
-    if (!s->response || !s->tools || !s->tokens || (o->instructions && !s->instructions)) {
+    if (!s->response || !s->conv || !s->tools || !s->tokens || (o->instructions && !s->instructions)) {
         rstore_entry_free(s);
         return;
     }
