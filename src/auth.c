@@ -76,7 +76,13 @@ static unsigned ct_differs(const char *t, size_t tn, const char *k, size_t kn) {
 bool auth_check(const struct auth *a, const char *authorization) {
     if (a->n == 0) return true;
     if (!authorization || strncasecmp(authorization, "Bearer ", 7)) return false;
-    const char *t = authorization + 7;
+    return auth_check_key(a, authorization + 7);
+}
+
+bool auth_check_key(const struct auth *a, const char *key) {
+    if (a->n == 0) return true;
+    if (!key) return false;
+    const char *t = key;
     while (*t == ' ') t++;
     size_t tn = strlen(t);
     while (tn > 0 && (t[tn - 1] == ' ' || t[tn - 1] == '\t')) tn--;

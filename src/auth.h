@@ -1,4 +1,5 @@
-// auth.h: API keys for `calla serve` (Authorization: Bearer KEY), compared in constant time.
+// auth.h: API keys for `calla serve` (Authorization: Bearer KEY; Anthropic's API also takes
+// x-api-key: KEY), compared in constant time.
 #pragma once
 
 #include <stdbool.h>
@@ -21,4 +22,7 @@ int auth_load_file(struct auth *a, const char *path, char *err, size_t errlen);
 // keys, or when it is "Bearer KEY" (scheme case-insensitive) with a known KEY.  The time taken
 // depends only on the header's length and the number of keys, never on how much of a key matched.
 bool auth_check(const struct auth *a, const char *authorization);
+// The same for a bare key (the value of x-api-key; NULL: none): true when there are no keys, or
+// when it is a known key (leading spaces, trailing spaces and tabs ignored, as after "Bearer").
+bool auth_check_key(const struct auth *a, const char *key);
 void auth_free(struct auth *a);

@@ -30,6 +30,8 @@
 //   add_generation_prompt:
 //     <|im_start|>assistant\n<think>\n                      thinking on (the default)
 //     <|im_start|>assistant\n<think>\n\n</think>\n\n        thinking off
+//   after_turn (a continuation of a conversation rendered up to its last assistant turn's
+//   <|im_end|>): "\n", then the messages as above, the first one following an assistant turn.
 //
 // "The last real user query" is the last user message whose trimmed content is not wholly a
 // "<tool_response>...</tool_response>" block; without one the template refuses to render.
@@ -205,7 +207,7 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
             snprintf(err, errlen, "chat: message %zu has an unknown role \"%s\"", i, r ? r : "(null)");
             return -1;
         }
-        if (i > 0 && !strcmp(r, "system")) {
+        if ((i > 0 || o.after_turn) && !strcmp(r, "system")) {
             snprintf(err, errlen, "chat: the system message must be the first (message %zu)", i);
             return -1;
         }
@@ -216,13 +218,16 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
             last_query = i;
             break;
         }
-    if (last_query == n) {
+    if (last_query == n && !o.after_turn) {
         snprintf(err, errlen, "chat: no user query in the messages");
         return -1;
     }
+    // A continuation without a query of its own: the query is in the rendered part, before msgs.
+    const bool query_before = last_query == n;
 
     size_t last_start = 0;
-    if (o.n_tools) put_tools(&b, &o, &msgs[0]);
+    if (o.after_turn) puts_(&b, "\n");   // the end of the rendered turn's "<|im_end|>\n"
+    else if (o.n_tools) put_tools(&b, &o, &msgs[0]);
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role;
         struct text content = trim(text_of(msgs[i].content));
@@ -251,7 +256,7 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
             }
             reasoning = trim(reasoning);
             puts_(&b, "<|im_start|>assistant\n");
-            if (o.preserve_thinking || i > last_query) {
+            if (o.preserve_thinking || query_before || i > last_query) {
                 puts_(&b, "<think>\n");
                 putt(&b, reasoning, true);
                 puts_(&b, "\n</think>\n\n");
@@ -260,7 +265,7 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
             put_tool_calls(&b, &msgs[i], content);
             puts_(&b, "<|im_end|>\n");
         } else {  // tool
-            if (i > 0 && strcmp(msgs[i - 1].role, "tool")) puts_(&b, "<|im_start|>user");
+            if ((i > 0 && strcmp(msgs[i - 1].role, "tool")) || (i == 0 && o.after_turn)) puts_(&b, "<|im_start|>user");
             puts_(&b, "\n<tool_response>\n");
             putt(&b, content, false);
             puts_(&b, "\n</tool_response>");

@@ -27,6 +27,12 @@ struct chat_options {
     int add_generation_prompt;  // 1 (the default): end with the assistant header
     const char *const *tools;   // [n_tools] each tool's JSON as the template's tojson writes it
     size_t n_tools;             // 0: no tools block
+    // 1: msgs continue a conversation already rendered up to the <|im_end|> of its last turn, an
+    // assistant one (a stored response's tokens): the output is what the template would add after
+    // it, from the newline that ends that turn on; no system message and no tools block (they
+    // are in the rendered part), no user query needed (one before them counts), and the
+    // assistant messages of msgs keep their reasoning unless a user query of msgs comes after.
+    int after_turn;
 };
 
 // The defaults of Qwen3.6-35B-A3B: thinking on, reasoning of past turns dropped, prompt added.

@@ -91,12 +91,30 @@ static void tool_call(void *arg, const char *name, const char *arguments) {
     if (t->sink->tool_call) t->sink->tool_call(t->sink->ctx, name, arguments);
 }
 
+static void tool_call_begin(void *arg, const char *name) {
+    const struct gen_text *t = arg;
+    if (t->sink->tool_call_begin) t->sink->tool_call_begin(t->sink->ctx, name);
+}
+
+static void tool_call_delta(void *arg, const char *s, size_t n) {
+    const struct gen_text *t = arg;
+    if (t->sink->tool_call_delta) t->sink->tool_call_delta(t->sink->ctx, s, n);
+}
+
+static void tool_call_abort(void *arg) {
+    const struct gen_text *t = arg;
+    if (t->sink->tool_call_abort) t->sink->tool_call_abort(t->sink->ctx);
+}
+
 void gen_text_init(struct gen_text *t, const struct gen_request *r, const struct gen_sink *sink) {
-    *t = (struct gen_text){.req = r, .sink = sink, .tools = r->tools != NULL};
+    *t = (struct gen_text){.req = r, .sink = sink, .tools = r->tools != NULL, .stop = -1};
     t->answer = (struct gen_chan){.ch = GEN_ANSWER};
     t->reasoning = (struct gen_chan){.ch = GEN_REASONING, .strip_lead_nl = true, .trim_trail_nl = true};
     t->cur = r->reasoning ? &t->reasoning : &t->answer;
-    if (t->tools) tool_parser_init(&t->tp, r->tools, (struct tool_sink){tool_text, tool_call, t});
+    if (t->tools) {
+        tool_parser_init(&t->tp, r->tools, (struct tool_sink){.content = tool_text, .call = tool_call, .arg = t});
+        t->tp.stream = (struct tool_stream_sink){.begin = tool_call_begin, .delta = tool_call_delta, .abort = tool_call_abort};
+    }
 }
 
 void gen_text_answer(struct gen_text *t) {
@@ -136,7 +154,7 @@ bool gen_text_push(struct gen_text *t, const char *text, size_t len, bool final)
     size_t n = c->pend.len, cut = SIZE_MAX;
     for (int i = 0; i < r->n_stops && n; i++) {
         const char *m = memmem(p, n, r->stops[i], r->stop_len[i]);
-        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p);
+        if (m && (size_t)(m - p) < cut) cut = (size_t)(m - p), t->stop = i;
     }
     bool stopped = cut != SIZE_MAX;
     if (stopped) n = cut, final = true;
@@ -281,7 +299,7 @@ static bool take(struct gen *g, int32_t tok) {
 int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,
              const struct gen_sink *sink, struct gen_result *res) {
     static const struct gen_sink none = {0};
-    *res = (struct gen_result){.rc = ENGINE_OK};
+    *res = (struct gen_result){.rc = ENGINE_OK, .stop = -1};
     struct gen g = {.env = env, .req = req, .sink = sink ? sink : &none, .res = res};
     const int32_t *P = req->prompt;
     const int n = req->n_prompt;
@@ -313,12 +331,32 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     if (env->tok) tokenizer_stream_init(&g.ts, env->tok, 1);
     if (rc == ENGINE_OK && !(res->ids = malloc(sizeof *res->ids * (size_t)(req->max_tokens + 1))))
         rc = fail(res, GEN_NOMEM, "out of memory");
+    // A reasoning budget: once spent, the reasoning is closed the way the model closes it
+    // ("\n</think>", forced), and the answer follows as the model goes on.
+    int think_left = req->reasoning && req->reasoning_budget > 0 ? req->reasoning_budget : -1;
+    int32_t close_ids[2];
+    int n_close = 0, closed = 0;
+    if (think_left >= 0) {
+        int32_t *nl = NULL;
+        size_t nn = 0;
+        char err[64];
+        if (env->tok && !tokenizer_encode(env->tok, "\n", 1, &nl, &nn, err, sizeof err) && nn == 1) close_ids[n_close++] = nl[0];
+        free(nl);
+        close_ids[n_close++] = TOKEN_THINK_END;
+    }
     if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
+        const bool reasoning = !in_answer(&g);
+        if (reasoning && think_left == 0 && closed < n_close) tok = close_ids[closed++];
         if (g.constrained && in_answer(&g))
             tok = constrained_pick_choice(&g.con, &g.choice, false, req->max_tokens - res->n, last_row, &g);
         if (take(&g, tok)) {
             rc = res->rc;
+            break;
+        }
+        if (reasoning && think_left > 0) think_left--;
+        if (req->max_calls > 0 && gen_text_calls(&g.text) >= req->max_calls) {   // no parallel calls
+            res->finish = GEN_FINISH_TOOL_CALLS;
             break;
         }
         // The next step's mask depends on tok only: on the helper thread while the step runs.
@@ -334,6 +372,7 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
                 res->finish = GEN_FINISH_STOP_SEQUENCE;
         }
         if (gen_text_calls(&g.text)) res->finish = GEN_FINISH_TOOL_CALLS;
+        if (res->finish == GEN_FINISH_STOP_SEQUENCE) res->stop = g.text.stop;
     }
     if (env->tok) tokenizer_stream_free(&g.ts);
     gen_text_free(&g.text);

@@ -48,6 +48,8 @@ struct gen_request {
     int logprobs;                // -1: none; else each token's logprob and this many alternatives (<= GEN_MAX_TOP)
     bool ignore_stop;            // stop tokens are text like any other (calla run --ignore-eos)
     bool echo_stop;              // the stop token that ends the output is decoded into it too (calla run)
+    int reasoning_budget;        // > 0: after this many reasoning tokens "\n</think>" is forced (the answer follows)
+    int max_calls;               // > 0: the output ends once this many tool calls are complete
 };
 
 // Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.
@@ -89,14 +91,21 @@ struct gen_end {
     const char *message;        // a failure's message
     const int32_t *ids;         // [n_gen] the generated ids, the closing stop token included
     int n_gen;
+    const char *stop;           // GEN_FINISH_STOP_SEQUENCE: the stop string found (NULL: none)
     int n_prompt, n_cached;     // prompt tokens, of them taken from the session cache
     double queue_ms, prefill_ms, decode_ms;
 };
 
 // The events, in order: progress (a prefill of several chunks: before the first and after each),
 // begin (the prompt is in: the first token follows), then for each token: token, logprobs (when
-// asked; not for the closing stop token), text and tool_call; then end, from the caller.  Any may
+// asked; not for the closing stop token), text and tool calls; then end, from the caller.  Any may
 // be NULL.  Strings are valid during the call only.
+//
+// A tool call: tool_call_begin once its markup is known to be a call of that function, then
+// tool_call_delta with pieces of its arguments' JSON as they become certain, then tool_call with
+// the whole arguments (the pieces joined) or, when its markup went wrong after all,
+// tool_call_abort (its text then comes as answer text).  A sink that wants calls whole reads
+// tool_call only.
 struct gen_sink {
     void *ctx;
     void (*progress)(void *ctx, int done, int total);
@@ -106,6 +115,9 @@ struct gen_sink {
     void (*text)(void *ctx, enum gen_channel ch, const char *s, size_t n);
     void (*tool_call)(void *ctx, const char *name, const char *arguments);   // arguments: a JSON object
     void (*end)(void *ctx, const struct gen_end *e);
+    void (*tool_call_begin)(void *ctx, const char *name);
+    void (*tool_call_delta)(void *ctx, const char *json, size_t n);
+    void (*tool_call_abort)(void *ctx);
 };
 
 // ---- the text side: channels, stop strings, tool calls -------------------------------------------
@@ -125,6 +137,7 @@ struct gen_text {
     struct gen_chan reasoning, answer, *cur;
     bool tools;                 // the answer goes through tp
     struct tool_parser tp;
+    int stop;                   // the stop string found (its index in req->stops), -1: none
 };
 
 void gen_text_init(struct gen_text *t, const struct gen_request *r, const struct gen_sink *sink);
@@ -163,6 +176,7 @@ struct gen_result {
     int rc;                     // ENGINE_OK, ENGINE_ERROR (err), ENGINE_CANCELLED or GEN_NOMEM (err)
     char err[256];
     enum gen_finish finish;     // when rc == ENGINE_OK
+    int stop;                   // GEN_FINISH_STOP_SEQUENCE: the index of the stop string in req->stops (else -1)
     int32_t *ids;               // [n] the generated ids, the stop token included (malloc'd: free it)
     int n;
     double t_prefilled, t_end;  // now_s() when the prompt was in, and at the end

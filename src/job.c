@@ -54,16 +54,25 @@ bool session_id_valid(const char *s, size_t len) {
 
 // ---- the output channel --------------------------------------------------------------------------
 
-// Appends a, b, c to out (under mu) and wakes the reader.
-static void out_add3(struct job *j, const char *a, size_t na, const char *b, size_t nb, const char *c, size_t nc) {
+// Appends the n pieces s[i][0..len[i]) to out (under mu) and wakes the reader.
+static void out_add(struct job *j, int n, const char *const *s, const size_t *len) {
     pthread_mutex_lock(&j->mu);
-    if (sbuf_add(&j->out, a, na) || sbuf_add(&j->out, b, nb) || sbuf_add(&j->out, c, nc))
-        j->cancel = true;   // out of memory: end this request
+    for (int i = 0; i < n; i++)
+        if (sbuf_add(&j->out, s[i], len[i])) j->cancel = true;   // out of memory: end this request
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
 
+static void out_add3(struct job *j, const char *a, size_t na, const char *b, size_t nb, const char *c, size_t nc) {
+    out_add(j, 3, (const char *const[]){a, b, c}, (const size_t[]){na, nb, nc});
+}
+
 void job_sse(struct job *j, const char *data, size_t len) { out_add3(j, "data: ", 6, data, len, "\n\n", 2); }
+
+void job_sse_event(struct job *j, const char *name, const char *data, size_t len) {
+    out_add(j, 5, (const char *const[]){"event: ", name, "\ndata: ", data, "\n\n"},
+            (const size_t[]){7, strlen(name), 7, len, 2});
+}
 
 void job_sse_comment(struct job *j, const char *text) { out_add3(j, ": ", 2, text, strlen(text), "\n\n", 2); }
 

@@ -37,6 +37,7 @@ struct job {
     // Set when queued (scheduler.c).
     double t_queued;
     atomic_bool *abort;             // the server's "cancel everything"
+    int n_cached;                   // set by the worker before the generation starts: prompt tokens the session cache gave
 
     // Shared state, under mu.
     int fd;                         // the client socket, polled for a hang-up; -1 once the transport has closed it
@@ -65,6 +66,8 @@ bool session_id_valid(const char *s, size_t len);
 
 // Streaming: one event ("data: ...\n\n").
 void job_sse(struct job *j, const char *data, size_t len);
+// Streaming: one named event ("event: NAME\ndata: ...\n\n"), as Anthropic and the Responses API send them.
+void job_sse_event(struct job *j, const char *name, const char *data, size_t len);
 // Streaming: a comment (": text\n\n"), which clients ignore: prefill progress, probes.
 void job_sse_comment(struct job *j, const char *text);
 // Not streaming: the whole answer, with its HTTP status.

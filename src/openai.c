@@ -11,13 +11,10 @@
 // nothing a client sends can reach an abort().
 #include "openai.h"
 
-#include "chat.h"
+#include "chatreq.h"
 #include "constrain.h"
 #include "tokenizer.h"
-#include "toolcall.h"
 
-#include <ctype.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,118 +37,6 @@ json_t *openai_error_body(int status, const char *param, const char *msg) {
     return o;
 }
 
-// ---- request validation ------------------------------------------------------------------------
-
-// Bytes of s to quote in a message: at most max, never ending inside a UTF-8 sequence (the
-// message goes into JSON, which must be valid UTF-8).
-static int clip_utf8(const char *s, int max) {
-    int n = (int)strnlen(s, (size_t)max + 1);
-    if (n <= max) return n;
-    n = max;
-    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
-    return n;
-}
-
-// Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (reject, never clamp: the rule of options.h).
-enum greedy_kind {
-    GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
-    GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
-    GREEDY_INT_EQ,      // an integer >= lo; only `greedy` is accepted (n, best_of)
-    GREEDY_NULL,        // must be absent or null (seed)
-    GREEDY_EMPTY_OBJ,   // absent, null or {} (logit_bias)
-};
-
-static const struct greedy_rule {
-    const char *name;
-    enum greedy_kind kind;
-    double greedy, lo, hi;
-    const char *why;
-} greedy_rules[] = {
-    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)"},
-    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)"},
-    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)"},
-    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)"},
-    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)"},
-    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)"},
-    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)"},
-    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic"},
-    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)"},
-    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
-    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
-    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
-};
-
-static bool integral(const json_t *v, long long *out) {
-    if (json_is_integer(v)) {
-        *out = json_integer_value(v);
-        return true;
-    }
-    if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (d == floor(d) && fabs(d) < 9e15) {
-            *out = (long long)d;
-            return true;
-        }
-    }
-    return false;
-}
-
-int check_greedy(const json_t *body, struct req_error *re) {
-    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++) {
-        const struct greedy_rule *g = &greedy_rules[i];
-        const json_t *v = json_object_get(body, g->name);
-        if (!v || json_is_null(v)) continue;
-        long long k;
-        switch (g->kind) {
-        case GREEDY_NUM_EQ: {
-            if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
-            double d = json_number_value(v);
-            if (!(d >= g->lo && d <= g->hi))
-                return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
-            if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", g->why, d);
-            break;
-        }
-        case GREEDY_INT_LE:
-        case GREEDY_INT_EQ:
-            if (!integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
-            if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
-            if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
-                return req_fail(re, 400, g->name, "%s, got %lld", g->why, k);
-            break;
-        case GREEDY_NULL:
-            return req_fail(re, 400, g->name, "%s", g->why);
-        case GREEDY_EMPTY_OBJ:
-            if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
-            if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", g->why);
-            break;
-        }
-    }
-    return 0;
-}
-
-// Optional field of a given JSON type: 0 (absent or null: *out NULL), or -1 with a 400.
-static int get_opt(const json_t *obj, const char *name, json_type type, const json_t **out, struct req_error *re) {
-    const json_t *v = json_object_get(obj, name);
-    *out = NULL;
-    if (!v || json_is_null(v)) return 0;
-    bool ok = type == JSON_TRUE ? json_is_boolean(v) : type == JSON_INTEGER ? json_is_number(v) : json_typeof(v) == type;
-    if (!ok) {
-        static const char *const names[] = {"an object", "an array", "a string", "an integer", "a number", "a boolean",
-                                            "a boolean", "null"};
-        return req_fail(re, 400, name, "%s must be %s", name, names[type]);
-    }
-    *out = v;
-    return 0;
-}
-
-static int get_bool(const json_t *obj, const char *name, bool def, bool *out, struct req_error *re) {
-    const json_t *v;
-    if (get_opt(obj, name, JSON_TRUE, &v, re)) return -1;
-    *out = v ? json_is_true(v) : def;
-    return 0;
-}
-
 // logprobs: chat takes "logprobs": true with "top_logprobs": 0..20; completions take
 // "logprobs": 0..20 (the number of alternatives).  r->logprobs: -1 (off) or that number.
 static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, struct req_error *re) {
@@ -160,9 +45,9 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
     r->logprobs = -1;
     if (chat) {
         bool on;
-        if (get_bool(body, "logprobs", false, &on, re)) return -1;
+        if (chatreq_get_bool(body, "logprobs", false, &on, re)) return -1;
         if (top && !json_is_null(top)) {
-            if (!integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+            if (!chatreq_integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
                 return req_fail(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
                            MAX_TOP_LOGPROBS);
             if (!on) return req_fail(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
@@ -173,7 +58,7 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
     if (top && !json_is_null(top))
         return req_fail(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
     if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
-    if (!integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
+    if (!chatreq_integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
         return req_fail(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
     r->logprobs = (int)k;
     return 0;
@@ -208,10 +93,10 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
     struct gen_request *r = &j->req;
     if (check_greedy(body, re) || parse_logprobs(body, o->chat, r, re)) return -1;
     const json_t *v;
-    if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
+    if (chatreq_get_opt(body, "model", JSON_STRING, &v, re)) return -1;
     // OpenAI's `user`: a stable end-user id.  Mirrored as X-Session-Id so a balancer can keep the
     // conversation on this replica; an id that cannot be a header value is accepted, not mirrored.
-    if (get_opt(body, "user", JSON_STRING, &v, re)) return -1;
+    if (chatreq_get_opt(body, "user", JSON_STRING, &v, re)) return -1;
     if (v && session_id_valid(json_string_value(v), json_string_length(v)))
         memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
     *max_tokens = 0;   // 0: not given
@@ -220,380 +105,32 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
         const json_t *m = json_object_get(body, mt_names[i]);
         if (!m || json_is_null(m)) continue;
         long long k;
-        if (!integral(m, &k)) return req_fail(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
+        if (!chatreq_integral(m, &k)) return req_fail(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
         if (k < 1 || k > QWEN_MAX_CTX - 1)
             return req_fail(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
                        QWEN_MAX_CTX - 1, k);
         *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
     }
-    if (get_bool(body, "stream", false, &j->stream, re)) return -1;
-    if (get_bool(body, "return_token_ids", false, &o->return_ids, re)) return -1;
-    if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
-    if (v && get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
-    const json_t *stop = json_object_get(body, "stop");
-    if (stop && !json_is_null(stop)) {
-        const json_t *one[1] = {stop};
-        size_t n = 1;
-        if (json_is_array(stop)) {
-            n = json_array_size(stop);
-            if (n > MAX_STOPS) return req_fail(re, 400, "stop", "stop may hold at most %d strings, got %zu", MAX_STOPS, n);
-        } else if (!json_is_string(stop)) {
-            return req_fail(re, 400, "stop", "stop must be a string or an array of strings");
-        }
-        for (size_t i = 0; i < n; i++) {
-            const json_t *s = json_is_array(stop) ? json_array_get(stop, i) : one[0];
-            if (!json_is_string(s)) return req_fail(re, 400, "stop", "stop[%zu] must be a string", i);
-            size_t len = json_string_length(s);
-            if (len == 0) return req_fail(re, 400, "stop", "stop strings must not be empty");
-            if (len > MAX_STOP_BYTES)
-                return req_fail(re, 400, "stop", "stop strings are limited to %d bytes, got %zu", MAX_STOP_BYTES, len);
-            if (gen_request_add_stop(r, json_string_value(s), len)) return req_fail(re, 500, NULL, "out of memory");
-        }
-    }
-    if (get_bool(body, "echo", false, &(bool){0}, re)) return -1;
+    if (chatreq_get_bool(body, "stream", false, &j->stream, re)) return -1;
+    if (chatreq_get_bool(body, "return_token_ids", false, &o->return_ids, re)) return -1;
+    if (chatreq_get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
+    if (v && chatreq_get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
+    if (chatreq_stops(r, json_object_get(body, "stop"), "stop", MAX_STOPS, re)) return -1;
+    if (chatreq_get_bool(body, "echo", false, &(bool){0}, re)) return -1;
     if (json_is_true(json_object_get(body, "echo"))) return req_fail(re, 400, "echo", "echo is not supported");
-    if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
+    if (chatreq_get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
     if (v && json_string_length(v)) return req_fail(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
     if (!o->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
         return req_fail(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
-    if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
+    if (chatreq_get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
     if (v && parse_response_format(v, r, re)) return -1;
     (void)oc;
     return 0;
 }
 
-// Text of a message's content: a string, null, or an array of {"type": "text", "text": ...}.
-static int message_text(const json_t *content, size_t idx, struct sbuf *out, struct req_error *re) {
-    if (!content || json_is_null(content)) return 0;
-    if (json_is_string(content)) {
-        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return req_fail(re, 500, NULL, "out of memory");
-        return 0;
-    }
-    if (!json_is_array(content))
-        return req_fail(re, 400, "messages", "messages[%zu].content must be a string or an array of text parts", idx);
-    size_t i;
-    const json_t *part;
-    json_array_foreach(content, i, part) {
-        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(type))
-            return req_fail(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
-        if (strcmp(json_string_value(type), "text"))
-            return req_fail(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
-                       idx, i, clip_utf8(json_string_value(type), 64), json_string_value(type));
-        if (!json_is_string(text))
-            return req_fail(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
-        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return req_fail(re, 500, NULL, "out of memory");
-    }
-    return 0;
-}
-
-// markup NULL: added tokens are recognised anywhere (a completion prompt is the client's own text).
-static int encode(const struct openai_ctx *oc, const char *text, const unsigned char *markup, size_t len, int32_t **ids,
-                  int *n, struct req_error *re) {
-    size_t nn = 0;
-    char err[256];
-    if (tokenizer_encode_markup(oc->tok, text, len, markup, ids, &nn, err, sizeof err))
-        return req_fail(re, 400, NULL, "cannot tokenize: %s", err);
-    *n = (int)nn;
-    return 0;
-}
-
-// ---- tools --------------------------------------------------------------------------------------
-
-// Strings a request's rendering allocates, freed together.
-struct owned {
-    char **v;
-    size_t n, cap;
-    bool oom;
-};
-
-static char *own(struct owned *o, char *s) {
-    if (!s) o->oom = true;
-    if (o->oom) {
-        free(s);
-        return NULL;
-    }
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 16;
-        char **v = realloc(o->v, sizeof *v * cap);
-        if (!v) {
-            free(s);
-            o->oom = true;
-            return NULL;
-        }
-        o->v = v, o->cap = cap;
-    }
-    return o->v[o->n++] = s;
-}
-
-static void *own_alloc(struct owned *o, size_t bytes) { return own(o, calloc(1, bytes ? bytes : 1)); }
-
-static void owned_free(struct owned *o) {
-    for (size_t i = 0; i < o->n; i++) free(o->v[i]);
-    free(o->v);
-}
-
-// A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-] (also what keeps it from breaking
-// the <function=NAME> markup).
-static bool valid_name(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n > 64) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return false;
-    return true;
-}
-
-// "tools" and "tool_choice": checks them, renders each tool for the template (co->tools).
-// r->tools keeps the array for typing the calls in the output (NULL: no tool parsing).
-static int parse_tools(const json_t *body, struct gen_request *r, struct chat_options *co, struct owned *own_,
-                       struct req_error *re) {
-    const json_t *tools, *choice = json_object_get(body, "tool_choice");
-    if (get_opt(body, "tools", JSON_ARRAY, &tools, re)) return -1;
-    size_t n = tools ? json_array_size(tools) : 0;
-    if (n > MAX_TOOLS) return req_fail(re, 400, "tools", "at most %d tools, got %zu", MAX_TOOLS, n);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *t = json_array_get(tools, i), *f = json_object_get(t, "function");
-        const json_t *type = json_object_get(t, "type"), *name = json_object_get(f, "name");
-        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
-            return req_fail(re, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
-        if (!json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
-            return req_fail(re, 400, "tools", "tools[%zu].function.name must be 1 to 64 letters, digits, _ or -", i);
-        const json_t *params = json_object_get(f, "parameters"), *desc = json_object_get(f, "description");
-        if (params && !json_is_object(params))
-            return req_fail(re, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
-        if (desc && !json_is_string(desc))
-            return req_fail(re, 400, "tools", "tools[%zu].function.description must be a string", i);
-        for (size_t k = 0; k < i; k++)
-            if (!strcmp(json_string_value(name),
-                        json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"))))
-                return req_fail(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
-                           json_string_value(name));
-    }
-    bool none = false, forced = false;
-    const char *fname = NULL;   // tool_choice names a function
-    if (choice && !json_is_null(choice)) {
-        const char *c = json_is_string(choice) ? json_string_value(choice) : NULL;
-        const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
-        if (c && !strcmp(c, "none")) none = true;
-        else if (c && !strcmp(c, "auto")) none = false;
-        else if (c && !strcmp(c, "required")) forced = true;
-        else if (json_is_object(choice) && json_is_string(named)) forced = true, fname = json_string_value(named);
-        else
-            return req_fail(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
-                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-        if (!n) return req_fail(re, 400, "tool_choice", "tool_choice needs tools");
-    }
-    const json_t *par = json_object_get(body, "parallel_tool_calls");
-    if (par && !json_is_null(par) && !json_is_boolean(par))
-        return req_fail(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
-    if (!n || none) return 0;   // "none": the tools are left out of the prompt, output is content
-    const char **rendered = own_alloc(own_, sizeof *rendered * n);
-    for (size_t i = 0; rendered && i < n; i++) rendered[i] = own(own_, tool_tojson(json_array_get(tools, i)));
-    if (own_->oom) return req_fail(re, 500, NULL, "out of memory");
-    co->tools = rendered;
-    co->n_tools = n;
-    r->tools = json_incref((json_t *)tools);
-    if (!forced) return 0;
-    // "required" or a named function: the answer is constrained to one well-formed call.
-    if (r->schema) return req_fail(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
-                                                      "JSON response_format");
-    char err[300];
-    if (constrain_compile_tool_call(tools, fname, &r->schema, err, sizeof err))
-        return req_fail(re, 400, "tool_choice", "tool_choice: %s", err);
-    return 0;
-}
-
-// An assistant message's "tool_calls" -> the template's view of them.
-static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message *cm, struct owned *o,
-                            struct req_error *re) {
-    if (!calls || json_is_null(calls)) return 0;
-    if (!json_is_array(calls)) return req_fail(re, 400, "messages", "messages[%zu].tool_calls must be an array", idx);
-    size_t n = json_array_size(calls);
-    struct chat_tool_call *tc = own_alloc(o, sizeof *tc * n);
-    if (!tc) return req_fail(re, 500, NULL, "out of memory");
-    for (size_t k = 0; k < n; k++) {
-        const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
-        const json_t *name = json_object_get(f, "name"), *a = json_object_get(f, "arguments");
-        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) || !valid_name(json_string_value(name)))
-            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
-        json_t *args = NULL;
-        if (json_is_string(a)) args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
-        else if (json_is_object(a)) args = json_incref((json_t *)a);
-        else if (!a || json_is_null(a)) args = json_object();
-        if (!json_is_object(args)) {
-            json_decref(args);
-            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
-                                            "(as a string)", idx, k);
-        }
-        size_t na = json_object_size(args), i = 0;
-        const char **names = own_alloc(o, sizeof *names * na), **values = own_alloc(o, sizeof *values * na);
-        const char *key;
-        json_t *v;
-        json_object_foreach(args, key, v) {
-            if (!names || !values) break;
-            names[i] = own(o, strdup(key));
-            values[i++] = own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
-        }
-        json_decref(args);
-        if (o->oom) return req_fail(re, 500, NULL, "out of memory");
-        tc[k] = (struct chat_tool_call){.name = json_string_value(name), .n_args = na, .arg_names = names,
-                                        .arg_values = values};
-    }
-    cm->tool_calls = tc;
-    cm->n_tool_calls = n;
-    return 0;
-}
-
-// /v1/chat/completions: messages (and tools) -> the rendered prompt and the byte offset where the
-// last message starts (the snapshot point).  Sets req->reasoning and req->tools.
-int openai_render_chat(const json_t *body, struct gen_request *req, char **out_, unsigned char **markup, size_t *out_len,
-                       size_t *boundary_, struct req_error *re) {
-    *out_ = NULL;
-    if (markup) *markup = NULL;
-    const json_t *msgs = json_object_get(body, "messages");
-    if (!msgs || json_is_null(msgs)) return req_fail(re, 400, "messages", "messages is required");
-    if (!json_is_array(msgs)) return req_fail(re, 400, "messages", "messages must be an array");
-    size_t n = json_array_size(msgs);
-    if (n == 0) return req_fail(re, 400, "messages", "messages must not be empty");
-    struct chat_options co = CHAT_OPTIONS_DEFAULT;
-    const json_t *kw;
-    if (get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
-    bool think = true, preserve = false;
-    if (kw && (get_bool(kw, "enable_thinking", true, &think, re) || get_bool(kw, "preserve_thinking", false, &preserve, re)))
-        return -1;
-    co.enable_thinking = think;
-    co.preserve_thinking = preserve;
-    req->reasoning = think;
-
-    struct owned own_ = {0};
-    struct chat_message *cm = calloc(n, sizeof *cm);
-    struct sbuf *texts = calloc(2 * n, sizeof *texts);   // content, reasoning per message
-    char *out = NULL, *hist = NULL;
-    int rc = -1;
-    if (!cm || !texts) {
-        req_fail(re, 500, NULL, "out of memory");
-        goto done;
-    }
-    if (parse_tools(body, req, &co, &own_, re)) goto done;
-    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
-    for (size_t i = 0; i < n; i++) {
-        const json_t *m = json_array_get(msgs, i);
-        if (!json_is_object(m)) {
-            req_fail(re, 400, "messages", "messages[%zu] must be an object", i);
-            goto done;
-        }
-        const json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role)) {
-            req_fail(re, 400, "messages", "messages[%zu].role must be a string", i);
-            goto done;
-        }
-        const char *r = NULL;
-        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
-            if (!strcmp(json_string_value(role), roles[k])) r = roles[k];
-        if (!r) {
-            const char *rs = json_string_value(role);
-            req_fail(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
-                clip_utf8(rs, 64), rs);
-            goto done;
-        }
-        if (!strcmp(r, "developer")) r = "system";
-        const json_t *content = json_object_get(m, "content");
-        if ((!content || json_is_null(content)) && strcmp(r, "assistant")) {
-            req_fail(re, 400, "messages", "messages[%zu].content is required for role \"%s\"", i, r);
-            goto done;
-        }
-        if (message_text(content, i, &texts[2 * i], re)) goto done;
-        const json_t *rc_ = json_object_get(m, "reasoning_content");
-        if (rc_ && !json_is_null(rc_)) {
-            if (!json_is_string(rc_)) {
-                req_fail(re, 400, "messages", "messages[%zu].reasoning_content must be a string", i);
-                goto done;
-            }
-            if (sbuf_add(&texts[2 * i + 1], json_string_value(rc_), json_string_length(rc_))) {
-                req_fail(re, 500, NULL, "out of memory");
-                goto done;
-            }
-        }
-        const json_t *calls = json_object_get(m, "tool_calls");
-        if (calls && !json_is_null(calls) && strcmp(r, "assistant")) {
-            req_fail(re, 400, "messages", "messages[%zu]: only assistant messages have tool_calls", i);
-            goto done;
-        }
-        if (parse_tool_calls(calls, i, &cm[i], &own_, re)) goto done;
-        cm[i].role = r;
-        cm[i].content = texts[2 * i].p ? texts[2 * i].p : "";
-        cm[i].reasoning = texts[2 * i + 1].p;
-    }
-    size_t len = 0, boundary = 0, hist_len = 0;
-    char err[256];
-    if (chat_render_markup(cm, n, &co, &out, markup, &len, &boundary, err, sizeof err)) {
-        req_fail(re, 400, "messages", "%s", err);
-        goto done;
-    }
-    // The snapshot point: the end of the last message (the history rendered without the
-    // generation prompt), when that is a byte prefix of the prompt; else chat_render's boundary.
-    struct chat_options ho = co;
-    ho.add_generation_prompt = 0;
-    if (!chat_render(cm, n, &ho, &hist, &hist_len, NULL, err, sizeof err) && hist_len < len &&
-        !memcmp(hist, out, hist_len))
-        boundary = hist_len;
-    *out_ = out, *out_len = len, *boundary_ = boundary;
-    out = NULL;
-    rc = 0;
-done:
-    if (texts)
-        for (size_t i = 0; i < 2 * n; i++) sbuf_free(&texts[i]);
-    free(texts);
-    free(cm);
-    free(out);
-    free(hist);
-    owned_free(&own_);
-    return rc;
-}
-
-// /v1/chat/completions: the rendered prompt -> its tokens and the last-message boundary in tokens.
-static int parse_chat(const struct openai_ctx *oc, const json_t *body, struct gen_request *r, struct req_error *re) {
-    char *out;
-    unsigned char *mk;
-    size_t len, boundary;
-    if (openai_render_chat(body, r, &out, &mk, &len, &boundary, re)) return -1;
-    int rc = -1;
-    // The boundary in tokens.  When the text after it opens with an added token (ChatML's
-    // <|im_start|>), the tokenizer cuts there anyway, so the two halves tokenize independently
-    // and their concatenation is the whole.  Otherwise: tokenize the whole and the prefix, and
-    // keep the boundary only if the prefix's tokens are a prefix of the whole's.
-    r->boundary = 0;
-    static const char im_start[] = "<|im_start|>";
-    int32_t *pre = NULL, *post = NULL;
-    int npre = 0, npost = 0;
-    if (boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1)) {
-        if (encode(oc, out, mk, boundary, &pre, &npre, re) ||
-            encode(oc, out + boundary, mk + boundary, len - boundary, &post, &npost, re)) {
-            free(pre);
-            goto done;
-        }
-        if (!(r->prompt = malloc(sizeof *pre * ((size_t)npre + (size_t)npost)))) {
-            free(pre), free(post);
-            req_fail(re, 500, NULL, "out of memory");
-            goto done;
-        }
-        memcpy(r->prompt, pre, sizeof *pre * (size_t)npre);
-        memcpy(r->prompt + npre, post, sizeof *post * (size_t)npost);
-        r->n_prompt = npre + npost;
-        r->boundary = npre;
-        free(pre), free(post);
-    } else {
-        if (encode(oc, out, mk, len, &r->prompt, &r->n_prompt, re)) goto done;
-        if (boundary > 0 && boundary < len && !encode(oc, out, mk, boundary, &pre, &npre, re)) {
-            if (npre > 0 && npre < r->n_prompt && !memcmp(pre, r->prompt, sizeof *pre * (size_t)npre)) r->boundary = npre;
-            free(pre);
-        }
-    }
-    rc = 0;
-done:
-    free(out);
-    free(mk);
-    return rc;
+int openai_render_chat(const json_t *body, struct gen_request *r, char **out, unsigned char **markup, size_t *len,
+                       size_t *boundary, struct req_error *re) {
+    return chatreq_render(body, false, r, out, markup, len, boundary, re);
 }
 
 // /v1/completions: prompt as text (no template) or as token ids.
@@ -604,7 +141,7 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p)) {
         if (json_string_length(p) == 0) return req_fail(re, 400, "prompt", "prompt must not be empty");
-        return encode(oc, json_string_value(p), NULL, json_string_length(p), &r->prompt, &r->n_prompt, re);
+        return chatreq_tokens(oc->tok, json_string_value(p), NULL, json_string_length(p), &r->prompt, &r->n_prompt, re);
     }
     if (!json_is_array(p)) return req_fail(re, 400, "prompt", "prompt must be a string or an array of token ids");
     size_t n = json_array_size(p);
@@ -632,17 +169,9 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
 // The whole request -> a job ready to queue, or a 4xx.
 struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoint ep, const char *data, size_t len,
                                  struct req_error *re) {
-    json_error_t je;
-    json_t *body = json_loadb(data, len, 0, &je);
-    if (!body) {
-        req_fail(re, 400, NULL, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
+    json_t *body = chatreq_load(data, len, re);
+    if (!body) return NULL;
     struct job *j = NULL;
-    if (!json_is_object(body)) {
-        req_fail(re, 400, NULL, "the request body must be a JSON object");
-        goto fail;
-    }
     if (!(j = openai_job_new(oc, ep))) {
         req_fail(re, 500, NULL, "out of memory");
         goto fail;
@@ -651,28 +180,13 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoi
     struct gen_request *r = &j->req;
     long long max_tokens;
     if (parse_common(oc, body, j, &max_tokens, re)) goto fail;
-    if (chat ? parse_chat(oc, body, r, re) : parse_completion(oc, body, r, re)) goto fail;
+    if (chat ? chatreq_encode(oc->tok, body, NULL, 0, r, re) : parse_completion(oc, body, r, re)) goto fail;
     if (r->n_prompt < 1) {
         req_fail(re, 400, chat ? "messages" : "prompt", "the prompt is empty");
         goto fail;
     }
-    const long long ctx = oc->context;
-    if (r->n_prompt + 2 > ctx) {   // the prompt's fault whatever max_tokens says
-        req_fail(re, 400, chat ? "messages" : "prompt",
-                 "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", r->n_prompt, ctx);
+    if (chatreq_fit(r, oc->context, oc->default_max_tokens, max_tokens, chat ? "messages" : "prompt", "max_tokens", re))
         goto fail;
-    }
-    if (!max_tokens) {   // the server default, within what the context has left
-        max_tokens = ctx - r->n_prompt - 1;
-        if (max_tokens > oc->default_max_tokens) max_tokens = oc->default_max_tokens;
-    }
-    if (r->n_prompt + max_tokens + 1 > ctx) {
-        req_fail(re, 400, "max_tokens",
-                 "prompt (%d tokens) + max_tokens (%lld) + 1 = %lld exceeds the context of %lld tokens", r->n_prompt,
-                 max_tokens, r->n_prompt + max_tokens + 1, ctx);
-        goto fail;
-    }
-    r->max_tokens = (int)max_tokens;
     json_decref(body);
     return j;
 fail:

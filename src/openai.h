@@ -8,6 +8,7 @@
 // its own parser and sink over the same job and generation request.
 #pragma once
 
+#include "chatreq.h"
 #include "generate.h"
 #include "job.h"
 #include "util.h"
@@ -19,9 +20,7 @@
 
 enum {
     MAX_STOPS = 4,            // OpenAI's limit on `stop`
-    MAX_STOP_BYTES = 256,     // per stop string
     MAX_TOP_LOGPROBS = 20,    // OpenAI's limit on top_logprobs
-    MAX_TOOLS = 128,          // OpenAI's limit on tools
 };
 _Static_assert((int)MAX_TOP_LOGPROBS <= (int)GEN_MAX_TOP, "a token's logprobs hold OpenAI's top_logprobs");
 
@@ -59,10 +58,8 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoi
 struct job *openai_job_new(const struct openai_ctx *oc, enum openai_endpoint ep);
 // {"error": {"message", "type", "param", "code"}} for a status.
 json_t *openai_error_body(int status, const char *param, const char *msg);
-// Sampling parameters: only the values that mean greedy pass.
-int check_greedy(const json_t *body, struct req_error *re);
-// A chat request's messages and tools -> the prompt text (malloc'd) and the byte offset where the
-// last message starts; sets r->reasoning, r->tools (and r->schema for a forced call).
-// *markup (if not NULL): which bytes may hold added tokens (chat_render_markup).
+// A chat request's messages and tools -> the prompt text (malloc'd) and the byte offset of the
+// snapshot point; sets r->reasoning, r->tools (and r->schema for a forced call).  chatreq_render:
+// the body is the chat template's input as it comes.  (check_greedy: chatreq.h.)
 int openai_render_chat(const json_t *body, struct gen_request *r, char **out, unsigned char **markup, size_t *len,
                        size_t *boundary, struct req_error *re);

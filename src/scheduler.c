@@ -90,6 +90,7 @@ static void run_job(struct sched *s, struct job *j) {
         seq_reset(s->w);
     }
     const int cached = pos;   // (hit may be another entry once the end state is stored)
+    j->n_cached = cached;
     pthread_mutex_lock(&s->mu);
     if (s->full.n + s->bound.n > 0) {
         if (hit) s->m.cache_hits++;
@@ -131,6 +132,7 @@ static void run_job(struct sched *s, struct job *j) {
 
     struct gen_end end = {
         .finish = rc == ENGINE_OK ? res.finish : GEN_FINISH_NONE, .ids = res.ids, .n_gen = ng, .n_prompt = n,
+        .stop = rc == ENGINE_OK && res.stop >= 0 ? q->stops[res.stop] : NULL,
         .n_cached = cached, .queue_ms = 1e3 * (t0 - j->t_queued), .prefill_ms = 1e3 * (res.t_prefilled - t0),
         .decode_ms = 1e3 * (res.t_end - res.t_prefilled)};
     char msg[300];

@@ -37,8 +37,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "models",
-                                                     "health", "metrics", "page", "other"};
+static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "messages", "count_tokens",
+                                                     "responses", "responses_by_id", "models", "health", "metrics",
+                                                     "page", "other"};
 static const int status_codes[] = {200, 400, 401, 403, 404, 405, 411, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
@@ -48,7 +49,7 @@ _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STAT
 // Per-request state, MHD's *con_cls.
 struct request {
     enum endpoint ep;
-    const char *model_id;   // GET /v1/models/{id}: the id (in MHD's url), else NULL
+    const char *item;       // /v1/models/{id}, /v1/responses/{id}: the id (in MHD's url), else NULL
     const struct web_file *file;   // EP_PAGE: the file of the chat page
     bool post;
     struct sbuf body;
@@ -78,14 +79,29 @@ static const struct web_file *web_find(const char *url) {
     return NULL;
 }
 
-static enum endpoint route(const char *url, const char **model_id, const struct web_file **file) {
-    *model_id = NULL;
+// Anthropic's endpoints answer in Anthropic's error shape, every other in OpenAI's.
+static bool is_anthropic(enum endpoint ep) { return ep == EP_MESSAGES || ep == EP_COUNT_TOKENS; }
+
+// Endpoints that take a POST with a JSON body (the rest take GET and HEAD; EP_RESPONSE_ITEM DELETE too).
+static bool is_post(enum endpoint ep) {
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS || ep == EP_RESPONSES;
+}
+
+static enum endpoint route(const char *url, const char **item, const struct web_file **file) {
+    *item = NULL;
     if ((*file = web_find(url))) return EP_PAGE;
     if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
     if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
+    if (!strcmp(url, "/v1/messages")) return EP_MESSAGES;
+    if (!strcmp(url, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
+    if (!strcmp(url, "/v1/responses")) return EP_RESPONSES;
+    if (!strncmp(url, "/v1/responses/", 14) && url[14] && !strchr(url + 14, '/')) {
+        *item = url + 14;
+        return EP_RESPONSE_ITEM;
+    }
     if (!strcmp(url, "/v1/models")) return EP_MODELS;
     if (!strncmp(url, "/v1/models/", 11) && url[11]) {
-        *model_id = url + 11;
+        *item = url + 11;
         return EP_MODELS;
     }
     if (!strcmp(url, "/health")) return EP_HEALTH;
@@ -306,7 +322,8 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
         MHD_add_response_header(r, "Retry-After", v);
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    if (status == 405) MHD_add_response_header(r, "Allow", ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET, HEAD");
+    if (status == 405)
+        MHD_add_response_header(r, "Allow", is_post(ep) ? "POST" : ep == EP_RESPONSE_ITEM ? "GET, HEAD, DELETE" : "GET, HEAD");
     // After a refusal the rest of what the client sent is not trusted to be the next request.
     if (status == 400 || status == 403 || status == 411 || status == 413 || status == 414 || status == 431 ||
         status == 505)
@@ -345,7 +362,7 @@ static enum MHD_Result send_json(struct server *sv, struct MHD_Connection *c, en
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c, enum endpoint ep, int status,
                                   const char *param, const char *msg) {
-    json_t *b = openai_error_body(status, param, msg);
+    json_t *b = is_anthropic(ep) ? anthropic_error_body(status, msg) : openai_error_body(status, param, msg);
     char *s = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!s) return send_buf(sv, c, ep, status, "text/plain", msg, strlen(msg));
@@ -418,7 +435,7 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_requests_total HTTP requests by endpoint and status.\n# TYPE calla_requests_total counter\n");
     for (int e = 0; e < EP_COUNT; e++)
         for (int k = 0; k <= N_STATUS; k++)
-            if (m.requests[e][k] || e == EP_CHAT || e == EP_COMPLETIONS) {
+            if (m.requests[e][k] || e == EP_CHAT || e == EP_COMPLETIONS || e == EP_MESSAGES || e == EP_RESPONSES) {
                 if (k == N_STATUS && !m.requests[e][k]) continue;
                 if (k == N_STATUS) OUT("calla_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n", endpoint_names[e], m.requests[e][k]);
                 else if (m.requests[e][k] || status_codes[k] == 200)
@@ -482,8 +499,11 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         return send_error(sv, c, rq->ep, 400, NULL,
                           "X-Session-Id must be 1 to 128 visible ASCII characters (no spaces or control characters)");
     }
-    struct job *j = openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS,
-                                         rq->body.p ? rq->body.p : "", rq->body.len, &re);
+    const char *body = rq->body.p ? rq->body.p : "";
+    struct job *j = rq->ep == EP_MESSAGES    ? anthropic_parse_request(&sv->cc, body, rq->body.len, &re)
+                    : rq->ep == EP_RESPONSES ? responses_parse_request(&sv->cc, &sv->store, body, rq->body.len, &re)
+                                             : openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS,
+                                                                    body, rq->body.len, &re);
     sbuf_free(&rq->body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!j || sched_enqueue(&sv->sched, j, ci ? ci->connect_fd : -1, &re)) {
@@ -515,6 +535,32 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
     if (!j->out.len) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
     return send_buf_session(sv, c, rq->ep, j->status, "application/json", j->out.p, j->out.len,
                             j->status == 200 ? session : NULL);
+}
+
+// POST /v1/messages/count_tokens: the prompt's tokens, as a generation of the same body counts them.
+static enum MHD_Result handle_count_tokens(struct server *sv, struct MHD_Connection *c, struct request *rq) {
+    struct req_error re = {0};
+    int n;
+    int rc = anthropic_count_tokens(&sv->cc, rq->body.p ? rq->body.p : "", rq->body.len, &n, &re);
+    sbuf_free(&rq->body);
+    if (rc) return send_error(sv, c, EP_COUNT_TOKENS, re.status, re.param, re.msg);
+    return send_json(sv, c, EP_COUNT_TOKENS, 200, json_pack("{s:i}", "input_tokens", n));
+}
+
+// GET and DELETE /v1/responses/{id}: a stored response.
+static enum MHD_Result handle_response_item(struct server *sv, struct MHD_Connection *c, struct request *rq,
+                                            const char *method) {
+    if (!strcmp(method, MHD_HTTP_METHOD_DELETE)) {
+        if (!rstore_delete(&sv->store, rq->item))
+            return send_error(sv, c, EP_RESPONSE_ITEM, 404, NULL, "no such stored response");
+        return send_json(sv, c, EP_RESPONSE_ITEM, 200,
+                         json_pack("{s:s, s:s, s:b}", "id", rq->item, "object", "response.deleted", "deleted", 1));
+    }
+    char *r = rstore_get_response(&sv->store, rq->item);
+    if (!r) return send_error(sv, c, EP_RESPONSE_ITEM, 404, NULL, "no such stored response");
+    enum MHD_Result ret = send_buf(sv, c, EP_RESPONSE_ITEM, 200, "application/json", r, strlen(r));
+    free(r);
+    return ret;
 }
 
 // The chat page: same-origin only (its scripts, styles and requests come from this server; no
@@ -555,8 +601,9 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     cors_headers(sv, c, r);
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            "Authorization, Content-Type, X-Session-Id, x-api-key, anthropic-version, anthropic-beta");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     enum MHD_Result ret = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);
@@ -646,7 +693,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {   // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url, &rq->model_id, &rq->file);
+        rq->ep = route(url, &rq->item, &rq->file);
         rq->post = !strcmp(method, MHD_HTTP_METHOD_POST);
         rq->preflight = !strcmp(method, MHD_HTTP_METHOD_OPTIONS);
         char msg[160];
@@ -665,8 +712,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
         else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight &&   // the page asks for the key itself;
                                                                                   // a preflight carries no credentials
-                 !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
-            rq->refuse = 401, rq->why = "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
+                 !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) &&
+                 !(is_anthropic(rq->ep) &&   // Anthropic's clients send x-api-key
+                   auth_check_key(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"))))
+            rq->refuse = 401, rq->why = is_anthropic(rq->ep)
+                                            ? "missing or incorrect API key: send the header \"x-api-key: KEY\" or "
+                                              "\"Authorization: Bearer KEY\""
+                                            : "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
         if (rq->refuse == 400 || rq->refuse == 411)   // framing: answer now and close; the body is never read
             return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -692,11 +744,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     conn_receiving(sv, c, false);   // the whole request is in: no deadline while it is answered
     if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
     if (rq->preflight) return send_preflight(sv, c, rq->ep);
-    const bool gen = rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS;
+    const bool gen = is_post(rq->ep), del = !strcmp(method, MHD_HTTP_METHOD_DELETE);
     if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
-    if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))) {
+    if (gen != rq->post ||
+        (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD) && !(del && rq->ep == EP_RESPONSE_ITEM))) {
         char msg[96];
-        snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method, gen ? "POST" : "GET");
+        snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method,
+                 gen ? "POST" : rq->ep == EP_RESPONSE_ITEM ? "GET or DELETE" : "GET");
         return send_error(sv, c, rq->ep, 405, NULL, msg);
     }
     if (rq->too_large) {
@@ -717,13 +771,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_MODELS: {
         json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
                               (json_int_t)sv->started, "owned_by", "calla", "max_model_len", (json_int_t)sv->cfg.context);
-        if (!rq->model_id) return send_json(sv, c, EP_MODELS, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
-        if (!strcmp(rq->model_id, sv->cfg.model_name)) return send_json(sv, c, EP_MODELS, 200, m);
+        if (!rq->item) return send_json(sv, c, EP_MODELS, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+        if (!strcmp(rq->item, sv->cfg.model_name)) return send_json(sv, c, EP_MODELS, 200, m);
         json_decref(m);
         return send_error(sv, c, EP_MODELS, 404, "model", "no such model: this server has one (GET /v1/models)");
     }
     case EP_METRICS:
         return send_metrics(sv, c);
+    case EP_COUNT_TOKENS:
+        return handle_count_tokens(sv, c, rq);
+    case EP_RESPONSE_ITEM:
+        return handle_response_item(sv, c, rq, method);
     case EP_PAGE:
         return send_page(sv, c, rq->file);
     default:
@@ -790,7 +848,7 @@ int cmd_serve(int argc, char **argv) {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
         .max_header = 32 << 10, .max_connections = 2048, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .request_timeout = 30, .max_per_ip = 32,
-        .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1,
+        .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1, .store_entries = 256, .store_bytes = 64 << 20,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -825,11 +883,15 @@ int cmd_serve(int argc, char **argv) {
         {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
                                                           "default none: preflights get 403)"},
         {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
+        {"store-entries", OPT_INT, &cfg.store_entries, 0, 65536, "Responses API: stored responses kept for "
+                                                                 "previous_response_id and GET, LRU (default 256; 0: none)"},
+        {"store-bytes", OPT_INT, &cfg.store_bytes, 1 << 16, 1LL << 40, "Responses API: the bytes stored responses may hold "
+                                                                       "(default 64 MiB)"},
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
-    const char *summary = "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
-                          "/metrics, and a chat page at /";
+    const char *summary = "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions, "
+                          "/v1/responses, /v1/messages, /v1/models, /health, /metrics, and a chat page at /";
     int ob = opts_begin(argc, argv, "serve", summary, opts, nopts);
     if (ob) return ob > 0 ? 0 : 2;
     char err[1024];
@@ -892,6 +954,10 @@ int cmd_serve(int argc, char **argv) {
     pthread_cond_init(&sv->conn_cv, NULL);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
+    if (rstore_init(&sv->store, (int)cfg.store_entries, (size_t)cfg.store_bytes)) {
+        fprintf(stderr, "calla serve: out of memory (the response store)\n");
+        goto out_engine;
+    }
     if (load_keys(&sv->auth, &cfg, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
         rc = 2;
@@ -941,6 +1007,9 @@ int cmd_serve(int argc, char **argv) {
                 mask_mode_name(sv->mask_mode));
     sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
+    sv->cc = (struct chatreq_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
+                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
+
     const struct sched_config sc = {
         .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
         .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,
@@ -1050,6 +1119,7 @@ out_tok:
     tokenizer_free(sv->tok);
 out_engine:
     engine_close(sv->e);
+    rstore_free(&sv->store);
     auth_free(&sv->auth);
     pthread_mutex_destroy(&sv->mu);
     pthread_mutex_destroy(&sv->conn_mu);

@@ -4,14 +4,20 @@
 //   server.c     the HTTP transport: libmicrohttpd callbacks, routes, limits, auth, relaying each
 //                job's bytes (SSE or one body), /metrics, `calla serve` itself
 //   openai.c     the OpenAI protocol: request JSON -> a job; generation events -> JSON / SSE
+//   anthropic.c  Anthropic's Messages API, responses.c OpenAI's Responses API (their stored
+//                responses in response_store.c), over chatreq.c and answer.c, the same way
 //   scheduler.c  the queue and the one worker thread, with the session cache
 //   job.c        a job: the request, the protocol's sink, the output channel, reference counts
 //   generate.c   the generation loop: prefill, decode, stop rules, constraints, tool calls, logprobs
 #pragma once
 
+#include "anthropic.h"
 #include "auth.h"
+#include "chatreq.h"
 #include "engine.h"
 #include "openai.h"
+#include "response_store.h"
+#include "responses.h"
 #include "options.h"
 #include "scheduler.h"
 
@@ -47,11 +53,16 @@ struct server_config {
     long long max_per_ip;         // connections from one address
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
     long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
+    long long store_entries;      // the Responses API's stored responses kept, LRU (0: none)
+    long long store_bytes;        // and the bytes they may hold
 };
 
 // ---- metrics -----------------------------------------------------------------------------------
 
-enum endpoint { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT };
+enum endpoint {
+    EP_CHAT, EP_COMPLETIONS, EP_MESSAGES, EP_COUNT_TOKENS, EP_RESPONSES, EP_RESPONSE_ITEM, EP_MODELS, EP_HEALTH, EP_METRICS,
+    EP_PAGE, EP_OTHER, EP_COUNT
+};
 enum { N_STATUS = 11 };   // the statuses counted one by one (server.c: status_codes)
 
 // HTTP requests by endpoint and status (the generation counters are the scheduler's).
@@ -70,6 +81,8 @@ struct server {
     float *logits;                  // [vocab] the worker's row of logits (engine_logits_alloc: pinned on a GPU)
     int mask_mode;                  // enum mask_mode: CALLA_MASK=off|sync|overlap (default overlap)
     struct openai_ctx oc;           // what the protocol layer needs to parse a request
+    struct chatreq_ctx cc;          // the same, for anthropic.c and responses.c
+    struct rstore store;            // the Responses API's stored responses
     struct auth auth;               // API keys (none: open)
     struct sched sched;             // the queue and the worker
 

@@ -233,6 +233,14 @@ static const json_t *find_tool(const json_t *tools, const char *name, size_t n) 
     return NULL;
 }
 
+// The parameter's value is always a string (its form is text, or it is unknown): its text can be
+// streamed as it comes (any other value, a text-or-null one too, is known only once whole).
+static bool value_is_text(const json_t *fn, const char *pname) {
+    const json_t *params = json_object_get(fn, "parameters");
+    const json_t *schema = json_object_get(json_object_get(params, "properties"), pname);
+    return !schema || tool_value_form(schema, params, NULL) == TOOL_VALUE_TEXT;
+}
+
 // A parameter's value, read back as tool_value_form says it was written: text for the text forms
 // (null for a bare `null` where null is allowed), JSON for the others; text too for an unknown
 // parameter and for JSON that does not parse (the model's own output, when nothing forced it).
@@ -276,6 +284,7 @@ int tool_call_parse(const json_t *tools, const char *s, size_t n, char **name, c
         const char *v = pg + 1, *ve = close;
         if (v < ve && *v == '\n') v++;                 // the template's newline after the tag...
         if (ve > v && ve[-1] == '\n') ve--;            // ...and before the closing one
+        if (json_object_get(args, pname)) goto bad;   // given twice: which one is meant?
         json_t *x = typed_value(fn, pname, v, (size_t)(ve - v));
         if (!x || json_object_set_new(args, pname, x)) goto bad;
         p = close + 12;
@@ -297,12 +306,175 @@ bad:
     return -1;
 }
 
+// ---- streaming a call's arguments --------------------------------------------------------------
+//
+// While a call is read, its arguments go out as JSON text in pieces, each as soon as it is certain:
+// "{" once "<function=NAME>" names a known tool; per parameter, when its tag is in, ",\"P\":" (and
+// a string's opening quote); a string's text as it comes, escaped, holding back what could still be
+// its closing "\n</parameter>" (and an unfinished UTF-8 sequence); any other value whole at its
+// </parameter> (only then is it known whether it parses as JSON); "}" with the call.  These are
+// tool_call_parse's rules applied in one pass, so the pieces, joined, are the arguments the call
+// is handed over with (JSON_COMPACT output).  The scan stops for good where the block can no
+// longer be a well-formed call; the call is then aborted when its block ends.
+
+enum { ST_HEAD, ST_PARAMS, ST_VALUE, ST_TAIL, ST_DEAD };
+
+static const char PARAM_OPEN[] = "<parameter=", PARAM_CLOSE[] = "</parameter>", FN_OPEN[] = "<function=",
+                  FN_CLOSE[] = "</function>";
+
+static void st_reset(struct tool_stream *st) {
+    json_decref(st->names);
+    sbuf_free(&st->out);
+    *st = (struct tool_stream){.state = ST_HEAD};
+}
+
+static void st_emit(struct tool_parser *p, const char *s, size_t n) {
+    sbuf_add(&p->st.out, s, n);
+    if (n && p->stream.delta) p->stream.delta(p->sink.arg, s, n);
+}
+
+// v (taken) as jansson writes it in the arguments, a string without its quotes unless quotes;
+// -1 when v is NULL (text that is not UTF-8) or out of memory.
+static int st_emit_json(struct tool_parser *p, json_t *v, bool quotes) {
+    char *d = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(v);
+    if (!d) return -1;
+    size_t n = strlen(d);
+    if (quotes) st_emit(p, d, n);
+    else st_emit(p, d + 1, n - 2);
+    free(d);
+    return 0;
+}
+
+// Is s[0..n) a prefix of lit (n may exceed it: then no)?
+static bool prefix_of(const char *s, size_t n, const char *lit) { return n <= strlen(lit) && !memcmp(s, lit, n); }
+
+// Bytes at the end of s[0..n) that may be the start of the value's end ("\n</parameter>", or
+// "</parameter>"), or an unfinished UTF-8 sequence.
+static size_t value_holdback(const char *s, size_t n) {
+    size_t hold = 0;
+    for (size_t k = n < 13 ? n : 13; k > 0; k--)
+        if (prefix_of(s + n - k, k, "\n</parameter>") || prefix_of(s + n - k, k, PARAM_CLOSE)) {
+            hold = k;
+            break;
+        }
+    for (size_t i = 1; i <= 3 && i <= n - hold; i++) {   // the last lead byte and what it still needs
+        unsigned char c = (unsigned char)s[n - hold - i];
+        if ((c & 0xc0) == 0x80) continue;
+        size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+        if (need > i) hold += i;
+        break;
+    }
+    return hold;
+}
+
+// Advances the scan over the call's text s[0..n); final: the block ends at n.  Sends what became certain.
+static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) {
+    struct tool_stream *st = &p->st;
+    for (;;) {
+        if (st->state == ST_HEAD) {
+            const char *q = skip_ws(s + st->at, s + n), *end = s + n;
+            if (!starts(q, end, FN_OPEN)) {
+                if (final || !prefix_of(q, (size_t)(end - q), FN_OPEN)) st->state = ST_DEAD;
+                return;
+            }
+            const char *name = q + sizeof FN_OPEN - 1, *gt = memchr(name, '>', (size_t)(end - name));
+            if (!gt) {
+                if (final) st->state = ST_DEAD;
+                return;
+            }
+            if (gt == name || !(st->fn = find_tool(p->tools, name, (size_t)(gt - name))) || !(st->names = json_object())) {
+                st->state = ST_DEAD;
+                return;
+            }
+            const char *nm = json_string_value(json_object_get(st->fn, "name"));
+            st->begun = true;
+            if (p->stream.begin) p->stream.begin(p->sink.arg, nm);
+            st_emit(p, "{", 1);
+            st->at = (size_t)(gt + 1 - s);
+            st->state = ST_PARAMS;
+        } else if (st->state == ST_PARAMS) {
+            const char *q = skip_ws(s + st->at, s + n), *end = s + n;
+            const size_t left = (size_t)(end - q);
+            if (starts(q, end, FN_CLOSE)) {
+                st->at = (size_t)(q - s) + sizeof FN_CLOSE - 1;
+                st->state = ST_TAIL;
+                continue;
+            }
+            if (!starts(q, end, PARAM_OPEN)) {
+                if (final || (!prefix_of(q, left, PARAM_OPEN) && !prefix_of(q, left, FN_CLOSE))) st->state = ST_DEAD;
+                return;
+            }
+            // The name runs to the first '>': no newline in it, shorter than pname.
+            const char *pn = q + sizeof PARAM_OPEN - 1, *pg = memchr(pn, '>', (size_t)(end - pn));
+            const char *upto = pg ? pg : end;
+            if (memchr(pn, '\n', (size_t)(upto - pn)) || (size_t)(upto - pn) >= sizeof st->pname || pg == pn ||
+                (!pg && final)) {
+                st->state = ST_DEAD;
+                return;
+            }
+            if (!pg) return;
+            memcpy(st->pname, pn, (size_t)(pg - pn));
+            st->pname[pg - pn] = 0;
+            if (json_object_get(st->names, st->pname) || json_object_set_new(st->names, st->pname, json_true())) {
+                st->state = ST_DEAD;   // given twice, or a name that is not UTF-8
+                return;
+            }
+            st->text = value_is_text(st->fn, st->pname);
+            if (json_object_size(st->names) > 1) st_emit(p, ",", 1);
+            if (st_emit_json(p, json_string(st->pname), true)) {
+                st->state = ST_DEAD;
+                return;
+            }
+            st_emit(p, st->text ? ":\"" : ":", st->text ? 2 : 1);
+            st->at = st->sent = st->look = (size_t)(pg + 1 - s);
+            st->lead = false;
+            st->state = ST_VALUE;
+        } else if (st->state == ST_VALUE) {
+            const char *v = s + st->at;
+            if (!st->lead && n > st->at) {   // the template's newline after the tag is not the value's
+                st->lead = true;
+                if (*v == '\n') st->sent = st->at + 1;
+            }
+            const char *close = find(s + st->look, s + n, PARAM_CLOSE);
+            if (!close) {
+                st->look = n >= sizeof PARAM_CLOSE ? n - (sizeof PARAM_CLOSE - 2) : 0;
+                if (st->look < st->at) st->look = st->at;
+                if (final) st->state = ST_DEAD;
+                else if (st->text && st->lead && n > st->sent) {
+                    size_t k = n - st->sent - value_holdback(s + st->sent, n - st->sent);
+                    if (k && st_emit_json(p, json_stringn(s + st->sent, k), false)) st->state = ST_DEAD;
+                    st->sent += k;
+                }
+                return;
+            }
+            const char *vs = v < close && *v == '\n' ? v + 1 : v, *ve = close;   // tool_call_parse's trims
+            if (ve > vs && ve[-1] == '\n') ve--;
+            if (st->text) {
+                if (s + st->sent < ve && st_emit_json(p, json_stringn(s + st->sent, (size_t)(ve - s - st->sent)), false)) {
+                    st->state = ST_DEAD;
+                    return;
+                }
+                st_emit(p, "\"", 1);
+            } else if (st_emit_json(p, typed_value(st->fn, st->pname, vs, (size_t)(ve - vs)), true)) {
+                st->state = ST_DEAD;   // (typed_value: JSON when the text parses as JSON, else a string)
+                return;
+            }
+            st->at = (size_t)(close - s) + sizeof PARAM_CLOSE - 1;
+            st->state = ST_PARAMS;
+        } else {   // ST_TAIL (whitespace until the block's end, checked by the parse) or ST_DEAD
+            return;
+        }
+    }
+}
+
 // ---- the incremental parser --------------------------------------------------------------------
 
 void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_sink sink) {
     memset(p, 0, sizeof *p);
     p->tools = tools;
     p->sink = sink;
+    p->st.state = ST_HEAD;
 }
 
 static void buf_drop(struct tool_parser *p, size_t k) {
@@ -339,19 +511,39 @@ static void flush_text(struct tool_parser *p) {
     if (open) {
         buf_drop(p, upto + CALL_OPEN_LEN);
         p->in_call = true;
+        st_reset(&p->st);
     } else {
         buf_drop(p, ws);
     }
 }
 
+// A begun call's streamed arguments did not turn out to be a call.
+static void call_abort(struct tool_parser *p) {
+    if (p->st.begun && p->stream.abort) p->stream.abort(p->sink.arg);
+    st_reset(&p->st);
+}
+
 static void end_call(struct tool_parser *p, const char *close) {
     char *name, *args;
     size_t n = (size_t)(close - p->buf.p);
+    st_scan(p, p->buf.p, n, true);
     if (!tool_call_parse(p->tools, p->buf.p, n, &name, &args)) {
+        struct tool_stream *st = &p->st;
+        const size_t al = strlen(args);
+        if (st->begun && st->state == ST_TAIL && st->out.len + 1 == al && !memcmp(st->out.p, args, al - 1)) {
+            st_emit(p, "}", 1);
+        } else {   // (never: the scan applies the parse's rules) stream the whole arguments anew
+            p->mismatches++;
+            call_abort(p);
+            if (p->stream.begin) p->stream.begin(p->sink.arg, name);
+            st_emit(p, args, al);
+        }
+        st_reset(&p->st);
         p->sink.call(p->sink.arg, name, args);
         p->n_calls++;
         free(name), free(args);
     } else {   // malformed: the whole block as text
+        call_abort(p);
         content(p, CALL_OPEN, CALL_OPEN_LEN);
         content(p, p->buf.p, n + CALL_CLOSE_LEN);
     }
@@ -366,7 +558,10 @@ void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
     for (;;) {
         if (p->in_call) {
             const char *close = find(p->buf.p, p->buf.p + p->buf.len, CALL_CLOSE);
-            if (!close) return;
+            if (!close) {
+                st_scan(p, p->buf.p, p->buf.len, false);
+                return;
+            }
             end_call(p, close);
         } else {
             flush_text(p);
@@ -377,6 +572,7 @@ void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
 
 void tool_parser_finish(struct tool_parser *p) {
     if (p->in_call) {   // never closed: the model stopped mid-call
+        call_abort(p);
         content(p, CALL_OPEN, CALL_OPEN_LEN);
         content(p, p->buf.p, p->buf.len);
     } else if (!p->n_calls) {   // held whitespace and a partial "<tool_c" are text after all
@@ -393,4 +589,5 @@ void tool_parser_finish(struct tool_parser *p) {
 void tool_parser_free(struct tool_parser *p) {
     free(p->buf.p);
     memset(&p->buf, 0, sizeof p->buf);
+    st_reset(&p->st);
 }

@@ -6,6 +6,10 @@
 //                     that could be the start of a call is held back, a call is handed over
 //                     only once its </tool_call> has arrived, so markup never reaches content
 //                     whatever the token boundaries; a malformed call degrades to content.
+//                     Meanwhile a call whose function is known streams its arguments as JSON
+//                     text in pieces (tool_stream_sink: begin, delta), whose concatenation is exactly
+//                     the arguments it is handed over with; one that goes wrong after it began
+//                     is aborted (abort) and comes out as content like any malformed call.
 //
 // The call format (the template's system prompt asks for it):
 //   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
@@ -53,13 +57,42 @@ struct tool_sink {
     void *arg;
 };
 
+// Optional, set after tool_parser_init (tool_parser.stream; NULL members: not wanted), called with
+// the tool_sink's arg: begin once a call's markup is known to be a call of this function (its
+// "<function=NAME>" is in); pieces of its arguments follow, then the tool_sink's call (complete)
+// or abort (the markup went wrong: the block follows as content).  Strings are valid during the
+// call only.
+struct tool_stream_sink {
+    void (*begin)(void *arg, const char *name);
+    void (*delta)(void *arg, const char *s, size_t n);
+    void (*abort)(void *arg);
+};
+
+// Where the streaming of the call being read stands (toolcall.c: the scanner).
+struct tool_stream {
+    int state;                // enum in toolcall.c
+    bool begun;               // begin sent
+    size_t at;                // where the scan resumes in the call's text (a value: where it starts)
+    size_t sent;              // a string value: its bytes sent so far end here
+    size_t look;              // a value: "</parameter>" is not before here
+    bool text;                // the value is a string: streamed as it comes
+    bool lead;                // the value's first byte has been seen (a leading newline dropped)
+    const json_t *fn;         // the function called (its "function" object)
+    json_t *names;            // the parameters so far (a repeated one makes the call malformed)
+    char pname[256];          // the parameter being read
+    struct sbuf out;          // the arguments sent so far
+};
+
 struct tool_parser {
     const json_t *tools;      // the request's "tools" array (borrowed)
     struct tool_sink sink;
+    struct tool_stream_sink stream;
     struct sbuf buf;          // held-back text, or the call being read
     bool in_call;             // buf holds text after "<tool_call>"
     bool after_call;          // a call just ended: leading whitespace is dropped
     int n_calls;              // calls handed over so far
+    struct tool_stream st;    // the call being read, streamed
+    int mismatches;           // calls whose streamed arguments were not the final ones (a bug: tests check 0)
 };
 
 void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_sink sink);
@@ -69,5 +102,6 @@ void tool_parser_finish(struct tool_parser *p);
 void tool_parser_free(struct tool_parser *p);
 
 // One call's block (the text between <tool_call> and </tool_call>) -> name and arguments as a
-// JSON object text (malloc'd).  0, or -1 when it is not a well-formed call of a known tool.
+// JSON object text (malloc'd).  0, or -1 when it is not a well-formed call of a known tool (a
+// parameter given twice included).
 int tool_call_parse(const json_t *tools, const char *s, size_t n, char **name, char **arguments);

@@ -79,6 +79,43 @@ static void test_tool_loop(void **state) {
     expect_render(m, 4, NULL, want, strstr(want, "\n<tool_response>\n{\"h\"") - want);
 }
 
+// A continuation after a rendered assistant turn: the rendered turn (minus its closing newline)
+// followed by the continuation is the whole conversation rendered at once (reasoning kept).
+static void test_after_turn(void **state) {
+    struct chat_message m[] = {
+        MSG("system", "s", NULL),
+        MSG("user", "Weather?", NULL),
+        MSG("assistant", "<tool_call>\n<function=weather>\n</function>\n</tool_call>", "need the tool"),
+        MSG("tool", "{\"t\": 21}", NULL),
+        MSG("tool", "{\"h\": 40}", NULL),
+        MSG("assistant", "21 degrees.", "done"),
+        MSG("user", "Thanks", NULL),
+    };
+    struct chat_options keep = {.enable_thinking = 1, .preserve_thinking = 1, .add_generation_prompt = 1};
+    struct chat_options hist = keep, cont = keep;
+    hist.add_generation_prompt = 0;
+    cont.after_turn = 1;
+    char *whole, *head, *tail, err[256];
+    size_t wl, hl, tl, b;
+    assert_int_equal(chat_render(m, 7, &keep, &whole, &wl, NULL, err, sizeof err), 0);
+    for (size_t k = 3; k <= 6; k += 3) {   // after each assistant turn
+        assert_int_equal(chat_render(m, k, &hist, &head, &hl, NULL, err, sizeof err), 0);
+        assert_int_equal(chat_render(m + k, 7 - k, &cont, &tail, &tl, &b, err, sizeof err), 0);
+        assert_true(hl > 0 && head[hl - 1] == '\n');
+        assert_int_equal(hl - 1 + tl, wl);
+        assert_memory_equal(whole, head, hl - 1);
+        assert_string_equal(whole + hl - 1, tail);
+        free(head), free(tail);
+    }
+    free(whole);
+    // No system message in a continuation; no user query needed.
+    assert_int_equal(chat_render(m, 1, &cont, &tail, &tl, NULL, err, sizeof err), -1);
+    assert_int_equal(chat_render(m + 3, 1, &cont, &tail, &tl, NULL, err, sizeof err), 0);
+    assert_string_equal(tail, "\n<|im_start|>user\n<tool_response>\n{\"t\": 21}\n</tool_response><|im_end|>\n"
+                              "<|im_start|>assistant\n<think>\n");
+    free(tail);
+}
+
 static void test_errors(void **state) {
     char *out = (char *)1, err[256];
     size_t len;
@@ -105,7 +142,7 @@ static void test_stop_ids(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_turn), cmocka_unit_test(test_multi_turn), cmocka_unit_test(test_tool_loop),
-        cmocka_unit_test(test_errors),      cmocka_unit_test(test_stop_ids),
+        cmocka_unit_test(test_errors),      cmocka_unit_test(test_stop_ids),    cmocka_unit_test(test_after_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

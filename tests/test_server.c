@@ -11,6 +11,8 @@
 //      per-address limit while a well-behaved client is served, and cancellation on a hang-up.
 //   4. tests/test_smuggling.py: ambiguous framing, each case followed by a smuggled request that
 //      must never run (docs/HTTP.md).
+//   5. tests/test_agent_apis.py: Anthropic's Messages API and OpenAI's Responses API with the
+//      official `anthropic` and `openai` clients, and hostile input to both.
 //
 // Environment: CALLA_SERVER_QUICK=1 shortens the loopback suite (sanitizer builds);
 // CALLA_SERVER_SOAK=N sets the soak length (default 500).
@@ -354,6 +356,17 @@ static void test_smuggling(void **state) {
     assert_int_equal(rc, 0);
 }
 
+// The APIs coding agents speak (Anthropic's Messages, OpenAI's Responses) with the official clients.
+static void test_agent_apis(void **state) {
+    char cmd[2 * PATH_MAX + 256];
+    const char *quick = getenv("CALLA_SERVER_QUICK");
+    snprintf(cmd, sizeof cmd, "python3 tests/test_agent_apis.py --bin %s/calla --model %s%s", bin_dir, model_dir,
+             quick && *quick && strcmp(quick, "0") ? " --quick" : "");
+    fprintf(stderr, "%s\n", cmd);
+    int rc = system(cmd);
+    assert_int_equal(rc, 0);
+}
+
 static int setup(void **state) {
     char err[512];
     if (!mkdtemp(model_dir)) return -1;
@@ -406,6 +419,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_loopback),
         cmocka_unit_test(test_connections),
         cmocka_unit_test(test_smuggling),
+        cmocka_unit_test(test_agent_apis),
     };
     return cmocka_run_group_tests_name("server", tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 // libFuzzer target: the tool-call output parser (src/toolcall.c).  The input is model output; it is
 // fed whole, then again cut at boundaries chosen by its first bytes, and both runs must hand over
-// the same content and calls (the parser's promise: token boundaries never matter).
+// the same content and calls (the parser's promise: token boundaries never matter), and every
+// call's arguments must be the pieces streamed since it began.
 // Built and run by tools/dev/fuzz.sh (make fuzz).
 #include <stddef.h>
 #include <stdint.h>
@@ -24,12 +25,36 @@ static json_t *tools;
 struct out {
     struct sbuf content, calls;
     int n_calls;
+    struct sbuf piece;   // the arguments streamed since the call began
+    int open;            // a call has begun
 };
 
 static void on_content(void *arg, const char *s, size_t n) { sbuf_add(&((struct out *)arg)->content, s, n); }
 
+static void on_begin(void *arg, const char *name) {
+    struct out *o = arg;
+    if (o->open) __builtin_trap();
+    o->open = 1;
+    o->piece.len = 0;
+}
+
+static void on_delta(void *arg, const char *s, size_t n) {
+    struct out *o = arg;
+    if (!o->open) __builtin_trap();
+    sbuf_add(&o->piece, s, n);
+}
+
+static void on_abort(void *arg) {
+    struct out *o = arg;
+    if (!o->open) __builtin_trap();
+    o->open = 0;
+}
+
 static void on_call(void *arg, const char *name, const char *arguments) {
     struct out *o = arg;
+    if (!o->open || o->piece.len != strlen(arguments) || memcmp(o->piece.p, arguments, o->piece.len))
+        __builtin_trap();   // the streamed pieces are not the arguments
+    o->open = 0;
     sbuf_add(&o->calls, name, strlen(name) + 1);
     sbuf_add(&o->calls, arguments, strlen(arguments) + 1);
     o->n_calls++;
@@ -39,6 +64,7 @@ static void run(const char *s, size_t n, const uint8_t *cuts, size_t ncuts, stru
     memset(o, 0, sizeof *o);
     struct tool_parser p;
     tool_parser_init(&p, tools, (struct tool_sink){on_content, on_call, o});
+    p.stream = (struct tool_stream_sink){on_begin, on_delta, on_abort};
     size_t at = 0;
     for (size_t k = 0; k < ncuts && at < n; k++) {
         size_t step = cuts[k] % 16;   // 0: an empty piece
@@ -48,7 +74,9 @@ static void run(const char *s, size_t n, const uint8_t *cuts, size_t ncuts, stru
     }
     tool_parser_feed(&p, s + at, n - at);
     tool_parser_finish(&p);
+    if (p.mismatches || o->open) __builtin_trap();
     tool_parser_free(&p);
+    sbuf_free(&o->piece);
 }
 
 static int same(const struct sbuf *a, const struct sbuf *b) {

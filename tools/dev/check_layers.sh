@@ -19,7 +19,7 @@ layers=(
     "generate: generate.*"
     "job: job.*"
     "scheduler: scheduler.* session_cache.*"
-    "protocol: openai.* anthropic.* responses.*"
+    "protocol: chatreq.* answer.* openai.* anthropic.* responses.* response_store.*"
     "transport: server.* auth.* web.h"
     "commands: main.c cli.c score.* synth.* harness/*"
 )

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bounded libFuzzer runs under AddressSanitizer and UBSan of the parsers that read outside input:
-# the checkpoint's (safetensors header, config.json) and the server's (the OpenAI request parser,
+# the checkpoint's (safetensors header, config.json) and the server's (the request parsers of the three APIs,
 # the tool-call output parser, the JSON-schema compiler and constrained-decoding matcher).
 # Seeds: a real synthetic checkpoint's config and a small shard; the unit tests' requests, model
 # outputs and schemas (below).
@@ -17,8 +17,9 @@ $cc $flags -o "$out/fuzz_safetensors" tests/fuzz/fuzz_safetensors.c src/safetens
 $cc $flags -o "$out/fuzz_config" tests/fuzz/fuzz_config.c src/checkpoint.c src/safetensors.c src/model.c src/util.c -ljansson
 $cc $flags -o "$out/fuzz_toolcall" tests/fuzz/fuzz_toolcall.c src/toolcall.c src/util.c -ljansson
 $cc $flags -o "$out/fuzz_constrain" tests/fuzz/fuzz_constrain.c src/constrain.c src/toolcall.c src/util.c -ljansson
-# openai.c builds a job holding a generation request: generate.c links the engine in (never run here).
-$cc $flags -fopenmp -o "$out/fuzz_openai" tests/fuzz/fuzz_openai.c src/openai.c src/job.c src/generate.c src/chat.c \
+# The protocol modules build a job holding a generation request: generate.c links the engine in (never run here).
+$cc $flags -fopenmp -o "$out/fuzz_openai" tests/fuzz/fuzz_openai.c src/openai.c src/anthropic.c src/responses.c \
+    src/response_store.c src/chatreq.c src/answer.c src/job.c src/generate.c src/chat.c \
     src/toolcall.c src/constrain.c src/tokmask.c src/tokenizer.c src/synth.c src/util.c src/engine.c src/model.c \
     src/safetensors.c src/backend_cpu.c src/checkpoint.c src/gpu.c src/nvml.c \
     -ljansson -lpcre2-8 -lutf8proc -lm -lpthread -ldl

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Seed corpora for the server's fuzz targets (tools/dev/fuzz.sh): the requests, schemas and model
-outputs of the tests (tests/test_server.py's BAD and SCHEMAS, tests/test_openai.c's outputs).
+outputs of the tests (tests/test_server.py's BAD and SCHEMAS, tests/test_agent_apis.py's cases,
+tests/test_openai.c's outputs).
 usage: tools/dev/fuzz_seeds.py OUT_DIR  (writes OUT_DIR/corpus-{openai,toolcall,constrain}/seed-*)"""
 import json
 import os
@@ -47,6 +48,32 @@ for body in GOOD:
     write("openai", i, (b"\1" if "prompt" in body else b"\0") + enc(body)); i += 1
 for name, path, body, *_ in test_server.BAD:
     write("openai", i, (b"\0" if path == "chat" else b"\1") + enc(body)); i += 1
+# Anthropic's messages (first byte 2) and the Responses API (3): tests/test_agent_apis.py's cases.
+import test_agent_apis  # noqa: E402
+AGENT_GOOD = [
+    (2, test_agent_apis.MSG_OK),
+    (2, dict(test_agent_apis.MSG_OK, system=[{"type": "text", "text": "s"}], stream=True, stop_sequences=["x"],
+             thinking={"type": "enabled", "budget_tokens": 2}, max_tokens=8,
+             tools=[{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}],
+             tool_choice={"type": "any"}, metadata={"user_id": "u"},
+             messages=MSG + [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""},
+                                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}])),
+    (3, test_agent_apis.RESP_OK),
+    (3, dict(test_agent_apis.RESP_OK, instructions="i", previous_response_id="resp_fuzz", tools=[
+        {"type": "function", "name": "f", "parameters": {"type": "object"}}], tool_choice="required",
+        input=[{"role": "developer", "content": "d"}, {"type": "function_call", "call_id": "c", "name": "f",
+                                                       "arguments": "{}"},
+               {"type": "function_call_output", "call_id": "c", "output": "o"},
+               {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]}])),
+    (3, dict(test_agent_apis.RESP_OK, text={"format": {"type": "json_schema", "name": "n",
+                                                       "schema": test_server.SCHEMAS[8]}})),
+]
+for ep, body in AGENT_GOOD:
+    write("openai", i, bytes([ep]) + enc(body)); i += 1
+for ep, cases in ((2, test_agent_apis.MSG_BAD), (3, test_agent_apis.RESP_BAD)):
+    for name, body, *_ in cases:
+        write("openai", i, bytes([ep]) + enc(body)); i += 1
 
 DOCS = [b'{"name":"x","age":3}', b'{"ok":true}', b'{"a":[1,2.5e-3,-0,"x\\n\\u00e9"],"b":{"c":null}}',
         b'{"v":"n","next":{"next":null,"v":"n"}}', b"<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n"
