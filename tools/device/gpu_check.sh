@@ -81,7 +81,9 @@ say "# calla gpu-check  commit $commit  date $date  outputs in $OUTDIR"
 say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 for st in $STAGES; do
     case $st in
-    kernels) run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" $RANDOM ;;
+    kernels)
+        run_step "kernels vs CPU twins" "$B/gpu/test_cuda_kernels" $RANDOM
+        run_step "the choice on the device (k_pick)" "$B/gpu/test_cuda_pick" $RANDOM ;;
     kspeed) run_step "prefill kernel speed (no asserts)" "$B/lab/prefill_kernels" 4096 ;;
     decode)   # the fused decode kernels against a double reference (and their GB/s), then the
               # decode paths (graph ± PDL, eager) against each other and the CPU oracle
@@ -113,7 +115,8 @@ for st in $STAGES; do
     full)
         full_ckpt
         run_step "e2e FULL shape 64+32" timeout ${GPU_CHECK_E2E_TIMEOUT:-900} "$B/gpu/test_cuda_e2e" "$TMP/calla-full" 64 32
-        run_step "decode paths FULL 4096+48" timeout 300 "$B/gpu/test_cuda_decode" e2e "$TMP/calla-full" 4096 48 ;;
+        run_step "decode paths FULL 4096+48" timeout 300 "$B/gpu/test_cuda_decode" e2e "$TMP/calla-full" 4096 48
+        run_step "short forwards and the device choice FULL 4096" timeout 300 "$B/gpu/test_cuda_short" "$TMP/calla-full" 4096 ;;
     timing)
         run_step "timing full ctx 4096 (warm)" "$B/lab/timing" "$TMP/calla-full" 4096 32 1
         run_step "timing full ctx 65536 (cold)" timeout ${GPU_CHECK_BENCH_TIMEOUT:-400} \
