@@ -156,8 +156,8 @@ tcgemv-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -pthread -DTC_HOST_SIM -I$(BUILD)/tcsim -o $(BUILD)/tcsim/sim tools/sim/tcgemv_sim.cpp
 	$(BUILD)/tcsim/sim
 
-# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh), its mma.sync and wgmma forms, and the exact one
-# (qmatmul_exact.cuh) run on the host, a block as 256 threads (tools/sim/qmatmul_sim.cpp; wgmma modelled by
+# The fast-mode qmatmul kernel (src/cuda/qmatmul_bf16.cuh, on wgmma) and the exact one (qmatmul_exact.cuh)
+# run on the host, a block as 256 threads (tools/sim/qmatmul_sim.cpp; wgmma modelled by
 # tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: qmatmul-sim
 qmatmul-sim:
@@ -166,8 +166,9 @@ qmatmul-sim:
 	$(CXX) -std=c++20 -O2 -Wall -Wno-unknown-pragmas -fno-strict-aliasing -pthread -I$(BUILD)/qbsim -Isrc -o $(BUILD)/qbsim/sim tools/sim/qmatmul_sim.cpp
 	$(BUILD)/qbsim/sim
 
-# The prefill FlashAttention kernels (src/cuda/flash.cuh, both modes, and flash_wg.cuh on wgmma) run on
-# the host, a block as 256 threads (tools/sim/flash_sim.cpp; wgmma modelled by tools/sim/sim_wgmma.h): no GPU needed.
+# The prefill FlashAttention kernels (src/cuda/flash.cuh, both modes, and flash_wg.cuh's warp-specialized one
+# on wgmma) run on the host, a CUDA thread a std::thread (tools/sim/flash_sim.cpp; wgmma, mbarriers and named
+# barriers modelled by tools/sim/sim_wgmma.h): no GPU needed.
 .PHONY: flash-sim
 flash-sim:
 	@mkdir -p $(BUILD)/fasim && cp src/cuda/flash.cuh src/cuda/flash_wg.cuh $(BUILD)/fasim/ && : > $(BUILD)/fasim/mma.cuh && : > $(BUILD)/fasim/wgmma.cuh

@@ -177,7 +177,7 @@ static void run_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
 int cmd_run(int argc, char **argv) {
     const char *dir = NULL, *prompt_tokens = NULL, *backend = NULL, *text = NULL, *chat = NULL;
     long long max_tokens = 16, threads = 0, context = 0;
-    bool ignore_eos = false, kv_f32 = false, no_think = false;
+    bool ignore_eos = false, kv_f32 = false, no_think = false, exact = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory"},
         {"prompt-tokens", OPT_STR, &prompt_tokens, 0, 0, "prompt as token ids: 1,2,3 (prints ids)"},
@@ -190,6 +190,7 @@ int cmd_run(int argc, char **argv) {
         {"context", OPT_INT, &context, 0, QWEN_MAX_CTX, "sequence capacity (default: prompt + max-tokens + 1)"},
         {"ignore-eos", OPT_FLAG, &ignore_eos, 0, 0, "do not stop at <|im_end|> / <|endoftext|>"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
+        {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (fp32-level products; CALLA_EXACT=1)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "generate greedily from a prompt; prints the generated token ids";
@@ -235,7 +236,7 @@ int cmd_run(int argc, char **argv) {
         tokenizer_free(tok_text);
         return 2;
     }
-    struct engine_options eo = {.backend = backend, .threads = (int)threads, .kv_f32 = kv_f32};
+    struct engine_options eo = {.backend = backend, .threads = (int)threads, .kv_f32 = kv_f32, .exact = exact};
     struct engine *e;
     if (engine_open(dir, &eo, &e, err, sizeof err)) {
         fprintf(stderr, "calla run: %s\n", err);

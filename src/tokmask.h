@@ -93,7 +93,8 @@ struct constrained {
     long n_masks, n_greedy, n_picks;
 };
 
-// trie NULL, or mode MASK_OFF: the old per-token path.  0, or -1 (out of memory).
+// trie NULL, or mode MASK_OFF: no masks; a pick whose greedy token fails sorts all logits and
+// tries each candidate through the matcher.  0, or -1 (out of memory).
 int constrained_init(struct constrained *c, const struct cschema *schema, const struct tokenizer *tok,
                      const struct token_trie *trie, enum mask_mode mode);
 void constrained_free(struct constrained *c);

@@ -99,10 +99,22 @@ static void test_record(void **state) {
     if (bench_record_check(r, err, sizeof err)) fail_msg("record: %s", err);
     assert_string_equal(json_str(r, "label"), "t");
     assert_string_equal(json_str(r, "engine.backend"), "cpu");
+    assert_string_equal(json_str(r, "engine.mode"), "exact");   // the CPU backend: exact always
     assert_int_equal((int)json_num(r, "prompt.tokens"), 32);
     assert_true(json_is_true(json_object_get(json_object_get(r, "warmup"), "tokens_match")));
     assert_true(json_is_boolean(json_object_get(json_object_get(r, "engine"), "dirty")));
     assert_true(json_num(r, "memory.host_peak_rss_bytes") > 0);
+    // engine.mode is optional (older records have none), but when present "fast" or "exact"
+    json_t *eng = json_object_get(r, "engine");
+    json_object_set_new(eng, "mode", json_string("fast"));
+    if (bench_record_check(r, err, sizeof err)) fail_msg("mode fast: %s", err);
+    json_object_del(eng, "mode");
+    if (bench_record_check(r, err, sizeof err)) fail_msg("no mode: %s", err);
+    json_object_set_new(eng, "mode", json_string("quick"));
+    assert_int_equal(bench_record_check(r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "engine.mode"));
+    json_object_set_new(eng, "mode", json_integer(1));
+    assert_int_equal(bench_record_check(r, err, sizeof err), -1);
     json_decref(r);
 }
 
@@ -193,7 +205,8 @@ static void test_matrix(void **state) {
                                      "## Ratios", "#### calla-cpu / calla-cpu [results]",
                                      "## Decode ms/token against context", "Per 1K tokens of context",
                                      "## Prefill scaling per context doubling", "## Step drift", "## Memory",
-                                     "## Telemetry", "decode_ms.svg", "prefill_tps.svg", "identical"};
+                                     "## Telemetry", "decode_ms.svg", "prefill_tps.svg", "identical",
+                                     "| calla cpu, exact |"};
     for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++)
         if (!strstr(md, sections[i])) fail_msg("report.md lacks \"%s\"", sections[i]);
     if (have_ref && (!strstr(md, "### M5 Pro (reference)") || !strstr(md, "### M5 Max (reference)")))

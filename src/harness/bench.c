@@ -346,7 +346,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
         polling = !pthread_create(&poll.thread, NULL, mem_poll_main, &poll);
     }
 
-    struct engine_options eo = {.backend = o->backend, .threads = o->threads};
+    struct engine_options eo = {.backend = o->backend, .threads = o->threads, .exact = o->exact};
     struct engine *e = NULL;
     struct seq *s = NULL;
     int32_t *prompt = NULL, *ids = NULL, *warm_ids = NULL;
@@ -446,9 +446,12 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                               "cuda", 0
 #endif
     );
+    // The mode asked for (the CPU backend is the fp32 oracle, exact always). CALLA_EXACT=1, which
+    // engine_open applies on top of the options, is not seen here: the engine does not report it.
+    const char *mode = o->exact || !gpu ? "exact" : "fast";
     json_object_set_new(r, "engine",
-                        json_pack("{s:s, s:s, s:s, s:b, s:o}", "name", "calla", "backend", backend, "commit",
-                                  CALLA_GIT_COMMIT, "dirty", CALLA_GIT_DIRTY, "build", build));
+                        json_pack("{s:s, s:s, s:s, s:s, s:b, s:o}", "name", "calla", "backend", backend, "mode", mode,
+                                  "commit", CALLA_GIT_COMMIT, "dirty", CALLA_GIT_DIRTY, "build", build));
     struct utsname un;
     char host[128] = "unknown";
     gethostname(host, sizeof host - 1);
@@ -567,6 +570,10 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
     if (!json_is_boolean(tb)) return snprintf(err, errlen, "telemetry.before.available is not a boolean"), -1;
     if (!json_is_true(tb) && !json_str(r, "telemetry.before.reason"))
         return snprintf(err, errlen, "telemetry.before is unavailable without a reason"), -1;
+    const json_t *mode = json_path(r, "engine.mode");   // optional: older records have none
+    const char *ms = json_string_value(mode);           // NULL unless a string
+    if (mode && (!ms || (strcmp(ms, "fast") && strcmp(ms, "exact"))))
+        return snprintf(err, errlen, "engine.mode must be \"fast\" or \"exact\""), -1;
     if (json_is_null(json_path(r, "memory.device_peak_bytes")) && !json_str(r, "memory.device_reason"))
         return snprintf(err, errlen, "memory.device_peak_bytes is null without memory.device_reason"), -1;
     int D = (int)json_num(r, "decode_steps");
@@ -583,6 +590,7 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *backend = NULL, *json_path_out = NULL, *label = NULL;
     long long context = 0, decode = 64, threads = 0;
+    bool exact = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory (real or synthetic)"},
         {"context", OPT_INT, &context, 1, QWEN_MAX_CTX, "prompt tokens N (N + decode + 1 <= 262,144)"},
@@ -591,6 +599,7 @@ int cmd_bench(int argc, char **argv) {
         {"threads", OPT_INT, &threads, 0, 1024, "CPU backend threads (0: all cores)"},
         {"json", OPT_STR, &json_path_out, 0, 0, "where to write the JSON record"},
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default calla-<backend>)"},
+        {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (recorded as engine.mode)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
@@ -610,7 +619,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     struct bench_options bo = {.model_dir = dir, .context = (int)context, .decode = (int)decode,
-                               .backend = backend, .threads = (int)threads, .label = label};
+                               .backend = backend, .threads = (int)threads, .label = label, .exact = exact};
     json_t *r;
     if (bench_run(&bo, &r, err, sizeof err)) {
         fprintf(stderr, "calla bench: %s\n", err);

@@ -2,7 +2,8 @@
 // (docs/BENCH.md "The harness"), and the byte and FLOP models behind its GB/s and TFLOP/s.
 //
 // The JSON record (schema "calla.bench/1") is shared with the matrix runner, the report writer
-// and the llama-bench adapter; bench_record_check lists the fields every record must have.
+// and the llama-bench adapter; bench_record_check lists the fields every record must have, and the
+// optional ones it checks when present (engine.mode: records written before it have none).
 #pragma once
 
 #include "model.h"
@@ -21,6 +22,7 @@ struct bench_options {
     const char *backend;     // "cpu", "cuda", or NULL (engine default)
     int threads;             // CPU backend threads (0: all cores)
     const char *label;       // arm name recorded in the JSON (NULL: "calla-<backend>")
+    bool exact;              // the verification mode (engine_options.exact), recorded as engine.mode
 };
 
 // Token i of the synthetic prompt: (i * 2654435761) mod 2^32 mod vocab.

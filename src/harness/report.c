@@ -618,11 +618,13 @@ static void section_identity(FILE *f, struct arm *const *arms, int n) {
         char src[96];
         snprintf(src, sizeof src, "%.12s%s", commit ? commit : "unknown",
                  json_is_true(dirty) ? " (dirty)" : json_is_false(dirty) ? "" : " (dirty flag unknown)");
-        const char *eng = json_str(r, "engine.name"), *be = json_str(r, "engine.backend");
+        const char *eng = json_str(r, "engine.name"), *be = json_str(r, "engine.backend"),
+                   *mode = json_str(r, "engine.mode");   // absent in older records and other engines'
         const char *dev = json_str(r, "device.name"), *drv = json_str(r, "device.driver");
         const char *geo = json_str(r, "checkpoint.geometry"), *id = json_str(r, "checkpoint.identity");
-        fprintf(f, "| %s | %s %s | %s | %s | %s | %s %s | %s |\n", arms[i]->label, eng ? eng : "?", be ? be : "",
-                src, dev ? dev : "?", drv ? drv : "–", geo ? geo : "?", id ? id : "", arms[i]->first_date);
+        fprintf(f, "| %s | %s %s%s%s | %s | %s | %s | %s %s | %s |\n", arms[i]->label, eng ? eng : "?", be ? be : "",
+                mode ? ", " : "", mode ? mode : "", src, dev ? dev : "?", drv ? drv : "–", geo ? geo : "?",
+                id ? id : "", arms[i]->first_date);
     }
     fprintf(f, "\n");
 }

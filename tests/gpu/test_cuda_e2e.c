@@ -11,6 +11,7 @@
 // 4. CUDA determinism: two runs give bit-identical tokens and logits.
 // Prints a table; exit 0 when every check passes, 1 when one fails, 2 on bad arguments, 77 when
 // there is no suitable GPU (nothing ran: never a pass).
+// TEST_GDN=recurrent: prefill's delta rule token by token (cuda_tuning's gdn_recurrent), not chunked.
 #include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
@@ -104,7 +105,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuda open: %s\n", err);
         return 1;
     }
-    const char *gdn_env = getenv("CALLA_PREFILL_GDN");   // "recurrent": the token-by-token delta rule
+    const char *gdn_env = getenv("TEST_GDN");   // "recurrent": prefill's delta rule token by token
     backend_cuda_tuning(eg)->gdn_recurrent = gdn_env && !strcmp(gdn_env, "recurrent");
     printf("# model %s (%s), loaded in %.1f s, %s, GPU weights %.3f GB\n", dir, engine_geometry(eg)->name, now_s() - t0,
            why, (double)engine_weight_bytes(eg) / 1e9);
@@ -223,8 +224,8 @@ int main(int argc, char **argv) {
             double ne = nerr(lk + (size_t)r * V, lg + (size_t)r * V, V);
             w = ne > w ? ne : w;
         }
-        // The bound. With the token-by-token recurrence (test geometries, or CALLA_PREFILL_GDN=
-        // recurrent) a cut changes nothing but the attention tiles' order: 1e-3. With the chunked
+        // The bound. With the token-by-token recurrence (test geometries, or TEST_GDN=recurrent)
+        // a cut changes nothing but the attention tiles' order: 1e-3. With the chunked
         // delta rule (this model's heads, the default) each call groups its tokens in chunks of 64
         // from its own start, so cutting at 16 computes the same recurrence in another grouping:
         // rounding only (the kernel agrees with the recurrence to ~7e-6 across calls,
@@ -232,7 +233,7 @@ int main(int argc, char **argv) {
         // the decode-vs-prefill summation order measured above. Measured on the H200
         // (2026-11-30): chunks of 16 vs one chunk 3.1e-2 max against a self-sensitivity of 5.6e-2
         // max. So there the bound is twice that measured sensitivity; the next token must agree.
-        const char *gdn = getenv("CALLA_PREFILL_GDN");
+        const char *gdn = getenv("TEST_GDN");
         const struct geometry *geo = engine_geometry(eg);
         const bool chunked_gdn = geo->lin_k_dim == 128 && geo->lin_v_dim == 128 && !(gdn && !strcmp(gdn, "recurrent"));
         const double tol = chunked_gdn && 2 * self_max > 1e-3 ? 2 * self_max : 1e-3;

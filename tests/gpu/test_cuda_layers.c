@@ -26,6 +26,8 @@
 // nothing: gpu-check records a FAIL).
 // TEST_LAYERS_BACKEND=cpu: a dry run of this program's own plumbing where there is no GPU, the
 // "fast" and "exact" engines being CPU engines too (every error 0); it proves nothing about CUDA.
+// TEST_GDN=recurrent: both CUDA engines run prefill's delta rule token by token (cuda_tuning's
+// gdn_recurrent) instead of chunked.
 #include "backend_cuda.h"
 #include "engine.h"
 #include "gpu/gpu_test.h"
@@ -161,8 +163,8 @@ static double median(const double *v, int n) {
 }
 
 // Opens a CUDA engine in the fast (exact = 0) or verification mode (engine_options.exact: each
-// engine its own, so both live side by side), with the delta rule CALLA_PREFILL_GDN asks for
-// ("recurrent": the token-by-token rule).
+// engine its own, so both live side by side), with the delta rule TEST_GDN asks for ("recurrent":
+// the token-by-token rule).
 static struct engine *open_cuda(const char *dir, int exact) {
     const char *b = getenv("TEST_LAYERS_BACKEND");
     struct engine_options o = {.backend = b && *b ? b : "cuda", .exact = exact};
@@ -172,7 +174,7 @@ static struct engine *open_cuda(const char *dir, int exact) {
         fprintf(stderr, "test_cuda_layers: cuda (%s) open: %s\n", exact ? "exact" : "fast", err);
         return NULL;
     }
-    const char *gdn = getenv("CALLA_PREFILL_GDN");
+    const char *gdn = getenv("TEST_GDN");
     struct cuda_tuning *t = backend_cuda_tuning(e);
     if (t) t->gdn_recurrent = gdn && !strcmp(gdn, "recurrent");
     return e;
@@ -219,7 +221,7 @@ int main(int argc, char **argv) {
         printf("test_cuda_layers: no suitable GPU (%s); ran nothing: FAIL\n", why);
         return 77;
     }
-    const char *gdn = getenv("CALLA_PREFILL_GDN");
+    const char *gdn = getenv("TEST_GDN");
     double t0 = now_s();
     struct engine *ec, *ef, *ex;
     struct engine_options oc = {.backend = "cpu"};

@@ -2,20 +2,20 @@
 // on the host, a block as 256 threads: __syncthreads is a block barrier; ldmatrix, mma and shuffles
 // are warp-collective exchanges through shared arrays between warp barriers, by the PTX ISA fragment
 // layouts (ldmatrix .x4: lanes 8j..8j+7 give the row addresses of matrix j, lane l receives row l / 4,
-// columns 2 (l % 4), +1 of each; mma.m16n8k16.row.col bf16 with fp32 accumulation). cp.async copies
-// at once (the pipeline's timing is not simulated, its index math is). Checks the dense and grouped
-// forms (xmap / xdiv, ymap, empty experts, row and feature tails, 4 and 8 bits) against a double
-// reference on the same bf16 x and the same bf16 weights (s q + b rounded once). Each case then runs
+// columns 2 (l % 4), +1 of each; mma.m16n8k16.row.col bf16 with fp32 accumulation, the exact
+// kernel's). cp.async copies land at once or as late as their wait_group allows (the pipeline's
+// timing is not simulated, its index math is). Checks the dense and grouped forms (xmap / xdiv,
+// ymap, empty experts, row and feature tails, 4 and 8 bits) against a double reference on the same
+// bf16 x and the same bf16 weights (s q + b rounded once). Each case then runs
 // the GLU form (k_qmatmul_bf16_swiglu's epilogue) on a random gate and checks its bf16 output bit for
 // bit against the unfused computation on the plain form's y (k_swiglu's silu(g) u, then k_to_bf16's
 // rounding), and that it writes nothing else.
-// Both forms run: mma.sync, and WG (wgmma m64n128k16 from shared memory) on the warpgroup-product
-// model of tools/sim/sim_wgmma.h (descriptors decoded, the 128-byte swizzle on shared addresses,
-// fragments by the PTX layouts), against the same reference and GLU check, and the WG form's outputs
-// must equal the mma.sync form's bit for bit (both models round each k16 sum to float once, in the
-// same order). The 4-stage passes also start the dynamic shared memory off a 1 KB boundary, which the
-// WG form's own alignment must absorb. The segmented launch (several products of one x: the kernel's
-// SEGS form, k_qmatmul_bf16_segs) must equal each product's own launch bit for bit, on both forms.
+// The products (wgmma m64n128k16 from shared memory) run on the warpgroup-product model of
+// tools/sim/sim_wgmma.h (descriptors decoded, the 128-byte swizzle on shared addresses, fragments by
+// the PTX layouts). Every case runs twice: with the copies landing at once, then deferred to their
+// wait_group with the dynamic shared memory starting off a 1 KB boundary, which the kernel's own
+// alignment must absorb. The segmented launch (several products of one x: the kernel's SEGS form,
+// k_qmatmul_bf16_segs) must equal each product's own launch bit for bit.
 // The exact kernel (qmatmul_exact.cuh: k_qmatmul, k_qmatmul_segs) runs too: each product alone against
 // a double reference, and its segmented launch against them bit for bit. The add form of both kernels
 // (k_qmatmul_bf16_add, k_qmatmul_add: y += W x) must equal y's start plus the plain form's output bit
@@ -47,7 +47,7 @@
 #define QGROUP 64
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 #define QB_DYNAMIC_SMEM(name)                                                    \
-    alignas(16) static unsigned char name[QB_SMEM<BITS, STAGES, WG>]; \
+    alignas(16) static unsigned char name[QB_SMEM<BITS>]; \
     sim_smem_region(name, sizeof name)
 #define __align__(n) __attribute__((aligned(n)))
 struct uint2 { uint32_t x, y; };
@@ -74,7 +74,7 @@ static void split_bf16(float f, uint16_t *hi, uint16_t *lo) {   // mma.cuh's
     *hi = f2bf16(f);
     *lo = f2bf16(f - __uint_as_float((uint32_t)*hi << 16));
 }
-#define __CUDA_ARCH_FEAT_SM90_ALL 1   // the WG form's body, on sim_wgmma.h's model
+#define __CUDA_ARCH_FEAT_SM90_ALL 1   // the kernel's wgmma body, on sim_wgmma.h's model
 #include "qmatmul_bf16.cuh"
 #include "qmatmul_exact.cuh"
 
@@ -83,7 +83,7 @@ static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (uint32_t)(rng >> 11); }
 static float frand() { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 
-template <int BITS, int STAGES, bool GLU, bool WG, bool SEGS = false, bool ADD = false>
+template <int BITS, bool GLU, bool SEGS = false, bool ADD = false>
 static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx, const int *xmap, int xdiv,
                         const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     for (unsigned bz = 0; bz < grid.z; bz++)
@@ -100,9 +100,8 @@ static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx
                         threadIdx = {(unsigned)t, 0, 0};
                         t_groups.clear();
                         t_open.clear();
-                        qmatmul_bf16_kernel<BITS, STAGES, GLU, WG, SEGS, ADD>(S.s[0].W, x, ldx, xmap, xdiv,
-                                                                              S.s[0].y, S.s[0].ldy, ymap, M, counts,
-                                                                              offs, gate, yb, S);
+                        qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD>(S.s[0].W, x, ldx, xmap, xdiv, S.s[0].y,
+                                                                  S.s[0].ldy, ymap, M, counts, offs, gate, yb, S);
                     });
                 for (auto &h : th) h.join();
                 for (int w = 0; w < 8; w++) delete g_wbar[w];
@@ -111,7 +110,7 @@ static void launch_segs(dim3s grid, const qm_segs &S, const uint16_t *x, int ldx
 }
 
 // One product, as the single-product launchers run it: a table of one segment (qm_table), SEGS off.
-template <int BITS, int STAGES, bool GLU, bool WG>
+template <int BITS, bool GLU>
 static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const int *xmap, int xdiv, float *y, int ldy,
                    const int *ymap, int M, const int *counts, const int *offs, const float *gate, uint16_t *yb) {
     const qm_seg seg = {W, y, ldy};
@@ -120,10 +119,10 @@ static void launch(dim3s grid, struct dqt W, const uint16_t *x, int ldx, const i
         printf("qm_table: one segment of %d rows is not %u tiles\n", W.rows, grid.x);
         exit(1);
     }
-    launch_segs<BITS, STAGES, GLU, WG>(grid, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb);
+    launch_segs<BITS, GLU>(grid, S, x, ldx, xmap, xdiv, ymap, M, counts, offs, gate, yb);
 }
 
-static int fails, g_stages;   // the pipeline depth under test (3: the two-blocks form, 4)
+static int fails;
 // One case: n_mat matrices [N, K]; dense (counts empty) over M rows, or grouped with counts.
 static void run_case(const char *name, int bits, int N, int K, int M, std::vector<int> counts, int xdiv, bool use_xmap,
                      bool use_ymap) {
@@ -177,75 +176,53 @@ static void run_case(const char *name, int bits, int N, int K, int M, std::vecto
                 refa[(size_t)yr * ldy + n] = sa;
             }
         }
-    // Both forms on the same inputs: mma.sync (wg 0), then wgmma (wg 1, sim_wgmma.h's model), which
-    // must also equal the mma.sync form's y and GLU output bit for bit (the same k16 sums, each
-    // rounded to float once, in the same order).
-    std::vector<float> y_mma;
-    std::vector<uint16_t> yb_mma;
-    for (int wg = 0; wg < 2; wg++) {
-        std::fill(y.begin(), y.end(), NAN);
-        std::fill(yb.begin(), yb.end(), (uint16_t)0xffff);
-        if (rows > 0) {
-            auto go = [&](auto kern, float *yo, const float *g, uint16_t *ybo) {
-                kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, yo, ldy, use_ymap ? ymap.data() : nullptr,
-                     M, grouped ? counts.data() : nullptr, offs.data(), g, ybo);
-            };
-            auto forms = [&](auto b, auto st, auto wgc) {   // the plain form into y, the GLU form into yb
-                constexpr int B = decltype(b)::value, S = decltype(st)::value;
-                constexpr bool WG = decltype(wgc)::value;
-                go(launch<B, S, false, WG>, y.data(), nullptr, nullptr);
-                go(launch<B, S, true, WG>, nullptr, gate.data(), yb.data());
-            };
-            auto pick = [&](auto wgc) {
-                using I4 = std::integral_constant<int, 4>;
-                using I8 = std::integral_constant<int, 8>;
-                using S3 = std::integral_constant<int, 3>;
-                using S4 = std::integral_constant<int, 4>;
-                if (bits == 4 && g_stages == 3) forms(I4{}, S3{}, wgc);
-                if (bits == 4 && g_stages == 4) forms(I4{}, S4{}, wgc);
-                if (bits == 8 && g_stages == 3) forms(I8{}, S3{}, wgc);
-                if (bits == 8 && g_stages == 4) forms(I8{}, S4{}, wgc);
-            };
-            if (wg) pick(std::true_type{});
-            else pick(std::false_type{});
-        }
-        double worst = 0;
-        long bad = 0, stray = 0, glu_diff = 0, glu_stray = 0;
-        for (size_t i = 0; i < y.size(); i++) {
-            if (!written[i]) {
-                stray += !std::isnan(y[i]);
-                continue;
-            }
-            const double err = fabs(y[i] - ref[i]) / (refa[i] * 1e-6 + 1e-30);
-            if (!(err <= 1)) bad++;
-            if (err > worst) worst = err;
-        }
-        // GLU: the unfused pair on the plain form's y, swiglu into fp32 memory then to_bf16
-        for (size_t i = 0; i < y.size(); i++) {
-            if (!written[i]) {
-                glu_stray += yb[i] != 0xffff;
-                continue;
-            }
-            volatile float act = silu_f(gate[i]) * y[i];   // k_swiglu's store
-            glu_diff += yb[i] != f2bf16(act);
-        }
-        bool same = true;
-        if (!wg) y_mma = y, yb_mma = yb;
-        else same = !memcmp(y.data(), y_mma.data(), y.size() * sizeof(float)) && yb == yb_mma;
-        const bool ok = !bad && !stray && !glu_diff && !glu_stray && same;
-        fails += !ok;
-        printf("%-8s %-38s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray; GLU %ld "
-               "differ, %ld stray%s  %s\n",
-               wg ? "wgmma" : "mma.sync", name, bits, N, K, R, worst, bad, stray, glu_diff, glu_stray,
-               wg ? same ? "; = mma.sync" : "; != mma.sync" : "", ok ? "PASS" : "FAIL");
+    std::fill(y.begin(), y.end(), NAN);
+    std::fill(yb.begin(), yb.end(), (uint16_t)0xffff);
+    if (rows > 0) {
+        auto go = [&](auto kern, float *yo, const float *g, uint16_t *ybo) {
+            kern(grid, W, x, ldx, use_xmap ? xmap.data() : nullptr, xdiv, yo, ldy, use_ymap ? ymap.data() : nullptr, M,
+                 grouped ? counts.data() : nullptr, offs.data(), g, ybo);
+        };
+        auto forms = [&](auto b) {   // the plain form into y, the GLU form into yb
+            constexpr int B = decltype(b)::value;
+            go(launch<B, false>, y.data(), nullptr, nullptr);
+            go(launch<B, true>, nullptr, gate.data(), yb.data());
+        };
+        if (bits == 4) forms(std::integral_constant<int, 4>{});
+        else forms(std::integral_constant<int, 8>{});
     }
+    double worst = 0;
+    long bad = 0, stray = 0, glu_diff = 0, glu_stray = 0;
+    for (size_t i = 0; i < y.size(); i++) {
+        if (!written[i]) {
+            stray += !std::isnan(y[i]);
+            continue;
+        }
+        const double err = fabs(y[i] - ref[i]) / (refa[i] * 1e-6 + 1e-30);
+        if (!(err <= 1)) bad++;
+        if (err > worst) worst = err;
+    }
+    // GLU: the unfused pair on the plain form's y, swiglu into fp32 memory then to_bf16
+    for (size_t i = 0; i < y.size(); i++) {
+        if (!written[i]) {
+            glu_stray += yb[i] != 0xffff;
+            continue;
+        }
+        volatile float act = silu_f(gate[i]) * y[i];   // k_swiglu's store
+        glu_diff += yb[i] != f2bf16(act);
+    }
+    const bool ok = !bad && !stray && !glu_diff && !glu_stray;
+    fails += !ok;
+    printf("%-8s %-38s %d-bit N %4d K %4d rows %4d: err/(1e-6 sum|wx|) max %.3f, %ld bad, %ld stray; GLU %ld "
+           "differ, %ld stray  %s\n",
+           "wgmma", name, bits, N, K, R, worst, bad, stray, glu_diff, glu_stray, ok ? "PASS" : "FAIL");
 }
 
 // Segments (k_qmatmul_bf16_segs): n dense products of one x [M, K] (the same K and bits), each into
 // its own poisoned output with its own row stride, in one launch (the kernel's SEGS form), against
 // each product run alone (one segment, as k_qmatmul_bf16 runs it): every output buffer, padding and
-// poison included, equal bit for bit, on both forms. Also the table's refusals (n, K, bits, rows).
-template <int BITS, int STAGES, bool WG>
+// poison included, equal bit for bit. Also the table's refusals (n, K, bits, rows).
+template <int BITS>
 static void run_segs_case(const char *name, std::vector<int> Ns, int K, int M) {
     const int n = (int)Ns.size(), per = 32 / BITS, wpr = K / per, gpr = K / 64, ldx = K + 16;
     std::vector<std::vector<uint32_t>> w(n);
@@ -269,19 +246,17 @@ static void run_segs_case(const char *name, std::vector<int> Ns, int K, int M) {
     }
     const unsigned gy = (unsigned)CEIL_DIV(M, QB_BM);
     for (int i = 0; i < n; i++)   // alone: one segment each
-        launch<BITS, STAGES, false, WG>({(unsigned)CEIL_DIV(Ns[i], QB_BN), gy, 1}, seg[i].W, x, ldx, nullptr, 1,
-                                         ys[i].data(), seg[i].ldy, nullptr, M, nullptr, nullptr, nullptr, nullptr);
+        launch<BITS, false>({(unsigned)CEIL_DIV(Ns[i], QB_BN), gy, 1}, seg[i].W, x, ldx, nullptr, 1, ys[i].data(),
+                            seg[i].ldy, nullptr, M, nullptr, nullptr, nullptr, nullptr);
     std::vector<qm_seg> sa = seg;
     for (int i = 0; i < n; i++) sa[i].y = ya[i].data();
     qm_segs S;
     const int got = qm_table(sa.data(), n, QB_BN, &S);
     const dim3s grid = {(unsigned)got, gy, 1};
     if (n > 1)   // as k_qmatmul_bf16_segs: the SEGS form past one segment
-        launch_segs<BITS, STAGES, false, WG, true>(grid, S, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr,
-                                                   nullptr);
+        launch_segs<BITS, false, true>(grid, S, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr, nullptr);
     else
-        launch_segs<BITS, STAGES, false, WG>(grid, S, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr,
-                                             nullptr);
+        launch_segs<BITS, false>(grid, S, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr, nullptr);
     long differ = 0, written = 0, want = 0;
     for (int i = 0; i < n; i++) {
         differ += memcmp(ys[i].data(), ya[i].data(), ys[i].size() * sizeof(float)) != 0;
@@ -303,7 +278,7 @@ static void run_segs_case(const char *name, std::vector<int> Ns, int K, int M) {
     const bool ok = got == tiles && !differ && written == want && refuses;
     fails += !ok;
     printf("%-8s %-38s %d-bit K %4d rows %4d: %d segments, %d tiles; %ld of %d outputs differ from alone, %ld of %ld "
-           "written%s  %s\n", WG ? "wgmma" : "mma.sync", name, BITS, K, M, n, got, differ, n, written, want,
+           "written%s  %s\n", "wgmma", name, BITS, K, M, n, got, differ, n, written, want,
            refuses ? "" : "; a bad table accepted", ok ? "PASS" : "FAIL");
 }
 
@@ -392,8 +367,8 @@ static void run_exact_segs_case(const char *name, std::vector<int> Ns, int K, in
 // The add form (k_qmatmul_bf16_add, k_qmatmul_add: the kernels' ADD epilogue, y += W x): y starts
 // with values of its own (row padding and rows past M included), and after the launch must equal
 // bit for bit that start plus the plain form's output (k_add's x[i] += d[i]) where the plain form
-// writes, and the start elsewhere. The fast kernel on this pass's form, then (EXACT) the exact one.
-template <int BITS, int STAGES, bool WG, bool EXACT = false>
+// writes, and the start elsewhere. The fast kernel, then (EXACT) the exact one.
+template <int BITS, bool EXACT = false>
 static void run_add_case(const char *name, int N, int K, int M) {
     const int per = 32 / BITS, wpr = K / per, gpr = K / 64, ldx = K + 16, ldy = N + 3, yrows = M + 2;
     std::vector<uint32_t> w((size_t)N * wpr);
@@ -421,10 +396,9 @@ static void run_add_case(const char *name, int N, int K, int M) {
         launch_exact<BITS, false, true>(grid, Sy, xe, ldx, M);
     } else {
         const dim3s grid = {(unsigned)tiles, (unsigned)CEIL_DIV(M, QB_BM), 1};
-        launch_segs<BITS, STAGES, false, WG>(grid, Sd, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr,
-                                             nullptr);
-        launch_segs<BITS, STAGES, false, WG, false, true>(grid, Sy, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr,
-                                                          nullptr, nullptr);
+        launch_segs<BITS, false>(grid, Sd, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr, nullptr);
+        launch_segs<BITS, false, false, true>(grid, Sy, x, ldx, nullptr, 1, nullptr, M, nullptr, nullptr, nullptr,
+                                              nullptr);
     }
     long differ = 0, added = 0;
     for (size_t i = 0; i < y.size(); i++) {
@@ -435,30 +409,23 @@ static void run_add_case(const char *name, int N, int K, int M) {
     const bool ok = !differ && added == (long)M * N;
     fails += !ok;
     printf("%-8s %-38s %d-bit N %4d K %4d rows %4d: %ld of %zu differ from start + plain form, %ld of %ld added  %s\n",
-           EXACT ? "exact" : WG ? "wgmma" : "mma.sync", name, BITS, N, K, M, differ, y.size(), added, (long)M * N,
+           EXACT ? "exact" : "wgmma", name, BITS, N, K, M, differ, y.size(), added, (long)M * N,
            ok ? "PASS" : "FAIL");
 }
 
-template <int STAGES>
 static void segs_cases() {
-    auto both = [](auto wgc) {
-        constexpr bool WG = decltype(wgc)::value;
-        run_segs_case<4, STAGES, WG>("segments: DeltaNet-like, tails", {200, 130, 32, 1}, 192, 150);
-        run_segs_case<4, STAGES, WG>("segments: attention-like", {256, 64, 64}, 128, 37);
-        run_segs_case<8, STAGES, WG>("segments: router + shared gate", {130, 1}, 128, 129);
-        run_segs_case<8, STAGES, WG>("segments: one", {72}, 64, 5);
-        run_add_case<4, STAGES, WG>("add: row and feature tails", 200, 192, 150);
-        run_add_case<8, STAGES, WG>("add: one tile", 72, 64, 5);
-    };
-    both(std::false_type{});
-    both(std::true_type{});
+    run_segs_case<4>("segments: DeltaNet-like, tails", {200, 130, 32, 1}, 192, 150);
+    run_segs_case<4>("segments: attention-like", {256, 64, 64}, 128, 37);
+    run_segs_case<8>("segments: router + shared gate", {130, 1}, 128, 129);
+    run_segs_case<8>("segments: one", {72}, 64, 5);
+    run_add_case<4>("add: row and feature tails", 200, 192, 150);
+    run_add_case<8>("add: one tile", 72, 64, 5);
 }
 
 int main() {
-    for (g_stages = 3; g_stages <= 4; g_stages++)
     for (g_defer = 0; g_defer < 2; g_defer++) {
-    g_smem_addr0 = g_stages == 4 ? 1024 + 528 : 1024;   // where the dynamic shared memory starts (sim_wgmma.h)
-    printf("# %d stages, cp.async %s, dynamic shared memory at shared address %u\n", g_stages,
+    g_smem_addr0 = g_defer ? 1024 + 528 : 1024;   // where the dynamic shared memory starts (sim_wgmma.h)
+    printf("# cp.async %s, dynamic shared memory at shared address %u\n",
            g_defer ? "deferred to its wait_group" : "at once", g_smem_addr0);
     run_case("dense, row and feature tails", 4, 200, 256, 150, {}, 1, false, false);
     run_case("dense, 3 groups", 8, 130, 192, 37, {}, 1, false, false);
@@ -468,17 +435,17 @@ int main() {
     // the compact grid: M = the rows of all experts (here exact, and a loose bound)
     run_case("grouped gate, compact grid", 4, 72, 128, 146, {5, 0, 140, 1}, 2, true, false);
     run_case("grouped down, compact grid, loose M", 4, 136, 320, 300, {3, 129, 0, 0, 7}, 1, false, true);
-    if (g_stages == 3) segs_cases<3>();
-    else segs_cases<4>();
+    segs_cases();
     }
-    g_defer = 0;   // the exact kernel has no cp.async
+    g_defer = 0;
+    g_smem_addr0 = 1024;   // the exact kernel has no cp.async
     printf("# the exact kernel (qmatmul_exact.cuh)\n");
     run_exact_segs_case<4>("segments: DeltaNet-like, tails", {200, 130, 32, 1}, 192, 150);
     run_exact_segs_case<4>("segments: attention-like", {256, 64, 64}, 128, 37);
     run_exact_segs_case<8>("segments: router + shared gate", {130, 1}, 128, 129);
     run_exact_segs_case<8>("segments: one", {72}, 64, 5);
-    run_add_case<4, 3, false, true>("add: row and feature tails", 200, 192, 150);
-    run_add_case<8, 3, false, true>("add: one tile", 72, 64, 5);
+    run_add_case<4, true>("add: row and feature tails", 200, 192, 150);
+    run_add_case<8, true>("add: one tile", 72, 64, 5);
     printf("qmatmul-sim: %s\n", fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;
 }

@@ -49,9 +49,9 @@
 // Arithmetic: each output's 16 products of one instruction are summed in double (every bf16 product
 // is exact in double) and added to the accumulator once, rounded to float per instruction; scale-d 0
 // (the ss form's acc = 0) overwrites d with the rounded sum. That is sim_block.h's model of
-// mma.m16n8k16, so a kernel's wgmma form and its mma.sync form, stepping through K in the same k16
-// order, give bit-identical results in the sims (the checks use that), while the hardware's own
-// internal rounding differs slightly in both: the twins' tolerances cover it.
+// mma.m16n8k16, so a wgmma kernel and an mma.sync kernel stepping through K in the same k16 order
+// give bit-identical results in the sims (flash_sim checks the fast FlashAttention kernels so), while
+// the hardware's own internal rounding differs slightly in both: the twins' tolerances cover it.
 //
 // Timing is not modelled: an operation reads shared memory and writes the accumulators when it is
 // issued, so wg_fence, wg_commit, wg_wait and fence_async_smem are no-ops. A kernel that overwrote an
