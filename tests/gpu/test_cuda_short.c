@@ -44,6 +44,11 @@ static int fwd(struct engine *e, struct seq *s, const struct seq *from, const in
 // in the prefill kernels' order: a few ulp of fp32 a layer, grown through 40 layers. The fast mode
 // against the exact one is held to 0.1 (test_cuda_decode); this path must be far closer to decode.
 #define SHORT_BOUND 1e-2
+// The steps after a short forward start from the KV rows and DeltaNet state it wrote, which carry
+// that forward's rounding into every later step: measured 0.8e-2 to 1.2e-2 on the full shape for
+// T = 2..8, flat over the 8 steps (no growth), so twice the row bound. What the steps must keep
+// exactly is the greedy token wherever its margin is clear (checked with it).
+#define STATE_BOUND 2e-2
 
 static int short_vs_steps(struct engine *e, int n) {
     char err[512];
@@ -76,15 +81,19 @@ static int short_vs_steps(struct engine *e, int n) {
         }
         // the state each left: 8 greedy steps on, fed the same tokens (b's)
         double worst = 0;
-        int32_t ta = nb, tb = nb;
+        int32_t ta = nb, tb = nb, differ = 0;
         for (int k = 0; k < 8; k++) {
             if (fwd(e, a, NULL, &ta, 1, la, &ta) || fwd(e, b, NULL, &tb, 1, lb, &tb)) return -1;
             const double ek = nerr_f(la, lb, (size_t)V);
             worst = ek > worst ? ek : worst;
+            argmax_margin(lb, V, &margin);
+            differ += margin > 0.05f && ta != tb;
             ta = tb;   // both continue with b's token
         }
         snprintf(what, sizeof what, "T %d: 8 steps after, worst logits nerr", T);
-        check(worst <= SHORT_BOUND, what, worst, SHORT_BOUND);
+        check(worst <= STATE_BOUND, what, worst, STATE_BOUND);
+        snprintf(what, sizeof what, "T %d: 8 steps after, clear-margin tokens that differ", T);
+        check(differ == 0, what, differ, 0);
     }
     seq_free(base), seq_free(a), seq_free(b);
     free(p), free(la), free(lb);
