@@ -29,6 +29,14 @@ struct backend_ops {
                         struct engine_choice *choice, char *err, size_t errlen);
     // (optional, with forward_pick) The last row of the latest forward_pick into out [vocab].
     int (*last_logits)(struct engine *e, float *out, char *err, size_t errlen);
+    // (optional, all three) Speculative verification (engine_verify): the most tokens verify takes;
+    // a forward of n (2 <= n <= verify_max) tokens that writes every row's argmax and keeps what
+    // verify_keep needs to return the sequence to the state after its first keep tokens (n: the
+    // verified count). Neither moves s->pos.
+    int (*verify_max)(const struct engine *e);
+    int (*verify)(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
+                  size_t errlen);
+    int (*verify_keep)(struct engine *e, struct seq *s, int n, int keep, char *err, size_t errlen);
     // (optional) The embedding rows of n valid tokens: out [n, hidden] (engine_embed).
     int (*embed)(struct engine *e, const int32_t *tokens, int n, float *out, char *err, size_t errlen);
     // (optional) One layer over n rows at positions s->pos.. through the same per-layer function
@@ -53,6 +61,7 @@ struct engine {
 struct seq {
     struct engine *e;
     int pos, cap;   // tokens consumed, capacity
+    int verified;   // tokens of an engine_verify not yet settled by engine_verify_keep (0: none)
     void *impl;     // backend state
 };
 

@@ -155,6 +155,7 @@ int seq_capacity(const struct seq *s) { return s->cap; }
 void seq_reset(struct seq *s) {
     s->e->ops->seq_clear(s);
     s->pos = 0;
+    s->verified = 0;
 }
 
 int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
@@ -162,9 +163,14 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
         snprintf(err, errlen, "seq_copy: destination cannot hold the source (%d < %d tokens)", dst->cap, src->pos);
         return -1;
     }
+    if (src->verified) {
+        snprintf(err, errlen, "seq_copy: the source's verification is not settled (engine_verify_keep)");
+        return -1;
+    }
     if (dst == src) return 0;
     if (src->e->ops->seq_copy(dst, src, err, errlen)) return -1;
     dst->pos = src->pos;
+    dst->verified = 0;
     return 0;
 }
 
@@ -223,6 +229,10 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         snprintf(err, errlen, "no tokens to process");
         return ENGINE_ERROR;
     }
+    if (s->verified) {
+        snprintf(err, errlen, "the verification is not settled (engine_verify_keep)");
+        return ENGINE_ERROR;
+    }
     if (n > s->cap - s->pos) {
         snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d",
                  (long long)s->pos + n, s->cap);
@@ -263,6 +273,44 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         s->pos += m;
         if (o->progress) o->progress(o->progress_arg, off + m, n);
     }
+    return ENGINE_OK;
+}
+
+int engine_verify_max(const struct engine *e) { return e->ops->verify_max ? e->ops->verify_max(e) : 0; }
+
+int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
+                  size_t errlen) {
+    const int max = engine_verify_max(e);
+    if (s->verified) {
+        snprintf(err, errlen, "the previous verification is not settled (engine_verify_keep)");
+        return ENGINE_ERROR;
+    }
+    if (n < 2 || n > max) {
+        snprintf(err, errlen, "a verification takes 2 to %d tokens, not %d", max, n);
+        return ENGINE_ERROR;
+    }
+    if (n > s->cap - s->pos) {
+        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
+                 s->cap);
+        return ENGINE_ERROR;
+    }
+    if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
+    if (e->ops->verify(e, s, tokens, n, all_next, err, errlen)) return ENGINE_ERROR;
+    s->pos += n;
+    s->verified = n;
+    return ENGINE_OK;
+}
+
+int engine_verify_keep(struct engine *e, struct seq *s, int keep, char *err, size_t errlen) {
+    const int n = s->verified;
+    if (!n || keep < 1 || keep > n) {
+        snprintf(err, errlen, n ? "a verification of %d tokens keeps 1 to %d of them, not %d"
+                                : "no verification to settle (%d tokens, keep %d of %d)", n, n, keep);
+        return ENGINE_ERROR;
+    }
+    if (keep < n && e->ops->verify_keep(e, s, n, keep, err, errlen)) return ENGINE_ERROR;
+    s->pos -= n - keep;
+    s->verified = 0;
     return ENGINE_OK;
 }
 

@@ -114,6 +114,24 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen);
 
+// ---- speculative verification ------------------------------------------------------------------
+// A draft of what greedy decoding will produce is checked in one forward: tokens[0] is the token
+// just chosen, tokens[1..n) the draft. engine_verify consumes all n (seq_pos moves by n) and sets
+// all_next[i] = the argmax of row i's logits (lowest id on ties), as n decode steps would; draft
+// token i + 1 is right exactly when it equals all_next[i]. engine_verify_keep then keeps the first
+// keep of the n tokens (1 <= keep <= n): seq_pos moves back by n - keep, and the sequence is as if
+// only those had been forwarded (the KV rows after them are dead, the DeltaNet conv window and
+// state those of the last kept token). Until the keep, the sequence must not be forwarded, copied
+// or verified again; keep == n keeps everything (and is cheap).
+//
+// The most tokens (draft + 1) engine_verify takes here: the backend's short forward, where n
+// tokens cost little more than one; 0 when a verification would cost what n decode steps cost
+// (speculation would only lose).
+int engine_verify_max(const struct engine *e);
+int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
+                  size_t errlen);
+int engine_verify_keep(struct engine *e, struct seq *s, int keep, char *err, size_t errlen);
+
 // Host memory for n floats of logits (forward_opts.logits): page-locked on the CUDA backend, so
 // that a step's row (1 MB) comes back by DMA rather than through a staging copy (the constrained
 // decoder reads one every step); malloc elsewhere.  NULL when out of memory.
