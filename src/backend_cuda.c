@@ -89,12 +89,19 @@ struct dec_bufs {
 // each [T, width] (token t's row at t * width).
 struct mt_bufs {
     int *io, *h_io;                          // [2 DQ_MAXT] tokens, then positions (device, pinned host)
-    unsigned long long *best;                // the last row's argmax key
+    unsigned long long *best;                // [T] every row's argmax key (a verification)
     float *x, *u;                            // [T, H]
     float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
-    float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
+    float *qg, *kb, *vb, *q, *o, *part;      // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2, the partials
     float *rl, *sg, *w, *act;                // MoE: [T, E], [T], [T, k + 1], [T, k + 1, I]
     int *ids;                                // [T, k + 1]
+    unsigned long long *h_best;              // [T] pinned: a verification's argmax keys (best: device)
+    // A verification's way back (verify_keep), allocated at the first one: each DeltaNet layer's
+    // conv window and state from before it, and the inputs of its conv and rule for every token
+    // (the in-projection writes them there), so that the kept tokens' steps can be run again.
+    bool saved;
+    float *conv0[QWEN_LAYERS], *S0[QWEN_LAYERS];       // [KW - 1, C], [Hv, Dk, Dv]
+    float *sxin[QWEN_LAYERS], *sbb[QWEN_LAYERS], *saa[QWEN_LAYERS];   // [T, C], [T, Hv] x2
 };
 
 struct cuda_engine {
@@ -421,11 +428,13 @@ static int mt_alloc(struct engine *e, char *err, size_t errlen) {
         {(void **)&m->og, T * VD * 4},     {(void **)&m->qg, T * 2 * QD * 4}, {(void **)&m->kb, T * KVD * 4},
         {(void **)&m->vb, T * KVD * 4},    {(void **)&m->q, T * QD * 4},    {(void **)&m->o, T * QD * 4},
         {(void **)&m->rl, T * E * 4},      {(void **)&m->sg, T * 4},        {(void **)&m->w, T * K1 * 4},
-        {(void **)&m->act, T * K1 * I * 4}, {(void **)&m->ids, T * K1 * 4},
+        {(void **)&m->act, T * K1 * I * 4}, {(void **)&m->ids, T * K1 * 4}, {(void **)&m->best, T * 8},
+        {(void **)&m->part, T * g->n_heads * DEC_MAX_SPLITS * (g->head_dim + 2) * 4},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
         if (!(*a[i].p = dalloc(ce, a[i].bytes, err, errlen))) return -1;
-    if (cudaMallocHost((void **)&m->h_io, 2 * T * 4) != cudaSuccess) {
+    if (cudaMallocHost((void **)&m->h_io, 2 * T * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&m->h_best, T * 8) != cudaSuccess) {
         snprintf(err, errlen, "cudaMallocHost failed");
         cudaGetLastError();
         return -1;
@@ -657,9 +666,9 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             in.seg[2] = (struct dv_seg){dq(&L->v_proj), d->vb, DV_OUT_STORE};
             in.n_seg = 3;
             STAGE(DS_ATTN_IN, k_dv(&in, st));
-            STAGE(DS_ATTN_PREP, k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, s->cap,
+            STAGE(DS_ATTN_PREP, k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, 1, s->cap,
                                g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            STAGE(DS_ATTN, k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, dec_splits(g, s->cap), s->cap,
+            STAGE(DS_ATTN, k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, 1, dec_splits(g, s->cap), s->cap,
                                g->n_heads, g->n_kv_heads, D, st));
             struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
             out.seg[0] = (struct dv_seg){dq(&L->o_proj), d->x, DV_OUT_ADD};
@@ -717,16 +726,19 @@ static bool mt_fits(const struct engine *e, const struct cuda_engine *ce) {
 // Enqueues a forward of tokens[0..T) (2 <= T <= DQ_MAXT) at s's position through the decode kernels
 // in their several-token forms: every weight read once for the T tokens (the experts once for the
 // tokens that chose them), the DeltaNet conv and rule token by token (k_gdn_conv, k_gdn_recurrent),
-// the attention a token at a time at its own position; the last row's logits land in ce->logits
-// row 0 and its argmax key in dec.h_best once the stream is through.
-static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, int T, char *err, size_t errlen) {
+// the attention of every token at its own position in one launch. Plain: the last row's logits land
+// in ce->logits row 0 and its argmax key in dec.h_best once the stream is through. verify: every
+// row's logits (ce->logits rows 0..T-1) and argmax key (mt.h_best), the DeltaNet inputs kept in
+// mt.sxin / sbb / saa for verify_keep.
+static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, int T, bool verify, char *err,
+                      size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     struct cuda_seq *cs = s->impl;
     struct mt_bufs *m = &ce->mt;
     const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = false}, *st = &dl;
     void *stream = ce->stream;
-    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
+    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used, QD = geom_q_dim(g);
     const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g), Hv = g->lin_v_heads;
     const float eps = (float)g->rms_eps;
     for (int t = 0; t < T; t++) m->h_io[t] = tokens[t], m->h_io[DQ_MAXT + t] = s->pos + t;
@@ -743,28 +755,24 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
             in.d.seg[2] = (struct dv_seg){dq(&L->v_proj), m->vb, DV_OUT_STORE};
             in.d.n_seg = 3;
             KL(k_dvq(&in, st));
-            for (int t = 0; t < T; t++)
-                KL(k_dec_attn_prep(m->qg + (size_t)t * 2 * QD, m->kb + (size_t)t * KVD, m->vb + (size_t)t * KVD,
-                                   L->q_norm, L->k_norm, m->q + (size_t)t * QD, cs->k[i], cs->v[i], pos + t, s->cap,
-                                   g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            for (int t = 0; t < T; t++)
-                KL(k_dec_attention(m->q + (size_t)t * QD, m->qg + (size_t)t * 2 * QD, cs->k[i], cs->v[i],
-                                   m->o + (size_t)t * QD, ce->dec.part, pos + t, dec_splits(g, s->cap), s->cap,
-                                   g->n_heads, g->n_kv_heads, D, st));
+            KL(k_dec_attn_prep(m->qg, m->kb, m->vb, L->q_norm, L->k_norm, m->q, cs->k[i], cs->v[i], pos, T, s->cap,
+                               g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+            KL(k_dec_attention(m->q, m->qg, cs->k[i], cs->v[i], m->o, m->part, pos, T, dec_splits(g, s->cap), s->cap,
+                               g->n_heads, g->n_kv_heads, D, st));
             struct dq_desc out = {.d = {.x = m->o, .K = QD, .in_mode = DV_IN_PLAIN, .n_seg = 1}, .T = T, .ldx = QD};
             out.d.seg[0] = (struct dv_seg){dq(&L->o_proj), m->x, DV_OUT_ADD};
             KL(k_dvq(&out, st));
         } else {
-            in.d.seg[0] = (struct dv_seg){dq(&L->in_qkv), m->xin, DV_OUT_STORE};
+            float *xin = verify ? m->sxin[i] : m->xin, *bb = verify ? m->sbb[i] : m->bb, *aa = verify ? m->saa[i] : m->aa;
+            in.d.seg[0] = (struct dv_seg){dq(&L->in_qkv), xin, DV_OUT_STORE};
             in.d.seg[1] = (struct dv_seg){dq(&L->in_z), m->z, DV_OUT_STORE};
-            in.d.seg[2] = (struct dv_seg){dq(&L->in_b), m->bb, DV_OUT_STORE};
-            in.d.seg[3] = (struct dv_seg){dq(&L->in_a), m->aa, DV_OUT_STORE};
+            in.d.seg[2] = (struct dv_seg){dq(&L->in_b), bb, DV_OUT_STORE};
+            in.d.seg[3] = (struct dv_seg){dq(&L->in_a), aa, DV_OUT_STORE};
             in.d.n_seg = 4;
             KL(k_dvq(&in, st));
-            KL(k_gdn_conv(m->xin, cs->conv[i], L->conv_w, m->y, T, C, g->conv_kernel, g->lin_k_heads, g->lin_k_dim,
-                          stream));
-            KL(k_gdn_recurrent(m->y, m->bb, m->aa, m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, T,
-                               g->lin_k_heads, Hv, g->lin_k_dim, g->lin_v_dim, eps, stream));
+            KL(k_gdn_conv(xin, cs->conv[i], L->conv_w, m->y, T, C, g->conv_kernel, g->lin_k_heads, g->lin_k_dim, stream));
+            KL(k_gdn_recurrent(m->y, bb, aa, m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, T, g->lin_k_heads,
+                               Hv, g->lin_k_dim, g->lin_v_dim, eps, stream));
             struct dq_desc out = {.d = {.x = m->og, .K = VD, .in_mode = DV_IN_PLAIN, .n_seg = 1}, .T = T, .ldx = VD};
             out.d.seg[0] = (struct dv_seg){dq(&L->out_proj), m->x, DV_OUT_ADD};
             KL(k_dvq(&out, st));
@@ -782,6 +790,16 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
                                   .T = T};
         KL(k_dvq_moe_gateup(&mo, st));
         KL(k_dvq_moe_down(&mo, st));
+    }
+    if (verify) {
+        CK(cudaMemsetAsync(m->best, 0, sizeof *m->best * (size_t)T, stream));
+        struct dq_desc lm = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
+                                   .best = m->best, .n_seg = 1},
+                             .T = T, .ldx = H};
+        lm.d.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
+        KL(k_dvq(&lm, st));
+        CK(cudaMemcpyAsync(m->h_best, m->best, sizeof *m->best * (size_t)T, cudaMemcpyDeviceToHost, stream));
+        return 0;
     }
     CK(cudaMemsetAsync(ce->dec.best, 0, sizeof *ce->dec.best, stream));
     struct dv_desc lm = {.x = m->x + (size_t)(T - 1) * H, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm,
@@ -1039,7 +1057,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     void *st = ce->stream;
     if (T <= DQ_MAXT && mt_fits(e, ce) && (n_rows == 0 || (n_rows == 1 && rows[0] == T - 1))) {
-        if (mt_enqueue(e, s, tokens, T, err, errlen)) goto fail;
+        if (mt_enqueue(e, s, tokens, T, false, err, errlen)) goto fail;
         if (n_rows) CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
         CK(cudaStreamSynchronize(st));
         return dec_next(ce, next, err, errlen);
@@ -1091,7 +1109,7 @@ static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tok
         if (dec_launch(e, s, tokens[0], err, errlen)) goto fail;
         ce->last_row = ce->logits;
     } else if (T <= DQ_MAXT && mt_fits(e, ce)) {
-        if (mt_enqueue(e, s, tokens, T, err, errlen)) goto fail;
+        if (mt_enqueue(e, s, tokens, T, false, err, errlen)) goto fail;
         ce->last_row = ce->logits;
     } else {
         struct scratch *b = &ce->sc;
@@ -1127,6 +1145,102 @@ static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tok
                                 .chosen_lp = k->chosen_lp, .n_top = k->n_top};
     memcpy(c->top_id, k->top_id, sizeof c->top_id[0] * (size_t)k->n_top);
     memcpy(c->top_lp, k->top_lp, sizeof c->top_lp[0] * (size_t)k->n_top);
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+// ---- speculative verification -------------------------------------------------------------------
+//
+// A verification is a short forward (mt_enqueue) with every row's argmax. Its way back: before it,
+// each DeltaNet layer's conv window and state are copied aside (63 MB at the model's shape, ~40 us);
+// the in-projections write the conv and rule inputs of every token to per-layer buffers; a keep of
+// fewer tokens puts the copies back and runs the conv and the rule again over the kept tokens'
+// inputs (two launches a layer, the outputs unused). The attention layers need nothing: rows past
+// the kept position are dead, the next forward writes them again.
+
+static int cuda_verify_max(const struct engine *e) {
+    const struct cuda_engine *ce = e->impl;
+    const struct cuda_tuning *t = &ce->tuning;   // what the next forward applies
+    struct cuda_engine probe = {.applied = {.exact_prefill = t->exact_prefill, .exact_decode = t->exact_decode}};
+    return mt_fits(e, &probe) ? DQ_MAXT : 0;
+}
+
+static int verify_alloc(struct engine *e, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    const struct state_sizes *z = &e->model.state;
+    struct cuda_engine *ce = e->impl;
+    struct mt_bufs *m = &ce->mt;
+    if (m->saved) return 0;
+    const size_t T = DQ_MAXT, C = geom_conv_dim(g), Hv = g->lin_v_heads;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) continue;
+        if (!(m->conv0[i] = dalloc(ce, (size_t)z->conv_bytes, err, errlen)) ||
+            !(m->S0[i] = dalloc(ce, (size_t)z->recurrent_bytes, err, errlen)) ||
+            !(m->sxin[i] = dalloc(ce, T * C * 4, err, errlen)) || !(m->sbb[i] = dalloc(ce, T * Hv * 4, err, errlen)) ||
+            !(m->saa[i] = dalloc(ce, T * Hv * 4, err, errlen)))
+            return -1;
+    }
+    m->saved = true;
+    return 0;
+}
+
+static int cuda_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
+                       size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    const struct state_sizes *z = &e->model.state;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct mt_bufs *m = &ce->mt;
+    void *st = ce->stream;
+    apply_tuning(ce);
+    if (!mt_fits(e, ce) || n < 2 || n > DQ_MAXT) {
+        snprintf(err, errlen, "no short forward of %d tokens in this mode", n);
+        return -1;
+    }
+    if (verify_alloc(e, err, errlen)) return -1;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) continue;
+        CK(cudaMemcpyAsync(m->conv0[i], cs->conv[i], (size_t)z->conv_bytes, cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemcpyAsync(m->S0[i], cs->S[i], (size_t)z->recurrent_bytes, cudaMemcpyDeviceToDevice, st));
+    }
+    if (mt_enqueue(e, s, tokens, n, true, err, errlen)) goto fail;
+    CK(cudaStreamSynchronize(st));
+    for (int t = 0; t < n; t++) {
+        const unsigned long long b = m->h_best[t];
+        if (!b) {
+            snprintf(err, errlen, "verification row %d produced no argmax (non-finite logits?)", t);
+            return -1;
+        }
+        all_next[t] = (int32_t)(0xffffffffu - (uint32_t)(b & 0xffffffffu));
+    }
+    return 0;
+fail:
+    cudaStreamSynchronize(st);
+    return -1;
+}
+
+static int cuda_verify_keep(struct engine *e, struct seq *s, int n, int keep, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    const struct state_sizes *z = &e->model.state;
+    struct cuda_engine *ce = e->impl;
+    struct cuda_seq *cs = s->impl;
+    struct mt_bufs *m = &ce->mt;
+    void *st = ce->stream;
+    const float eps = (float)g->rms_eps;
+    (void)n;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) continue;
+        const struct layer_weights *L = &ce->w.layers[i];
+        CK(cudaMemcpyAsync(cs->conv[i], m->conv0[i], (size_t)z->conv_bytes, cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemcpyAsync(cs->S[i], m->S0[i], (size_t)z->recurrent_bytes, cudaMemcpyDeviceToDevice, st));
+        KL(k_gdn_conv(m->sxin[i], cs->conv[i], L->conv_w, m->y, keep, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
+                      g->lin_k_dim, st));
+        KL(k_gdn_recurrent(m->y, m->sbb[i], m->saa[i], m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, keep,
+                           g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, eps, st));
+    }
+    CK(cudaStreamSynchronize(st));
     return 0;
 fail:
     cudaStreamSynchronize(st);
@@ -1206,6 +1320,9 @@ const struct backend_ops backend_cuda = {
     .forward_chunk = cuda_forward_chunk,
     .forward_pick = cuda_forward_pick,
     .last_logits = cuda_last_logits,
+    .verify_max = cuda_verify_max,
+    .verify = cuda_verify,
+    .verify_keep = cuda_verify_keep,
     .embed = cuda_embed,
     .layer_probe = cuda_layer_probe,
     .host_alloc = cuda_host_alloc,

@@ -7,7 +7,8 @@
 //                                          host wall time until the next token id is on the host,
 //                                          median of 5 after one warm-up; then 64 decode steps each:
 //                                          plain, the choice on the device (top 5 logprobs; a mask),
-//                                          the row to the host and gen_logprobs there
+//                                          the row to the host and gen_logprobs there; and a
+//                                          verification of 2 .. 8 tokens, kept whole and cut to one
 //   small_t MODEL_DIR CTX --profile T      one warm forward of T tokens between cudaProfilerStart /
 //                                          Stop (run under ncu --profile-from-start off)
 // Exit 0, 1 on an engine error, 2 on bad arguments, 77 without a GPU.
@@ -82,6 +83,25 @@ int main(int argc, char **argv) {
         }
         qsort(t + 1, 5, sizeof t[0], cmp_d);
         printf("small_t: ctx %d T %5d: %8.3f ms (min %.3f, max %.3f)\n", ctx, T, 1e3 * t[3], 1e3 * t[1], 1e3 * t[5]);
+    }
+    // Verification (engine_verify) of n = 2 .. max tokens: kept whole, and cut back to one token
+    // (the DeltaNet state put back and one step run again): what a draft costs when it is all
+    // accepted and when it is all rejected.
+    for (int n = 2; !profile && n <= engine_verify_max(e); n++) {
+        int32_t all[64];
+        double t[2][6];
+        for (int keep = 0; keep < 2; keep++)
+            for (int r = 0; r < 6; r++) {
+                if (seq_copy(s, base, err, sizeof err)) goto fail;
+                const double t0 = now_s();
+                if (engine_verify(e, s, prompt + ctx, n, all, err, sizeof err) ||
+                    engine_verify_keep(e, s, keep ? 1 : n, err, sizeof err))
+                    goto fail;
+                t[keep][r] = now_s() - t0;
+            }
+        qsort(t[0] + 1, 5, sizeof t[0][0], cmp_d);
+        qsort(t[1] + 1, 5, sizeof t[1][0], cmp_d);
+        printf("small_t: ctx %d verify %d: %.3f ms kept whole, %.3f ms cut to 1\n", ctx, n, 1e3 * t[0][3], 1e3 * t[1][3]);
     }
     // Decode: plain; the choice on the device with top-5 logprobs, then under a mask (1 id in 4);
     // the row of logits to the host and gen_logprobs there (what a step cost before the choice).

@@ -81,12 +81,12 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
 }
 
 extern "C" int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm,
-                               const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap,
-                               int n_heads, int n_kv, int D, int rope_dim, double theta, float eps,
+                               const float *k_norm, float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int T,
+                               int cap, int n_heads, int n_kv, int D, int rope_dim, double theta, float eps,
                                const struct dec_launch *l) {
-    if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
-    return launch_k(attn_prep_kernel, dim3(1, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, l, qg, k, v, q_norm, k_norm, q, kc,
-                    vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
+    if (D > AT_MAXD || T < 1) return (int)cudaErrorInvalidValue;
+    return launch_k(attn_prep_kernel, dim3(T, n_heads + n_kv), dim3(AT_PREP_THREADS), 0, l, qg, k, v, q_norm, k_norm, q,
+                    kc, vc, 0, d_pos, cap, n_heads, n_kv, D, rope_dim, theta, eps);
 }
 
 // ---- decode attention: key splits, then their combine --------------------------------------------
@@ -108,8 +108,10 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
     __shared__ float sh[32];
     __shared__ float acc_g[DC_GROUPS][AT_MAXD];
     pdl_wait();
+    const int tok = blockIdx.y;   // token tok of the step's T: its own position, q, partials and output
+    part += (size_t)tok * n_heads * stride * (D + 2), qg += (size_t)tok * n_heads * 2 * D, o += (size_t)tok * n_heads * D;
     int n_split, len;
-    dec_split(*d_pos + 1, stride, &n_split, &len);
+    dec_split(d_pos[tok] + 1, stride, &n_split, &len);
     const int h = blockIdx.x, g = threadIdx.x / AT_MAXD, d = threadIdx.x % AT_MAXD;
     // the output gate, read with the first inputs rather than after the sums
     const float gate = g == 0 && d < D ? qg[(size_t)h * 2 * D + D + d] : 0.0f;
@@ -158,11 +160,13 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
     constexpr int CH = D / 8;
     extern __shared__ __align__(16) uint16_t dt_smem[];
     uint16_t *Qh = dt_smem, *Ql = Qh + 16 * D, *Kb = Ql + 16 * D, *Vb = Kb + 2 * DT_BN * D;   // K, V: [2][64][D]
-    const int G = n_heads / n_kv, kvh = blockIdx.y;
+    const int G = n_heads / n_kv, kvh = blockIdx.y, tok = blockIdx.z;   // token tok of the step's T, at d_pos[tok]
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
+    q += (size_t)tok * n_heads * D, part += (size_t)tok * n_heads * gridDim.x * (D + 2);
     // This kernel runs only once its predecessor (attn_prep) has passed its own wait, so everything
-    // before attn_prep (the position copy, earlier steps' K/V) is complete: keys < pos need no wait.
-    const int pos = *d_pos;
+    // before attn_prep (the position copy, earlier steps' K/V) is complete: keys below the step's
+    // first position p0 need no wait; p0 .. pos are this step's, written by attn_prep.
+    const int pos = d_pos[tok], p0 = d_pos[0];
     int n, split_len;
     dec_split(pos + 1, gridDim.x, &n, &split_len);
     if ((int)blockIdx.x >= n) return;
@@ -183,15 +187,15 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
         }
         cp_async_commit();
     };
-    if (n_tiles) load_tile(0, min(ke, pos));
+    const int fresh = max(kb, min(ke, p0));   // tile 0's keys from here to ke are this step's
+    if (n_tiles) load_tile(0, fresh);
     pdl_wait();
     pdl_trigger();
-    if (n_tiles && pos - kb < DT_BN && pos >= kb) {   // the current key, written by attn_prep
-        const int r = pos - kb;
-        for (int c = tid; c < CH; c += DT_THREADS) {
-            *(uint4 *)(Kb + r * D + swz(r, c) * 8) = *(const uint4 *)(kbase + (size_t)pos * D + c * 8);
-            *(uint4 *)(Vb + r * D + swz(r, c) * 8) = *(const uint4 *)(vbase + (size_t)pos * D + c * 8);
-        }
+    const int nf = n_tiles ? min(ke, kb + DT_BN) - fresh : 0;
+    for (int i = tid; i < nf * CH; i += DT_THREADS) {   // this step's keys in tile 0, written by attn_prep
+        const int key = fresh + i / CH, r = key - kb, c = i % CH;
+        *(uint4 *)(Kb + r * D + swz(r, c) * 8) = *(const uint4 *)(kbase + (size_t)key * D + c * 8);
+        *(uint4 *)(Vb + r * D + swz(r, c) * 8) = *(const uint4 *)(vbase + (size_t)key * D + c * 8);
     }
     for (int i = tid; i < 16 * CH; i += DT_THREADS) {   // Q rows -> hi/lo bf16
         const int r = i / CH, c = i % CH;
@@ -339,7 +343,7 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
 }
 
 template <int D>
-static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos,
+static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc, float *part, const int *d_pos, int T,
                          int ns_max, int cap, int n_heads, int n_kv, const struct dec_launch *l) {
     static bool attr;
     if (!attr) {
@@ -348,7 +352,7 @@ static int dec_tc_launch(const float *q, const uint16_t *kc, const uint16_t *vc,
         if (e != cudaSuccess) return (int)e;
         attr = true;
     }
-    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv), dim3(DT_THREADS), dec_tc_smem(D), l, q, kc, vc, part,
+    return launch_k(dec_attn_tc_kernel<D>, dim3(ns_max, n_kv, T), dim3(DT_THREADS), dec_tc_smem(D), l, q, kc, vc, part,
                     d_pos, cap, n_heads, n_kv);
 }
 
@@ -368,20 +372,20 @@ extern "C" int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most
 }
 
 extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
-                               float *part, const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D,
+                               float *part, const int *d_pos, int T, int ns_max, int cap, int n_heads, int n_kv, int D,
                                const struct dec_launch *l) {
     const int G = n_heads / n_kv;
-    if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS)
+    if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS || T < 1)
         return (int)cudaErrorInvalidValue;
     int rc;
     switch (D) {   // (G <= 16 = AT_MAXWARPS: the query heads of a kv head fill one 16-row tile)
-    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
-    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
-    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, ns_max, cap, n_heads, n_kv, l); break;
+    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
+    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
+    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
     default: return (int)cudaErrorInvalidValue;
     }
     if (rc) return rc;
-    return launch_k(dec_combine_kernel, dim3(n_heads), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads, D,
+    return launch_k(dec_combine_kernel, dim3(n_heads, T), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads, D,
                     ns_max, d_pos);
 }
 

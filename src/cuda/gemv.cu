@@ -491,7 +491,6 @@ static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const stru
     extern __shared__ __align__(16) unsigned char dq_smem[];
     __shared__ float part[DV_WARPS][NQ][2][WARP_SIZE];
     __shared__ float rs[DQ_MAXT];
-    __shared__ float sh[32];
     const struct dv_desc &d = q.d;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, K = d.K, T = q.T;
     const dv_taskmap M(d, TC_ROWS);
@@ -499,15 +498,15 @@ static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const stru
     pdl_wait();
     pdl_trigger();
     if (d.in_mode == DV_IN_RMS)
-        for (int t = 0; t < T; t++) {   // each token's 1 / rms (the block sum as stage_input's two-trip form)
+        for (int t = warp; t < T; t += DV_WARPS) {   // each token's 1 / rms, a warp a token (no block barriers)
             const float4 *x4 = (const float4 *)(d.x + (size_t)t * q.ldx);
             float ss = 0;
-            for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+            for (int i = lane; i < K / 4; i += WARP_SIZE) {
                 const float4 v = __ldg(x4 + i);
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
-            ss = block_sum(ss, sh);
-            if (threadIdx.x == 0) rs[t] = 1.0f / sqrtf(ss / (float)K + d.eps);
+            ss = warp_sum(ss);
+            if (lane == 0) rs[t] = 1.0f / sqrtf(ss / (float)K + d.eps);
         }
     __syncthreads();
     const bool rms = d.in_mode == DV_IN_RMS;

@@ -177,16 +177,17 @@ int k_attn_prep(const float *qg, const float *k, const float *v, const float *q_
 int k_flash_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o,
                       uint16_t *ob, int T, int p0, int cap, int n_heads, int n_kv, int D, int exact, void *stream);
 
-// Attention of one token at position *d_pos: prep (norms, RoPE, K/V into the cache at *d_pos) and
-// the split attention over ns_max key splits (the first ones used, by the key count) + combine.
-// part holds n_heads * ns_max * (D + 2) floats.
+// Attention of T consecutive tokens, token t at position d_pos[t] (= d_pos[0] + t) and seeing the
+// keys up to its own: prep (norms, RoPE, K/V into the cache at d_pos[t]) and the split attention
+// over ns_max key splits (the first ones used, by the key count) + combine. Inputs and outputs are
+// [T] rows of the one-token shapes; part holds T * n_heads * ns_max * (D + 2) floats.
 int k_dec_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm, const float *k_norm,
-                    float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int cap, int n_heads, int n_kv, int D,
-                    int rope_dim, double theta, float eps, const struct dec_launch *l);
+                    float *q, uint16_t *kc, uint16_t *vc, const int *d_pos, int T, int cap, int n_heads, int n_kv,
+                    int D, int rope_dim, double theta, float eps, const struct dec_launch *l);
 // The key splits k_dec_attention's grid should have for sequences of up to cap keys (at most `most`).
 int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most);
 int k_dec_attention(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, float *o, float *part,
-                    const int *d_pos, int ns_max, int cap, int n_heads, int n_kv, int D, const struct dec_launch *l);
+                    const int *d_pos, int T, int ns_max, int cap, int n_heads, int n_kv, int D, const struct dec_launch *l);
 
 // ---- deltanet.cu, gdn_chunked.cu: Gated DeltaNet ------------------------------------------------
 // DeltaNet causal conv + SiLU. xin [T, C] pre-conv; state [KW - 1, C] (oldest first), updated.

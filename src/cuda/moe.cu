@@ -406,22 +406,27 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l)
 
 // ---- the MoE of several tokens (k_dvq_moe_*) ----------------------------------------------------------
 
-// Gate and up for T tokens: warp t routes token t; the block stages every token's u (tc_stage_xq);
-// thread 0 lists the distinct experts the tokens chose (in the order of their first choice; the
-// shared expert last) with each token's slot in its own list; then a block takes a 16-row tile of
-// one listed expert, its 8 warps as the decode form's (gate / up, K in quarters), every token at once
-// (tc_rows16_xq), and warp 0 writes silu(gate) * up for the tokens that chose the expert.
-enum { DQ_MAXU = DQ_MAXT * 8 + 1 };   // distinct experts of DQ_MAXT tokens at k = 8, and the shared one
+// Gate and up for T tokens: warp t routes token t; the block stages every token's u (tc_stage_xq)
+// and lists the distinct experts the tokens chose (in the order of their first choice; the shared
+// expert last) with each token's slot in its own list, all threads at once (the first (token,
+// choice) pair of each expert by atomicMin, its rank among those by ballots); then a block takes
+// 64 rows of one listed expert: warp 2 r + mat computes rows 16 r .. 16 r + 15 of gate (mat 0) or
+// up (mat 1) over all of K for every token at once (tc_rows16_xq), and the gate warp writes
+// silu(gate) * up for the tokens that chose the expert.
+enum { DQ_MAXU = DQ_MAXT * 8 + 1, GQ_ROWS = 4 * TC_ROWS };   // distinct experts of DQ_MAXT tokens at k = 8, and the shared one
 template <int NQ>
 static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gateup_kernel(const struct dq_moe q) {
     extern __shared__ __align__(16) unsigned char gq_smem[];
     __shared__ int ids[DQ_MAXT][WARP_SIZE];
     __shared__ float wts[DQ_MAXT][WARP_SIZE], part[8][NQ][2][WARP_SIZE];
-    __shared__ int uexp[DQ_MAXU], n_u;
+    __shared__ int uexp[DQ_MAXU], n_u, first[RW_MAXE], rank[DQ_MAXT * 8];
+    __shared__ unsigned lead[2];
     __shared__ signed char slot[DQ_MAXU][DQ_MAXT];
     const struct dv_moe &m = q.m;
-    const int T = q.T, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, kq = warp / 2;
-    const int K1 = m.k + 1, nS = tc_nsuper(m.H), S0 = kq * nS / 4, S1 = (kq + 1) * nS / 4;
+    const int T = q.T, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, sub = warp / 2;
+    const int K1 = m.k + 1, np = T * m.k;   // (token, choice) pairs: at most 64, warps 0 and 1
+    for (int i = threadIdx.x; i < m.E; i += blockDim.x) first[i] = INT_MAX;
+    for (int i = threadIdx.x; i < DQ_MAXU * DQ_MAXT; i += blockDim.x) slot[i / DQ_MAXT][i % DQ_MAXT] = -1;
     pdl_wait();
     pdl_trigger();
     if (warp < T) route_warp_of<true>(m.logits + (size_t)warp * m.E, m.E, m.k, ids[warp], wts[warp]);   // (E == RW_MAXE)
@@ -431,54 +436,51 @@ static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gat
             const float4 a = __ldg(p), b = __ldg(p + 1);
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
-        T, m.H, gq_smem);   // (its closing barrier publishes ids and wts too)
-    if (threadIdx.x == 0) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < m.k; j++) {
-                int i = 0;
-                while (i < n && uexp[i] != ids[t][j]) i++;
-                if (i == n) {
-                    uexp[n] = ids[t][j];
-                    for (int r = 0; r < T; r++) slot[n][r] = -1;
-                    n++;
-                }
-                slot[i][t] = (signed char)j;
-            }
-        uexp[n] = -1;   // the shared expert: every token, slot k
-        for (int t = 0; t < T; t++) slot[n][t] = (signed char)m.k;
-        n_u = n + 1;
+        T, m.H, gq_smem);   // (its closing barrier publishes ids, wts, first and slot too)
+    const int p = threadIdx.x, pe = p < np ? ids[p / m.k][p % m.k] : 0;
+    if (p < np) atomicMin(&first[pe], p);
+    __syncthreads();
+    const bool leads = p < np && first[pe] == p;
+    if (warp < 2) {
+        const unsigned b = __ballot_sync(0xffffffffu, leads);
+        if (lane == 0) lead[warp] = b;
     }
+    __syncthreads();
+    const int n_lead = __popc(lead[0]) + __popc(lead[1]);
+    if (leads) {
+        const int r = (warp ? __popc(lead[0]) : 0) + __popc(lead[warp] & ((1u << lane) - 1));
+        rank[p] = r, uexp[r] = pe;
+    }
+    __syncthreads();
+    if (p < np) slot[rank[first[pe]]][p / m.k] = (signed char)(p % m.k);
+    if (p < T) slot[n_lead][p] = (signed char)m.k;   // the shared expert: every token, slot k
+    if (p == 0) uexp[n_lead] = -1, n_u = n_lead + 1;
     if (blockIdx.x == 0 && threadIdx.x < T * K1) {
         const int t = threadIdx.x / K1, j = threadIdx.x % K1;
         m.ids[threadIdx.x] = j < m.k ? ids[t][j] : -1;
         m.w[threadIdx.x] = j < m.k ? wts[t][j] : sigmoid_f(m.shared_logit[t]);
     }
     __syncthreads();
-    const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = n_u * tiles_e, g = lane / 4, tl = lane % 4;
+    const int tiles_e = CEIL_DIV(m.I, GQ_ROWS), total = n_u * tiles_e, g = lane / 4, tl = lane % 4;
     const size_t wpr = (size_t)m.H / 8, gpr = (size_t)m.H / QGROUP;
     for (int task = blockIdx.x; task < total; task += gridDim.x) {
-        const int ue = task / tiles_e, n0 = (task % tiles_e) * TC_ROWS, e = uexp[ue];
+        const int ue = task / tiles_e, n0 = (task % tiles_e) * GQ_ROWS + sub * TC_ROWS, e = uexp[ue];
         const bool shared = e < 0;
         const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
         const size_t base = shared ? 0 : (size_t)e * m.I;
         float o[NQ][2];
-        tc_rows16_xq<NQ>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gq_smem, T, o, S0,
-                         S1);
+        tc_rows16_xq<NQ>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gq_smem, T, o);
 #pragma unroll
         for (int j = 0; j < NQ; j++) part[warp][j][0][lane] = o[j][0], part[warp][j][1][lane] = o[j][1];
         __syncthreads();
-        if (warp == 0)
+        if (mat == 0)
 #pragma unroll
             for (int j = 0; j < NQ; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int t = 4 * j + tl, row = n0 + g + 8 * r;
                     if (t >= T || row >= m.I || slot[ue][t] < 0) continue;
-                    float gs = 0, us = 0;
-#pragma unroll
-                    for (int p = 0; p < 4; p++) gs += part[2 * p][j][r][lane], us += part[2 * p + 1][j][r][lane];
-                    m.act[((size_t)t * K1 + slot[ue][t]) * m.I + row] = silu_f(gs) * us;
+                    m.act[((size_t)t * K1 + slot[ue][t]) * m.I + row] = silu_f(part[warp][j][r][lane]) * part[warp + 1][j][r][lane];
                 }
         __syncthreads();
     }
@@ -491,7 +493,7 @@ extern "C" int k_dvq_moe_gateup(const struct dq_moe *q, const struct dec_launch 
         m->sup.bits != 4 || m->sgate.rows != m->I)
         return (int)cudaErrorInvalidValue;
     const size_t smem = (size_t)q->T * tc_area_bytes(m->H);
-    const long tasks = (long)(q->T * m->k + 1) * CEIL_DIV(m->I, TC_ROWS);
+    const long tasks = (long)(q->T * m->k + 1) * CEIL_DIV(m->I, GQ_ROWS);
 #define GQ_LAUNCH(NQ)                                                                                    \
     do {                                                                                                 \
         static size_t raised;                                                                            \

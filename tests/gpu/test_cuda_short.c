@@ -6,7 +6,9 @@
 //                                  greedy token where its margin is clear, and 8 greedy steps after
 //                                  each (the KV cache and DeltaNet state it left); (2) the choice on the
 //                                  device (forward_opts.pick: greedy, top 20 logprobs, a constraint's
-//                                  mask) against the host's (src/pick.c) on the same row of logits
+//                                  mask) against the host's (src/pick.c) on the same row of logits;
+//                                  (3) a verification of 2 .. 8 tokens (engine_verify) and each of
+//                                  its keeps against decode steps
 // Exit 0 when every check passes, 1 when one fails, 2 on a CUDA error or bad arguments, 77 without a GPU.
 #include "backend_cuda.h"
 #include "engine.h"
@@ -100,6 +102,84 @@ static int short_vs_steps(struct engine *e, int n) {
     return 0;
 }
 
+// A verification (engine_verify) of n = 2 .. 8 tokens against n decode steps: every row's argmax
+// where its margin is clear; then each keep k = 1 .. n against a sequence that took only those k
+// tokens as decode steps: 4 greedy steps on, the logits within the state bound and the clear-margin
+// tokens equal (the DeltaNet state put back and its kept steps run again; the dead KV rows unread).
+static int verify_vs_steps(struct engine *e, int n0) {
+    char err[512];
+    const int V = engine_geometry(e)->vocab, cap = n0 + 32;
+    struct seq *base, *a, *b;
+    if (seq_new(e, cap, &base, err, sizeof err) || seq_new(e, cap, &a, err, sizeof err) ||
+        seq_new(e, cap, &b, err, sizeof err))
+        goto fail;
+    int32_t p[16], all[8], ref[8], next;
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V), margin[8];
+    for (int i = 0; i < 16; i++) p[i] = (int32_t)(((uint64_t)(i + 3) * 2246822519u) % (uint64_t)V);
+    {
+        int32_t *pr = malloc(sizeof(int32_t) * (size_t)n0);
+        for (int i = 0; i < n0; i++) pr[i] = (int32_t)(((uint64_t)i * 2654435761u % 4294967296u) % (uint64_t)V);
+        const int r = fwd(e, base, NULL, pr, n0, la, &next);
+        free(pr);
+        if (r) return -1;
+    }
+    if (engine_verify_max(e) < 8) {
+        check(false, "engine_verify_max is 8 in the fast mode", engine_verify_max(e), 8);
+        return 0;
+    }
+    for (int n = 2; n <= 8; n++) {
+        if (seq_copy(a, base, err, sizeof err) || engine_verify(e, a, p, n, all, err, sizeof err) ||
+            seq_copy(b, base, err, sizeof err))
+            goto fail;
+        for (int t = 0; t < n; t++) {
+            if (fwd(e, b, NULL, p + t, 1, lb, &ref[t])) return -1;
+            argmax_margin(lb, V, &margin[t]);
+        }
+        int differ = 0;
+        for (int t = 0; t < n; t++) differ += margin[t] > 0.05f && all[t] != ref[t];
+        char what[96];
+        snprintf(what, sizeof what, "verify %d: rows' argmax against decode steps (clear margin)", n);
+        check(differ == 0, what, differ, 0);
+        for (int k = 1; k <= n; k++) {
+            if (k > 1 && (seq_copy(a, base, err, sizeof err) || engine_verify(e, a, p, n, all, err, sizeof err)))
+                goto fail;
+            if (engine_verify_keep(e, a, k, err, sizeof err) || seq_copy(b, base, err, sizeof err)) goto fail;
+            for (int t = 0; t < k; t++)
+                if (fwd(e, b, NULL, p + t, 1, lb, &next)) return -1;
+            snprintf(what, sizeof what, "verify %d keep %d: position", n, k);
+            check(seq_pos(a) == seq_pos(b), what, seq_pos(a) - seq_pos(b), 0);
+            double worst = 0;
+            int bad = 0;
+            int32_t ta = 11 + k, tb = ta;
+            for (int step = 0; step < 4; step++) {
+                if (fwd(e, a, NULL, &ta, 1, la, &ta) || fwd(e, b, NULL, &tb, 1, lb, &tb)) return -1;
+                const double ek = nerr_f(la, lb, (size_t)V);
+                worst = ek > worst ? ek : worst;
+                float mg;
+                argmax_margin(lb, V, &mg);
+                bad += mg > 0.05f && ta != tb;
+                ta = tb;
+            }
+            snprintf(what, sizeof what, "verify %d keep %d: 4 steps on, worst nerr", n, k);
+            check(worst <= STATE_BOUND, what, worst, STATE_BOUND);
+            snprintf(what, sizeof what, "verify %d keep %d: 4 steps on, clear-margin tokens that differ", n, k);
+            check(bad == 0, what, bad, 0);
+        }
+    }
+    // misuse: a second verification, a forward or a copy before the keep are refused
+    if (seq_copy(a, base, err, sizeof err) || engine_verify(e, a, p, 3, all, err, sizeof err)) goto fail;
+    check(engine_forward(e, a, p, 1, NULL, &next, err, sizeof err) != 0 && engine_verify(e, a, p, 3, all, err, sizeof err) != 0 &&
+              seq_copy(b, a, err, sizeof err) != 0 && engine_verify_keep(e, a, 4, err, sizeof err) != 0,
+          "unsettled verification: forward, verify, copy, keep 4 of 3 refused", 0, 0);
+    if (engine_verify_keep(e, a, 3, err, sizeof err)) goto fail;
+    free(la), free(lb);
+    seq_free(base), seq_free(a), seq_free(b);
+    return 0;
+fail:
+    fprintf(stderr, "test_cuda_short: %s\n", err);
+    return -1;
+}
+
 // The engine's choice (on the device) against pick_row on the row the same forward leaves.
 static const uint32_t *mask_of(void *arg) { return arg; }
 
@@ -162,7 +242,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int n = atoi(argv[2]);
-    if (n < 1 || short_vs_steps(e, n) || choice_vs_host(e, n)) {
+    if (n < 1 || short_vs_steps(e, n) || verify_vs_steps(e, n) || choice_vs_host(e, n)) {
         engine_close(e);
         return 2;
     }
