@@ -66,7 +66,7 @@ def main():
     a = ap.parse_args()
     base = {"model": "calla", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": a.tokens,
             "messages": [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}],
-            "chat_template_kwargs": {"enable_thinking": False}}
+            "chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True}
     res = {m: [] for m in MODES}
     for _ in range(a.rounds):
         for m, extra in MODES.items():
