@@ -383,7 +383,7 @@ static enum MHD_Result refuse_body(struct server *sv, struct MHD_Connection *c, 
     char msg[96], head[256];
     snprintf(msg, sizeof msg, "the request body exceeds the limit of %lld bytes", sv->cfg.max_body);
     const int status = rq->refuse ? rq->refuse : 413;
-    json_t *b = error_body(status, NULL, rq->refuse ? rq->why : msg);
+    json_t *b = openai_error_body(status, NULL, rq->refuse ? rq->why : msg);
     char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
