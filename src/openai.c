@@ -52,8 +52,157 @@ static int clip_utf8(const char *s, int max) {
     return n;
 }
 
-// Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (reject, never clamp: the rule of options.h).
+// ---- request fields ------------------------------------------------------------------------------
+//
+// Every top-level field of a generation request is in this table, with the endpoints that take it.
+// Any other is refused with a 400 that names it, as OpenAI refuses it ("Unrecognized request
+// argument supplied"): a field a client expects to change the answer is never dropped in silence.
+// The fields of features Calla lacks are listed too, with the value that means "off", so that a
+// client sending their defaults is served and any other value is a 400 that says why.
+
+enum { FOR_CHAT = 1, FOR_COMPLETIONS = 2, FOR_BOTH = 3 };
+
+enum field_kind {
+    FIELD_READ,    // read by the parsers below
+    FIELD_INERT,   // accepted, of the type in `arg`; changes nothing in the answer
+    FIELD_OFF,     // a feature Calla lacks: only null and the JSON values in `arg` ("|" between them) pass
+};
+
+static const struct field {
+    const char *name;
+    unsigned eps;
+    enum field_kind kind;
+    const char *arg;   // FIELD_INERT: "string", "boolean" or "metadata" (an object of strings); FIELD_OFF: the values
+    const char *why;   // FIELD_OFF: why any other value is refused
+} fields[] = {
+    {"messages", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"prompt", FOR_COMPLETIONS, FIELD_READ, NULL, NULL},
+    {"model", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"max_tokens", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"max_completion_tokens", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"n_predict", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stream", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stream_options", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stop", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"ignore_eos", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"logprobs", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_logprobs", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"return_token_ids", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"response_format", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"json_schema", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"guided_json", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"tools", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"tool_choice", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"parallel_tool_calls", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"chat_template_kwargs", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"enable_thinking", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"reasoning_effort", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"prediction", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"user", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"prompt_cache_key", FOR_BOTH, FIELD_READ, NULL, NULL},
+    // sampling (parse_sampling)
+    {"temperature", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_k", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"min_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"typical_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"presence_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"frequency_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"repetition_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"logit_bias", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"seed", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"n", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"best_of", FOR_BOTH, FIELD_READ, NULL, NULL},
+    // accepted, no effect on the answer
+    {"metadata", FOR_BOTH, FIELD_INERT, "metadata", NULL},
+    {"safety_identifier", FOR_BOTH, FIELD_INERT, "string", NULL},
+    {"cache_prompt", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // the session cache always applies; same tokens either way
+    {"spaces_between_special_tokens", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // special tokens never reach the text
+    // features Calla lacks: their "off" value only
+    {"echo", FOR_BOTH, FIELD_OFF, "false", "echo is not supported (the answer never repeats the prompt)"},
+    {"suffix", FOR_COMPLETIONS, FIELD_OFF, "\"\"", "suffix (fill-in-the-middle) is not supported"},
+    {"store", FOR_BOTH, FIELD_OFF, "false", "store is not supported: Calla keeps no completions"},
+    {"service_tier", FOR_BOTH, FIELD_OFF, "\"auto\"|\"default\"", "service_tier must be \"auto\" or \"default\" (one tier)"},
+    {"audio", FOR_CHAT, FIELD_OFF, NULL, "audio output is not supported (text only)"},
+    {"modalities", FOR_CHAT, FIELD_OFF, "[\"text\"]", "modalities must be [\"text\"] (text only)"},
+    {"functions", FOR_CHAT, FIELD_OFF, NULL, "functions (deprecated) is not supported: use tools"},
+    {"function_call", FOR_CHAT, FIELD_OFF, NULL, "function_call (deprecated) is not supported: use tool_choice"},
+    {"web_search_options", FOR_CHAT, FIELD_OFF, NULL, "web search is not supported"},
+    {"verbosity", FOR_CHAT, FIELD_OFF, "\"medium\"", "verbosity must be \"medium\" (the model has no verbosity setting)"},
+    {"grammar", FOR_BOTH, FIELD_OFF, NULL, "grammar (GBNF) is not supported: use response_format with a JSON schema"},
+    {"guided_regex", FOR_BOTH, FIELD_OFF, NULL, "guided_regex is not supported: use response_format with a JSON schema"},
+    {"guided_choice", FOR_BOTH, FIELD_OFF, NULL, "guided_choice is not supported: use a JSON schema with an enum"},
+    {"guided_grammar", FOR_BOTH, FIELD_OFF, NULL, "guided_grammar is not supported: use response_format with a JSON schema"},
+    {"add_generation_prompt", FOR_CHAT, FIELD_OFF, "true", "add_generation_prompt must be true (the answer is a new assistant turn)"},
+    {"continue_final_message", FOR_CHAT, FIELD_OFF, "false", "continue_final_message is not supported"},
+    {"skip_special_tokens", FOR_BOTH, FIELD_OFF, "true", "skip_special_tokens must be true: special tokens never reach the text"},
+    {"include_stop_str_in_output", FOR_BOTH, FIELD_OFF, "false", "include_stop_str_in_output is not supported (a stop string is never returned)"},
+    {"min_tokens", FOR_BOTH, FIELD_OFF, "0", "min_tokens is not supported"},
+    {"stop_token_ids", FOR_BOTH, FIELD_OFF, "[]", "stop_token_ids is not supported (<|im_end|> and <|endoftext|> stop; see ignore_eos)"},
+    {"use_beam_search", FOR_BOTH, FIELD_OFF, "false", "beam search is not supported"},
+};
+
+// v equal to the JSON text lit (numbers by value: 1 and 1.0 are one value).
+static bool json_is(const json_t *v, const char *lit, size_t n) {
+    json_t *w = json_loadb(lit, n, JSON_DECODE_ANY, NULL);
+    bool eq = w && (json_is_number(v) && json_is_number(w) ? json_number_value(v) == json_number_value(w)
+                                                            : json_equal((json_t *)v, w));
+    json_decref(w);
+    return eq;
+}
+
+// FIELD_OFF: null or one of f->arg.
+static bool field_off(const struct field *f, const json_t *v) {
+    if (json_is_null(v)) return true;
+    for (const char *a = f->arg; a && *a;) {
+        const char *bar = strchr(a, '|');
+        const size_t n = bar ? (size_t)(bar - a) : strlen(a);
+        if (json_is(v, a, n)) return true;
+        a += n + (bar != NULL);
+    }
+    return false;
+}
+
+static bool field_inert_ok(const char *type, const json_t *v) {
+    if (json_is_null(v)) return true;
+    if (!strcmp(type, "string")) return json_is_string(v);
+    if (!strcmp(type, "boolean")) return json_is_boolean(v);
+    if (!json_is_object(v)) return false;   // metadata: string values
+    const char *k;
+    const json_t *x;
+    json_object_foreach((json_t *)v, k, x) if (!json_is_string(x)) return false;
+    return true;
+}
+
+// Every field of the body is one the endpoint takes, and the inert and "off" ones hold what they may.
+static int check_fields(const json_t *body, bool chat, struct req_error *re) {
+    const unsigned ep = chat ? FOR_CHAT : FOR_COMPLETIONS;
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)body, key, v) {
+        const struct field *f = NULL;
+        for (size_t i = 0; !f && i < sizeof fields / sizeof fields[0]; i++)
+            if (!strcmp(fields[i].name, key)) f = &fields[i];
+        if (!f)   // (no param: the name is the client's text, and OpenAI sends none either)
+            return req_fail(re, 400, NULL, "Unrecognized request argument supplied: %.*s", clip_utf8(key, 64), key);
+        if (!(f->eps & ep))
+            return req_fail(re, 400, f->name, chat ? "%s is a completions parameter (/v1/completions)"
+                                                   : "%s is a chat parameter (/v1/chat/completions)", f->name);
+        if (f->kind == FIELD_INERT && !field_inert_ok(f->arg, v))
+            return req_fail(re, 400, f->name, "%s must be %s", f->name,
+                            !strcmp(f->arg, "metadata") ? "an object of strings" : !strcmp(f->arg, "string") ? "a string"
+                                                                                                           : "a boolean");
+        if (f->kind == FIELD_OFF && !field_off(f, v)) return req_fail(re, 400, f->name, "%s", f->why);
+    }
+    return 0;
+}
+
+// ---- sampling ------------------------------------------------------------------------------------
+//
+// Decoding is greedy unless the server runs with --allow-sampling: then temperature, top_p,
+// top_k, min_p, presence_penalty and seed fill the request's gen_sampling.  The other sampling
+// parameters take only the value that means greedy, and so do all of them without the flag:
+// anything else is a 400 naming the parameter (reject, never clamp: the rule of options.h).
 enum greedy_kind {
     GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
     GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
@@ -67,19 +216,20 @@ static const struct greedy_rule {
     enum greedy_kind kind;
     double greedy, lo, hi;
     const char *why;
+    bool sampling;      // one of the parameters --allow-sampling takes (parse_sampling)
 } greedy_rules[] = {
-    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)"},
-    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)"},
-    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)"},
-    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)"},
-    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)"},
-    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)"},
-    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)"},
-    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic"},
-    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)"},
-    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
-    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
-    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
+    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)", true},
+    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)", true},
+    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)", true},
+    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)", true},
+    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)", false},
+    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)", false},
+    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)", false},
+    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic", true},
+    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)", true},
+    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)", false},
+    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)", false},
+    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)", false},
 };
 
 static bool integral(const json_t *v, long long *out) {
@@ -97,35 +247,96 @@ static bool integral(const json_t *v, long long *out) {
     return false;
 }
 
+// One rule on the body: 0 when the field is absent, null or greedy.  sampling: the server samples,
+// so a refusal of one of the parameters it does not take says that instead.
+static int check_rule(const struct greedy_rule *g, const json_t *body, bool sampling, struct req_error *re) {
+    const json_t *v = json_object_get(body, g->name);
+    if (!v || json_is_null(v)) return 0;
+    char why[160];
+    if (sampling)
+        snprintf(why, sizeof why, "%s is not supported (sampling takes temperature, top_p, top_k, min_p, "
+                                  "presence_penalty and seed)", g->name);
+    else
+        snprintf(why, sizeof why, "%s%s", g->why, g->sampling ? "; calla serve --allow-sampling enables sampling" : "");
+    long long k;
+    switch (g->kind) {
+    case GREEDY_NUM_EQ: {
+        if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
+        double d = json_number_value(v);
+        if (!(d >= g->lo && d <= g->hi))
+            return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
+        if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", why, d);
+        break;
+    }
+    case GREEDY_INT_LE:
+    case GREEDY_INT_EQ:
+        if (!integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
+        if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
+        if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
+            return req_fail(re, 400, g->name, "%s, got %lld", why, k);
+        break;
+    case GREEDY_NULL:
+        return req_fail(re, 400, g->name, "%s", why);
+    case GREEDY_EMPTY_OBJ:
+        if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
+        if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", why);
+        break;
+    }
+    return 0;
+}
+
 int check_greedy(const json_t *body, struct req_error *re) {
-    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++) {
-        const struct greedy_rule *g = &greedy_rules[i];
-        const json_t *v = json_object_get(body, g->name);
-        if (!v || json_is_null(v)) continue;
-        long long k;
-        switch (g->kind) {
-        case GREEDY_NUM_EQ: {
-            if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
-            double d = json_number_value(v);
-            if (!(d >= g->lo && d <= g->hi))
-                return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
-            if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", g->why, d);
-            break;
-        }
-        case GREEDY_INT_LE:
-        case GREEDY_INT_EQ:
-            if (!integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
-            if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
-            if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
-                return req_fail(re, 400, g->name, "%s, got %lld", g->why, k);
-            break;
-        case GREEDY_NULL:
-            return req_fail(re, 400, g->name, "%s", g->why);
-        case GREEDY_EMPTY_OBJ:
-            if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
-            if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", g->why);
-            break;
-        }
+    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++)
+        if (check_rule(&greedy_rules[i], body, false, re)) return -1;
+    return 0;
+}
+
+// A number field in [lo, hi] (open at lo when lo_open); absent or null: def.
+static int get_num(const json_t *body, const char *name, double lo, double hi, bool lo_open, double def, double *out,
+                   struct req_error *re) {
+    const json_t *v = json_object_get(body, name);
+    *out = def;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return req_fail(re, 400, name, "%s must be a number", name);
+    const double d = json_number_value(v);
+    if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
+        return req_fail(re, 400, name, "%s must be %s %g and %g, got %g", name, lo_open ? "above" : "between", lo, hi, d);
+    *out = d;
+    return 0;
+}
+
+int openai_parse_sampling(const json_t *body, bool allow, struct gen_sampling *s, struct req_error *re) {
+    *s = (struct gen_sampling){.top_p = 1};
+    if (!allow) return check_greedy(body, re);
+    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++)
+        if (!greedy_rules[i].sampling && check_rule(&greedy_rules[i], body, true, re)) return -1;
+    double t, p, mp, pp;
+    if (get_num(body, "temperature", 0, 2, false, 0, &t, re) || get_num(body, "top_p", 0, 1, true, 1, &p, re) ||
+        get_num(body, "min_p", 0, 1, false, 0, &mp, re) || get_num(body, "presence_penalty", -2, 2, false, 0, &pp, re))
+        return -1;
+    long long k = 0, seed = 0;
+    const json_t *v = json_object_get(body, "top_k");
+    if (v && !json_is_null(v) && (!integral(v, &k) || k < -1 || k > INT32_MAX))
+        return req_fail(re, 400, "top_k", "top_k must be an integer, at least 0 (0 or -1: no cut)");
+    if (k < 0) k = 0;   // -1: vLLM's "no cut", the same as 0
+    v = json_object_get(body, "seed");
+    const bool has_seed = v && !json_is_null(v);
+    if (has_seed && !json_is_integer(v)) return req_fail(re, 400, "seed", "seed must be an integer");
+    if (has_seed) seed = json_integer_value(v);
+    if (t == 0) {   // greedy: the other parameters must not ask for what only a draw can do
+        const char *which = p != 1 ? "top_p" : k > 1 ? "top_k" : mp != 0 ? "min_p" : pp != 0 ? "presence_penalty" : NULL;
+        if (which)
+            return req_fail(re, 400, which, "%s needs a temperature above 0 (with temperature 0 or none, decoding is greedy)",
+                            which);
+        return 0;   // a seed with greedy decoding changes nothing: accepted
+    }
+    *s = (struct gen_sampling){.on = true, .temperature = (float)t, .top_p = (float)p, .min_p = (float)mp,
+                               .presence_penalty = (float)pp, .top_k = (int)k, .seed = (uint64_t)seed,
+                               .has_seed = has_seed};
+    if (!has_seed) {   // a random one per request, reported nowhere
+        char hex[17];
+        random_hex(hex, 8);
+        s->seed = strtoull(hex, NULL, 16);
     }
     return 0;
 }
@@ -179,57 +390,188 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
     return 0;
 }
 
-// response_format: text, json_object, or json_schema {"name", "schema", "strict"}: the schema is
-// compiled here, once (constrain.c), and refused with the keyword named when outside the subset.
-static int parse_response_format(const json_t *v, struct gen_request *r, struct req_error *re) {
-    const json_t *t = json_object_get(v, "type");
-    const char *type = json_is_string(t) ? json_string_value(t) : "";
+// The schema the answer must follow, from whichever field gives one: response_format (text,
+// json_object: any object, json_object with a "schema" (llama-server's form, and instructor's
+// JSON_SCHEMA mode), json_schema {"name", "schema", "strict"}), a top-level json_schema
+// (llama-server) or guided_json (vLLM: a schema, or a string holding one).  At most one of them;
+// the schema is compiled here, once (constrain.c), and refused with the keyword named when it is
+// outside the subset.
+static int parse_schema(const json_t *body, struct gen_request *r, struct req_error *re) {
+    const json_t *rf, *top = json_object_get(body, "json_schema"), *guided = json_object_get(body, "guided_json");
+    if (get_opt(body, "response_format", JSON_OBJECT, &rf, re)) return -1;
+    const char *from = NULL;   // the field the schema comes from
     const json_t *schema = NULL;
-    if (!strcmp(type, "text")) return 0;
-    if (!strcmp(type, "json_schema")) {
-        const json_t *js = json_object_get(v, "json_schema");
-        schema = json_object_get(js, "schema");
-        if (!json_is_object(js) || !json_is_object(schema))
+    bool any_object = false;   // json_object without a schema
+    json_t *parsed = NULL;     // guided_json given as a string
+    if (rf) {
+        const json_t *t = json_object_get(rf, "type");
+        const char *type = json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(type, "json_schema")) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            schema = json_object_get(js, "schema");
+            if (!json_is_object(js) || !json_is_object(schema))
+                return req_fail(re, 400, "response_format",
+                                "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+            from = "response_format";
+        } else if (!strcmp(type, "json_object")) {
+            schema = json_object_get(rf, "schema");
+            if (schema && !json_is_null(schema) && !json_is_object(schema))
+                return req_fail(re, 400, "response_format", "response_format json_object's schema must be a JSON Schema object");
+            if (!json_is_object(schema)) schema = NULL, any_object = true;
+            from = "response_format";
+        } else if (strcmp(type, "text")) {
             return req_fail(re, 400, "response_format",
-                       "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
-    } else if (strcmp(type, "json_object")) {
-        return req_fail(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+                            "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+        }
     }
+    static const char *const names[] = {"json_schema", "guided_json"};
+    const json_t *alt[] = {top, guided};
+    for (int i = 0; i < 2; i++) {
+        if (!alt[i] || json_is_null(alt[i])) continue;
+        if (from)
+            return req_fail(re, 400, names[i], "%s and %s both give a schema: give one", from, names[i]);
+        from = names[i];
+        if (i == 1 && json_is_string(alt[i])) {
+            if (!(parsed = json_loadb(json_string_value(alt[i]), json_string_length(alt[i]), 0, NULL)))
+                return req_fail(re, 400, names[i], "guided_json must be a JSON Schema object, or a string holding one");
+            alt[i] = parsed;
+        }
+        if (!json_is_object(alt[i])) {
+            json_decref(parsed);
+            return req_fail(re, 400, names[i], "%s must be a JSON Schema object", names[i]);
+        }
+        schema = alt[i];
+    }
+    if (!schema && !any_object) return 0;
     char err[300];
-    if (constrain_compile(schema, &r->schema, err, sizeof err))
-        return req_fail(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+    const int rc = constrain_compile(schema, &r->schema, err, sizeof err);
+    json_decref(parsed);
+    if (rc) {
+        if (!strcmp(from, "response_format"))
+            return req_fail(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+        return req_fail(re, 400, !strcmp(from, "guided_json") ? "guided_json" : "json_schema", "%s: %s", from, err);
+    }
     return 0;
 }
 
-// Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
+// stream_options: include_usage, and include_obfuscation off (no padding field is ever added).
+static int parse_stream_options(const json_t *body, struct openai_resp *o, struct req_error *re) {
+    const json_t *v;
+    if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
+    if (!v) return 0;
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) {
+        if (!strcmp(key, "include_usage")) {
+            if (get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
+        } else if (!strcmp(key, "include_obfuscation")) {
+            if (!json_is_null(x) && !json_is_false(x))
+                return req_fail(re, 400, "stream_options", "stream_options.include_obfuscation must be false (not supported)");
+        } else {
+            return req_fail(re, 400, "stream_options", "stream_options.%.*s is not a stream option (include_usage)",
+                            clip_utf8(key, 64), key);
+        }
+    }
+    return 0;
+}
+
+// OpenAI's prediction, {"type": "content", "content": a string or text parts}: kept in the
+// request as a draft for speculative decoding (a hint: the answer is the same without it).
+static int parse_prediction(const json_t *body, struct gen_request *r, struct req_error *re) {
+    const json_t *v;
+    if (get_opt(body, "prediction", JSON_OBJECT, &v, re)) return -1;
+    if (!v) return 0;
+    const json_t *type = json_object_get(v, "type"), *content = json_object_get(v, "content");
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) if (strcmp(key, "type") && strcmp(key, "content"))
+        return req_fail(re, 400, "prediction", "prediction takes only \"type\" and \"content\"");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "content"))
+        return req_fail(re, 400, "prediction", "prediction must be {\"type\": \"content\", \"content\": ...}");
+    struct sbuf b = {0};
+    if (json_is_string(content)) {
+        if (sbuf_add(&b, json_string_value(content), json_string_length(content))) goto oom;
+    } else if (json_is_array(content)) {
+        size_t i;
+        const json_t *part;
+        json_array_foreach(content, i, part) {
+            const json_t *pt = json_object_get(part, "type"), *text = json_object_get(part, "text");
+            if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") || !json_is_string(text)) {
+                sbuf_free(&b);
+                return req_fail(re, 400, "prediction", "prediction.content[%zu] must be {\"type\": \"text\", \"text\": ...}", i);
+            }
+            if (sbuf_add(&b, json_string_value(text), json_string_length(text))) goto oom;
+        }
+    } else {
+        return req_fail(re, 400, "prediction", "prediction.content must be a string or an array of text parts");
+    }
+    if (!b.len) {
+        sbuf_free(&b);
+        return 0;
+    }
+    r->prediction = b.p, r->prediction_len = b.len;
+    return 0;
+oom:
+    sbuf_free(&b);
+    return req_fail(re, 500, NULL, "out of memory");
+}
+
+// max_tokens, and the other names of it: max_completion_tokens (OpenAI's newer name) wins over
+// max_tokens, which wins over n_predict (llama-server's; -1 there: as much as the context has
+// left).  *out: 0 when none is given (the server's default), -1 for the context's rest.
+static int parse_max_tokens(const json_t *body, long long *out, struct req_error *re) {
+    static const char *const names[] = {"n_predict", "max_tokens", "max_completion_tokens"};
+    *out = 0;
+    for (int i = 0; i < 3; i++) {
+        const json_t *m = json_object_get(body, names[i]);
+        if (!m || json_is_null(m)) continue;
+        long long k;
+        if (!integral(m, &k)) return req_fail(re, 400, names[i], "%s must be an integer", names[i]);
+        if (i == 0 && k == -1) {
+            *out = -1;
+            continue;
+        }
+        if (k < 1 || k > QWEN_MAX_CTX - 1)
+            return req_fail(re, 400, names[i], "%s must be between 1 and %d inclusive%s, got %lld", names[i],
+                            QWEN_MAX_CTX - 1, i == 0 ? " (or -1)" : "", k);
+        *out = k;
+    }
+    return 0;
+}
+
+// A session key for X-Session-Id (a balancer's affinity): prompt_cache_key (OpenAI's key for
+// requests that share a prefix), else user (a stable end-user id).  One that cannot be a header
+// value is accepted, not mirrored.
+static int parse_session(const json_t *body, struct job *j, struct req_error *re) {
+    static const char *const names[] = {"user", "prompt_cache_key"};
+    for (int i = 0; i < 2; i++) {
+        const json_t *v;
+        if (get_opt(body, names[i], JSON_STRING, &v, re)) return -1;
+        if (v && session_id_valid(json_string_value(v), json_string_length(v)))
+            memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
+    }
+    return 0;
+}
+
+// Parameters common to both generation endpoints: the fields themselves, sampling, logprobs,
+// max_tokens, stop, stream, the schema.
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
     struct openai_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
-    if (check_greedy(body, re) || parse_logprobs(body, o->chat, r, re)) return -1;
+    if (check_fields(body, o->chat, re) || openai_parse_sampling(body, oc->allow_sampling, &r->sampling, re) ||
+        parse_logprobs(body, o->chat, r, re))
+        return -1;
     const json_t *v;
-    if (get_opt(body, "model", JSON_STRING, &v, re)) return -1;
-    // OpenAI's `user`: a stable end-user id.  Mirrored as X-Session-Id so a balancer can keep the
-    // conversation on this replica; an id that cannot be a header value is accepted, not mirrored.
-    if (get_opt(body, "user", JSON_STRING, &v, re)) return -1;
-    if (v && session_id_valid(json_string_value(v), json_string_length(v)))
-        memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
-    *max_tokens = 0;   // 0: not given
-    static const char *const mt_names[] = {"max_tokens", "max_completion_tokens"};
-    for (int i = 0; i < 2; i++) {
-        const json_t *m = json_object_get(body, mt_names[i]);
-        if (!m || json_is_null(m)) continue;
-        long long k;
-        if (!integral(m, &k)) return req_fail(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
-        if (k < 1 || k > QWEN_MAX_CTX - 1)
-            return req_fail(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
-                       QWEN_MAX_CTX - 1, k);
-        *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
-    }
+    if (get_opt(body, "model", JSON_STRING, &v, re) || parse_session(body, j, re) || parse_max_tokens(body, max_tokens, re))
+        return -1;
     if (get_bool(body, "stream", false, &j->stream, re)) return -1;
     if (get_bool(body, "return_token_ids", false, &o->return_ids, re)) return -1;
-    if (get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
-    if (v && get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
+    if (get_bool(body, "ignore_eos", false, &r->ignore_stop, re)) return -1;
+    bool parallel = true;
+    if (o->chat && get_bool(body, "parallel_tool_calls", true, &parallel, re)) return -1;
+    o->one_call = !parallel;
+    if (parse_stream_options(body, o, re)) return -1;
     const json_t *stop = json_object_get(body, "stop");
     if (stop && !json_is_null(stop)) {
         const json_t *one[1] = {stop};
@@ -250,16 +592,7 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
             if (gen_request_add_stop(r, json_string_value(s), len)) return req_fail(re, 500, NULL, "out of memory");
         }
     }
-    if (get_bool(body, "echo", false, &(bool){0}, re)) return -1;
-    if (json_is_true(json_object_get(body, "echo"))) return req_fail(re, 400, "echo", "echo is not supported");
-    if (get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
-    if (v && json_string_length(v)) return req_fail(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
-    if (!o->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
-        return req_fail(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
-    if (get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
-    if (v && parse_response_format(v, r, re)) return -1;
-    (void)oc;
-    return 0;
+    return parse_prediction(body, r, re) || parse_schema(body, r, re) ? -1 : 0;
 }
 
 // Text of a message's content: a string, null, or an array of {"type": "text", "text": ...}.
@@ -444,6 +777,41 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
     return 0;
 }
 
+// Thinking on or off, from whichever of three fields says it: chat_template_kwargs.enable_thinking
+// (the template's own variable), a top-level enable_thinking (the same, as some clients send it),
+// or reasoning_effort ("none" and "minimal" turn thinking off; "low", "medium", "high" and
+// "xhigh" leave it on: the model has one depth of thinking).  Two that disagree are a 400.
+static int parse_thinking(const json_t *body, const json_t *kw, bool *think, struct req_error *re) {
+    const char *said = NULL;   // the first field that set it
+    bool on = true;
+    static const char *const names[] = {"chat_template_kwargs.enable_thinking", "enable_thinking", "reasoning_effort"};
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_object_get(i ? body : kw, i == 2 ? "reasoning_effort" : "enable_thinking");
+        if (!v || json_is_null(v)) continue;
+        bool b;
+        if (i < 2) {
+            if (!json_is_boolean(v)) return req_fail(re, 400, "enable_thinking", "%s must be a boolean", names[i]);
+            b = json_is_true(v);
+        } else {
+            static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+            const char *e = json_is_string(v) ? json_string_value(v) : "";
+            int k = -1;
+            for (int x = 0; x < 6; x++)
+                if (!strcmp(e, efforts[x])) k = x;
+            if (k < 0)
+                return req_fail(re, 400, "reasoning_effort",
+                                "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
+            b = k >= 2;
+        }
+        if (said && b != on)
+            return req_fail(re, 400, i == 2 ? "reasoning_effort" : "enable_thinking", "%s and %s disagree about thinking",
+                            said, names[i]);
+        said = names[i], on = b;
+    }
+    *think = on;
+    return 0;
+}
+
 // /v1/chat/completions: messages (and tools) -> the rendered prompt and the byte offset where the
 // last message starts (the snapshot point).  Sets req->reasoning and req->tools.
 int openai_render_chat(const json_t *body, struct gen_request *req, char **out_, unsigned char **markup, size_t *out_len,
@@ -459,7 +827,7 @@ int openai_render_chat(const json_t *body, struct gen_request *req, char **out_,
     const json_t *kw;
     if (get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
     bool think = true, preserve = false;
-    if (kw && (get_bool(kw, "enable_thinking", true, &think, re) || get_bool(kw, "preserve_thinking", false, &preserve, re)))
+    if (parse_thinking(body, kw, &think, re) || (kw && get_bool(kw, "preserve_thinking", false, &preserve, re)))
         return -1;
     co.enable_thinking = think;
     co.preserve_thinking = preserve;
@@ -662,9 +1030,9 @@ struct job *openai_parse_request(const struct openai_ctx *oc, enum openai_endpoi
                  "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", r->n_prompt, ctx);
         goto fail;
     }
-    if (!max_tokens) {   // the server default, within what the context has left
-        max_tokens = ctx - r->n_prompt - 1;
-        if (max_tokens > oc->default_max_tokens) max_tokens = oc->default_max_tokens;
+    if (max_tokens <= 0) {   // none given: the server default, within what the context has left; -1: all of that
+        const long long left = ctx - r->n_prompt - 1;
+        max_tokens = max_tokens < 0 || left < oc->default_max_tokens ? left : oc->default_max_tokens;
     }
     if (r->n_prompt + max_tokens + 1 > ctx) {
         req_fail(re, 400, "max_tokens",
@@ -903,7 +1271,7 @@ static void on_tool_call(void *ctx, const char *name, const char *arguments) {
     random_hex(id + 5, 12);
     json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
                           "arguments", arguments);
-    if (!c || (!o->calls && !(o->calls = json_array()))) {
+    if (!c || (o->one_call && o->calls) || (!o->calls && !(o->calls = json_array()))) {   // parallel_tool_calls false: the first only
         json_decref(c);
         return;
     }

@@ -34,6 +34,7 @@ struct openai_ctx {
     long long context;               // prompt + max_tokens + 1 must fit
     long long default_max_tokens;    // when the request gives none
     const char *model_name;
+    bool allow_sampling;             // calla serve --allow-sampling: temperature & co. fill gen_request.sampling
 };
 
 // The answer being built: the sink's context (job->sink.ctx).
@@ -42,6 +43,7 @@ struct openai_resp {
     bool chat;                       // chat.completion (else text_completion)
     bool include_usage;              // streaming: a usage chunk after the finish
     bool return_ids;                 // return_token_ids: the generated ids in the choice (as vLLM)
+    bool one_call;                   // parallel_tool_calls false: calls after the first are dropped
     const struct tokenizer *tok;     // token text for logprobs
     const char *model_name;
     long long created;
@@ -61,6 +63,10 @@ struct job *openai_job_new(const struct openai_ctx *oc, enum openai_endpoint ep)
 json_t *openai_error_body(int status, const char *param, const char *msg);
 // Sampling parameters: only the values that mean greedy pass.
 int check_greedy(const json_t *body, struct req_error *re);
+// Sampling parameters into *s: with allow (--allow-sampling) temperature, top_p, top_k, min_p,
+// presence_penalty and seed (s->on when temperature > 0; no seed: a random one), the others
+// greedy-only; without, check_greedy.  0, or -1 with a 400 naming the parameter.
+int openai_parse_sampling(const json_t *body, bool allow, struct gen_sampling *s, struct req_error *re);
 // A chat request's messages and tools -> the prompt text (malloc'd) and the byte offset where the
 // last message starts; sets r->reasoning, r->tools (and r->schema for a forced call).
 // *markup (if not NULL): which bytes may hold added tokens (chat_render_markup).

@@ -825,6 +825,8 @@ int cmd_serve(int argc, char **argv) {
         {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
                                                           "default none: preflights get 403)"},
         {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
+        {"allow-sampling", OPT_FLAG, &cfg.allow_sampling, 0, 0, "accept temperature > 0, top_p, top_k, min_p, presence_penalty "
+                                                                 "and seed (default: greedy only, others a 400)"},
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
@@ -940,7 +942,8 @@ int cmd_serve(int argc, char **argv) {
                 token_trie_nodes(sv->trie), token_trie_bytes(sv->trie) / 1e6, 1e3 * (now_s() - tt0),
                 mask_mode_name(sv->mask_mode));
     sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
-                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
+                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name,
+                                 .allow_sampling = cfg.allow_sampling};
     const struct sched_config sc = {
         .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
         .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,

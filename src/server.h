@@ -40,6 +40,7 @@ struct server_config {
     long long request_timeout;    // seconds a client has to send a whole request (headers and body)
     bool quiet;
     bool allow_chunked;           // accept chunked request bodies (off: 411; docs/HTTP.md)
+    bool allow_sampling;          // sampling parameters accepted (off: greedy only; docs/API.md)
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
