@@ -10,6 +10,7 @@
 #pragma once
 
 #include "auth.h"
+#include "conn.h"
 #include "engine.h"
 #include "openai.h"
 #include "options.h"
@@ -30,7 +31,8 @@ struct server_config {
     long long queue;              // waiting jobs beyond the running one; past it: 503
     long long max_body;           // request body bytes; past it: 413
     long long max_header;         // request header bytes (MHD's per-connection memory); past it: 4xx from MHD
-    long long max_connections;
+    long long max_connections;    // open at once; past it the oldest idle one is closed (conn.h)
+    long long http_threads;       // libmicrohttpd's threads (epoll each); none ever blocks
     long long cache_entries;      // LRU of end-of-request states (0: off)
     long long cache_boundaries;   // LRU of last-message-boundary snapshots (0: off)
     long long default_max_tokens; // when a request gives none (then capped by what the context has left)
@@ -45,7 +47,7 @@ struct server_config {
     const char *api_key_file;
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
     struct opt_strs cors_origins;  // --cors-origin, repeatable
-    long long max_per_ip;         // connections from one address
+    long long max_per_ip;         // connections from one address; past it its oldest idle one is closed
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
     long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
 };
@@ -81,11 +83,5 @@ struct server {
     long long started;              // Unix time, the models' "created"
     void *d;                        // the HTTP daemon (struct MHD_Daemon)
 
-    // Open connections, for the request deadline (server.c: struct conn, reaper).
-    pthread_mutex_t conn_mu;
-    pthread_cond_t conn_cv;
-    struct conn *conns;             // doubly linked, under conn_mu
-    bool stop_reaper;               // under conn_mu
-    bool have_reaper;
-    pthread_t reaper;
+    struct conn_table conns;        // open connections: limits, the request deadline, the watch over clients (conn.h)
 };

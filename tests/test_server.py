@@ -92,9 +92,9 @@ class Server:
         os.unlink(self.log.name)
 
 
-def request(port, method, path, body=None, headers=None, timeout=TIMEOUT):
-    """-> (status, headers dict, bytes)."""
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+def request(port, method, path, body=None, headers=None, timeout=TIMEOUT, source=None):
+    """-> (status, headers dict, bytes).  source: the local address to send from (127.0.0.x)."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout, source_address=(source, 0) if source else None)
     try:
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
