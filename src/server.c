@@ -60,6 +60,7 @@ struct request {
     int refuse;             // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
     const char *why;        // its message
     struct job *job;        // once queued
+    bool looked;            // not streaming: the handler has looked at the job once (answer_whole)
 };
 
 // The chat page's file at this URL path ("/" is index.html), or NULL.
@@ -558,6 +559,15 @@ static enum MHD_Result answer_whole(struct server *sv, struct MHD_Connection *c,
         }
         if (v.peer_eof && now_s() - j->t_queued >= PROBE_AFTER_S)
             return queue_relay(sv, c, rq->ep, j, body_read, "application/json", job_session(c, j));
+        // MHD 0.9.75 keeps a connection's event-loop state while it is suspended, and one suspended
+        // in the call that completed its request is still marked as reading: resumed, MHD reads,
+        // and a client that has half-closed reads as the end of the stream, on which MHD closes the
+        // connection.  Returning once with no answer lets MHD mark it as waiting (it calls the
+        // handler again at once); only then is it parked.
+        if (!rq->looked) {
+            rq->looked = true;
+            return MHD_YES;
+        }
         if (job_park(j)) return MHD_YES;   // resumed when there is news: MHD calls the handler again
     }
 }

@@ -323,6 +323,17 @@ def test_abandoned(binary, model):
               head.startswith(b"HTTP/1.1 200") and whole and doc[:1] == b" " and j is not None
               and j["usage"]["completion_tokens"] == 80 and m1["calla_cancelled_total"] == m0["calla_cancelled_total"],
               (head, doc[:200]))
+        # Four at once, three times over: each is suspended, resumed and answered whole (MHD must
+        # never read the end of their stream as a hang-up while they wait).
+        m0 = metrics(srv.port)
+        got = []
+        for r in range(3):
+            socks = [send_completion(srv.port, {"prompt": [80 + k, 81 + r], "max_tokens": 6}, close="half") for k in range(4)]
+            got += [read_all(x) for x in socks]
+        m1 = metrics(srv.port)
+        check("half-close: twelve clients, four at a time, each answered whole, none cancelled",
+              all(b'"completion_tokens":6' in x for x in got) and m1["calla_cancelled_total"] == m0["calla_cancelled_total"],
+              [x[:80] for x in got if b'"completion_tokens":6' not in x])
         # The same, streamed: every event, then [DONE].
         s = socket.create_connection((HOST, srv.port), timeout=120)
         b = json.dumps({"prompt": [74, 75], "max_tokens": 60, "stream": True}).encode()
