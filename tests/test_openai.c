@@ -294,6 +294,30 @@ static void test_stream_tool_calls(void **state) {
     }
 }
 
+// parallel_tool_calls false: of two calls the model makes, the answer holds the first only.
+static void test_one_call(void **state) {
+    static const char out[] = "<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</parameter>\n</function>\n"
+                              "</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                              "</function>\n</tool_call>";
+    static const struct openai_ctx oc = {.model_name = "m"};
+    for (int one = 0; one < 2; one++) {
+        struct job *j = openai_job_new(&oc, OPENAI_CHAT);
+        assert_non_null(j);
+        j->req.tools = json_loads(TOOLS, 0, NULL);
+        struct openai_resp *o = j->sink.ctx;
+        o->one_call = one;
+        struct gen_text t;
+        gen_text_init(&t, &j->req, &j->sink);
+        gen_text_push(&t, out, sizeof out - 1, true);
+        assert_int_equal(json_array_size(o->calls), one ? 1 : 2);
+        assert_non_null(strstr(json_string_value(json_object_get(json_object_get(json_array_get(o->calls, 0), "function"),
+                                                                 "arguments")),
+                               "Bern"));
+        gen_text_free(&t);
+        job_unref(j);
+    }
+}
+
 // Special tokens typed in message content are text; only the template's markup makes them.
 static void test_special_tokens_in_content(void **state) {
     char dir[] = "/tmp/calla_tok_XXXXXX", err[256];
@@ -728,6 +752,7 @@ int main(void) {
         cmocka_unit_test(test_tojson),          cmocka_unit_test(test_parser_calls),
         cmocka_unit_test(test_parser_plain_and_malformed), cmocka_unit_test(test_stream_tool_calls),
         cmocka_unit_test(test_special_tokens_in_content),
+        cmocka_unit_test(test_one_call),
         cmocka_unit_test(test_sampling_fields),
         cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_schema_fields),
