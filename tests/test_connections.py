@@ -40,7 +40,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_server import HOST, RESULTS, FAILURES, Server, check, metrics, post, request  # noqa: E402
+from test_server import HOST, RESULTS, FAILURES, Server, check, metrics, post, read_to_end, request  # noqa: E402
 
 PER_IP = 100         # --max-connections-per-ip given to the exhaustion server: every dripping address full
 REQUEST_TIMEOUT = 10 # --request-timeout given to the server, seconds
@@ -258,15 +258,7 @@ def send_completion(port, body, close=None):
 
 
 def read_all(s):
-    out = b""
-    while True:
-        try:
-            d = s.recv(65536)
-        except (socket.timeout, ConnectionResetError):
-            break
-        if not d:
-            break
-        out += d
+    out = read_to_end(s)
     s.close()
     return out
 

@@ -125,18 +125,23 @@ def raw(port, data, timeout=30):
             s.shutdown(socket.SHUT_WR)
         except OSError:   # EPIPE, ECONNRESET, ENOTCONN: the server answered (a 411, a 413) and closed
             pass          # before the whole request went out; what it sent is still read below
-        out = b""
-        while True:
-            try:
-                d = s.recv(65536)
-            except (socket.timeout, ConnectionResetError):
-                break
-            if not d:
-                break
-            out += d
-        return out
+        return read_to_end(s)
     finally:
         s.close()
+
+
+def read_to_end(s):
+    """Everything the server sends on s until it closes (a reset counts) or a timeout."""
+    out = b""
+    while True:
+        try:
+            d = s.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not d:
+            break
+        out += d
+    return out
 
 
 def raw_status(reply):
