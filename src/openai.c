@@ -151,9 +151,8 @@ static bool json_is(const json_t *v, const char *lit, size_t n) {
     return eq;
 }
 
-// FIELD_OFF: null or one of f->arg.
+// FIELD_OFF: one of f->arg.
 static bool field_off(const struct field *f, const json_t *v) {
-    if (json_is_null(v)) return true;
     for (const char *a = f->arg; a && *a;) {
         const char *bar = strchr(a, '|');
         const size_t n = bar ? (size_t)(bar - a) : strlen(a);
@@ -164,7 +163,6 @@ static bool field_off(const struct field *f, const json_t *v) {
 }
 
 static bool field_inert_ok(const char *type, const json_t *v) {
-    if (json_is_null(v)) return true;
     if (!strcmp(type, "string")) return json_is_string(v);
     if (!strcmp(type, "boolean")) return json_is_boolean(v);
     if (!json_is_object(v)) return false;   // metadata: string values
@@ -180,6 +178,7 @@ static int check_fields(const json_t *body, bool chat, struct req_error *re) {
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)body, key, v) {
+        if (json_is_null(v)) continue;   // null is absent, for any field
         const struct field *f = NULL;
         for (size_t i = 0; !f && i < sizeof fields / sizeof fields[0]; i++)
             if (!strcmp(fields[i].name, key)) f = &fields[i];
@@ -381,8 +380,6 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
         if (on) r->logprobs = (int)k;
         return 0;
     }
-    if (top && !json_is_null(top))
-        return req_fail(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
     if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
     if (!integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
         return req_fail(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);

@@ -610,6 +610,7 @@ static void test_request_fields(void **state) {
     // An unknown field is refused, named in the message (OpenAI's words, and no param, as OpenAI).
     expect_refused("\"temprature\": 0", false, NULL, "Unrecognized request argument supplied: temprature");
     expect_refused("\"prompt\": \"x\"", false, "prompt", "completions parameter");
+    job_unref(expect_ok("\"prompt\": null, \"unheard_of\": null, \"suffix\": null", false));   // null is absent
     // Features Calla lacks: their off value passes, anything else is a 400 naming the field.
     static const char *const off_ok[] = {
         "\"store\": false", "\"service_tier\": \"auto\"", "\"service_tier\": \"default\"", "\"audio\": null",
