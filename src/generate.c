@@ -35,6 +35,7 @@ void gen_request_free(struct gen_request *r) {
     free(r->stop_len);
     json_decref(r->tools);
     constrain_free(r->schema);
+    free(r->prediction);
     memset(r, 0, sizeof *r);
 }
 

@@ -33,6 +33,19 @@ struct token_trie;
 
 enum { GEN_MAX_TOP = 20 };   // alternatives a token's logprobs can carry
 
+// How each token is chosen.  off (the default): greedy, the most likely token.  on: drawn from the
+// distribution at `temperature` (> 0), cut to the top_k most likely (0: no cut), to the smallest set
+// whose probability reaches top_p (1: no cut) and to those at least min_p times the most likely
+// one's (0: no cut), after presence_penalty is taken from the logit of every token already
+// generated; `seed` makes the draws repeatable (has_seed false: the protocol picked a random one).
+struct gen_sampling {
+    bool on;
+    float temperature, top_p, min_p, presence_penalty;
+    int top_k;
+    uint64_t seed;
+    bool has_seed;
+};
+
 // What to generate.  Filled by a protocol from its request; gen_request_free frees what it owns.
 struct gen_request {
     int32_t *prompt;             // [n_prompt] (owned)
@@ -46,10 +59,15 @@ struct gen_request {
     json_t *tools;               // the answer's tool calls are parsed against these (a reference; NULL: none)
     struct cschema *schema;      // the answer is constrained to this document (owned; NULL: free text)
     int logprobs;                // -1: none; else each token's logprob and this many alternatives (<= GEN_MAX_TOP)
-    bool ignore_stop;            // stop tokens are text like any other (calla run --ignore-eos)
+    bool ignore_stop;            // stop tokens do not end the output, only max_tokens and stop strings do
+                                 // (calla run --ignore-eos; the API's ignore_eos)
     bool echo_stop;              // the stop token that ends the output is decoded into it too (calla run)
     int reasoning_budget;        // > 0: after this many reasoning tokens "\n</think>" is forced (the answer follows)
     int max_calls;               // > 0: the output ends once this many tool calls are complete
+    struct gen_sampling sampling;   // off: greedy
+    char *prediction;            // text the answer is expected to resemble (OpenAI's `prediction`), a draft
+                                 // for speculative decoding; a hint only, never changes the output (owned; NULL: none)
+    size_t prediction_len;
 };
 
 // Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.

@@ -4,7 +4,8 @@
 // cache; it runs jobs one at a time in arrival (queue) order.  A client that goes away is
 // noticed between prefill chunks and decode steps (job_cancelled: the worker polls the client
 // socket for a reset), and the transport marks the job cancelled when a write fails or the
-// connection ends early.
+// connection ends early, or when its watch over a queued job finds the client gone; a job whose
+// client left while it was queued is ended without running.
 #include "scheduler.h"
 
 #include <stdio.h>
@@ -175,10 +176,17 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         job_set_state(j, JOB_RUNNING);
-        if (atomic_load(&s->abort))
+        if (atomic_load(&s->abort)) {
             end_job(j, &(struct gen_end){.status = 503, .message = "the server is shutting down", .n_prompt = j->req.n_prompt});
-        else
+        } else if (job_cancelled(j)) {   // its client left while it waited: not even the cache is looked at
+            pthread_mutex_lock(&s->mu);
+            s->m.cancelled++;
+            pthread_mutex_unlock(&s->mu);
+            end_job(j, &(struct gen_end){.status = 499, .message = "cancelled", .n_prompt = j->req.n_prompt});
+            if (!s->cfg.quiet) fprintf(stderr, "calla serve: %s %s: cancelled while queued\n", j->id, j->kind);
+        } else {
             run_job(s, j);
+        }
 
         pthread_mutex_lock(&s->mu);
         s->running = NULL;
