@@ -2,8 +2,8 @@
 //
 // A request (struct gen_request: the prompt, max_tokens, stop strings, a constraint, tools,
 // logprobs) runs on a sequence that already holds the prompt's first `from` tokens (what the
-// session cache gave): prefill the rest, then decode greedily, a token a step, until a stop token,
-// a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
+// session cache gave): prefill the rest, then decode a token a step (greedy, or drawn under
+// --allow-sampling's parameters), until a stop token, a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
 // no protocol: text tagged by channel (reasoning before </think>, then the answer), tool calls as
 // a name and a JSON object of arguments, each token's logprobs, prefill progress; the end (a
 // finish reason, or an error, with the usage) is sent by the caller, which knows the queue time and
@@ -73,8 +73,8 @@ struct gen_request {
 // Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.
 int gen_request_add_stop(struct gen_request *r, const char *s, size_t n);
 void gen_request_free(struct gen_request *r);
-// The logits of each step are needed (logprobs, or a constraint): the last prompt token must then
-// run, so a cached state may cover at most n_prompt - 1 tokens.
+// The logits of each step are needed (logprobs, a constraint, sampling): the last prompt token
+// must then run, so a cached state may cover at most n_prompt - 1 tokens.
 bool gen_wants_logits(const struct gen_request *r);
 
 // ---- events ------------------------------------------------------------------------------------
@@ -198,10 +198,16 @@ struct gen_result {
     int32_t *ids;               // [n] the generated ids, the stop token included (malloc'd: free it)
     int n;
     double t_prefilled, t_end;  // now_s() when the prompt was in, and at the end
+    int32_t greedy_next;        // the argmax after the prompt and ids[0..n-1): the sequence's greedy next
+                                // token at the end (ids[n-1] when that was greedy; not when sampled,
+                                // constrained or forced), what the session cache keeps with the state
 };
 
 // Runs req on env->s from prompt position `from` (next: the greedy token after the whole prompt
-// when the state holds all of it and it is known, else NULL), sending events to sink (not end).
+// when the state holds all of it and it is known, else NULL; always NULL when gen_wants_logits),
+// sending events to sink (not end).  With req->sampling on, token i is the engine's draw of step i
+// of the request's seed (engine.h, struct engine_sampling), the presence penalty on the ids
+// generated so far: the same request and seed give the same tokens.
 // Returns res->rc.  On success the sequence holds the prompt and every generated token but the
 // last; free res->ids in any case.
 int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,

@@ -113,7 +113,9 @@ static void run_job(struct sched *s, struct job *j) {
     pthread_mutex_unlock(&s->mu);
     const int ng = res.n;
 
-    // Keep the end state: it has consumed the prompt and every generated token but the last.
+    // Keep the end state: it has consumed the prompt and every generated token but the last, and
+    // its next token is that state's argmax (greedy_next: the last token itself may have been drawn,
+    // constrained or forced, and a greedy request continuing from the state must not take it).
     // A state under half the context is copied into a slot of its own size (memory follows use);
     // a larger one moves into the cache and the slot's old sequence becomes the working one.
     if (rc == ENGINE_OK && ng >= 1) {
@@ -124,8 +126,8 @@ static void run_job(struct sched *s, struct job *j) {
             memcpy(all + n, res.ids, sizeof *res.ids * (size_t)(ng - 1));
             int e = 0;
             if (seq_pos(s->w) == m)
-                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.ids[ng - 1], err, sizeof err)
-                                             : scache_store_swap(&s->full, &s->w, all, m, res.ids[ng - 1], err, sizeof err);
+                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.greedy_next, err, sizeof err)
+                                             : scache_store_swap(&s->full, &s->w, all, m, res.greedy_next, err, sizeof err);
             if (e) fprintf(stderr, "calla serve: session cache: %s\n", err);
             free(all);
         }
