@@ -1129,6 +1129,87 @@ def test_out_of_memory(binary, model):
         srv.close("server that ran out of memory")
 
 
+def test_sampling(binary, model, greedy_port):
+    """--allow-sampling: temperature & co. draw the tokens, the same ones for a seed (the engine's draw of
+    step i of the seed), composed with a constraint, on every API; without the flag a 400.  The session
+    cache keeps a sampled answer's end state with its greedy next token, not the drawn one."""
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    st, _, j = post(greedy_port, "/v1/chat/completions", chat_body(msgs, temperature=0.7, seed=1))
+    check("without --allow-sampling: temperature 0.7 -> 400 naming temperature and the flag",
+          st == 400 and j["error"]["param"] == "temperature" and "--allow-sampling" in j["error"]["message"], j)
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--allow-sampling")
+    try:
+        port = srv.port
+
+        def ids(body, path="/v1/chat/completions", on=None):
+            st, _, j = post(on or port, path, body)
+            return j["choices"][0]["token_ids"] if st == 200 else (st, j)
+
+        base = chat_body(msgs, max_tokens=16, ignore_eos=True, chat_template_kwargs={"enable_thinking": False})
+        greedy = ids(base)
+        check("--allow-sampling, no temperature: greedy, as without the flag", greedy == ids(base, on=greedy_port),
+              greedy)
+        a, b = ids(dict(base, temperature=1.0, seed=42)), ids(dict(base, temperature=1.0, seed=42))
+        c = ids(dict(base, temperature=1.0, seed=43))
+        check("sampling: the same seed, the same tokens", isinstance(a, list) and a == b, (a, b))
+        check("sampling: another seed, other tokens; both drawn, not the greedy ones", a != c and a != greedy and c != greedy,
+              (a, c, greedy))
+        check("sampling: top_k 1 is greedy", ids(dict(base, temperature=1.0, top_k=1, seed=5)) == greedy)
+        check("sampling: temperature 0 with a seed is greedy", ids(dict(base, temperature=0, seed=5)) == greedy)
+        st, ev, done = stream(port, "/v1/chat/completions", dict(base, temperature=1.0, seed=42))
+        streamed = [e["choices"][0].get("token_ids") for e in ev if e.get("choices") and e["choices"][0].get("token_ids")]
+        check("sampling: streamed with the seed == non-streamed", done and streamed == [a], (streamed, a))
+        cb = {"prompt": [5, 17, 99, 1234, 42, 7], "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "min_p": 0.02,
+              "presence_penalty": 0.5, "seed": 7, "ignore_eos": True, "return_token_ids": True}
+        x, y = ids(cb, "/v1/completions"), ids(cb, "/v1/completions")
+        check("sampling: completions with top_p, min_p, presence_penalty, seed: reproducible", isinstance(x, list) and x == y,
+              (x, y))
+        # Sampling and a constraint compose: the mask first, then the draw among what it allows.
+        import jsonschema
+        sc = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["story", "n"]}
+        js = chat_body(msgs, max_tokens=64, temperature=1.5, seed=3, chat_template_kwargs={"enable_thinking": False},
+                       response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": sc}})
+        st, _, j1 = post(port, "/v1/chat/completions", js)
+        st2, _, j2 = post(port, "/v1/chat/completions", js)
+        try:
+            jsonschema.validate(json.loads(j1["choices"][0]["message"]["content"]), sc)
+            ok = st == st2 == 200 and j1["choices"][0]["token_ids"] == j2["choices"][0]["token_ids"]
+        except Exception:  # noqa: BLE001
+            ok = False
+        check("sampling + json_schema: the document validates, the same for the seed", ok, (j1, j2))
+        st, _, g = post(port, "/v1/chat/completions", dict(js, temperature=0, seed=None))
+        check("sampling + json_schema: the draw differs from the greedy document",
+              ok and st == 200 and g["choices"][0]["token_ids"] != j1["choices"][0]["token_ids"], (g, j1))
+        # Anthropic's temperature (0 to 1), top_p, top_k; the Responses API's temperature, top_p.
+        mb = {"model": "m", "max_tokens": 8, "messages": msgs}
+        st, _, m0 = post(port, "/v1/messages", mb)
+        st1, _, m1 = post(port, "/v1/messages", dict(mb, temperature=0.8, top_k=1))
+        check("messages: temperature 0.8 with top_k 1 is the greedy message", st == st1 == 200 and m0["content"] == m1["content"],
+              (m0, m1))
+        st, _, m2 = post(port, "/v1/messages", dict(mb, temperature=1.5))
+        check("messages: temperature 1.5 -> 400 (Anthropic's range is 0 to 1)", st == 400 and "temperature" in str(m2), m2)
+        st, _, r = post(port, "/v1/responses", {"input": "hi", "max_output_tokens": 4, "temperature": 0.5, "top_p": 0.9,
+                                                 "store": False})
+        check("responses: temperature 0.5, top_p 0.9 -> 200", st == 200 and r.get("status") in ("completed", "incomplete"), r)
+        # The session cache: a sampled answer's end state (its prompt and every token but the last) is
+        # kept with the state's argmax, so a greedy request for exactly those tokens, served from that
+        # state without a forward, starts with the argmax and not with the drawn token.
+        P = [5, 17, 99, 1234, 42, 7]
+        A = ids({"prompt": P, "max_tokens": 6, "temperature": 2.0, "seed": 11, "ignore_eos": True, "return_token_ids": True},
+                "/v1/completions")
+        Q = P + A[:-1]
+        st, _, jb = post(port, "/v1/completions", {"prompt": Q, "max_tokens": 1, "return_token_ids": True})
+        st2, _, jc = post(port, "/v1/completions", {"prompt": Q, "max_tokens": 1, "return_token_ids": True, "logprobs": 0})
+        ok = st == st2 == 200 and jb["usage"]["prompt_tokens_details"]["cached_tokens"] == len(Q)
+        check("session cache: the sampled answer's last token was not the argmax (else this says nothing)",
+              ok and A[-1] != jc["choices"][0]["token_ids"][0], (A, jc))
+        check("session cache: a greedy request from a sampled answer's end state starts with its argmax",
+              ok and jb["choices"][0]["token_ids"] == jc["choices"][0]["token_ids"], (jb, jc))
+    finally:
+        srv.close("server with --allow-sampling")
+
+
 def test_prefill_progress(binary, model):
     """A prompt of several prefill steps: SSE comments ': prefill DONE/TOTAL' from 0 to the total before
     the first token (ignored by SSE parsers), /metrics gauges of the running prefill, 0 when idle."""
@@ -1490,6 +1571,7 @@ def main():
         test_queue_and_drain(a.bin, a.model)
         test_hardening(a.bin, a.model, main_srv.port)
         test_openai_client(a.bin, a.model, a.quick)
+        test_sampling(a.bin, a.model, main_srv.port)
         test_prefill_progress(a.bin, a.model)
         test_out_of_memory(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:
