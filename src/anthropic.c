@@ -376,8 +376,8 @@ static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct jo
     struct anthropic_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
     const json_t *v;
-    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1, "%.*s: Extra inputs are not permitted",
-                             NULL, re) ||
+    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1,
+                             "%.*s: Extra inputs are not permitted", NULL, re) ||
         chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P | SAMPLE_TOP_K, 1, &r->sampling, re) ||
         chatreq_get_opt(body, "model", JSON_STRING, &v, re))
         return -1;

@@ -344,7 +344,8 @@ static int parse_body(const struct chatreq_ctx *c, struct rstore *store, const j
     struct gen_request *r = &j->req;
     const json_t *v, *reasoning, *text, *tools_in, *meta, *prev_id, *instr;
     bool store_it, parallel;
-    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1, "Unknown parameter: '%.*s'.", NULL, re) ||
+    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1,
+                             "Unknown parameter: '%.*s'.", NULL, re) ||
         chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P, 2, &r->sampling, re) ||
         chatreq_get_opt(body, "model", JSON_STRING, &v, re) ||
         chatreq_get_bool(body, "stream", false, &j->stream, re) || chatreq_get_bool(body, "store", true, &store_it, re) ||
