@@ -301,9 +301,17 @@ def test_abandoned(binary, model):
               m1["calla_cancelled_total"] == m0["calla_cancelled_total"] + 6 and gen < 600, (m1["calla_cancelled_total"] -
                                                                                            m0["calla_cancelled_total"], gen))
         # A half-closed client of a long answer is still there: the answer starts early (spaces
-        # before the document, chunked) and comes whole.
+        # before the document, chunked) and comes whole.  Long: the early start waits PROBE_AFTER_S
+        # (1 s) and then for the tick's next look (up to 0.25 s later), so the answer is sized from
+        # this machine's decode step to take 2.5 s (80 tokens took 1.15 s on a quiet 2-core one).
         m0 = metrics(srv.port)
-        reply = read_all(send_completion(srv.port, {"prompt": [71, 72, 73], "max_tokens": 80}, close="half"))
+        post(srv.port, "/v1/completions", {"prompt": [11, 12, 13], "max_tokens": 32}, timeout=60)
+        m1 = metrics(srv.port)
+        step = (m1["calla_decode_seconds_total"] - m0["calla_decode_seconds_total"]) / max(
+            m1["calla_generated_tokens_total"] - m0["calla_generated_tokens_total"] - 1, 1)
+        n_long = min(max(80, int(2.5 / max(step, 1e-4)) + 1), 2000)
+        m0 = metrics(srv.port)
+        reply = read_all(send_completion(srv.port, {"prompt": [71, 72, 73], "max_tokens": n_long}, close="half"))
         head, _, body = reply.partition(b"\r\n\r\n")
         doc, whole = dechunk(body) if b"transfer-encoding: chunked" in head.lower() else (body, False)
         try:
@@ -313,8 +321,8 @@ def test_abandoned(binary, model):
         m1 = metrics(srv.port)
         check("half-close, long answer: 200, chunked, spaces before the whole document, not cancelled",
               head.startswith(b"HTTP/1.1 200") and whole and doc[:1] == b" " and j is not None
-              and j["usage"]["completion_tokens"] == 80 and m1["calla_cancelled_total"] == m0["calla_cancelled_total"],
-              (head, doc[:200]))
+              and j["usage"]["completion_tokens"] == n_long and m1["calla_cancelled_total"] == m0["calla_cancelled_total"],
+              (n_long, head, doc[:200]))
         # Four at once, three times over: each is suspended, resumed and answered whole (MHD must
         # never read the end of their stream as a hang-up while they wait).
         m0 = metrics(srv.port)
