@@ -10,8 +10,11 @@
 //              message_start, content_block_start / _delta / _stop, message_delta, message_stop
 //              (ping while a long prompt is read), or the whole message at the end
 //
-// Sampling is greedy only (check_greedy: temperature 0, top_k 1 ... pass, other values are
-// refused); nothing a client sends can reach an abort().
+// Every top-level field is in `fields` (a field not there is a 400 naming it, as Anthropic's "Extra
+// inputs are not permitted").  Sampling is greedy unless the server runs with --allow-sampling:
+// then temperature (0 to 1, as Anthropic's), top_p and top_k fill the generation's sampling
+// (chatreq_sampling); without it only their greedy values pass.  Nothing a client sends can reach
+// an abort().
 #include "anthropic.h"
 
 #include "constrain.h"
@@ -340,12 +343,44 @@ static int parse_output_config(const json_t *body, struct gen_request *r, struct
     return 0;
 }
 
+// Every top-level field of a request (count_tokens takes the same body: what only generating
+// reads is ignored there).
+static const struct chatreq_field request_fields[] = {
+    {"model", 1, FIELD_READ, NULL, NULL},
+    {"messages", 1, FIELD_READ, NULL, NULL},
+    {"system", 1, FIELD_READ, NULL, NULL},
+    {"max_tokens", 1, FIELD_READ, NULL, NULL},
+    {"stream", 1, FIELD_READ, NULL, NULL},
+    {"stop_sequences", 1, FIELD_READ, NULL, NULL},
+    {"metadata", 1, FIELD_READ, NULL, NULL},
+    {"tools", 1, FIELD_READ, NULL, NULL},
+    {"tool_choice", 1, FIELD_READ, NULL, NULL},
+    {"thinking", 1, FIELD_READ, NULL, NULL},
+    {"output_config", 1, FIELD_READ, NULL, NULL},
+    {"mcp_servers", 1, FIELD_READ, NULL, NULL},
+    {"temperature", 1, FIELD_READ, NULL, NULL},
+    {"top_p", 1, FIELD_READ, NULL, NULL},
+    {"top_k", 1, FIELD_READ, NULL, NULL},
+    // accepted, no effect on the answer (Calla caches prompts by prefix, on its own; one tier, one region)
+    {"service_tier", 1, FIELD_INERT, "string", NULL},
+    {"inference_geo", 1, FIELD_INERT, "string", NULL},
+    {"container", 1, FIELD_INERT, "any", NULL},
+    {"context_management", 1, FIELD_INERT, "any", NULL},
+    {"cache_control", 1, FIELD_INERT, "any", NULL},
+    {"speed", 1, FIELD_INERT, "any", NULL},
+    {"diagnostics", 1, FIELD_INERT, "any", NULL},
+};
+
 // The whole body -> j (count: for count_tokens, which has no max_tokens and generates nothing).
 static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct job *j, bool count, struct req_error *re) {
     struct anthropic_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
     const json_t *v;
-    if (check_greedy(body, re) || chatreq_get_opt(body, "model", JSON_STRING, &v, re)) return -1;
+    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1,
+                             "%.*s: Extra inputs are not permitted", NULL, re) ||
+        chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P | SAMPLE_TOP_K, 1, &r->sampling, re) ||
+        chatreq_get_opt(body, "model", JSON_STRING, &v, re))
+        return -1;
     long long max_tokens = 0;
     const json_t *mt = json_object_get(body, "max_tokens");
     if (!count) {

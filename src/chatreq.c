@@ -38,8 +38,66 @@ int chatreq_clip(const char *s, int max) {
     return n;
 }
 
-// Sampling parameters: each has the value(s) that mean greedy; anything else is a 400 naming the
-// parameter.  One table, checked in order (reject, never clamp: the rule of options.h).
+// ---- request fields ----------------------------------------------------------------------------
+
+// v equal to the JSON text lit (numbers by value: 1 and 1.0 are one value).
+static bool json_is(const json_t *v, const char *lit, size_t n) {
+    json_t *w = json_loadb(lit, n, JSON_DECODE_ANY, NULL);
+    bool eq = w && (json_is_number(v) && json_is_number(w) ? json_number_value(v) == json_number_value(w)
+                                                            : json_equal((json_t *)v, w));
+    json_decref(w);
+    return eq;
+}
+
+// FIELD_OFF: one of f->arg.
+static bool field_off(const struct chatreq_field *f, const json_t *v) {
+    for (const char *a = f->arg; a && *a;) {
+        const char *bar = strchr(a, '|');
+        const size_t n = bar ? (size_t)(bar - a) : strlen(a);
+        if (json_is(v, a, n)) return true;
+        a += n + (bar != NULL);
+    }
+    return false;
+}
+
+static bool field_inert_ok(const char *type, const json_t *v) {
+    if (!strcmp(type, "any")) return true;
+    if (!strcmp(type, "string")) return json_is_string(v);
+    if (!strcmp(type, "boolean")) return json_is_boolean(v);
+    if (!json_is_object(v)) return false;   // metadata: string values
+    const char *k;
+    const json_t *x;
+    json_object_foreach((json_t *)v, k, x) if (!json_is_string(x)) return false;
+    return true;
+}
+
+int chatreq_check_fields(const json_t *body, const struct chatreq_field *fields, size_t n, unsigned ep,
+                         const char *unknown, const char *elsewhere, struct req_error *re) {
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)body, key, v) {
+        if (json_is_null(v)) continue;   // null is absent, for any field
+        const struct chatreq_field *f = NULL;
+        for (size_t i = 0; !f && i < n; i++)
+            if (!strcmp(fields[i].name, key)) f = &fields[i];
+        if (!f) return req_fail(re, 400, NULL, unknown, chatreq_clip(key, 64), key);
+        if (!(f->eps & ep)) return req_fail(re, 400, f->name, elsewhere ? elsewhere : "%s is not taken here", f->name);
+        if (f->kind == FIELD_INERT && !field_inert_ok(f->arg, v))
+            return req_fail(re, 400, f->name, "%s must be %s", f->name,
+                            !strcmp(f->arg, "metadata") ? "an object of strings" : !strcmp(f->arg, "string") ? "a string"
+                                                                                                           : "a boolean");
+        if (f->kind == FIELD_OFF && !field_off(f, v)) return req_fail(re, 400, f->name, "%s", f->why);
+    }
+    return 0;
+}
+
+// ---- sampling ------------------------------------------------------------------------------------
+//
+// Decoding is greedy unless the server runs with --allow-sampling: then the API's share of
+// temperature, top_p, top_k, min_p, presence_penalty and seed fill the request's gen_sampling.
+// The other sampling parameters take only the value that means greedy, and so do all of them
+// without the flag: anything else is a 400 naming the parameter (reject, never clamp: the rule of
+// options.h).  One table, checked in order.
 enum greedy_kind {
     GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
     GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
@@ -53,20 +111,22 @@ static const struct greedy_rule {
     enum greedy_kind kind;
     double greedy, lo, hi;
     const char *why;
+    unsigned sample;    // the SAMPLE_ bit of a parameter --allow-sampling takes (0: greedy-only always)
 } greedy_rules[] = {
-    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)"},
-    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)"},
-    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)"},
-    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)"},
-    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)"},
-    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)"},
-    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)"},
-    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic"},
-    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)"},
-    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)"},
-    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)"},
-    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)"},
+    {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)", SAMPLE_TEMPERATURE},
+    {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)", SAMPLE_TOP_P},
+    {"top_k", GREEDY_INT_LE, 1, -1, 0, "top_k must be 1, 0 or -1 (greedy decoding only)", SAMPLE_TOP_K},
+    {"min_p", GREEDY_NUM_EQ, 0, 0, 1, "min_p must be 0 (greedy decoding only)", SAMPLE_MIN_P},
+    {"typical_p", GREEDY_NUM_EQ, 1, 0, 1, "typical_p must be 1 (greedy decoding only)", 0},
+    {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)", 0},
+    {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)", 0},
+    {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic", SAMPLE_SEED},
+    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)", SAMPLE_PRESENCE_PENALTY},
+    {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)", 0},
+    {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)", 0},
+    {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)", 0},
 };
+enum { N_GREEDY_RULES = sizeof greedy_rules / sizeof greedy_rules[0] };
 
 bool chatreq_integral(const json_t *v, long long *out) {
     if (json_is_integer(v)) {
@@ -83,35 +143,116 @@ bool chatreq_integral(const json_t *v, long long *out) {
     return false;
 }
 
-int check_greedy(const json_t *body, struct req_error *re) {
-    for (size_t i = 0; i < sizeof greedy_rules / sizeof greedy_rules[0]; i++) {
+// One rule on the body: 0 when the field is absent, null or greedy.  why: the refusal's reason.
+static int check_rule(const struct greedy_rule *g, const json_t *body, const char *why, struct req_error *re) {
+    const json_t *v = json_object_get(body, g->name);
+    if (!v || json_is_null(v)) return 0;
+    long long k;
+    switch (g->kind) {
+    case GREEDY_NUM_EQ: {
+        if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
+        double d = json_number_value(v);
+        if (!(d >= g->lo && d <= g->hi))
+            return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
+        if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", why, d);
+        break;
+    }
+    case GREEDY_INT_LE:
+    case GREEDY_INT_EQ:
+        if (!chatreq_integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
+        if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
+        if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
+            return req_fail(re, 400, g->name, "%s, got %lld", why, k);
+        break;
+    case GREEDY_NULL:
+        return req_fail(re, 400, g->name, "%s", why);
+    case GREEDY_EMPTY_OBJ:
+        if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
+        if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", why);
+        break;
+    }
+    return 0;
+}
+
+// A number field in [lo, hi] (open at lo when lo_open); absent or null: def.
+static int get_num(const json_t *body, const char *name, double lo, double hi, bool lo_open, double def, double *out,
+                   struct req_error *re) {
+    const json_t *v = json_object_get(body, name);
+    *out = def;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return req_fail(re, 400, name, "%s must be a number", name);
+    const double d = json_number_value(v);
+    if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
+        return req_fail(re, 400, name, "%s must be %s %g and %g, got %g", name, lo_open ? "above" : "between", lo, hi, d);
+    *out = d;
+    return 0;
+}
+
+int chatreq_sampling(const json_t *body, bool allow, unsigned takes, double max_temperature, struct gen_sampling *s,
+                     struct req_error *re) {
+    *s = (struct gen_sampling){.top_p = 1};
+    char why[200], list[120] = "";
+    for (size_t i = 0; i < N_GREEDY_RULES; i++)
+        if (greedy_rules[i].sample & takes)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", greedy_rules[i].name);
+    for (size_t i = 0; i < N_GREEDY_RULES; i++) {
         const struct greedy_rule *g = &greedy_rules[i];
-        const json_t *v = json_object_get(body, g->name);
-        if (!v || json_is_null(v)) continue;
-        long long k;
-        switch (g->kind) {
-        case GREEDY_NUM_EQ: {
-            if (!json_is_number(v)) return req_fail(re, 400, g->name, "%s must be a number", g->name);
-            double d = json_number_value(v);
-            if (!(d >= g->lo && d <= g->hi))
-                return req_fail(re, 400, g->name, "%s must be between %g and %g, got %g", g->name, g->lo, g->hi, d);
-            if (d != g->greedy) return req_fail(re, 400, g->name, "%s, got %g", g->why, d);
-            break;
-        }
-        case GREEDY_INT_LE:
-        case GREEDY_INT_EQ:
-            if (!chatreq_integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
-            if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
-            if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
-                return req_fail(re, 400, g->name, "%s, got %lld", g->why, k);
-            break;
-        case GREEDY_NULL:
-            return req_fail(re, 400, g->name, "%s", g->why);
-        case GREEDY_EMPTY_OBJ:
-            if (!json_is_object(v)) return req_fail(re, 400, g->name, "%s must be an object", g->name);
-            if (json_object_size(v)) return req_fail(re, 400, g->name, "%s", g->why);
-            break;
-        }
+        const bool takes_it = (g->sample & takes) != 0;
+        if (allow && takes_it) continue;   // parsed below
+        if (allow) snprintf(why, sizeof why, "%s is not supported (sampling takes %s)", g->name, list);
+        else snprintf(why, sizeof why, "%s%s", g->why, takes_it ? "; calla serve --allow-sampling enables sampling" : "");
+        if (check_rule(g, body, why, re)) return -1;
+    }
+    if (!allow) return 0;
+    double t, p, mp, pp;
+    if (get_num(body, "temperature", 0, max_temperature, false, 0, &t, re) || get_num(body, "top_p", 0, 1, true, 1, &p, re) ||
+        get_num(body, "min_p", 0, 1, false, 0, &mp, re) || get_num(body, "presence_penalty", -2, 2, false, 0, &pp, re))
+        return -1;
+    long long k = 0, seed = 0;
+    const json_t *v = json_object_get(body, "top_k");
+    if (v && !json_is_null(v) && (!chatreq_integral(v, &k) || k < -1 || k > INT32_MAX))
+        return req_fail(re, 400, "top_k", "top_k must be an integer, at least 0 (0 or -1: no cut)");
+    if (k < 0) k = 0;   // -1: vLLM's "no cut", the same as 0
+    v = json_object_get(body, "seed");
+    const bool has_seed = v && !json_is_null(v);
+    if (has_seed && !json_is_integer(v)) return req_fail(re, 400, "seed", "seed must be an integer");
+    if (has_seed) seed = json_integer_value(v);
+    if (t == 0) {   // greedy: the other parameters must not ask for what only a draw can do
+        const char *which = p != 1 ? "top_p" : k > 1 ? "top_k" : mp != 0 ? "min_p" : pp != 0 ? "presence_penalty" : NULL;
+        if (which)
+            return req_fail(re, 400, which, "%s needs a temperature above 0 (with temperature 0 or none, decoding is greedy)",
+                            which);
+        return 0;   // a seed with greedy decoding changes nothing: accepted
+    }
+    *s = (struct gen_sampling){.on = true, .temperature = (float)t, .top_p = (float)p, .min_p = (float)mp,
+                               .presence_penalty = (float)pp, .top_k = (int)k, .seed = (uint64_t)seed,
+                               .has_seed = has_seed};
+    if (!has_seed) {   // a random one per request, reported nowhere
+        char hex[17];
+        random_hex(hex, 8);
+        s->seed = strtoull(hex, NULL, 16);
+    }
+    return 0;
+}
+
+int check_greedy(const json_t *body, struct req_error *re) {
+    struct gen_sampling s;
+    return chatreq_sampling(body, false, SAMPLE_ALL, 2, &s, re);
+}
+
+int chatreq_effort_thinks(const char *effort) {
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(effort, efforts[i])) return i >= 2;
+    return -1;
+}
+
+int chatreq_session(const json_t *body, const char *const *names, struct job *j, struct req_error *re) {
+    for (; *names; names++) {
+        const json_t *v;
+        if (chatreq_get_opt(body, *names, JSON_STRING, &v, re)) return -1;
+        if (v && !j->session[0] && session_id_valid(json_string_value(v), json_string_length(v)))
+            memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
     }
     return 0;
 }
@@ -318,6 +459,36 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
     return 0;
 }
 
+// Thinking on or off, from whichever of three fields says it: chat_template_kwargs.enable_thinking
+// (the template's own variable), a top-level enable_thinking (the same, as some clients send it),
+// or reasoning_effort (chatreq_effort_thinks).  Two that disagree are a 400.
+static int parse_thinking(const json_t *body, const json_t *kw, bool *think, struct req_error *re) {
+    const char *said = NULL;   // the first field that set it
+    bool on = true;
+    static const char *const names[] = {"chat_template_kwargs.enable_thinking", "enable_thinking", "reasoning_effort"};
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_object_get(i ? body : kw, i == 2 ? "reasoning_effort" : "enable_thinking");
+        if (!v || json_is_null(v)) continue;
+        bool b;
+        if (i < 2) {
+            if (!json_is_boolean(v)) return req_fail(re, 400, "enable_thinking", "%s must be a boolean", names[i]);
+            b = json_is_true(v);
+        } else {
+            const int k = json_is_string(v) ? chatreq_effort_thinks(json_string_value(v)) : -1;
+            if (k < 0)
+                return req_fail(re, 400, "reasoning_effort",
+                                "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
+            b = k;
+        }
+        if (said && b != on)
+            return req_fail(re, 400, i == 2 ? "reasoning_effort" : "enable_thinking", "%s and %s disagree about thinking",
+                            said, names[i]);
+        said = names[i], on = b;
+    }
+    *think = on;
+    return 0;
+}
+
 int chatreq_render(const json_t *body, bool after_turn, struct gen_request *req, char **out_, unsigned char **markup,
                    size_t *out_len, size_t *boundary_, struct req_error *re) {
     *out_ = NULL;
@@ -331,7 +502,7 @@ int chatreq_render(const json_t *body, bool after_turn, struct gen_request *req,
     const json_t *kw;
     if (chatreq_get_opt(body, "chat_template_kwargs", JSON_OBJECT, &kw, re)) return -1;
     bool think = true, preserve = false;
-    if (kw && (chatreq_get_bool(kw, "enable_thinking", true, &think, re) || chatreq_get_bool(kw, "preserve_thinking", false, &preserve, re)))
+    if (parse_thinking(body, kw, &think, re) || (kw && chatreq_get_bool(kw, "preserve_thinking", false, &preserve, re)))
         return -1;
     co.enable_thinking = think;
     co.preserve_thinking = preserve;
@@ -482,9 +653,9 @@ int chatreq_fit(struct gen_request *r, long long context, long long default_max,
         return req_fail(re, 400, prompt_param,
                         "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", r->n_prompt,
                         ctx);
-    if (!max_tokens) {   // the server default, within what the context has left
-        max_tokens = ctx - r->n_prompt - 1;
-        if (max_tokens > default_max) max_tokens = default_max;
+    if (max_tokens <= 0) {   // none given: the server default, within what the context has left; -1: all of that
+        const long long left = ctx - r->n_prompt - 1;
+        max_tokens = max_tokens < 0 || left < default_max ? left : default_max;
     }
     if (r->n_prompt + max_tokens + 1 > ctx)
         return req_fail(re, 400, max_param, "prompt (%d tokens) + %s (%lld) + 1 = %lld exceeds the context of %lld tokens",

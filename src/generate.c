@@ -1,5 +1,6 @@
-// generate.c: the generation loop (generate.h): prefill, greedy decode, the stop rules, the
-// reasoning / answer channels, constrained picking, tool calls and logprobs, as sink events.
+// generate.c: the generation loop (generate.h): prefill, decode (greedy or sampled), the stop
+// rules, the reasoning / answer channels, constrained picking, tool calls and logprobs, as sink
+// events.
 #include "generate.h"
 
 #include "chat.h"
@@ -35,10 +36,11 @@ void gen_request_free(struct gen_request *r) {
     free(r->stop_len);
     json_decref(r->tools);
     constrain_free(r->schema);
+    free(r->prediction);
     memset(r, 0, sizeof *r);
 }
 
-bool gen_wants_logits(const struct gen_request *r) { return r->logprobs >= 0 || r->schema; }
+bool gen_wants_logits(const struct gen_request *r) { return r->logprobs >= 0 || r->schema || r->sampling.on; }
 
 const char *gen_finish_name(enum gen_finish f) {
     static const char *const names[] = {"error", "stop", "stop_sequence", "length", "tool_calls"};
@@ -186,8 +188,11 @@ struct gen {
     struct gen_result *res;
     struct gen_text text;
     struct tokenizer_stream ts;
-    bool pick;                  // each step's token is chosen by the engine (logprobs, a constraint)
-    struct engine_pick how;     // how (the constraint's mask through allow_mask)
+    bool pick;                  // each step's token is chosen by the engine (logprobs, a constraint, sampling)
+    struct engine_pick how;     // how (the constraint's mask through allow_mask; the draw's step and seen)
+    struct engine_sampling sampling;   // how.sampling points here when the request samples
+    uint32_t *seen;             // [ceil(vocab / 32)] the generated ids (how.seen), when sampling
+    int vocab;
     struct engine_choice choice;   // the last forward's choice
     bool constrained;           // the answer is picked under req->schema
     struct constrained con;
@@ -212,7 +217,10 @@ static int forward(struct gen *g, const int32_t *t, int n, int32_t *next, bool p
                               .progress = multi ? progress : NULL, .progress_arg = g, .pick = pick ? &g->how : NULL,
                               .choice = &g->choice};
     if (multi) progress(g, 0, n);
-    return engine_forward(env->e, env->s, t, n, &fo, next, g->res->err, sizeof g->res->err);
+    g->how.step = (uint64_t)g->res->n;   // the draw of the token about to be chosen: its index in the output
+    const int rc = engine_forward(env->e, env->s, t, n, &fo, next, g->res->err, sizeof g->res->err);
+    if (rc == ENGINE_OK) g->res->greedy_next = *next;
+    return rc;
 }
 
 static bool in_answer(const struct gen *g) { return g->text.cur == &g->text.answer; }
@@ -272,6 +280,7 @@ static bool take(struct gen *g, int32_t tok) {
     const struct gen_request *r = g->req;
     struct gen_result *res = g->res;
     res->ids[res->n++] = tok;
+    if (g->seen && tok >= 0 && tok < g->vocab) g->seen[tok >> 5] |= 1u << (tok & 31);
     if (g->sink->token) g->sink->token(g->sink->ctx, tok);
     if (!r->ignore_stop && chat_is_stop(tok)) {
         if (r->echo_stop) decode(g, tok);
@@ -306,11 +315,23 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     g.pick = gen_wants_logits(req);
     g.how = (struct engine_pick){.allow = allow_mask, .allow_arg = &g, .n_top = req->logprobs};
     g.constrained = req->schema != NULL;
+    const struct gen_sampling *sm = &req->sampling;
+    const bool sampled = sm->on;
+    g.vocab = engine_geometry(env->e)->vocab;
     int rc = ENGINE_OK;
+    if (sampled) {
+        g.sampling = (struct engine_sampling){.temperature = sm->temperature, .top_p = sm->top_p, .min_p = sm->min_p,
+                                              .presence_penalty = sm->presence_penalty, .top_k = sm->top_k,
+                                              .seed = sm->seed};
+        g.how.sampling = &g.sampling;
+        if ((g.seen = calloc(((size_t)g.vocab + 31) / 32, sizeof *g.seen))) g.how.seen = g.seen;
+        else rc = fail(res, GEN_NOMEM, "out of memory");
+    }
     if ((g.pick && !env->logits) ||
         (g.constrained && constrained_init(&g.con, req->schema, env->tok, env->trie, (enum mask_mode)env->mask_mode)))
         rc = fail(res, GEN_NOMEM, "out of memory");
     int32_t tok = next ? *next : -1;
+    res->greedy_next = tok;
 
     // Prefill to the last message boundary, snapshot there, then the rest of the prompt.
     int pos = from;
@@ -347,9 +368,10 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
         const bool reasoning = !in_answer(&g);
+        if (sampled && g.choice.chosen >= 0) tok = g.choice.chosen;   // the draw (under the constraint's mask)
         if (reasoning && think_left == 0 && closed < n_close) tok = close_ids[closed++];
         if (g.constrained && in_answer(&g))
-            tok = constrained_pick_choice(&g.con, &g.choice, false, req->max_tokens - res->n, last_row, &g);
+            tok = constrained_pick_choice(&g.con, &g.choice, sampled, req->max_tokens - res->n, last_row, &g);
         if (take(&g, tok)) {
             rc = res->rc;
             break;
@@ -377,6 +399,7 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     if (env->tok) tokenizer_stream_free(&g.ts);
     gen_text_free(&g.text);
     if (g.constrained) constrained_free(&g.con);
+    free(g.seen);
     res->t_end = now_s();
     return res->rc = rc;
 }

@@ -2,8 +2,8 @@
 //
 // A request (struct gen_request: the prompt, max_tokens, stop strings, a constraint, tools,
 // logprobs) runs on a sequence that already holds the prompt's first `from` tokens (what the
-// session cache gave): prefill the rest, then decode greedily, a token a step, until a stop token,
-// a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
+// session cache gave): prefill the rest, then decode a token a step (greedy, or drawn under
+// --allow-sampling's parameters), until a stop token, a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
 // no protocol: text tagged by channel (reasoning before </think>, then the answer), tool calls as
 // a name and a JSON object of arguments, each token's logprobs, prefill progress; the end (a
 // finish reason, or an error, with the usage) is sent by the caller, which knows the queue time and
@@ -33,6 +33,19 @@ struct token_trie;
 
 enum { GEN_MAX_TOP = 20 };   // alternatives a token's logprobs can carry
 
+// How each token is chosen.  off (the default): greedy, the most likely token.  on: drawn from the
+// distribution at `temperature` (> 0), cut to the top_k most likely (0: no cut), to the smallest set
+// whose probability reaches top_p (1: no cut) and to those at least min_p times the most likely
+// one's (0: no cut), after presence_penalty is taken from the logit of every token already
+// generated; `seed` makes the draws repeatable (has_seed false: the protocol picked a random one).
+struct gen_sampling {
+    bool on;
+    float temperature, top_p, min_p, presence_penalty;
+    int top_k;
+    uint64_t seed;
+    bool has_seed;
+};
+
 // What to generate.  Filled by a protocol from its request; gen_request_free frees what it owns.
 struct gen_request {
     int32_t *prompt;             // [n_prompt] (owned)
@@ -46,17 +59,22 @@ struct gen_request {
     json_t *tools;               // the answer's tool calls are parsed against these (a reference; NULL: none)
     struct cschema *schema;      // the answer is constrained to this document (owned; NULL: free text)
     int logprobs;                // -1: none; else each token's logprob and this many alternatives (<= GEN_MAX_TOP)
-    bool ignore_stop;            // stop tokens are text like any other (calla run --ignore-eos)
+    bool ignore_stop;            // stop tokens do not end the output, only max_tokens and stop strings do
+                                 // (calla run --ignore-eos; the API's ignore_eos)
     bool echo_stop;              // the stop token that ends the output is decoded into it too (calla run)
     int reasoning_budget;        // > 0: after this many reasoning tokens "\n</think>" is forced (the answer follows)
     int max_calls;               // > 0: the output ends once this many tool calls are complete
+    struct gen_sampling sampling;   // off: greedy
+    char *prediction;            // text the answer is expected to resemble (OpenAI's `prediction`), a draft
+                                 // for speculative decoding; a hint only, never changes the output (owned; NULL: none)
+    size_t prediction_len;
 };
 
 // Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.
 int gen_request_add_stop(struct gen_request *r, const char *s, size_t n);
 void gen_request_free(struct gen_request *r);
-// The logits of each step are needed (logprobs, or a constraint): the last prompt token must then
-// run, so a cached state may cover at most n_prompt - 1 tokens.
+// The logits of each step are needed (logprobs, a constraint, sampling): the last prompt token
+// must then run, so a cached state may cover at most n_prompt - 1 tokens.
 bool gen_wants_logits(const struct gen_request *r);
 
 // ---- events ------------------------------------------------------------------------------------
@@ -180,10 +198,16 @@ struct gen_result {
     int32_t *ids;               // [n] the generated ids, the stop token included (malloc'd: free it)
     int n;
     double t_prefilled, t_end;  // now_s() when the prompt was in, and at the end
+    int32_t greedy_next;        // the argmax after the prompt and ids[0..n-1): the sequence's greedy next
+                                // token at the end (ids[n-1] when that was greedy; not when sampled,
+                                // constrained or forced), what the session cache keeps with the state
 };
 
 // Runs req on env->s from prompt position `from` (next: the greedy token after the whole prompt
-// when the state holds all of it and it is known, else NULL), sending events to sink (not end).
+// when the state holds all of it and it is known, else NULL; always NULL when gen_wants_logits),
+// sending events to sink (not end).  With req->sampling on, token i is the engine's draw of step i
+// of the request's seed (engine.h, struct engine_sampling), the presence penalty on the ids
+// generated so far: the same request and seed give the same tokens.
 // Returns res->rc.  On success the sequence holds the prompt and every generated token but the
 // last; free res->ids in any case.
 int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,

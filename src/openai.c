@@ -37,6 +37,82 @@ json_t *openai_error_body(int status, const char *param, const char *msg) {
     return o;
 }
 
+// ---- request fields ------------------------------------------------------------------------------
+//
+// Every top-level field of a generation request is in this table, with the endpoints that take it
+// (chatreq.h, struct chatreq_field); any other is refused with a 400 that names it, as OpenAI
+// refuses it ("Unrecognized request argument supplied").
+
+enum { FOR_CHAT = 1, FOR_COMPLETIONS = 2, FOR_BOTH = 3 };
+
+static const struct chatreq_field request_fields[] = {
+    {"messages", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"prompt", FOR_COMPLETIONS, FIELD_READ, NULL, NULL},
+    {"model", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"max_tokens", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"max_completion_tokens", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"n_predict", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stream", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stream_options", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"stop", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"ignore_eos", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"logprobs", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_logprobs", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"return_token_ids", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"response_format", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"json_schema", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"guided_json", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"tools", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"tool_choice", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"parallel_tool_calls", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"chat_template_kwargs", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"enable_thinking", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"reasoning_effort", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"prediction", FOR_CHAT, FIELD_READ, NULL, NULL},
+    {"user", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"prompt_cache_key", FOR_BOTH, FIELD_READ, NULL, NULL},
+    // sampling (chatreq_sampling)
+    {"temperature", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"top_k", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"min_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"typical_p", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"presence_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"frequency_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"repetition_penalty", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"logit_bias", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"seed", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"n", FOR_BOTH, FIELD_READ, NULL, NULL},
+    {"best_of", FOR_BOTH, FIELD_READ, NULL, NULL},
+    // accepted, no effect on the answer
+    {"metadata", FOR_BOTH, FIELD_INERT, "metadata", NULL},
+    {"safety_identifier", FOR_BOTH, FIELD_INERT, "string", NULL},
+    {"cache_prompt", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // the session cache always applies; same tokens either way
+    {"spaces_between_special_tokens", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // special tokens never reach the text
+    // features Calla lacks: their "off" value only
+    {"echo", FOR_BOTH, FIELD_OFF, "false", "echo is not supported (the answer never repeats the prompt)"},
+    {"suffix", FOR_COMPLETIONS, FIELD_OFF, "\"\"", "suffix (fill-in-the-middle) is not supported"},
+    {"store", FOR_BOTH, FIELD_OFF, "false", "store is not supported: Calla keeps no completions"},
+    {"service_tier", FOR_BOTH, FIELD_OFF, "\"auto\"|\"default\"", "service_tier must be \"auto\" or \"default\" (one tier)"},
+    {"audio", FOR_CHAT, FIELD_OFF, NULL, "audio output is not supported (text only)"},
+    {"modalities", FOR_CHAT, FIELD_OFF, "[\"text\"]", "modalities must be [\"text\"] (text only)"},
+    {"functions", FOR_CHAT, FIELD_OFF, NULL, "functions (deprecated) is not supported: use tools"},
+    {"function_call", FOR_CHAT, FIELD_OFF, NULL, "function_call (deprecated) is not supported: use tool_choice"},
+    {"web_search_options", FOR_CHAT, FIELD_OFF, NULL, "web search is not supported"},
+    {"verbosity", FOR_CHAT, FIELD_OFF, "\"medium\"", "verbosity must be \"medium\" (the model has no verbosity setting)"},
+    {"grammar", FOR_BOTH, FIELD_OFF, NULL, "grammar (GBNF) is not supported: use response_format with a JSON schema"},
+    {"guided_regex", FOR_BOTH, FIELD_OFF, NULL, "guided_regex is not supported: use response_format with a JSON schema"},
+    {"guided_choice", FOR_BOTH, FIELD_OFF, NULL, "guided_choice is not supported: use a JSON schema with an enum"},
+    {"guided_grammar", FOR_BOTH, FIELD_OFF, NULL, "guided_grammar is not supported: use response_format with a JSON schema"},
+    {"add_generation_prompt", FOR_CHAT, FIELD_OFF, "true", "add_generation_prompt must be true (the answer is a new assistant turn)"},
+    {"continue_final_message", FOR_CHAT, FIELD_OFF, "false", "continue_final_message is not supported"},
+    {"skip_special_tokens", FOR_BOTH, FIELD_OFF, "true", "skip_special_tokens must be true: special tokens never reach the text"},
+    {"include_stop_str_in_output", FOR_BOTH, FIELD_OFF, "false", "include_stop_str_in_output is not supported (a stop string is never returned)"},
+    {"min_tokens", FOR_BOTH, FIELD_OFF, "0", "min_tokens is not supported"},
+    {"stop_token_ids", FOR_BOTH, FIELD_OFF, "[]", "stop_token_ids is not supported (<|im_end|> and <|endoftext|> stop; see ignore_eos)"},
+    {"use_beam_search", FOR_BOTH, FIELD_OFF, "false", "beam search is not supported"},
+};
+
 // logprobs: chat takes "logprobs": true with "top_logprobs": 0..20; completions take
 // "logprobs": 0..20 (the number of alternatives).  r->logprobs: -1 (off) or that number.
 static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, struct req_error *re) {
@@ -55,8 +131,6 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
         if (on) r->logprobs = (int)k;
         return 0;
     }
-    if (top && !json_is_null(top))
-        return req_fail(re, 400, "top_logprobs", "top_logprobs is a chat parameter; completions take \"logprobs\": N");
     if (!lp || json_is_null(lp) || json_is_false(lp)) return 0;
     if (!chatreq_integral(lp, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
         return req_fail(re, 400, "logprobs", "logprobs must be an integer between 0 and %d", MAX_TOP_LOGPROBS);
@@ -64,67 +138,180 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
     return 0;
 }
 
-// response_format: text, json_object, or json_schema {"name", "schema", "strict"}: the schema is
-// compiled here, once (constrain.c), and refused with the keyword named when outside the subset.
-static int parse_response_format(const json_t *v, struct gen_request *r, struct req_error *re) {
-    const json_t *t = json_object_get(v, "type");
-    const char *type = json_is_string(t) ? json_string_value(t) : "";
+// The schema the answer must follow, from whichever field gives one: response_format (text,
+// json_object: any object, json_object with a "schema" (llama-server's form, and instructor's
+// JSON_SCHEMA mode), json_schema {"name", "schema", "strict"}), a top-level json_schema
+// (llama-server) or guided_json (vLLM: a schema, or a string holding one).  At most one of them;
+// the schema is compiled here, once (constrain.c), and refused with the keyword named when it is
+// outside the subset.
+static int parse_schema(const json_t *body, struct gen_request *r, struct req_error *re) {
+    const json_t *rf, *top = json_object_get(body, "json_schema"), *guided = json_object_get(body, "guided_json");
+    if (chatreq_get_opt(body, "response_format", JSON_OBJECT, &rf, re)) return -1;
+    const char *from = NULL;   // the field the schema comes from
     const json_t *schema = NULL;
-    if (!strcmp(type, "text")) return 0;
-    if (!strcmp(type, "json_schema")) {
-        const json_t *js = json_object_get(v, "json_schema");
-        schema = json_object_get(js, "schema");
-        if (!json_is_object(js) || !json_is_object(schema))
+    bool any_object = false;   // json_object without a schema
+    json_t *parsed = NULL;     // guided_json given as a string
+    if (rf) {
+        const json_t *t = json_object_get(rf, "type");
+        const char *type = json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(type, "json_schema")) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            schema = json_object_get(js, "schema");
+            if (!json_is_object(js) || !json_is_object(schema))
+                return req_fail(re, 400, "response_format",
+                                "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+            from = "response_format";
+        } else if (!strcmp(type, "json_object")) {
+            schema = json_object_get(rf, "schema");
+            if (schema && !json_is_null(schema) && !json_is_object(schema))
+                return req_fail(re, 400, "response_format", "response_format json_object's schema must be a JSON Schema object");
+            if (!json_is_object(schema)) schema = NULL, any_object = true;
+            from = "response_format";
+        } else if (strcmp(type, "text")) {
             return req_fail(re, 400, "response_format",
-                       "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
-    } else if (strcmp(type, "json_object")) {
-        return req_fail(re, 400, "response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+                            "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+        }
     }
+    static const char *const names[] = {"json_schema", "guided_json"};
+    const json_t *alt[] = {top, guided};
+    for (int i = 0; i < 2; i++) {
+        if (!alt[i] || json_is_null(alt[i])) continue;
+        if (from)
+            return req_fail(re, 400, names[i], "%s and %s both give a schema: give one", from, names[i]);
+        from = names[i];
+        if (i == 1 && json_is_string(alt[i])) {
+            if (!(parsed = json_loadb(json_string_value(alt[i]), json_string_length(alt[i]), 0, NULL)))
+                return req_fail(re, 400, names[i], "guided_json must be a JSON Schema object, or a string holding one");
+            alt[i] = parsed;
+        }
+        if (!json_is_object(alt[i])) {
+            json_decref(parsed);
+            return req_fail(re, 400, names[i], "%s must be a JSON Schema object", names[i]);
+        }
+        schema = alt[i];
+    }
+    if (!schema && !any_object) return 0;
     char err[300];
-    if (constrain_compile(schema, &r->schema, err, sizeof err))
-        return req_fail(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+    const int rc = constrain_compile(schema, &r->schema, err, sizeof err);
+    json_decref(parsed);
+    if (rc) {
+        if (!strcmp(from, "response_format"))
+            return req_fail(re, 400, "response_format", "response_format.json_schema.schema: %s", err);
+        return req_fail(re, 400, !strcmp(from, "guided_json") ? "guided_json" : "json_schema", "%s: %s", from, err);
+    }
     return 0;
 }
 
-// Parameters common to both generation endpoints: greedy checks, max_tokens, stop, stream.
+// stream_options: include_usage, and include_obfuscation off (no padding field is ever added).
+static int parse_stream_options(const json_t *body, struct openai_resp *o, struct req_error *re) {
+    const json_t *v;
+    if (chatreq_get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
+    if (!v) return 0;
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) {
+        if (!strcmp(key, "include_usage")) {
+            if (chatreq_get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
+        } else if (!strcmp(key, "include_obfuscation")) {
+            if (!json_is_null(x) && !json_is_false(x))
+                return req_fail(re, 400, "stream_options", "stream_options.include_obfuscation must be false (not supported)");
+        } else {
+            return req_fail(re, 400, "stream_options", "stream_options.%.*s is not a stream option (include_usage)",
+                            chatreq_clip(key, 64), key);
+        }
+    }
+    return 0;
+}
+
+// OpenAI's prediction, {"type": "content", "content": a string or text parts}: kept in the
+// request as a draft for speculative decoding (a hint: the answer is the same without it).
+static int parse_prediction(const json_t *body, struct gen_request *r, struct req_error *re) {
+    const json_t *v;
+    if (chatreq_get_opt(body, "prediction", JSON_OBJECT, &v, re)) return -1;
+    if (!v) return 0;
+    const json_t *type = json_object_get(v, "type"), *content = json_object_get(v, "content");
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) if (strcmp(key, "type") && strcmp(key, "content"))
+        return req_fail(re, 400, "prediction", "prediction takes only \"type\" and \"content\"");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "content"))
+        return req_fail(re, 400, "prediction", "prediction must be {\"type\": \"content\", \"content\": ...}");
+    struct sbuf b = {0};
+    if (json_is_string(content)) {
+        if (sbuf_add(&b, json_string_value(content), json_string_length(content))) goto oom;
+    } else if (json_is_array(content)) {
+        size_t i;
+        const json_t *part;
+        json_array_foreach(content, i, part) {
+            const json_t *pt = json_object_get(part, "type"), *text = json_object_get(part, "text");
+            if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") || !json_is_string(text)) {
+                sbuf_free(&b);
+                return req_fail(re, 400, "prediction", "prediction.content[%zu] must be {\"type\": \"text\", \"text\": ...}", i);
+            }
+            if (sbuf_add(&b, json_string_value(text), json_string_length(text))) goto oom;
+        }
+    } else {
+        return req_fail(re, 400, "prediction", "prediction.content must be a string or an array of text parts");
+    }
+    if (!b.len) {
+        sbuf_free(&b);
+        return 0;
+    }
+    r->prediction = b.p, r->prediction_len = b.len;
+    return 0;
+oom:
+    sbuf_free(&b);
+    return req_fail(re, 500, NULL, "out of memory");
+}
+
+// max_tokens, and the other names of it: max_completion_tokens (OpenAI's newer name) wins over
+// max_tokens, which wins over n_predict (llama-server's; -1 there: as much as the context has
+// left).  *out: 0 when none is given (the server's default), -1 for the context's rest.
+static int parse_max_tokens(const json_t *body, long long *out, struct req_error *re) {
+    static const char *const names[] = {"n_predict", "max_tokens", "max_completion_tokens"};
+    *out = 0;
+    for (int i = 0; i < 3; i++) {
+        const json_t *m = json_object_get(body, names[i]);
+        if (!m || json_is_null(m)) continue;
+        long long k;
+        if (!chatreq_integral(m, &k)) return req_fail(re, 400, names[i], "%s must be an integer", names[i]);
+        if (i == 0 && k == -1) {
+            *out = -1;
+            continue;
+        }
+        if (k < 1 || k > QWEN_MAX_CTX - 1)
+            return req_fail(re, 400, names[i], "%s must be between 1 and %d inclusive%s, got %lld", names[i],
+                            QWEN_MAX_CTX - 1, i == 0 ? " (or -1)" : "", k);
+        *out = k;
+    }
+    return 0;
+}
+
+// Parameters common to both generation endpoints: the fields themselves, sampling, logprobs,
+// max_tokens, stop, stream, the schema.  The session key (X-Session-Id, a balancer's affinity):
+// prompt_cache_key (OpenAI's key for requests that share a prefix), else user (a stable end-user id).
 static int parse_common(const struct openai_ctx *oc, const json_t *body, struct job *j, long long *max_tokens,
                         struct req_error *re) {
     struct openai_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
-    if (check_greedy(body, re) || parse_logprobs(body, o->chat, r, re)) return -1;
+    static const char *const session[] = {"prompt_cache_key", "user", NULL};
     const json_t *v;
-    if (chatreq_get_opt(body, "model", JSON_STRING, &v, re)) return -1;
-    // OpenAI's `user`: a stable end-user id.  Mirrored as X-Session-Id so a balancer can keep the
-    // conversation on this replica; an id that cannot be a header value is accepted, not mirrored.
-    if (chatreq_get_opt(body, "user", JSON_STRING, &v, re)) return -1;
-    if (v && session_id_valid(json_string_value(v), json_string_length(v)))
-        memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
-    *max_tokens = 0;   // 0: not given
-    static const char *const mt_names[] = {"max_tokens", "max_completion_tokens"};
-    for (int i = 0; i < 2; i++) {
-        const json_t *m = json_object_get(body, mt_names[i]);
-        if (!m || json_is_null(m)) continue;
-        long long k;
-        if (!chatreq_integral(m, &k)) return req_fail(re, 400, mt_names[i], "%s must be an integer", mt_names[i]);
-        if (k < 1 || k > QWEN_MAX_CTX - 1)
-            return req_fail(re, 400, mt_names[i], "%s must be between 1 and %d inclusive, got %lld", mt_names[i],
-                       QWEN_MAX_CTX - 1, k);
-        *max_tokens = k;   // max_completion_tokens (the newer name) wins when both are given
-    }
-    if (chatreq_get_bool(body, "stream", false, &j->stream, re)) return -1;
-    if (chatreq_get_bool(body, "return_token_ids", false, &o->return_ids, re)) return -1;
-    if (chatreq_get_opt(body, "stream_options", JSON_OBJECT, &v, re)) return -1;
-    if (v && chatreq_get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
-    if (chatreq_stops(r, json_object_get(body, "stop"), "stop", MAX_STOPS, re)) return -1;
-    if (chatreq_get_bool(body, "echo", false, &(bool){0}, re)) return -1;
-    if (json_is_true(json_object_get(body, "echo"))) return req_fail(re, 400, "echo", "echo is not supported");
-    if (chatreq_get_opt(body, "suffix", JSON_STRING, &v, re)) return -1;
-    if (v && json_string_length(v)) return req_fail(re, 400, "suffix", "suffix (fill-in-the-middle) is not supported");
-    if (!o->chat && json_object_get(body, "tools") && !json_is_null(json_object_get(body, "tools")))
-        return req_fail(re, 400, "tools", "tools are a chat parameter (/v1/chat/completions)");
-    if (chatreq_get_opt(body, "response_format", JSON_OBJECT, &v, re)) return -1;
-    if (v && parse_response_format(v, r, re)) return -1;
-    (void)oc;
+    bool parallel = true;
+    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0],
+                             o->chat ? FOR_CHAT : FOR_COMPLETIONS, "Unrecognized request argument supplied: %.*s",
+                             o->chat ? "%s is a completions parameter (/v1/completions)"
+                                     : "%s is a chat parameter (/v1/chat/completions)", re) ||
+        chatreq_sampling(body, oc->allow_sampling, SAMPLE_ALL, 2, &r->sampling, re) ||
+        parse_logprobs(body, o->chat, r, re) || chatreq_get_opt(body, "model", JSON_STRING, &v, re) ||
+        chatreq_session(body, session, j, re) || parse_max_tokens(body, max_tokens, re) ||
+        chatreq_get_bool(body, "stream", false, &j->stream, re) ||
+        chatreq_get_bool(body, "return_token_ids", false, &o->return_ids, re) ||
+        chatreq_get_bool(body, "ignore_eos", false, &r->ignore_stop, re) ||
+        (o->chat && chatreq_get_bool(body, "parallel_tool_calls", true, &parallel, re)) ||
+        parse_stream_options(body, o, re) || chatreq_stops(r, json_object_get(body, "stop"), "stop", MAX_STOPS, re) ||
+        parse_prediction(body, r, re) || parse_schema(body, r, re))
+        return -1;
+    r->max_calls = parallel ? 0 : 1;   // parallel_tool_calls false: the answer ends after its first call
     return 0;
 }
 

@@ -33,6 +33,7 @@ struct openai_ctx {
     long long context;               // prompt + max_tokens + 1 must fit
     long long default_max_tokens;    // when the request gives none
     const char *model_name;
+    bool allow_sampling;             // calla serve --allow-sampling: temperature & co. fill gen_request.sampling
 };
 
 // The answer being built: the sink's context (job->sink.ctx).

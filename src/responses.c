@@ -6,7 +6,7 @@
 //              string, or items: message, function_call, function_call_output, reasoning) the
 //              messages, consecutive assistant items one assistant turn; function `tools` and
 //              `tool_choice` as OpenAI's chat; `text.format` json_schema a constraint;
-//              `reasoning.effort` "none" turns thinking off -> a job; or a 4xx naming the field.
+//              `reasoning.effort` "none" or "minimal" turns thinking off -> a job; or a 4xx naming the field.
 //              previous_response_id puts the stored conversation first; when the instructions
 //              and tools are the same and the stored output ended its turn, the prompt is the
 //              stored tokens and the new items' (chat.h after_turn), so the session cache's
@@ -18,7 +18,10 @@
 //              response.completed (incomplete, failed), or the whole response at the end; kept in
 //              the store when `store` (the default) is true.
 //
-// Sampling is greedy only (check_greedy); nothing a client sends can reach an abort().
+// Every top-level field is in `fields` (a field not there is a 400 naming it, as OpenAI's
+// "Unknown parameter").  Sampling is greedy unless the server runs with --allow-sampling: then
+// temperature and top_p fill the generation's sampling (chatreq_sampling); without it only their
+// greedy values pass.  Nothing a client sends can reach an abort().
 #include "responses.h"
 
 #include "constrain.h"
@@ -302,32 +305,58 @@ static int parse_text(const json_t *text, struct gen_request *r, struct req_erro
 
 // ---- the request ----------------------------------------------------------------------------------------
 
+// Every top-level field of a request.
+static const struct chatreq_field request_fields[] = {
+    {"model", 1, FIELD_READ, NULL, NULL},
+    {"input", 1, FIELD_READ, NULL, NULL},
+    {"instructions", 1, FIELD_READ, NULL, NULL},
+    {"tools", 1, FIELD_READ, NULL, NULL},
+    {"tool_choice", 1, FIELD_READ, NULL, NULL},
+    {"parallel_tool_calls", 1, FIELD_READ, NULL, NULL},
+    {"max_tool_calls", 1, FIELD_READ, NULL, NULL},
+    {"text", 1, FIELD_READ, NULL, NULL},
+    {"reasoning", 1, FIELD_READ, NULL, NULL},
+    {"max_output_tokens", 1, FIELD_READ, NULL, NULL},
+    {"store", 1, FIELD_READ, NULL, NULL},
+    {"previous_response_id", 1, FIELD_READ, NULL, NULL},
+    {"stream", 1, FIELD_READ, NULL, NULL},
+    {"stream_options", 1, FIELD_READ, NULL, NULL},
+    {"include", 1, FIELD_READ, NULL, NULL},
+    {"metadata", 1, FIELD_READ, NULL, NULL},
+    {"user", 1, FIELD_READ, NULL, NULL},
+    {"prompt_cache_key", 1, FIELD_READ, NULL, NULL},
+    {"truncation", 1, FIELD_READ, NULL, NULL},
+    {"top_logprobs", 1, FIELD_READ, NULL, NULL},
+    {"temperature", 1, FIELD_READ, NULL, NULL},
+    {"top_p", 1, FIELD_READ, NULL, NULL},
+    // accepted, no effect on the answer
+    {"service_tier", 1, FIELD_INERT, "string", NULL},
+    {"safety_identifier", 1, FIELD_INERT, "string", NULL},
+    // features Calla lacks: their "off" value only
+    {"background", 1, FIELD_OFF, "false", "background responses are not supported"},
+    {"conversation", 1, FIELD_OFF, NULL, "conversation is not supported (the Conversations API: use previous_response_id)"},
+    {"prompt", 1, FIELD_OFF, NULL, "prompt is not supported (stored prompt templates)"},
+};
+
 static int parse_body(const struct chatreq_ctx *c, struct rstore *store, const json_t *body, struct job *j,
                       struct req_error *re) {
     struct responses_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
     const json_t *v, *reasoning, *text, *tools_in, *meta, *prev_id, *instr;
     bool store_it, parallel;
-    if (check_greedy(body, re) || chatreq_get_opt(body, "model", JSON_STRING, &v, re) ||
+    if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1,
+                             "Unknown parameter: '%.*s'.", NULL, re) ||
+        chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P, 2, &r->sampling, re) ||
+        chatreq_get_opt(body, "model", JSON_STRING, &v, re) ||
         chatreq_get_bool(body, "stream", false, &j->stream, re) || chatreq_get_bool(body, "store", true, &store_it, re) ||
         chatreq_get_bool(body, "parallel_tool_calls", true, &parallel, re) ||
         chatreq_get_opt(body, "stream_options", JSON_OBJECT, &v, re) || chatreq_get_opt(body, "include", JSON_ARRAY, &v, re) ||
-        chatreq_get_opt(body, "service_tier", JSON_STRING, &v, re) ||
-        chatreq_get_opt(body, "safety_identifier", JSON_STRING, &v, re) ||
         chatreq_get_opt(body, "metadata", JSON_OBJECT, &meta, re) ||
         chatreq_get_opt(body, "instructions", JSON_STRING, &instr, re) ||
         chatreq_get_opt(body, "previous_response_id", JSON_STRING, &prev_id, re) ||
         chatreq_get_opt(body, "reasoning", JSON_OBJECT, &reasoning, re) || chatreq_get_opt(body, "text", JSON_OBJECT, &text, re) ||
         chatreq_get_opt(body, "tools", JSON_ARRAY, &tools_in, re))
         return -1;
-    bool background;
-    if (chatreq_get_bool(body, "background", false, &background, re)) return -1;
-    if (background) return req_fail(re, 400, "background", "background responses are not supported");
-    static const char *const unsupported[] = {"conversation", "prompt", NULL};
-    for (const char *const *u = unsupported; *u; u++) {
-        v = json_object_get(body, *u);
-        if (v && !json_is_null(v)) return req_fail(re, 400, *u, "%s is not supported", *u);
-    }
     static const char *const truncation[] = {"disabled", NULL};
     if (get_enum(body, "truncation", "truncation", "truncation (a prompt longer than the context is refused, never cut)",
                  truncation, re))
@@ -343,24 +372,20 @@ static int parse_body(const struct chatreq_ctx *c, struct rstore *store, const j
     v = json_object_get(body, "max_tool_calls");
     if (v && !json_is_null(v) && (!chatreq_integral(v, &max_calls) || max_calls < 1 || max_calls > 1 << 20))
         return req_fail(re, 400, "max_tool_calls", "max_tool_calls must be a positive integer");
-    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", NULL};
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", NULL};   // chatreq_effort_thinks
     static const char *const summaries[] = {"auto", "concise", "detailed", NULL};
     if (reasoning && (get_enum(reasoning, "effort", "reasoning", "reasoning.effort", efforts, re) ||
                       get_enum(reasoning, "summary", "reasoning", "reasoning.summary", summaries, re) ||
                       get_enum(reasoning, "generate_summary", "reasoning", "reasoning.generate_summary", summaries, re)))
         return -1;
     const char *effort = reasoning ? str_of(reasoning, "effort") : NULL;
-    const bool think = !effort || strcmp(effort, "none");
+    const bool think = !effort || chatreq_effort_thinks(effort) > 0;
     if (text && parse_text(text, r, re)) return -1;
 
     // The session key: prompt_cache_key (Codex sends its conversation's id), user, else the
     // response this one continues; mirrored as X-Session-Id when it can be a header value.
-    static const char *const keys[] = {"prompt_cache_key", "user", "previous_response_id"};
-    for (int i = 0; i < 3; i++) {
-        if (chatreq_get_opt(body, keys[i], JSON_STRING, &v, re)) return -1;
-        if (v && !j->session[0] && session_id_valid(json_string_value(v), json_string_length(v)))
-            memcpy(j->session, json_string_value(v), json_string_length(v) + 1);
-    }
+    static const char *const keys[] = {"prompt_cache_key", "user", "previous_response_id", NULL};
+    if (chatreq_session(body, keys, j, re)) return -1;
 
     // The conversation: the stored one first, then the input's.
     struct rstore_entry *prev = NULL;

@@ -4,7 +4,8 @@
 // cache; it runs jobs one at a time in arrival (queue) order.  A client that goes away is
 // noticed between prefill chunks and decode steps (job_cancelled: the worker polls the client
 // socket for a reset), and the transport marks the job cancelled when a write fails or the
-// connection ends early.
+// connection ends early, or when its watch over a queued job finds the client gone; a job whose
+// client left while it was queued is ended without running.
 #include "scheduler.h"
 
 #include <stdio.h>
@@ -112,7 +113,9 @@ static void run_job(struct sched *s, struct job *j) {
     pthread_mutex_unlock(&s->mu);
     const int ng = res.n;
 
-    // Keep the end state: it has consumed the prompt and every generated token but the last.
+    // Keep the end state: it has consumed the prompt and every generated token but the last, and
+    // its next token is that state's argmax (greedy_next: the last token itself may have been drawn,
+    // constrained or forced, and a greedy request continuing from the state must not take it).
     // A state under half the context is copied into a slot of its own size (memory follows use);
     // a larger one moves into the cache and the slot's old sequence becomes the working one.
     if (rc == ENGINE_OK && ng >= 1) {
@@ -123,8 +126,8 @@ static void run_job(struct sched *s, struct job *j) {
             memcpy(all + n, res.ids, sizeof *res.ids * (size_t)(ng - 1));
             int e = 0;
             if (seq_pos(s->w) == m)
-                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.ids[ng - 1], err, sizeof err)
-                                             : scache_store_swap(&s->full, &s->w, all, m, res.ids[ng - 1], err, sizeof err);
+                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.greedy_next, err, sizeof err)
+                                             : scache_store_swap(&s->full, &s->w, all, m, res.greedy_next, err, sizeof err);
             if (e) fprintf(stderr, "calla serve: session cache: %s\n", err);
             free(all);
         }
@@ -175,10 +178,17 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         job_set_state(j, JOB_RUNNING);
-        if (atomic_load(&s->abort))
+        if (atomic_load(&s->abort)) {
             end_job(j, &(struct gen_end){.status = 503, .message = "the server is shutting down", .n_prompt = j->req.n_prompt});
-        else
+        } else if (job_cancelled(j)) {   // its client left while it waited: not even the cache is looked at
+            pthread_mutex_lock(&s->mu);
+            s->m.cancelled++;
+            pthread_mutex_unlock(&s->mu);
+            end_job(j, &(struct gen_end){.status = 499, .message = "cancelled", .n_prompt = j->req.n_prompt});
+            if (!s->cfg.quiet) fprintf(stderr, "calla serve: %s %s: cancelled while queued\n", j->id, j->kind);
+        } else {
             run_job(s, j);
+        }
 
         pthread_mutex_lock(&s->mu);
         s->running = NULL;

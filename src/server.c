@@ -1,13 +1,15 @@
 // server.c: `calla serve`, an OpenAI-compatible HTTP server over one engine, batch 1, greedy:
 // the HTTP transport (libmicrohttpd callbacks, routes, limits, relaying each job's bytes,
 // metrics) and the command itself.  The protocol is in openai.c, the queue and the worker in
-// scheduler.c, the job and its output channel in job.c.
+// scheduler.c, the job and its output channel in job.c, the connection table in conn.c.
 //
 // Threads:
-//   MHD, one thread per connection: reads and validates a request (JSON, limits, tokenization),
-//        queues a job, then waits for its answer (non-streaming) or relays its server-sent events.
+//   MHD, a pool of --http-threads, each an epoll loop over its share of the connections: reads
+//        and validates requests (JSON, limits, tokenization), queues jobs and relays their
+//        answers.  No callback ever waits: a connection whose answer is not ready is suspended
+//        and resumed by whoever makes it ready (the worker, or the tick).
 //   worker (scheduler.c): the only thread that touches the engine.
-//   reaper: closes connections that take longer than --request-timeout to send a request.
+//   tick (conn.c): the request deadline, and the watch over the clients of jobs in flight.
 //   main: waits for SIGTERM/SIGINT, then drains (finishes running and queued jobs, up to
 //        --drain-seconds) or aborts, and frees everything.
 #include "server.h"
@@ -59,17 +61,8 @@ struct request {
     int refuse;             // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
     const char *why;        // its message
     struct job *job;        // once queued
+    bool looked;            // not streaming: the handler has looked at the job once (answer_whole)
 };
-
-// An open connection, listed for the request deadline (see on_connection).
-struct conn {
-    struct conn *prev, *next;
-    int fd;              // -1 once shut down
-    bool receiving;      // between requests, or inside one's headers or body
-    double since;        // when receiving began
-};
-
-static unsigned long long conns_timed_out;   // under conn_mu: connections closed by the deadline
 
 // The chat page's file at this URL path ("/" is index.html), or NULL.
 static const struct web_file *web_find(const char *url) {
@@ -427,11 +420,7 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     sched_status(&sv->sched, &st);
     const struct sched_metrics *g = &st.m;
     int depth = st.depth, running = st.running, pf_done = st.prefill_done, pf_total = st.prefill_total;
-    int n_conns = 0;
-    pthread_mutex_lock(&sv->conn_mu);
-    for (const struct conn *k = sv->conns; k; k = k->next) n_conns++;
-    unsigned long long timed_out = conns_timed_out;
-    pthread_mutex_unlock(&sv->conn_mu);
+    const struct conn_stats cs = conn_table_stats(&sv->conns);
     OUT("# HELP calla_requests_total HTTP requests by endpoint and status.\n# TYPE calla_requests_total counter\n");
     for (int e = 0; e < EP_COUNT; e++)
         for (int k = 0; k <= N_STATUS; k++)
@@ -454,8 +443,9 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
     OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n", pf_done);
     OUT("# HELP calla_prefill_tokens_total Prompt tokens of the running request's prefill (0: none running).\n# TYPE calla_prefill_tokens_total gauge\ncalla_prefill_tokens_total %d\n", pf_total);
-    OUT("# HELP calla_connections_open Open HTTP connections.\n# TYPE calla_connections_open gauge\ncalla_connections_open %d\n", n_conns);
-    OUT("# HELP calla_connections_timed_out_total Connections closed for not sending a whole request within --request-timeout.\n# TYPE calla_connections_timed_out_total counter\ncalla_connections_timed_out_total %llu\n", timed_out);
+    OUT("# HELP calla_connections_open Open HTTP connections.\n# TYPE calla_connections_open gauge\ncalla_connections_open %d\n", cs.open);
+    OUT("# HELP calla_connections_timed_out_total Connections closed for not sending a whole request within --request-timeout.\n# TYPE calla_connections_timed_out_total counter\ncalla_connections_timed_out_total %llu\n", cs.timed_out);
+    OUT("# HELP calla_connections_evicted_total Idle connections closed to make room (--max-connections, --max-connections-per-ip).\n# TYPE calla_connections_evicted_total counter\ncalla_connections_evicted_total %llu\n", cs.evicted);
 #undef OUT
     enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
                             : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
@@ -463,34 +453,145 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     return r;
 }
 
-// Content reader of a streamed response: blocks until the worker has produced more.
-// After SSE_KEEPALIVE_S seconds with nothing to send (a long prefill chunk, a queue), it sends an
-// SSE comment so that clients and proxies do not time the stream out.
+// ---- relaying a job's answer ------------------------------------------------------------------
+//
+// No callback of MHD's may wait (a pool thread serves thousands of connections), so an answer
+// that is not ready parks its reader: the connection is suspended (job_park) and resumed by
+// whatever changes what the reader sees (job.h: output, the end, a cancellation, the tick's pokes).
+//   - A stream: MHD's content reader returns what is there, else a keep-alive comment after
+//     SSE_KEEPALIVE_S seconds of silence (clients and proxies must not time the stream out), else
+//     parks and returns 0.
+//   - A whole answer: the access handler parks until the job is done, then queues the body with
+//     its status and a Content-Length.  A client that closed its socket (FIN, not a reset) looks
+//     just like one that only half-closed after its request (shutdown(SHUT_WR)) and still reads:
+//     only a write tells them apart, the closed one's system answers it with a reset.  So once the
+//     client's end of stream is seen and the job has waited PROBE_AFTER_S, the answer starts
+//     early: 200, chunked (close-delimited for HTTP/1.0), a space every PROBE_EVERY_S
+//     (whitespace before a JSON document is part of JSON), then the document.  A closed client's
+//     reset cancels the job within a few seconds, queued or running; a half-closed one gets its
+//     answer.  An answer that fails after that start cannot change its status any more: its
+//     error object is sent, and the chunked body is left without its last chunk, so no HTTP/1.1
+//     client takes it for a whole message.
 enum { SSE_KEEPALIVE_S = 10 };
-static const char sse_keepalive[] = ": keep-alive\n\n";
+static const double PROBE_AFTER_S = 1.0, PROBE_EVERY_S = 1.0;
+static const char sse_keepalive[] = ": keep-alive\n\n", sse_probe[] = ": are you there\n\n";
+
+// An answer on its way out through a content reader.
+struct relay {
+    struct job *j;      // a reference
+    double last;        // when bytes last went out (0: never)
+};
+
+static void mhd_suspend(void *c) { MHD_suspend_connection(c); }
+static void mhd_resume(void *c) { MHD_resume_connection(c); }
+
+static ssize_t put_text(struct relay *rl, char *buf, size_t max, const char *text, size_t n) {
+    if (max < n) return 0;   // (MHD's block is SSE_BLOCK: never)
+    memcpy(buf, text, n);
+    rl->last = now_s();
+    return (ssize_t)n;
+}
+
+// The content reader of a streamed answer (server-sent events).
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
-    struct job *j = cls;
-    for (int idle = 0;;) {
-        long n = job_read(j, buf, max, 1.0);
-        if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (n > 0) return (ssize_t)n;
-        if (++idle >= SSE_KEEPALIVE_S && max >= sizeof sse_keepalive - 1) {
-            memcpy(buf, sse_keepalive, sizeof sse_keepalive - 1);
-            return (ssize_t)(sizeof sse_keepalive - 1);
+    struct relay *rl = cls;
+    for (;;) {
+        const struct job_view v = job_look(rl->j);
+        const long n = job_read(rl->j, buf, max, 0);
+        if (n > 0) {
+            rl->last = now_s();
+            return (ssize_t)n;
         }
+        if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (v.cancelled) return MHD_CONTENT_READER_END_WITH_ERROR;   // the client is gone
+        const double idle = now_s() - rl->last;
+        if (idle >= SSE_KEEPALIVE_S) return put_text(rl, buf, max, sse_keepalive, sizeof sse_keepalive - 1);
+        if (v.peer_eof && idle >= PROBE_EVERY_S) return put_text(rl, buf, max, sse_probe, sizeof sse_probe - 1);
+        if (job_park(rl->j)) return 0;
     }
 }
 
-static void sse_free(void *cls) {
-    struct job *j = cls;
-    job_abandon(j);   // the response is gone: a job not done yet is cancelled
-    job_unref(j);
+// The content reader of a whole answer started early (a client that closed its end): spaces,
+// then the document.
+static ssize_t body_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct relay *rl = cls;
+    for (;;) {
+        const struct job_view v = job_look(rl->j);
+        if (v.done) {
+            const long n = job_read(rl->j, buf, max, 0);
+            if (n > 0) return (ssize_t)n;
+            return rl->j->status == 200 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (v.cancelled) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (now_s() - rl->last >= PROBE_EVERY_S) return put_text(rl, buf, max, " ", 1);
+        if (job_park(rl->j)) return 0;
+    }
 }
 
+static void relay_free(void *cls) {
+    struct relay *rl = cls;
+    job_abandon(rl->j);   // the response is gone: a job not done yet is cancelled
+    job_unref(rl->j);
+    free(rl);
+}
+
+// A response read by a relay of j: 200, its headers, queued.
+static enum MHD_Result queue_relay(struct server *sv, struct MHD_Connection *c, enum endpoint ep, struct job *j,
+                                   MHD_ContentReaderCallback read, const char *type, const char *session) {
+    struct relay *rl = malloc(sizeof *rl);
+    struct MHD_Response *r = rl ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, read, rl, relay_free) : NULL;
+    if (!r) {
+        free(rl);
+        return MHD_NO;
+    }
+    job_ref(j);
+    *rl = (struct relay){.j = j, .last = read == sse_read ? now_s() : 0};   // a probe goes out at once
+    MHD_add_response_header(r, "Content-Type", type);
+    if (read == sse_read) MHD_add_response_header(r, "Cache-Control", "no-cache");
+    if (session) MHD_add_response_header(r, "X-Session-Id", session);
+    cors_headers(sv, c, r);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_request(sv, ep, 200);
+    return ret;
+}
+
+// The X-Session-Id to mirror for a queued job: the header's, else the body's session key.
+static const char *job_session(struct MHD_Connection *c, const struct job *j) {
+    const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    return sid ? sid : j->session[0] ? j->session : NULL;
+}
+
+// A whole answer, from the access handler (first when the job is queued, then at each resume):
+// queued once it is done; started early for a client that closed its end; else parked.
+static enum MHD_Result answer_whole(struct server *sv, struct MHD_Connection *c, struct request *rq) {
+    struct job *j = rq->job;
+    for (;;) {
+        const struct job_view v = job_look(j);
+        if (v.cancelled) return MHD_NO;   // the client is gone: close
+        if (v.done) {   // out and status are final
+            if (!j->out.len) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
+            return send_buf_session(sv, c, rq->ep, j->status, "application/json", j->out.p, j->out.len,
+                                    j->status == 200 ? job_session(c, j) : NULL);
+        }
+        if (v.peer_eof && now_s() - j->t_queued >= PROBE_AFTER_S)
+            return queue_relay(sv, c, rq->ep, j, body_read, "application/json", job_session(c, j));
+        // MHD 0.9.75 keeps a connection's event-loop state while it is suspended, and one suspended
+        // in the call that completed its request is still marked as reading: resumed, MHD reads,
+        // and a client that has half-closed reads as the end of the stream, on which MHD closes the
+        // connection.  Returning once with no answer lets MHD mark it as waiting (it calls the
+        // handler again at once); only then is it parked.
+        if (!rq->looked) {
+            rq->looked = true;
+            return MHD_YES;
+        }
+        if (job_park(j)) return MHD_YES;   // resumed when there is news: MHD calls the handler again
+    }
+}
 
 // A generation's session key, for a balancer's affinity: the X-Session-Id header, else the body's
-// `user`.  Calla itself needs none (its cache matches prompts by prefix); it mirrors the key into
-// the answer's X-Session-Id so that a balancer or a client can learn it.
+// prompt_cache_key or `user`.  Calla itself needs none (its cache matches prompts by prefix); it
+// mirrors the key into the answer's X-Session-Id so that a balancer or a client can learn it.
 static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection *c, struct request *rq) {
     struct req_error re = {0};
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
@@ -505,36 +606,20 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
                                              : openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS,
                                                                     body, rq->body.len, &re);
     sbuf_free(&rq->body);
+    if (j) job_set_reader(j, &(struct job_reader){.suspend = mhd_suspend, .resume = mhd_resume, .arg = c});
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!j || sched_enqueue(&sv->sched, j, ci ? ci->connect_fd : -1, &re)) {
         job_unref(j);
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
     rq->job = j;   // the request's reference; dropped when MHD completes the request
-    const char *session = sid ? sid : j->session[0] ? j->session : NULL;
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (si && si->socket_context) conn_watch(&sv->conns, si->socket_context, j);
     pthread_mutex_lock(&sv->mu);
     sv->open_jobs++;
     pthread_mutex_unlock(&sv->mu);
-    if (j->stream) {
-        job_ref(j);
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, sse_read, j, sse_free);
-        if (!r) {
-            job_unref(j);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        if (session) MHD_add_response_header(r, "X-Session-Id", session);
-        cors_headers(sv, c, r);
-        enum MHD_Result ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        count_request(sv, rq->ep, 200);
-        return ret;
-    }
-    job_wait(j);   // the protocol has left the whole answer in out
-    if (!j->out.len) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
-    return send_buf_session(sv, c, rq->ep, j->status, "application/json", j->out.p, j->out.len,
-                            j->status == 200 ? session : NULL);
+    if (j->stream) return queue_relay(sv, c, rq->ep, j, sse_read, "text/event-stream", job_session(c, j));
+    return answer_whole(sv, c, rq);
 }
 
 // POST /v1/messages/count_tokens: the prompt's tokens, as a generation of the same body counts them.
@@ -611,78 +696,27 @@ static enum MHD_Result send_preflight(struct server *sv, struct MHD_Connection *
     return ret;
 }
 
-// ---- connections: the request deadline ---------------------------------------------------------
-//
-// MHD's --timeout is an idle timeout: it restarts with every byte received, so a client that sends
-// a header line every few seconds would hold its connection (and its thread) for ever, and a few
-// dozen such clients would lock everyone else out.  So every connection is listed from MHD's
-// "started" notification to its "closed" one, and while it is receiving a request (from its start,
-// or from the end of its previous request, until the access handler's last call for the request)
-// it has --request-timeout seconds.  Past that the reaper thread shuts the socket down; MHD's
-// connection thread then reads the end of the stream and closes the connection.  An idle
-// keep-alive connection is closed after --request-timeout as well.
-// The fd is valid while the connection is listed: MHD notifies "closed" before it closes the socket,
-// and both the notification and the shutdown hold conn_mu.
-// (struct conn: above, with struct request.)
+// ---- connections --------------------------------------------------------------------------------
+// The table (conn.c) lists every connection for the limits, the request deadline and the watch
+// over clients; libmicrohttpd's notifications keep it.
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     struct server *sv = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        struct conn *k = ci ? calloc(1, sizeof *k) : NULL;   // none: this connection only lacks the deadline
-        *socket_context = k;
-        if (!k) return;
-        k->fd = ci->connect_fd;
-        k->receiving = true;
-        k->since = now_s();
-        pthread_mutex_lock(&sv->conn_mu);
-        k->next = sv->conns;
-        if (sv->conns) sv->conns->prev = k;
-        sv->conns = k;
-        pthread_mutex_unlock(&sv->conn_mu);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        // NULL (out of memory): this connection only lacks the deadline and the limits
+        *socket_context = ci ? conn_open(&sv->conns, ci->connect_fd, ai ? ai->client_addr : NULL) : NULL;
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
-        struct conn *k = *socket_context;
-        pthread_mutex_lock(&sv->conn_mu);
-        if (k->prev) k->prev->next = k->next;
-        else sv->conns = k->next;
-        if (k->next) k->next->prev = k->prev;
-        pthread_mutex_unlock(&sv->conn_mu);
-        free(k);
+        conn_close(&sv->conns, *socket_context);
         *socket_context = NULL;
     }
 }
 
-// The connection starts (true) or ends (false) receiving a request.
-static void conn_receiving(struct server *sv, struct MHD_Connection *c, bool receiving) {
+static struct conn *conn_of(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct conn *k = ci ? ci->socket_context : NULL;
-    if (!k) return;
-    pthread_mutex_lock(&sv->conn_mu);
-    k->receiving = receiving;
-    k->since = now_s();
-    pthread_mutex_unlock(&sv->conn_mu);
-}
-
-static void *reaper_main(void *arg) {
-    struct server *sv = arg;
-    pthread_mutex_lock(&sv->conn_mu);
-    while (!sv->stop_reaper) {
-        const double t = now_s();
-        for (struct conn *k = sv->conns; k; k = k->next)
-            if (k->receiving && k->fd >= 0 && t - k->since > (double)sv->cfg.request_timeout) {
-                shutdown(k->fd, SHUT_RDWR);   // MHD sees the end of the stream and closes it
-                k->fd = -1;
-                conns_timed_out++;
-            }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250 * 1000 * 1000;   // a quarter-second granularity
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&sv->conn_cv, &sv->conn_mu, &ts);
-    }
-    pthread_mutex_unlock(&sv->conn_mu);
-    return NULL;
+    return ci ? ci->socket_context : NULL;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -741,7 +775,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
-    conn_receiving(sv, c, false);   // the whole request is in: no deadline while it is answered
+    if (rq->job) return answer_whole(sv, c, rq);   // resumed: the job has news
+    struct conn *k = conn_of(c);
+    if (k) conn_busy(&sv->conns, k);   // the whole request is in: no deadline while it is answered
     if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
     if (rq->preflight) return send_preflight(sv, c, rq->ep);
     const bool gen = is_post(rq->ep), del = !strcmp(method, MHD_HTTP_METHOD_DELETE);
@@ -792,12 +828,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     struct server *sv = cls;
     struct request *rq = *con_cls;
-    conn_receiving(sv, c, true);   // a kept-alive connection: the next request's deadline starts now
+    struct conn *k = conn_of(c);
+    if (k) conn_idle(&sv->conns, k);   // a kept-alive connection: the next request's deadline starts now
     if (!rq) return;
     if (rq->job) {
         pthread_mutex_lock(&sv->mu);
         sv->open_jobs--;
         pthread_mutex_unlock(&sv->mu);
+        job_set_reader(rq->job, NULL);   // the connection may go now
         job_release_fd(rq->job, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);   // MHD closes or reuses the socket after this
         job_unref(rq->job);
     }
@@ -846,7 +884,7 @@ static int load_keys(struct auth *a, const struct server_config *cfg, char *err,
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
         .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
-        .max_header = 32 << 10, .max_connections = 2048, .cache_entries = 2, .cache_boundaries = 2,
+        .max_header = 32 << 10, .max_connections = 16384, .http_threads = 4, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .request_timeout = 30, .max_per_ip = 32,
         .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1, .store_entries = 256, .store_bytes = 64 << 20,
     };
@@ -863,8 +901,10 @@ int cmd_serve(int argc, char **argv) {
         {"queue", OPT_INT, &cfg.queue, 0, 4096, "requests that may wait behind the running one; past it 503 (default 16)"},
         {"max-body", OPT_INT, &cfg.max_body, 1024, 1 << 30, "request body limit in bytes; past it 413 (default 8 MiB)"},
         {"max-header", OPT_INT, &cfg.max_header, 4096, 1 << 20, "request header limit in bytes (default 32 KiB)"},
-        {"max-connections", OPT_INT, &cfg.max_connections, 2, 65536, "open connections at once, a thread each (default 2048; "
-                                                                      "capped by the open-file limit)"},
+        {"max-connections", OPT_INT, &cfg.max_connections, 2, 65536, "open connections at once; past it the oldest idle one is "
+                                                                      "closed (default 16384; capped by the open-file limit)"},
+        {"http-threads", OPT_INT, &cfg.http_threads, 1, 64, "HTTP threads, each an event loop over its share of the "
+                                                            "connections (default 4)"},
         {"cache-entries", OPT_INT, &cfg.cache_entries, 0, 64, "session cache: end-of-request states kept, LRU (default 2; 0: off)"},
         {"cache-boundaries", OPT_INT, &cfg.cache_boundaries, 0, 64, "session cache: last-message snapshots kept, LRU (default 2; 0: off)"},
         {"default-max-tokens", OPT_INT, &cfg.default_max_tokens, 1, QWEN_MAX_CTX, "max_tokens when a request gives none (default 4096)"},
@@ -882,11 +922,14 @@ int cmd_serve(int argc, char **argv) {
                                                               "loopback names when listening on loopback, else any)"},
         {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
                                                           "default none: preflights get 403)"},
-        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 4096, "open connections from one address (default 32)"},
+        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 65536, "open connections from one address; past it its oldest "
+                                                                       "idle one is closed (default 32)"},
         {"store-entries", OPT_INT, &cfg.store_entries, 0, 65536, "Responses API: stored responses kept for "
                                                                  "previous_response_id and GET, LRU (default 256; 0: none)"},
         {"store-bytes", OPT_INT, &cfg.store_bytes, 1 << 16, 1LL << 40, "Responses API: the bytes stored responses may hold "
                                                                        "(default 64 MiB)"},
+        {"allow-sampling", OPT_FLAG, &cfg.allow_sampling, 0, 0, "accept temperature > 0, top_p, top_k, min_p, presence_penalty "
+                                                                 "and seed (default: greedy only, others a 400)"},
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
@@ -922,16 +965,18 @@ int cmd_serve(int argc, char **argv) {
     }
     cfg.model_name = model_name;
     // Every connection is a socket: raise the open-file limit to what the system allows, and keep
-    // --max-connections under it (with room for the checkpoint's files, the listener and logs).
+    // --max-connections under it, with room for the connections closed to make room that MHD has
+    // not closed yet (conn_headroom), the checkpoint's files, the listener and logs.
     struct rlimit rl;
     if (!getrlimit(RLIMIT_NOFILE, &rl)) {
         if (rl.rlim_cur < rl.rlim_max) {
             rl.rlim_cur = rl.rlim_max;
             if (setrlimit(RLIMIT_NOFILE, &rl)) getrlimit(RLIMIT_NOFILE, &rl);
         }
-        const long long room = 64;
-        if (rl.rlim_cur != RLIM_INFINITY && (unsigned long long)(cfg.max_connections + room) > rl.rlim_cur) {
-            long long m = (long long)rl.rlim_cur > 2 + room ? (long long)rl.rlim_cur - room : 2;
+        const long long room = 64 + 2 * cfg.http_threads;
+        if (rl.rlim_cur != RLIM_INFINITY && (unsigned long long)(cfg.max_connections + conn_headroom(cfg.max_connections) + room) > rl.rlim_cur) {
+            long long m = 2;
+            while (m < cfg.max_connections && (unsigned long long)(m + 1 + conn_headroom(m + 1) + room) <= rl.rlim_cur) m++;
             fprintf(stderr, "calla serve: --max-connections %lld is more than the open-file limit (%llu) allows; using %lld "
                             "(raise it with ulimit -n or LimitNOFILE=)\n",
                     cfg.max_connections, (unsigned long long)rl.rlim_cur, m);
@@ -950,8 +995,7 @@ int cmd_serve(int argc, char **argv) {
     memset(sv, 0, sizeof *sv);
     sv->cfg = cfg;
     pthread_mutex_init(&sv->mu, NULL);
-    pthread_mutex_init(&sv->conn_mu, NULL);
-    pthread_cond_init(&sv->conn_cv, NULL);
+    conn_table_init(&sv->conns, (int)cfg.max_connections, (int)cfg.max_per_ip, (double)cfg.request_timeout);
     json_object_seed(0);   // before any thread makes a JSON object
     int rc = 1;
     if (rstore_init(&sv->store, (int)cfg.store_entries, (size_t)cfg.store_bytes)) {
@@ -1006,10 +1050,11 @@ int cmd_serve(int argc, char **argv) {
                 token_trie_nodes(sv->trie), token_trie_bytes(sv->trie) / 1e6, 1e3 * (now_s() - tt0),
                 mask_mode_name(sv->mask_mode));
     sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
-                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
+                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name,
+                                 .allow_sampling = cfg.allow_sampling};
     sv->cc = (struct chatreq_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
-                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name};
-
+                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name,
+                                  .allow_sampling = cfg.allow_sampling};
     const struct sched_config sc = {
         .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
         .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,
@@ -1030,22 +1075,22 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: cannot start the worker thread\n");
         goto out_cache;
     }
-    if (pthread_create(&sv->reaper, NULL, reaper_main, sv)) {
-        fprintf(stderr, "calla serve: cannot start the connection reaper thread\n");
+    if (conn_table_start(&sv->conns)) {
+        fprintf(stderr, "calla serve: cannot start the connection tick thread\n");
         goto out_worker;
     }
-    sv->have_reaper = true;
-    // One thread per connection, with poll (no FD_SETSIZE limit): a handler blocks while its job
-    // runs (non-streaming) and the SSE reader blocks until the next token, which MHD's epoll mode (one
-    // thread for all connections) would allow only with suspend/resume.  Slow clients are bounded by
-    // --request-timeout and --max-connections-per-ip, the total by --max-connections.  What the
-    // epoll path (a thread pool, suspend/resume) would take: docs/HTTP.md, "Connections".
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    // A pool of epoll loops: no callback waits (an answer not ready suspends its connection:
+    // "relaying a job's answer" above), so a few threads serve tens of thousands of connections.
+    // The limits are conn.c's, which closes the oldest idle connection to make room: MHD's own
+    // limit (it stops accepting there) is set above it by the headroom such closes need, and its
+    // per-address limit, which refuses a new connection rather than closing an idle one, is off.
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
+                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg.http_threads,
                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                             (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg.max_connections,
-                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg.max_per_ip,
+                             (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT,
+                             (unsigned)(cfg.max_connections + conn_headroom((int)cfg.max_connections)),
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout,
                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
 #if MHD_VERSION >= 0x00097701   // 1.0: bare LF, obs-fold, NUL, Content-Length with chunked refused by MHD
@@ -1102,14 +1147,7 @@ out_worker:
         if (!open) break;
         nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     }
-    if (sv->d) MHD_stop_daemon(sv->d);   // joins the connection threads; their jobs are all done
-    if (sv->have_reaper) {   // after MHD: no connection is listed any more
-        pthread_mutex_lock(&sv->conn_mu);
-        sv->stop_reaper = true;
-        pthread_cond_broadcast(&sv->conn_cv);
-        pthread_mutex_unlock(&sv->conn_mu);
-        pthread_join(sv->reaper, NULL);
-    }
+    if (sv->d) MHD_stop_daemon(sv->d);   // closes every connection; their jobs are all done, none is suspended
     if (!rc) fprintf(stderr, "calla serve: stopped\n");
 out_cache:
     sched_free(&sv->sched);
@@ -1121,9 +1159,8 @@ out_engine:
     engine_close(sv->e);
     rstore_free(&sv->store);
     auth_free(&sv->auth);
+    conn_table_free(&sv->conns);   // after MHD: no connection is listed any more
     pthread_mutex_destroy(&sv->mu);
-    pthread_mutex_destroy(&sv->conn_mu);
-    pthread_cond_destroy(&sv->conn_cv);
     free(model_name);
     return rc;
 }

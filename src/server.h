@@ -14,6 +14,7 @@
 #include "anthropic.h"
 #include "auth.h"
 #include "chatreq.h"
+#include "conn.h"
 #include "engine.h"
 #include "openai.h"
 #include "response_store.h"
@@ -36,7 +37,8 @@ struct server_config {
     long long queue;              // waiting jobs beyond the running one; past it: 503
     long long max_body;           // request body bytes; past it: 413
     long long max_header;         // request header bytes (MHD's per-connection memory); past it: 4xx from MHD
-    long long max_connections;
+    long long max_connections;    // open at once; past it the oldest idle one is closed (conn.h)
+    long long http_threads;       // libmicrohttpd's threads (epoll each); none ever blocks
     long long cache_entries;      // LRU of end-of-request states (0: off)
     long long cache_boundaries;   // LRU of last-message-boundary snapshots (0: off)
     long long default_max_tokens; // when a request gives none (then capped by what the context has left)
@@ -46,11 +48,12 @@ struct server_config {
     long long request_timeout;    // seconds a client has to send a whole request (headers and body)
     bool quiet;
     bool allow_chunked;           // accept chunked request bodies (off: 411; docs/HTTP.md)
+    bool allow_sampling;          // sampling parameters accepted (off: greedy only; docs/API.md)
     struct opt_strs api_keys;     // --api-key, repeatable
     const char *api_key_file;
     struct opt_strs allowed_hosts; // --allowed-host, repeatable
     struct opt_strs cors_origins;  // --cors-origin, repeatable
-    long long max_per_ip;         // connections from one address
+    long long max_per_ip;         // connections from one address; past it its oldest idle one is closed
     long long prefill_chunk;      // prompt tokens per forward call (progress and cancellation between)
     long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
     long long store_entries;      // the Responses API's stored responses kept, LRU (0: none)
@@ -93,11 +96,5 @@ struct server {
     long long started;              // Unix time, the models' "created"
     void *d;                        // the HTTP daemon (struct MHD_Daemon)
 
-    // Open connections, for the request deadline (server.c: struct conn, reaper).
-    pthread_mutex_t conn_mu;
-    pthread_cond_t conn_cv;
-    struct conn *conns;             // doubly linked, under conn_mu
-    bool stop_reaper;               // under conn_mu
-    bool have_reaper;
-    pthread_t reaper;
+    struct conn_table conns;        // open connections: limits, the request deadline, the watch over clients (conn.h)
 };

@@ -41,9 +41,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_server import FAILURES, HOST, RESULTS, Server, check  # noqa: E402  (one checker and tally for the suites)
 
-# Calla's server does not honour ignore_eos yet (it ignores the field): a turn may end on a stop
-# token before max_tokens. Once it does, set this and every turn must generate exactly --gen.
-CALLA_HONOURS_IGNORE_EOS = False
+# Calla's server honours ignore_eos (stop tokens do not end a turn, max_tokens does): every turn
+# must generate exactly --gen tokens.
+CALLA_HONOURS_IGNORE_EOS = True
 
 
 def run(args, timeout=300):

@@ -30,11 +30,14 @@ static struct chatreq_ctx ctx(void) {
     return (struct chatreq_ctx){.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
 }
 
-static struct job *parse(const char *body, struct req_error *re) {
+static struct job *parse_with(const char *body, bool allow_sampling, struct req_error *re) {
     struct chatreq_ctx c = ctx();
+    c.allow_sampling = allow_sampling;
     *re = (struct req_error){0};
     return anthropic_parse_request(&c, body, strlen(body), re);
 }
+
+static struct job *parse(const char *body, struct req_error *re) { return parse_with(body, false, re); }
 
 static struct job *parse_openai(const char *body) {
     struct openai_ctx oc = {.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
@@ -126,9 +129,9 @@ static void test_translation(void **state) {
     assert_true(n > 0);
 }
 
-static void expect_bad(const char *body, const char *param, const char *needle) {
+static void expect_bad_with(const char *body, bool allow_sampling, const char *param, const char *needle) {
     struct req_error re;
-    struct job *j = parse(body, &re);
+    struct job *j = parse_with(body, allow_sampling, &re);
     if (j) fail_msg("accepted: %s", body);
     assert_int_equal(re.status, 400);
     if (param) assert_string_equal(re.param ? re.param : "(null)", param);
@@ -138,6 +141,8 @@ static void expect_bad(const char *body, const char *param, const char *needle) 
     assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")), "invalid_request_error");
     json_decref(e);
 }
+
+static void expect_bad(const char *body, const char *param, const char *needle) { expect_bad_with(body, false, param, needle); }
 
 static void test_bad_requests(void **state) {
 #define U "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]"
@@ -187,6 +192,44 @@ static void test_bad_requests(void **state) {
 }
 
 // ---- the sink --------------------------------------------------------------------------------------
+
+// Every top-level field is one the API knows: others are refused, named; the inert ones pass.
+// Sampling: greedy values only, unless the server samples (--allow-sampling): then temperature
+// (0 to 1, as Anthropic's), top_p and top_k fill the request's sampling.
+static void test_fields_and_sampling(void **state) {
+#define U "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]"
+    expect_bad("{\"max_tokens\": 4, \"temprature\": 0, " U "}", NULL, "temprature: Extra inputs are not permitted");
+    expect_bad("{\"max_tokens\": 4, \"min_p\": 0.1, " U "}", NULL, "min_p: Extra inputs");   // not Anthropic's
+    expect_bad("{\"max_tokens\": 4, \"service_tier\": 1, " U "}", "service_tier", "a string");
+    expect_bad("{\"max_tokens\": 4, \"temperature\": 0.7, " U "}", "temperature", "--allow-sampling");
+    expect_bad("{\"max_tokens\": 4, \"top_k\": 40, " U "}", "top_k", "--allow-sampling");
+    expect_bad_with("{\"max_tokens\": 4, \"temperature\": 1.5, " U "}", true, "temperature", "between 0 and 1");
+    expect_bad_with("{\"max_tokens\": 4, \"top_k\": 40, " U "}", true, "top_k", "needs a temperature above 0");
+    struct req_error re;
+    static const char *const fine[] = {
+        "{\"max_tokens\": 4, \"service_tier\": \"auto\", \"container\": null, \"context_management\": {\"edits\": []}, "
+        "\"inference_geo\": \"us\", \"cache_control\": {\"type\": \"ephemeral\"}, \"unheard_of\": null, " U "}",
+        "{\"max_tokens\": 4, \"temperature\": 0, \"top_p\": 1, \"top_k\": 1, " U "}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        struct job *j = parse(fine[i], &re);
+        if (!j) fail_msg("%s: %s", fine[i], re.msg);
+        assert_false(j->req.sampling.on);
+        job_unref(j);
+    }
+    struct job *j = parse_with("{\"max_tokens\": 4, \"temperature\": 0.7, \"top_p\": 0.9, \"top_k\": 20, " U "}", true, &re);
+    if (!j) fail_msg("%s", re.msg);
+    const struct gen_sampling *s = &j->req.sampling;
+    assert_true(s->on && s->temperature == 0.7f && s->top_p == 0.9f && s->top_k == 20 && s->min_p == 0 && !s->has_seed);
+    job_unref(j);
+    // count_tokens reads the same body (its sampling parameters change no count).
+    struct chatreq_ctx c = ctx();
+    static const char unknown[] = "{\"nope\": 1, " U "}";
+    int n;
+    assert_int_equal(anthropic_count_tokens(&c, unknown, strlen(unknown), &n, &re), -1);
+    assert_int_equal(re.status, 400);
+#undef U
+}
 
 static void test_sink(void **state) {
     static const char reasoning[] = "The user wants the weather.";
@@ -326,6 +369,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_fields_and_sampling),
         cmocka_unit_test(test_sink),
     };
     return cmocka_run_group_tests_name("anthropic", tests, setup, teardown);

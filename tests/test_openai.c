@@ -467,12 +467,275 @@ static void test_constrain_refusals(void **state) {
     json_decref(j);
 }
 
+// ---- request fields, sampling --------------------------------------------------------------------
+
+// The small synthetic tokenizer, loaded once for the request tests.
+static struct tokenizer *small_tok(void) {
+    static struct tokenizer *tok;
+    if (tok) return tok;
+    char dir[] = "/tmp/calla_tok_XXXXXX", err[256];
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(synth_write_small_tokenizer(dir, err, sizeof err), 0);
+    assert_int_equal(tokenizer_load(dir, &tok, err, sizeof err), 0);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    return tok;
+}
+
+// A chat request with one user message and the extra fields `extra` (JSON members, "" for none):
+// the job, or NULL with re filled.  allow: --allow-sampling.
+static struct job *chat_req(const char *extra, bool allow, struct req_error *re) {
+    const struct openai_ctx oc = {.tok = small_tok(), .vocab = 248320, .context = 4096, .default_max_tokens = 8,
+                                  .model_name = "m", .allow_sampling = allow};
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s%s}", *extra ? ", " : "", extra);
+    *re = (struct req_error){0};
+    return openai_parse_request(&oc, OPENAI_CHAT, body, strlen(body), re);
+}
+
+// extra is refused with a 400 naming param (NULL: none named) and a message holding want.
+static void expect_refused(const char *extra, bool allow, const char *param, const char *want) {
+    struct req_error re;
+    struct job *j = chat_req(extra, allow, &re);
+    if (j) fprintf(stderr, "accepted: %s\n", extra);
+    assert_null(j);
+    assert_int_equal(re.status, 400);
+    if (param) assert_string_equal(re.param ? re.param : "(none)", param);
+    else assert_null(re.param);
+    if (!strstr(re.msg, want)) fprintf(stderr, "%s: %s\n", extra, re.msg);
+    assert_non_null(strstr(re.msg, want));
+}
+
+static struct job *expect_ok(const char *extra, bool allow) {
+    struct req_error re;
+    struct job *j = chat_req(extra, allow, &re);
+    if (!j) fprintf(stderr, "refused: %s: %s\n", extra, re.msg);
+    assert_non_null(j);
+    return j;
+}
+
+static void test_sampling_fields(void **state) {
+    // Without --allow-sampling: greedy values only, as before.
+    static const char *const greedy_only[][2] = {
+        {"\"temperature\": 0.7", "temperature"}, {"\"top_p\": 0.9", "top_p"}, {"\"top_k\": 20", "top_k"},
+        {"\"min_p\": 0.05", "min_p"},            {"\"presence_penalty\": 1", "presence_penalty"},
+        {"\"seed\": 42", "seed"},
+    };
+    for (size_t i = 0; i < sizeof greedy_only / sizeof greedy_only[0]; i++)
+        expect_refused(greedy_only[i][0], false, greedy_only[i][1], "--allow-sampling");
+    struct job *j = expect_ok("\"temperature\": 0, \"top_p\": 1, \"top_k\": -1, \"min_p\": 0, \"presence_penalty\": 0", false);
+    assert_false(j->req.sampling.on);
+    job_unref(j);
+
+    // With it: the six parameters, parsed.
+    j = expect_ok("\"temperature\": 0.7, \"top_p\": 0.8, \"top_k\": 20, \"min_p\": 0.05, \"presence_penalty\": 1.5, "
+                  "\"seed\": -3",
+                  true);
+    const struct gen_sampling *s = &j->req.sampling;
+    assert_true(s->on);
+    assert_true(s->temperature == 0.7f && s->top_p == 0.8f && s->min_p == 0.05f && s->presence_penalty == 1.5f);
+    assert_int_equal(s->top_k, 20);
+    assert_true(s->has_seed);
+    assert_true(s->seed == (uint64_t)-3);
+    job_unref(j);
+    j = expect_ok("\"temperature\": 2, \"seed\": 9223372036854775807", true);
+    assert_true(j->req.sampling.on && j->req.sampling.top_p == 1 && j->req.sampling.top_k == 0 &&
+                j->req.sampling.min_p == 0 && j->req.sampling.seed == 9223372036854775807ULL);
+    job_unref(j);
+    // No seed: a random one, per request.
+    struct job *a = expect_ok("\"temperature\": 1", true), *b = expect_ok("\"temperature\": 1", true);
+    assert_true(a->req.sampling.on && !a->req.sampling.has_seed && !b->req.sampling.has_seed);
+    assert_true(a->req.sampling.seed != b->req.sampling.seed);
+    job_unref(a);
+    job_unref(b);
+    // Greedy with the flag: temperature 0 or none; a seed changes nothing and is accepted.
+    j = expect_ok("\"temperature\": 0, \"seed\": 5, \"top_k\": 1", true);
+    assert_false(j->req.sampling.on);
+    job_unref(j);
+    j = expect_ok("\"top_k\": -1", true);   // vLLM's "no cut"
+    assert_false(j->req.sampling.on);
+    job_unref(j);
+    static const char *const bad[][3] = {
+        {"\"temperature\": 2.5", "temperature", "between 0 and 2"},
+        {"\"temperature\": -0.1", "temperature", "between"},
+        {"\"temperature\": \"hot\"", "temperature", "number"},
+        {"\"temperature\": 1, \"top_p\": 0", "top_p", "above 0 and 1"},
+        {"\"temperature\": 1, \"top_p\": 1.01", "top_p", "above 0 and 1"},
+        {"\"temperature\": 1, \"top_k\": -2", "top_k", "at least 0"},
+        {"\"temperature\": 1, \"top_k\": 2.5", "top_k", "integer"},
+        {"\"temperature\": 1, \"min_p\": 1.5", "min_p", "between 0 and 1"},
+        {"\"temperature\": 1, \"presence_penalty\": -2.5", "presence_penalty", "between -2 and 2"},
+        {"\"temperature\": 1, \"seed\": 1.5", "seed", "integer"},
+        {"\"top_p\": 0.9", "top_p", "needs a temperature above 0"},
+        {"\"temperature\": 0, \"top_k\": 40", "top_k", "needs a temperature above 0"},
+        {"\"min_p\": 0.1", "min_p", "needs a temperature above 0"},
+        {"\"presence_penalty\": 0.5", "presence_penalty", "needs a temperature above 0"},
+        {"\"temperature\": 1, \"frequency_penalty\": 0.5", "frequency_penalty", "not supported"},
+        {"\"temperature\": 1, \"repetition_penalty\": 1.1", "repetition_penalty", "not supported"},
+        {"\"temperature\": 1, \"logit_bias\": {\"5\": 1}", "logit_bias", "not supported"},
+        {"\"temperature\": 1, \"typical_p\": 0.9", "typical_p", "not supported"},
+        {"\"temperature\": 1, \"n\": 2", "n", "not supported"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_refused(bad[i][0], true, bad[i][1], bad[i][2]);
+    j = expect_ok("\"temperature\": 1, \"frequency_penalty\": 0, \"repetition_penalty\": 1, \"logit_bias\": {}, \"n\": 1", true);
+    job_unref(j);
+}
+
+static void test_request_fields(void **state) {
+    // An unknown field is refused, named in the message (OpenAI's words, and no param, as OpenAI).
+    expect_refused("\"temprature\": 0", false, NULL, "Unrecognized request argument supplied: temprature");
+    expect_refused("\"prompt\": \"x\"", false, "prompt", "completions parameter");
+    job_unref(expect_ok("\"prompt\": null, \"unheard_of\": null, \"suffix\": null", false));   // null is absent
+    // Features Calla lacks: their off value passes, anything else is a 400 naming the field.
+    static const char *const off_ok[] = {
+        "\"store\": false", "\"service_tier\": \"auto\"", "\"service_tier\": \"default\"", "\"audio\": null",
+        "\"modalities\": [\"text\"]", "\"verbosity\": \"medium\"", "\"functions\": null", "\"echo\": false",
+        "\"skip_special_tokens\": true", "\"add_generation_prompt\": true", "\"min_tokens\": 0", "\"n\": 1.0",
+        "\"stop_token_ids\": []", "\"metadata\": {\"a\": \"b\"}", "\"safety_identifier\": \"u1\"", "\"cache_prompt\": false",
+        "\"web_search_options\": null", "\"stream_options\": {\"include_usage\": true, \"include_obfuscation\": false}",
+    };
+    for (size_t i = 0; i < sizeof off_ok / sizeof off_ok[0]; i++) job_unref(expect_ok(off_ok[i], false));
+    static const char *const off_bad[][3] = {
+        {"\"store\": true", "store", "store"},
+        {"\"service_tier\": \"flex\"", "service_tier", "\"auto\" or \"default\""},
+        {"\"audio\": {\"voice\": \"alloy\", \"format\": \"wav\"}", "audio", "audio"},
+        {"\"modalities\": [\"text\", \"audio\"]", "modalities", "text only"},
+        {"\"verbosity\": \"low\"", "verbosity", "medium"},
+        {"\"functions\": [{\"name\": \"f\"}]", "functions", "use tools"},
+        {"\"function_call\": \"auto\"", "function_call", "use tool_choice"},
+        {"\"web_search_options\": {}", "web_search_options", "web search"},
+        {"\"grammar\": \"root ::= \\\"a\\\"\"", "grammar", "GBNF"},
+        {"\"guided_regex\": \"a+\"", "guided_regex", "guided_regex"},
+        {"\"guided_choice\": [\"a\"]", "guided_choice", "enum"},
+        {"\"add_generation_prompt\": false", "add_generation_prompt", "add_generation_prompt"},
+        {"\"continue_final_message\": true", "continue_final_message", "continue_final_message"},
+        {"\"skip_special_tokens\": false", "skip_special_tokens", "special tokens"},
+        {"\"min_tokens\": 4", "min_tokens", "min_tokens"},
+        {"\"stop_token_ids\": [5]", "stop_token_ids", "stop_token_ids"},
+        {"\"echo\": true", "echo", "not supported"},
+        {"\"metadata\": {\"a\": 1}", "metadata", "object of strings"},
+        {"\"cache_prompt\": 1", "cache_prompt", "boolean"},
+        {"\"stream_options\": {\"include_obfuscation\": true}", "stream_options", "include_obfuscation"},
+        {"\"stream_options\": {\"usage\": true}", "stream_options", "not a stream option"},
+        {"\"ignore_eos\": 1", "ignore_eos", "boolean"},
+        {"\"n_predict\": 0", "n_predict", "or -1"},
+        {"\"reasoning_effort\": \"max\"", "reasoning_effort", "\"none\""},
+        {"\"reasoning_effort\": \"high\", \"enable_thinking\": false", "reasoning_effort", "disagree"},
+        {"\"reasoning_effort\": \"none\", \"chat_template_kwargs\": {\"enable_thinking\": true}", "reasoning_effort",
+         "disagree"},
+        {"\"enable_thinking\": \"no\"", "enable_thinking", "boolean"},
+        {"\"prediction\": {\"type\": \"text\", \"content\": \"a\"}", "prediction", "\"type\": \"content\""},
+        {"\"prediction\": {\"type\": \"content\"}", "prediction", "string or an array"},
+        {"\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": \"image\"}]}", "prediction", "content[0]"},
+        {"\"prediction\": {\"type\": \"content\", \"content\": \"a\", \"extra\": 1}", "prediction", "only"},
+        {"\"prediction\": \"abc\"", "prediction", "object"},
+    };
+    for (size_t i = 0; i < sizeof off_bad / sizeof off_bad[0]; i++) expect_refused(off_bad[i][0], false, off_bad[i][1], off_bad[i][2]);
+
+    // Honoured: thinking from three fields, ignore_eos, n_predict, prompt_cache_key, prediction.
+    static const struct {
+        const char *extra;
+        bool reasoning;
+    } think[] = {
+        {"", true},
+        {"\"reasoning_effort\": \"none\"", false},
+        {"\"reasoning_effort\": \"minimal\"", false},
+        {"\"reasoning_effort\": \"low\"", true},
+        {"\"reasoning_effort\": \"high\"", true},
+        {"\"enable_thinking\": false", false},
+        {"\"enable_thinking\": false, \"reasoning_effort\": \"minimal\"", false},
+        {"\"chat_template_kwargs\": {\"enable_thinking\": false}, \"enable_thinking\": false", false},
+    };
+    for (size_t i = 0; i < sizeof think / sizeof think[0]; i++) {
+        struct job *j = expect_ok(think[i].extra, false);
+        assert_int_equal(j->req.reasoning, think[i].reasoning);
+        job_unref(j);
+    }
+    struct job *j = expect_ok("", false);
+    assert_false(j->req.ignore_stop);
+    assert_null(j->req.prediction);
+    assert_int_equal(j->req.max_tokens, 8);
+    job_unref(j);
+    j = expect_ok("\"ignore_eos\": true, \"n_predict\": 5", false);
+    assert_true(j->req.ignore_stop);
+    assert_int_equal(j->req.max_tokens, 5);
+    job_unref(j);
+    j = expect_ok("\"n_predict\": 5, \"max_tokens\": 7", false);   // the OpenAI name wins
+    assert_int_equal(j->req.max_tokens, 7);
+    job_unref(j);
+    j = expect_ok("\"n_predict\": -1", false);   // all the context has left
+    assert_int_equal(j->req.max_tokens, 4096 - j->req.n_prompt - 1);
+    job_unref(j);
+    j = expect_ok("\"user\": \"u1\", \"prompt_cache_key\": \"conv-9\"", false);
+    assert_string_equal(j->session, "conv-9");
+    job_unref(j);
+    j = expect_ok("\"prediction\": {\"type\": \"content\", \"content\": \"def f():\\n    pass\"}", false);
+    assert_int_equal(j->req.prediction_len, 17);
+    assert_memory_equal(j->req.prediction, "def f():\n    pass", 17);
+    job_unref(j);
+    j = expect_ok("\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": \"text\", \"text\": \"ab\"}, "
+                  "{\"type\": \"text\", \"text\": \"c\"}]}",
+                  false);
+    assert_int_equal(j->req.prediction_len, 3);
+    assert_memory_equal(j->req.prediction, "abc", 3);
+    job_unref(j);
+    // parallel_tool_calls false: the answer ends after its first call (generate.c, max_calls).
+    j = expect_ok("\"parallel_tool_calls\": false", false);
+    assert_int_equal(j->req.max_calls, 1);
+    job_unref(j);
+    j = expect_ok("\"parallel_tool_calls\": true", false);
+    assert_int_equal(j->req.max_calls, 0);
+    job_unref(j);
+}
+
+// Every way of giving a schema compiles one (a document the constraint must produce), and only one may be given.
+static void test_schema_fields(void **state) {
+    static const char *const forms[] = {
+        "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": {\"type\": \"object\", "
+        "\"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}}}",
+        "\"response_format\": {\"type\": \"json_object\", \"schema\": {\"type\": \"object\", \"properties\": {\"a\": "
+        "{\"type\": \"integer\"}}, \"required\": [\"a\"]}}",
+        "\"json_schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}",
+        "\"guided_json\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}",
+        "\"guided_json\": \"{\\\"type\\\": \\\"object\\\", \\\"properties\\\": {\\\"a\\\": {\\\"type\\\": \\\"integer\\\"}}, "
+        "\\\"required\\\": [\\\"a\\\"]}\"",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        struct job *j = expect_ok(forms[i], false);
+        assert_non_null(j->req.schema);
+        // The compiled schema takes {"a":1} and refuses {} (a must be there) and {"a":"x"}.
+        assert_true(matches(j->req.schema, "{\"a\":1}"));
+        assert_false(matches(j->req.schema, "{}"));
+        assert_false(matches(j->req.schema, "{\"a\":\"x\"}"));
+        job_unref(j);
+    }
+    struct job *j = expect_ok("\"response_format\": {\"type\": \"json_object\"}", false);   // any object
+    assert_non_null(j->req.schema);
+    assert_true(matches(j->req.schema, "{\"z\":[true]}"));
+    job_unref(j);
+    j = expect_ok("\"response_format\": {\"type\": \"text\"}, \"json_schema\": null", false);
+    assert_null(j->req.schema);
+    job_unref(j);
+    expect_refused("\"response_format\": {\"type\": \"json_object\"}, \"guided_json\": {\"type\": \"object\"}", false,
+                   "guided_json", "give one");
+    expect_refused("\"json_schema\": {\"type\": \"object\"}, \"guided_json\": {\"type\": \"object\"}", false, "guided_json",
+                   "give one");
+    expect_refused("\"guided_json\": \"{oops\"", false, "guided_json", "a string holding one");
+    expect_refused("\"json_schema\": [1]", false, "json_schema", "JSON Schema object");
+    expect_refused("\"json_schema\": {\"type\": \"string\", \"pattern\": \"a+\"}", false, "json_schema", "pattern");
+    expect_refused("\"response_format\": {\"type\": \"json_object\", \"schema\": 5}", false, "response_format", "schema");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_fixtures), cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_tojson),          cmocka_unit_test(test_parser_calls),
         cmocka_unit_test(test_parser_plain_and_malformed), cmocka_unit_test(test_stream_tool_calls),
         cmocka_unit_test(test_special_tokens_in_content),
+        cmocka_unit_test(test_sampling_fields),
+        cmocka_unit_test(test_request_fields),
+        cmocka_unit_test(test_schema_fields),
         cmocka_unit_test(test_constrain_matcher),
         cmocka_unit_test(test_constrain_refusals),
         cmocka_unit_test(test_constrain_tool_call),

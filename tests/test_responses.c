@@ -33,11 +33,14 @@ static struct chatreq_ctx ctx(void) {
     return (struct chatreq_ctx){.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
 }
 
-static struct job *parse(const char *body, struct req_error *re) {
+static struct job *parse_with(const char *body, bool allow_sampling, struct req_error *re) {
     struct chatreq_ctx c = ctx();
+    c.allow_sampling = allow_sampling;
     *re = (struct req_error){0};
     return responses_parse_request(&c, &store, body, strlen(body), re);
 }
+
+static struct job *parse(const char *body, struct req_error *re) { return parse_with(body, false, re); }
 
 static void expect_same_prompt(const char *responses_body, const char *openai_body) {
     struct req_error re;
@@ -111,6 +114,33 @@ static void expect_bad(const char *body, int status, const char *param, const ch
     assert_int_equal(re.status, status);
     if (param) assert_string_equal(re.param ? re.param : "(null)", param);
     if (!strstr(re.msg, needle)) fail_msg("\"%s\" lacks \"%s\"", re.msg, needle);
+}
+
+// Every top-level field is one the API knows: others are refused, named; the inert and "off" ones
+// pass.  Sampling: greedy values only, unless the server samples: then temperature and top_p.
+static void test_fields_and_sampling(void **state) {
+    expect_bad("{\"input\": \"x\", \"temprature\": 0}", 400, NULL, "Unknown parameter: 'temprature'");
+    expect_bad("{\"input\": \"x\", \"seed\": 5}", 400, NULL, "Unknown parameter: 'seed'");   // not the Responses API's
+    expect_bad("{\"input\": \"x\", \"background\": true}", 400, "background", "not supported");
+    expect_bad("{\"input\": \"x\", \"prompt\": {\"id\": \"p\"}}", 400, "prompt", "not supported");
+    expect_bad("{\"input\": \"x\", \"safety_identifier\": 3}", 400, "safety_identifier", "a string");
+    expect_bad("{\"input\": \"x\", \"top_p\": 0.9}", 400, "top_p", "--allow-sampling");
+    struct req_error re;
+    struct job *j = parse("{\"input\": \"x\", \"background\": false, \"service_tier\": \"auto\", \"safety_identifier\": \"u\", "
+                          "\"conversation\": null, \"reasoning\": {\"effort\": \"minimal\"}}", &re);
+    if (!j) fail_msg("%s", re.msg);
+    assert_false(j->req.sampling.on);
+    assert_false(j->req.reasoning);   // minimal: thinking off, as the chat API's reasoning_effort
+    job_unref(j);
+    j = parse_with("{\"input\": \"x\", \"temperature\": 1.2, \"top_p\": 0.5}", true, &re);
+    if (!j) fail_msg("%s", re.msg);
+    assert_true(j->req.sampling.on && j->req.sampling.temperature == 1.2f && j->req.sampling.top_p == 0.5f &&
+                j->req.sampling.top_k == 0);
+    job_unref(j);
+    j = parse_with("{\"input\": \"x\", \"temperature\": 0}", true, &re);
+    if (!j) fail_msg("%s", re.msg);
+    assert_false(j->req.sampling.on);
+    job_unref(j);
 }
 
 static void test_bad_requests(void **state) {
@@ -347,6 +377,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_fields_and_sampling),
         cmocka_unit_test(test_sink),
         cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_store_bounds),

@@ -7,8 +7,9 @@
 //   2. tests/test_server.py runs against BUILD/calla (BUILD = the directory above this binary)
 //      on 127.0.0.1 with a tiny synthetic checkpoint made here: every endpoint, the bad-input
 //      cases, 16 concurrent clients, disconnects, SIGTERM, a soak with an RSS bound.
-//   3. tests/test_connections.py: 1,000 slow connections against the request deadline and the
-//      per-address limit while a well-behaved client is served, and cancellation on a hang-up.
+//   3. tests/test_connections.py: 10,000 slow connections (--quick: 2,000) against the request
+//      deadline and the limits while well-behaved clients are served, abandoned and half-closed
+//      requests, and cancellation on a hang-up.
 //   4. tests/test_smuggling.py: ambiguous framing, each case followed by a smuggled request that
 //      must never run (docs/HTTP.md).
 //   5. tests/test_agent_apis.py: Anthropic's Messages API and OpenAI's Responses API with the
@@ -336,7 +337,7 @@ static void test_loopback(void **state) {
     assert_int_equal(rc, 0);
 }
 
-// Connection exhaustion (1,000 slow connections; --quick: 200) and cancellation on hang-up.
+// Connection exhaustion (10,000 slow connections; --quick: 2,000), abandoned requests, cancellation on hang-up.
 static void test_connections(void **state) {
     char cmd[2 * PATH_MAX + 256];
     const char *quick = getenv("CALLA_SERVER_QUICK");

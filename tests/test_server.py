@@ -92,9 +92,9 @@ class Server:
         os.unlink(self.log.name)
 
 
-def request(port, method, path, body=None, headers=None, timeout=TIMEOUT):
-    """-> (status, headers dict, bytes)."""
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+def request(port, method, path, body=None, headers=None, timeout=TIMEOUT, source=None):
+    """-> (status, headers dict, bytes).  source: the local address to send from (127.0.0.x)."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout, source_address=(source, 0) if source else None)
     try:
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
@@ -125,18 +125,23 @@ def raw(port, data, timeout=30):
             s.shutdown(socket.SHUT_WR)
         except OSError:   # EPIPE, ECONNRESET, ENOTCONN: the server answered (a 411, a 413) and closed
             pass          # before the whole request went out; what it sent is still read below
-        out = b""
-        while True:
-            try:
-                d = s.recv(65536)
-            except (socket.timeout, ConnectionResetError):
-                break
-            if not d:
-                break
-            out += d
-        return out
+        return read_to_end(s)
     finally:
         s.close()
+
+
+def read_to_end(s):
+    """Everything the server sends on s until it closes (a reset counts) or a timeout."""
+    out = b""
+    while True:
+        try:
+            d = s.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not d:
+            break
+        out += d
+    return out
 
 
 def raw_status(reply):
@@ -274,6 +279,34 @@ def test_endpoints(port):
                     temperature=0, top_p=1, n=1, top_k=1, seed=None, presence_penalty=0, frequency_penalty=0,
                     logit_bias={}, logprobs=False, max_completion_tokens=1))
     check("greedy values accepted (temperature 0, top_p 1, n 1, ...)", st == 200, j)
+    # The fields of features Calla lacks, at their "off" values, are accepted; inert ones too.
+    st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}], max_tokens=1,
+                    store=False, service_tier="auto", modalities=["text"], verbosity="medium", metadata={"k": "v"},
+                    safety_identifier="u-1", parallel_tool_calls=True, skip_special_tokens=True, cache_prompt=True,
+                    stream_options={"include_usage": False}, audio=None, functions=None))
+    check("off values and inert fields accepted (store false, service_tier auto, modalities [text], ...)", st == 200, j)
+
+    # Thinking off by reasoning_effort (none, minimal) or a top-level enable_thinking.
+    for extra in ({"reasoning_effort": "none"}, {"reasoning_effort": "minimal"}, {"enable_thinking": False}):
+        st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}], **extra))
+        check(f"{extra}: no reasoning_content", st == 200 and "reasoning_content" not in j["choices"][0]["message"], j)
+    st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}], reasoning_effort="high"))
+    check("reasoning_effort high: thinking on (reasoning_content)", st == 200 and "reasoning_content" in j["choices"][0]["message"], j)
+
+    # ignore_eos: a stop token does not end the answer, max_tokens does.  A JSON answer ends on the
+    # end token as soon as the document is complete; with ignore_eos it runs to max_tokens, with the
+    # same text (stop tokens never reach it).
+    body = chat_body([{"role": "user", "content": "JSON"}], max_tokens=48, response_format={"type": "json_object"},
+                     chat_template_kwargs={"enable_thinking": False})
+    st, _, j = post(port, "/v1/chat/completions", body)
+    st2, _, j2 = post(port, "/v1/chat/completions", dict(body, ignore_eos=True))
+    ok = st == 200 and st2 == 200 and j["choices"][0]["finish_reason"] == "stop" and j["usage"]["completion_tokens"] < 48
+    ok = ok and j2["usage"]["completion_tokens"] == 48 and j2["choices"][0]["finish_reason"] == "length"
+    ok = ok and j2["choices"][0]["message"]["content"] == j["choices"][0]["message"]["content"]
+    check("ignore_eos: the answer runs to max_tokens past the end token, same text", ok, (j, j2))
+    st, _, j = post(port, "/v1/completions", {"prompt": [5, 6, 7], "n_predict": 3, "ignore_eos": True})
+    check("n_predict (llama-server's max_tokens) with ignore_eos: exactly that many tokens",
+          st == 200 and j["usage"]["completion_tokens"] == 3, j)
 
 
 def check_page(port):
@@ -503,6 +536,21 @@ def test_structured(port, quick):
     except ValueError:
         ok = False
     check("structured output: json_object -> a JSON object", ok, j)
+    # The same schema given the other ways: json_object with a schema (llama-server's form; instructor's
+    # JSON_SCHEMA mode), a top-level json_schema (llama-server), guided_json (vLLM, an object or a string).
+    sc = SCHEMAS[7]
+    bad_forms = []
+    for name, extra in (("response_format json_object + schema", {"response_format": {"type": "json_object", "schema": sc}}),
+                        ("json_schema", {"json_schema": sc}), ("guided_json", {"guided_json": sc}),
+                        ("guided_json as a string", {"guided_json": json.dumps(sc)})):
+        st, _, j = post(port, "/v1/chat/completions", chat_body([{"role": "user", "content": f"JSON {name}"}],
+                        max_tokens=max(24, shortest_doc(sc, sc) + 12), chat_template_kwargs={"enable_thinking": False}, **extra))
+        try:
+            jsonschema.validate(json.loads(j["choices"][0]["message"]["content"]), sc)
+        except Exception as e:  # noqa: BLE001
+            bad_forms.append((name, st, j, repr(e)[:200]))
+    check("structured output: the schema given as json_object+schema, json_schema, guided_json: answers validate",
+          not bad_forms, bad_forms)
     body = chat_body([{"role": "user", "content": "stream"}], max_tokens=30, chat_template_kwargs={"enable_thinking": False},
                      response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMAS[7]}})
     st, _, j = post(port, "/v1/chat/completions", body)
@@ -651,6 +699,27 @@ BAD = [
      "at most"),
     ("echo", "completions", {"prompt": [1], "echo": True}, 400, "echo", "not supported"),
     ("model a number", "chat", {"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model", "string"),
+    ("an unknown field", "chat", {"messages": [{"role": "user", "content": "x"}], "temprature": 0}, 400, None,
+     "Unrecognized request argument supplied: temprature"),
+    ("a chat field on completions", "completions", {"prompt": [1], "reasoning_effort": "low"}, 400, "reasoning_effort",
+     "chat parameter"),
+    ("grammar (GBNF)", "chat", {"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \"a\""}, 400,
+     "grammar", "GBNF"),
+    ("service_tier flex", "chat", {"messages": [{"role": "user", "content": "x"}], "service_tier": "flex"}, 400,
+     "service_tier", "auto"),
+    ("store true", "completions", {"prompt": [1], "store": True}, 400, "store", "keeps no completions"),
+    ("prediction of another type", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                            "prediction": {"type": "diff", "content": "a"}}, 400, "prediction", "content"),
+    ("reasoning_effort unknown", "chat", {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, 400,
+     "reasoning_effort", "minimal"),
+    ("enable_thinking and reasoning_effort disagree", "chat", {"messages": [{"role": "user", "content": "x"}],
+     "enable_thinking": False, "reasoning_effort": "high"}, 400, "reasoning_effort", "disagree"),
+    ("two schemas", "chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+                             "guided_json": {"type": "object"}}, 400, "guided_json", "give one"),
+    ("audio output", "chat", {"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"],
+                              "audio": {"voice": "alloy", "format": "wav"}}, 400, None, "audio|text only"),
+    ("functions (deprecated)", "chat", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]},
+     400, "functions", "use tools"),
     ("deep nesting", "chat", b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, None, "."),
     ("number overflow", "completions", b'{"prompt": [1], "max_tokens": 1e400}', 400, None, "."),
 ]
@@ -1060,6 +1129,87 @@ def test_out_of_memory(binary, model):
         srv.close("server that ran out of memory")
 
 
+def test_sampling(binary, model, greedy_port):
+    """--allow-sampling: temperature & co. draw the tokens, the same ones for a seed (the engine's draw of
+    step i of the seed), composed with a constraint, on every API; without the flag a 400.  The session
+    cache keeps a sampled answer's end state with its greedy next token, not the drawn one."""
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    st, _, j = post(greedy_port, "/v1/chat/completions", chat_body(msgs, temperature=0.7, seed=1))
+    check("without --allow-sampling: temperature 0.7 -> 400 naming temperature and the flag",
+          st == 400 and j["error"]["param"] == "temperature" and "--allow-sampling" in j["error"]["message"], j)
+    srv = Server(binary, model, "--context", 512, "--threads", 2, "--quiet", "--allow-sampling")
+    try:
+        port = srv.port
+
+        def ids(body, path="/v1/chat/completions", on=None):
+            st, _, j = post(on or port, path, body)
+            return j["choices"][0]["token_ids"] if st == 200 else (st, j)
+
+        base = chat_body(msgs, max_tokens=16, ignore_eos=True, chat_template_kwargs={"enable_thinking": False})
+        greedy = ids(base)
+        check("--allow-sampling, no temperature: greedy, as without the flag", greedy == ids(base, on=greedy_port),
+              greedy)
+        a, b = ids(dict(base, temperature=1.0, seed=42)), ids(dict(base, temperature=1.0, seed=42))
+        c = ids(dict(base, temperature=1.0, seed=43))
+        check("sampling: the same seed, the same tokens", isinstance(a, list) and a == b, (a, b))
+        check("sampling: another seed, other tokens; both drawn, not the greedy ones", a != c and a != greedy and c != greedy,
+              (a, c, greedy))
+        check("sampling: top_k 1 is greedy", ids(dict(base, temperature=1.0, top_k=1, seed=5)) == greedy)
+        check("sampling: temperature 0 with a seed is greedy", ids(dict(base, temperature=0, seed=5)) == greedy)
+        st, ev, done = stream(port, "/v1/chat/completions", dict(base, temperature=1.0, seed=42))
+        streamed = [e["choices"][0].get("token_ids") for e in ev if e.get("choices") and e["choices"][0].get("token_ids")]
+        check("sampling: streamed with the seed == non-streamed", done and streamed == [a], (streamed, a))
+        cb = {"prompt": [5, 17, 99, 1234, 42, 7], "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "min_p": 0.02,
+              "presence_penalty": 0.5, "seed": 7, "ignore_eos": True, "return_token_ids": True}
+        x, y = ids(cb, "/v1/completions"), ids(cb, "/v1/completions")
+        check("sampling: completions with top_p, min_p, presence_penalty, seed: reproducible", isinstance(x, list) and x == y,
+              (x, y))
+        # Sampling and a constraint compose: the mask first, then the draw among what it allows.
+        import jsonschema
+        sc = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["story", "n"]}
+        js = chat_body(msgs, max_tokens=64, temperature=1.5, seed=3, chat_template_kwargs={"enable_thinking": False},
+                       response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": sc}})
+        st, _, j1 = post(port, "/v1/chat/completions", js)
+        st2, _, j2 = post(port, "/v1/chat/completions", js)
+        try:
+            jsonschema.validate(json.loads(j1["choices"][0]["message"]["content"]), sc)
+            ok = st == st2 == 200 and j1["choices"][0]["token_ids"] == j2["choices"][0]["token_ids"]
+        except Exception:  # noqa: BLE001
+            ok = False
+        check("sampling + json_schema: the document validates, the same for the seed", ok, (j1, j2))
+        st, _, g = post(port, "/v1/chat/completions", dict(js, temperature=0, seed=None))
+        check("sampling + json_schema: the draw differs from the greedy document",
+              ok and st == 200 and g["choices"][0]["token_ids"] != j1["choices"][0]["token_ids"], (g, j1))
+        # Anthropic's temperature (0 to 1), top_p, top_k; the Responses API's temperature, top_p.
+        mb = {"model": "m", "max_tokens": 8, "messages": msgs}
+        st, _, m0 = post(port, "/v1/messages", mb)
+        st1, _, m1 = post(port, "/v1/messages", dict(mb, temperature=0.8, top_k=1))
+        check("messages: temperature 0.8 with top_k 1 is the greedy message", st == st1 == 200 and m0["content"] == m1["content"],
+              (m0, m1))
+        st, _, m2 = post(port, "/v1/messages", dict(mb, temperature=1.5))
+        check("messages: temperature 1.5 -> 400 (Anthropic's range is 0 to 1)", st == 400 and "temperature" in str(m2), m2)
+        st, _, r = post(port, "/v1/responses", {"input": "hi", "max_output_tokens": 4, "temperature": 0.5, "top_p": 0.9,
+                                                 "store": False})
+        check("responses: temperature 0.5, top_p 0.9 -> 200", st == 200 and r.get("status") in ("completed", "incomplete"), r)
+        # The session cache: a sampled answer's end state (its prompt and every token but the last) is
+        # kept with the state's argmax, so a greedy request for exactly those tokens, served from that
+        # state without a forward, starts with the argmax and not with the drawn token.
+        P = [5, 17, 99, 1234, 42, 7]
+        A = ids({"prompt": P, "max_tokens": 6, "temperature": 2.0, "seed": 11, "ignore_eos": True, "return_token_ids": True},
+                "/v1/completions")
+        Q = P + A[:-1]
+        st, _, jb = post(port, "/v1/completions", {"prompt": Q, "max_tokens": 1, "return_token_ids": True})
+        st2, _, jc = post(port, "/v1/completions", {"prompt": Q, "max_tokens": 1, "return_token_ids": True, "logprobs": 0})
+        ok = st == st2 == 200 and jb["usage"]["prompt_tokens_details"]["cached_tokens"] == len(Q)
+        check("session cache: the sampled answer's last token was not the argmax (else this says nothing)",
+              ok and A[-1] != jc["choices"][0]["token_ids"][0], (A, jc))
+        check("session cache: a greedy request from a sampled answer's end state starts with its argmax",
+              ok and jb["choices"][0]["token_ids"] == jc["choices"][0]["token_ids"], (jb, jc))
+    finally:
+        srv.close("server with --allow-sampling")
+
+
 def test_prefill_progress(binary, model):
     """A prompt of several prefill steps: SSE comments ': prefill DONE/TOTAL' from 0 to the total before
     the first token (ignored by SSE parsers), /metrics gauges of the running prefill, 0 when idle."""
@@ -1315,6 +1465,23 @@ def test_openai_client(binary, model, quick=False):
             r = cl.chat.completions.create(model=mid, messages=hist2, max_tokens=4, tools=tools)
             check("openai client: the forced call's round trip", r.choices[0].message is not None, r)
         check_tool_argument_types(cl, mid, quick)
+        # instructor's JSON_SCHEMA mode: response_format {"type": "json_object", "schema": ...} (llama-server's form).
+        import jsonschema
+        sc = SCHEMAS[7]
+        r = cl.chat.completions.create(model=mid, messages=msgs, max_tokens=48,
+                                       response_format={"type": "json_object", "schema": sc},
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        try:
+            jsonschema.validate(json.loads(r.choices[0].message.content), sc)
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+        check("openai client: response_format json_object with a schema (instructor's JSON_SCHEMA mode) is followed", ok, r)
+        try:
+            cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, extra_body={"guided_regex": "a+"})
+            check("openai client: an unsupported field -> BadRequestError", False)
+        except openai.BadRequestError as e:
+            check("openai client: an unsupported field -> BadRequestError naming it", e.body.get("param") == "guided_regex", e.body)
         try:
             cl.chat.completions.create(model=mid, messages=msgs, max_tokens=4, tools=tools,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
@@ -1404,6 +1571,7 @@ def main():
         test_queue_and_drain(a.bin, a.model)
         test_hardening(a.bin, a.model, main_srv.port)
         test_openai_client(a.bin, a.model, a.quick)
+        test_sampling(a.bin, a.model, main_srv.port)
         test_prefill_progress(a.bin, a.model)
         test_out_of_memory(a.bin, a.model)
         with tempfile.TemporaryDirectory() as tmpdir:

@@ -20,7 +20,7 @@ layers=(
     "job: job.*"
     "scheduler: scheduler.* session_cache.*"
     "protocol: chatreq.* answer.* openai.* anthropic.* responses.* response_store.*"
-    "transport: server.* auth.* web.h"
+    "transport: server.* conn.* auth.* web.h"
     "commands: main.c cli.c score.* synth.* harness/*"
 )
 
