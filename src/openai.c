@@ -281,8 +281,10 @@ static const char *finish_reason(enum gen_finish f) {
 }
 
 static json_t *usage_json(const struct gen_end *e) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", e->n_prompt, "completion_tokens", e->n_gen,
-                     "total_tokens", e->n_prompt + e->n_gen, "prompt_tokens_details", "cached_tokens", e->n_cached);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i, s:i}}", "prompt_tokens", e->n_prompt, "completion_tokens",
+                     e->n_gen, "total_tokens", e->n_prompt + e->n_gen, "prompt_tokens_details", "cached_tokens",
+                     e->n_cached, "completion_tokens_details", "accepted_prediction_tokens", e->prediction_accepted,
+                     "rejected_prediction_tokens", e->prediction_rejected);
 }
 
 static json_t *ids_json(const struct gen_end *e) {
