@@ -418,7 +418,12 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     if (rc == ENGINE_OK && env->speculative && !g.pick && vmax >= 2 &&
         !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, NULL)) {
         g.dr = &g.drafter;
-        if (req->n_draft > 1) draft_add_source(g.dr, req->draft, req->n_draft);   // (out of memory: the prompt's drafts only)
+        // The request's draft tokens are a hint: ids outside the vocabulary drop them, never fail the
+        // request (a verification refuses them); out of memory, the prompt's drafts only.
+        const int V = engine_geometry(env->e)->vocab;
+        bool valid = req->n_draft > 1;
+        for (int i = 0; valid && i < req->n_draft; i++) valid = req->draft[i] >= 0 && req->draft[i] < V;
+        if (valid) draft_add_source(g.dr, req->draft, req->n_draft);
     }
     if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {

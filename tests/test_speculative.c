@@ -299,6 +299,10 @@ static void test_generate_request_draft(void **state) {
     r.draft = bad;
     acc = expect_same("corrupted continuation", &r, NULL, 0, &drafted);
     assert_true(acc > 0 && acc < drafted);
+    bad[5] = V;   // an id outside the vocabulary: the draft is dropped, the request still served
+    r.draft = bad;
+    acc = expect_same("draft with a bad id", &r, NULL, 0, &drafted);
+    assert_int_equal(acc, 0);
     r.draft = cont;
     for (int m = 1; m <= 14; m++) {
         char what[64];
