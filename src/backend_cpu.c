@@ -19,6 +19,11 @@
 // in the reference (so a compiler that contracts a*b+s into an fma does so in both; GCC in ISO C
 // mode does not); the lanes of a vector are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
 //
+// Speculative verification (engine_verify) is a prefill chunk of up to CPU_VERIFY_MAX tokens with
+// every row's logits: a T-token forward computes what T decode steps compute, bit for bit, so the
+// argmax of each row is the decode step's token. For verify_keep the DeltaNet layers save their
+// state before the chunk and the delta rule's inputs per token, and replay the kept ones.
+//
 // Shapes: T = tokens in this chunk, p0 = position of the first, H = hidden, D = head_dim,
 // C = conv_dim, Hk/Hv = DeltaNet key/value heads, Dk/Dv their dims, E = experts.
 #include "backend.h"
@@ -29,12 +34,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { CPU_VERIFY_MAX = 8 };   // tokens a verification takes (engine_verify_max)
+
+// What a verification keeps of one DeltaNet layer, so that verify_keep can rebuild the state after
+// any prefix of its tokens: the state before it, and the delta rule's inputs per token. The replay
+// runs the same step function on the same inputs, so the state it gives is the one the forward
+// had after that token, bit for bit; the KV rows past the prefix need nothing (attention reads
+// positions below seq.pos only).
+struct gdn_saved {
+    float *S0;   // [Hv, Dk, Dv] the recurrent state before the verification
+    float *xe;   // [conv_kernel - 1 + CPU_VERIFY_MAX, C] the conv window, then each token's pre-conv input
+    float *y;    // [CPU_VERIFY_MAX, C] each token's q, k (normalised) and v after the conv
+    float *b, *a;   // [CPU_VERIFY_MAX, Hv] each token's beta and decay inputs
+};
+
 struct cpu_seq {
     bool kv_f32;                  // KV cache precision (bf16 by default, as on the GPU)
     void *k[QWEN_LAYERS];         // attention layers: [n_kv_heads, cap, D] bf16 or f32 (post-norm, post-RoPE)
     void *v[QWEN_LAYERS];         // [n_kv_heads, cap, D]
     float *conv[QWEN_LAYERS];     // DeltaNet layers: [conv_kernel - 1, C] last pre-conv inputs, oldest first
     float *S[QWEN_LAYERS];        // [Hv, Dk, Dv] fp32 recurrent state
+    bool saving;                  // a verification's forward: deltanet fills saved[]
+    struct gdn_saved saved[QWEN_LAYERS];   // DeltaNet layers, allocated by the first verification
 };
 
 // ---- primitives -----------------------------------------------------------------------------
@@ -542,9 +563,36 @@ out:
 
 // ---- Gated DeltaNet (§2.5) --------------------------------------------------------------------
 
+// One token of the delta rule on value head h's state S [Dk, Dv]: decay, delta, rank-1 update. yt
+// [C] is the token's q | k | v after the conv and the normalisation, bt and at its beta and decay
+// inputs; m [Dv] is scratch. The forward and verify_keep's replay both run this, so a replayed
+// state is the forward's.
+static void gdn_step(const struct geometry *g, const struct layer_weights *L, int h, const float *yt, float bt,
+                     float at, float *S, float *m) {
+    const int KD = geom_lin_key_dim(g), Dk = g->lin_k_dim, Dv = g->lin_v_dim;
+    const int kh = h / (g->lin_v_heads / g->lin_k_heads);
+    const float *k = yt + KD + (size_t)kh * Dk;
+    const float *v = yt + 2 * KD + (size_t)h * Dv;
+    const float beta = sigmoid(bt);
+    const float gl = -expf(L->A_log[h]) * softplus(at + L->dt_bias[h]);
+    const float alpha = expf(gl);
+    // omp simd: the dv loops' iterations are independent outputs (vector lanes), each with the
+    // same operations in the same order.
+#pragma omp simd
+    for (int i = 0; i < Dk * Dv; i++) S[i] *= alpha;
+    for (int dv = 0; dv < Dv; dv++) m[dv] = 0;
+    for (int dk = 0; dk < Dk; dk++)
+#pragma omp simd
+        for (int dv = 0; dv < Dv; dv++) m[dv] += S[(size_t)dk * Dv + dv] * k[dk];
+    for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);   // delta
+    for (int dk = 0; dk < Dk; dk++)
+#pragma omp simd
+        for (int dv = 0; dv < Dv; dv++) S[(size_t)dk * Dv + dv] += k[dk] * m[dv];
+}
+
 static int deltanet(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
                     const float *u, int T, float *out) {
-    const int C = geom_conv_dim(g), KD = geom_lin_key_dim(g), VD = geom_lin_value_dim(g);
+    const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g);
     const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, Dk = g->lin_k_dim, Dv = g->lin_v_dim, KW = g->conv_kernel;
     float *xe = scratch(sizeof(float) * (size_t)(T + KW - 1) * C);   // conv window rows, then this chunk
     float *y = scratch(sizeof(float) * (size_t)T * C);
@@ -577,6 +625,14 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
             if (kh < Hk) r /= sqrtf((float)Dk);
             for (int d = 0; d < Dk; d++) x[d] *= r;
         }
+    if (cs->saving) {   // a verification: what verify_keep replays from (T <= CPU_VERIFY_MAX)
+        const struct gdn_saved *sv = &cs->saved[layer];
+        memcpy(sv->S0, cs->S[layer], sizeof(float) * (size_t)Hv * Dk * Dv);
+        memcpy(sv->xe, xe, sizeof(float) * (size_t)(T + KW - 1) * C);
+        memcpy(sv->y, y, sizeof(float) * (size_t)T * C);
+        memcpy(sv->b, b, sizeof(float) * (size_t)T * Hv);
+        memcpy(sv->a, a, sizeof(float) * (size_t)T * Hv);
+    }
     // The delta rule, token by token; value head h reads key head h / (Hv / Hk).
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < Hv; h++) {
@@ -585,23 +641,7 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
         float m[Dv > 0 ? Dv : 1];
         for (int t = 0; t < T; t++) {
             const float *q = y + (size_t)t * C + (size_t)kh * Dk;
-            const float *k = y + (size_t)t * C + KD + (size_t)kh * Dk;
-            const float *v = y + (size_t)t * C + 2 * KD + (size_t)h * Dv;
-            const float beta = sigmoid(b[(size_t)t * Hv + h]);
-            const float gl = -expf(L->A_log[h]) * softplus(a[(size_t)t * Hv + h] + L->dt_bias[h]);
-            const float alpha = expf(gl);
-            // omp simd: the dv loops' iterations are independent outputs (vector lanes), each with the
-            // same operations in the same order.
-#pragma omp simd
-            for (int i = 0; i < Dk * Dv; i++) S[i] *= alpha;
-            for (int dv = 0; dv < Dv; dv++) m[dv] = 0;
-            for (int dk = 0; dk < Dk; dk++)
-#pragma omp simd
-                for (int dv = 0; dv < Dv; dv++) m[dv] += S[(size_t)dk * Dv + dv] * k[dk];
-            for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);   // delta
-            for (int dk = 0; dk < Dk; dk++)
-#pragma omp simd
-                for (int dv = 0; dv < Dv; dv++) S[(size_t)dk * Dv + dv] += k[dk] * m[dv];
+            gdn_step(g, L, h, y + (size_t)t * C, b[(size_t)t * Hv + h], a[(size_t)t * Hv + h], S, m);
             float *oh = o + (size_t)t * VD + (size_t)h * Dv;
             for (int dv = 0; dv < Dv; dv++) oh[dv] = 0;
             for (int dk = 0; dk < Dk; dk++)
@@ -796,6 +836,12 @@ static void cpu_seq_release(struct seq *s) {
         free(cs->v[i]);
         free(cs->conv[i]);
         free(cs->S[i]);
+        const struct gdn_saved *sv = &cs->saved[i];
+        free(sv->S0);
+        free(sv->xe);
+        free(sv->y);
+        free(sv->b);
+        free(sv->a);
     }
     free(cs);
     s->impl = NULL;
@@ -945,6 +991,78 @@ static int cpu_layer_probe(struct engine *e, struct seq *s, int layer, const flo
     return rc;
 }
 
+// ---- speculative verification -------------------------------------------------------------------
+
+static int cpu_verify_max(const struct engine *e) { return CPU_VERIFY_MAX; }
+
+// The DeltaNet layers' saved[] buffers, once per sequence (the first verification); -1: out of memory.
+static int saved_alloc(const struct engine *e, struct cpu_seq *cs) {
+    const struct geometry *g = &e->model.g;
+    const size_t C = (size_t)geom_conv_dim(g), Hv = (size_t)g->lin_v_heads;
+    for (int i = 0; i < g->n_layers; i++) {
+        struct gdn_saved *sv = &cs->saved[i];
+        if (geom_is_attn(g, i) || sv->S0) continue;
+        sv->S0 = scratch((size_t)e->model.state.recurrent_bytes);
+        sv->xe = scratch(sizeof(float) * (size_t)(g->conv_kernel - 1 + CPU_VERIFY_MAX) * C);
+        sv->y = scratch(sizeof(float) * CPU_VERIFY_MAX * C);
+        sv->b = scratch(sizeof(float) * CPU_VERIFY_MAX * Hv);
+        sv->a = scratch(sizeof(float) * CPU_VERIFY_MAX * Hv);
+        if (!sv->S0 || !sv->xe || !sv->y || !sv->b || !sv->a) {
+            free(sv->S0), free(sv->xe), free(sv->y), free(sv->b), free(sv->a);
+            *sv = (struct gdn_saved){0};
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// One forward of the n tokens, as a prefill chunk is (the same functions on the same rows, which
+// give the bits n decode steps give: tests/test_speculative.c), with every row's logits.
+static int cpu_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
+                      size_t errlen) {
+    const int V = e->model.g.vocab;
+    struct cpu_seq *cs = s->impl;
+    int rows[CPU_VERIFY_MAX];
+    for (int i = 0; i < n; i++) rows[i] = i;
+    float *lg = scratch(sizeof(float) * (size_t)n * V);
+    if (!lg || saved_alloc(e, cs)) {
+        free(lg);
+        snprintf(err, errlen, "out of memory for a verification of %d tokens at position %d", n, s->pos);
+        return -1;
+    }
+    int32_t last;
+    cs->saving = true;
+    const int rc = cpu_forward_chunk(e, s, tokens, n, rows, n, lg, &last, err, errlen);
+    cs->saving = false;
+    if (!rc)
+        for (int i = 0; i < n; i++) all_next[i] = argmax(lg + (size_t)i * V, V);
+    free(lg);
+    return rc;
+}
+
+// Every DeltaNet layer back to its state after the first keep of the n verified tokens: the saved
+// state, the delta rule replayed over those tokens, and the conv window of the keep-th token.
+static int cpu_verify_keep(struct engine *e, struct seq *s, int n, int keep, char *err, size_t errlen) {
+    const struct geometry *g = &e->model.g;
+    struct cpu_seq *cs = s->impl;
+    const int C = geom_conv_dim(g), Hv = g->lin_v_heads, Dk = g->lin_k_dim, Dv = g->lin_v_dim, KW = g->conv_kernel;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (geom_is_attn(g, i)) continue;
+        const struct layer_weights *L = &e->model.w.layers[i];
+        const struct gdn_saved *sv = &cs->saved[i];
+        memcpy(cs->S[i], sv->S0, (size_t)e->model.state.recurrent_bytes);
+        memcpy(cs->conv[i], sv->xe + (size_t)keep * C, sizeof(float) * (size_t)(KW - 1) * C);
+#pragma omp parallel for schedule(static)
+        for (int h = 0; h < Hv; h++) {
+            float m[Dv > 0 ? Dv : 1];
+            for (int t = 0; t < keep; t++)
+                gdn_step(g, L, h, sv->y + (size_t)t * C, sv->b[(size_t)t * Hv + h], sv->a[(size_t)t * Hv + h],
+                         cs->S[i] + (size_t)h * Dk * Dv, m);
+        }
+    }
+    return 0;
+}
+
 static int cpu_available(int device, char *msg, size_t msglen) { return 1; }
 
 const struct backend_ops backend_cpu = {
@@ -957,6 +1075,9 @@ const struct backend_ops backend_cpu = {
     .seq_clear = cpu_seq_clear,
     .seq_copy = cpu_seq_copy,
     .forward_chunk = cpu_forward_chunk,
+    .verify_max = cpu_verify_max,
+    .verify = cpu_verify,
+    .verify_keep = cpu_verify_keep,
     .embed = cpu_embed,
     .layer_probe = cpu_layer_probe,
 };

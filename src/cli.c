@@ -177,7 +177,7 @@ static void run_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
 int cmd_run(int argc, char **argv) {
     const char *dir = NULL, *prompt_tokens = NULL, *backend = NULL, *text = NULL, *chat = NULL;
     long long max_tokens = 16, threads = 0, context = 0;
-    bool ignore_eos = false, kv_f32 = false, no_think = false, exact = false;
+    bool ignore_eos = false, kv_f32 = false, no_think = false, exact = false, speculative = true;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory"},
         {"prompt-tokens", OPT_STR, &prompt_tokens, 0, 0, "prompt as token ids: 1,2,3 (prints ids)"},
@@ -191,6 +191,8 @@ int cmd_run(int argc, char **argv) {
         {"ignore-eos", OPT_FLAG, &ignore_eos, 0, 0, "do not stop at <|im_end|> / <|endoftext|>"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
         {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (fp32-level products; CALLA_EXACT=1)"},
+        {"speculative", OPT_ONOFF, &speculative, 0, 0, "speculative decoding: drafts from the prompt and the output, "
+                                                       "verified several tokens a forward; the same tokens (default on)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "generate greedily from a prompt; prints the generated token ids";
@@ -255,7 +257,7 @@ int cmd_run(int argc, char **argv) {
                               .ignore_stop = ignore_eos, .echo_stop = true};
     struct run_out ro = {.ids = !tok_text, .progress = {"calla run", now_s()}};
     const struct gen_sink sink = {.ctx = &ro, .progress = run_progress, .token = run_token, .text = run_text};
-    const struct gen_env env = {.e = e, .s = s, .tok = tok_text};
+    const struct gen_env env = {.e = e, .s = s, .tok = tok_text, .speculative = speculative};
     struct gen_result res;
     double t0 = now_s();
     if (generate(&env, &req, 0, NULL, &sink, &res)) {
@@ -266,9 +268,9 @@ int cmd_run(int argc, char **argv) {
     free(res.ids);
     printf("\n");
     double t1 = res.t_prefilled, t2 = now_s();
-    fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token\n",
-            engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), res.n,
-            res.n > 1 ? 1e3 * (t2 - t1) / (res.n - 1) : 0.0);
+    fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token, "
+            "%d drafted, %d accepted\n", engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), res.n,
+            res.n > 1 ? 1e3 * (t2 - t1) / (res.n - 1) : 0.0, res.drafted, res.accepted);
     rc = 0;
 out_seq:
     seq_free(s);

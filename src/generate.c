@@ -5,6 +5,7 @@
 
 #include "chat.h"
 #include "constrain.h"
+#include "draft.h"
 #include "tokenizer.h"
 #include "tokmask.h"
 
@@ -31,12 +32,12 @@ int gen_request_add_stop(struct gen_request *r, const char *s, size_t n) {
 
 void gen_request_free(struct gen_request *r) {
     free(r->prompt);
+    free(r->draft);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->stop_len);
     json_decref(r->tools);
     constrain_free(r->schema);
-    free(r->prediction);
     memset(r, 0, sizeof *r);
 }
 
@@ -196,6 +197,12 @@ struct gen {
     struct engine_choice choice;   // the last forward's choice
     bool constrained;           // the answer is picked under req->schema
     struct constrained con;
+    // A reasoning budget: tokens left before "\n</think>" is forced (-1: none), and those tokens.
+    int think_left, n_close, closed;
+    int32_t close_ids[2];
+    struct drafter *dr;         // speculative decoding (NULL: off)
+    struct drafter drafter;
+    int n_pushed;               // generated tokens the drafter's history holds
 };
 
 static void progress(void *arg, int done, int total) {
@@ -305,6 +312,68 @@ static bool take(struct gen *g, int32_t tok) {
     return false;
 }
 
+// The next token is the reasoning budget's forced one, not the model's.
+static bool forced(const struct gen *g) { return !in_answer(g) && g->think_left == 0 && g->closed < g->n_close; }
+
+// A token of the output: taken, then the budget and the call limit. True when the output ends with it.
+static bool emit(struct gen *g, int32_t tok) {
+    const bool reasoning = !in_answer(g);
+    if (take(g, tok)) return true;
+    if (reasoning && g->think_left > 0) g->think_left--;
+    if (g->req->max_calls > 0 && gen_text_calls(&g->text) >= g->req->max_calls) {   // no parallel calls
+        g->res->finish = GEN_FINISH_TOOL_CALLS;
+        return true;
+    }
+    return false;
+}
+
+// A decode step after tok with a draft when the drafter has one: [tok, draft] verified in one
+// forward, the draft's right prefix emitted token by token as plain steps emit them (the stop rules,
+// the budget, cancellation between tokens), the sequence then kept up to the last token a plain
+// step would have forwarded. Without a draft, a plain step. *tok: the next token; *ended: the
+// output ended within the draft (res->finish or res->rc says why).
+static int speculate(struct gen *g, int32_t *tok, bool *ended) {
+    const struct gen_env *env = g->env;
+    struct gen_result *res = g->res;
+    while (g->n_pushed < res->n) draft_push(g->dr, res->ids[g->n_pushed++]);   // (out of memory: a shorter history)
+    // Only tokens a plain decode would forward: never the output's last one.
+    int limit = g->req->max_tokens - res->n - 1;
+    const int room = seq_capacity(env->s) - seq_pos(env->s) - 1;
+    if (room < limit) limit = room;
+    int32_t v[DRAFT_LEN_MAX + 1], next[DRAFT_LEN_MAX + 1];
+    const int k = draft_propose(g->dr, limit, v + 1);
+    if (!k) return forward(g, tok, 1, tok, false);
+    if (env->cancelled && env->cancelled(env->arg)) return ENGINE_CANCELLED;
+    v[0] = *tok;
+    if (engine_verify(env->e, env->s, v, k + 1, next, res->err, sizeof res->err)) return ENGINE_ERROR;
+    const int m = draft_accepted(v + 1, k, next);
+    const bool extra = g->dr->last_src > 0;
+    draft_result(g->dr, k, m);
+    res->drafted += k;
+    res->extra_drafted += extra ? k : 0;
+    int rc = ENGINE_OK, keep = m + 1;   // tok and the right drafts; the token after them is next[m]
+    *tok = next[m];
+    for (int j = 0; j < m; j++) {
+        if (forced(g)) {   // the budget's token replaces draft j (the loop's next step)
+            keep = j + 1, *tok = next[j];
+            break;
+        }
+        res->accepted++;
+        res->extra_accepted += extra;
+        if (emit(g, v[j + 1])) {
+            keep = j + 1, *ended = true;
+            break;
+        }
+        if (env->cancelled && env->cancelled(env->arg)) {   // where a plain step would have noticed
+            keep = j + 1, rc = ENGINE_CANCELLED;
+            break;
+        }
+    }
+    if (engine_verify_keep(env->e, env->s, keep, res->err, sizeof res->err)) return ENGINE_ERROR;
+    res->greedy_next = next[keep - 1];   // the argmax after the last token the sequence holds
+    return rc;
+}
+
 int generate(const struct gen_env *env, const struct gen_request *req, int from, const int32_t *next,
              const struct gen_sink *sink, struct gen_result *res) {
     static const struct gen_sink none = {0};
@@ -354,36 +423,47 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
         rc = fail(res, GEN_NOMEM, "out of memory");
     // A reasoning budget: once spent, the reasoning is closed the way the model closes it
     // ("\n</think>", forced), and the answer follows as the model goes on.
-    int think_left = req->reasoning && req->reasoning_budget > 0 ? req->reasoning_budget : -1;
-    int32_t close_ids[2];
-    int n_close = 0, closed = 0;
-    if (think_left >= 0) {
+    g.think_left = req->reasoning && req->reasoning_budget > 0 ? req->reasoning_budget : -1;
+    if (g.think_left >= 0) {
         int32_t *nl = NULL;
         size_t nn = 0;
         char err[64];
-        if (env->tok && !tokenizer_encode(env->tok, "\n", 1, &nl, &nn, err, sizeof err) && nn == 1) close_ids[n_close++] = nl[0];
+        if (env->tok && !tokenizer_encode(env->tok, "\n", 1, &nl, &nn, err, sizeof err) && nn == 1) g.close_ids[g.n_close++] = nl[0];
         free(nl);
-        close_ids[n_close++] = TOKEN_THINK_END;
+        g.close_ids[g.n_close++] = TOKEN_THINK_END;
+    }
+    // Speculative decoding, where it cannot change the output: greedy picks of the model's own
+    // argmax (no logprobs, no constraint) on a backend that verifies. Without memory for the
+    // drafter, plain steps.
+    const int vmax = engine_verify_max(env->e);
+    if (rc == ENGINE_OK && env->speculative && !g.pick && vmax >= 2 &&
+        !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, NULL)) {
+        g.dr = &g.drafter;
+        // The request's draft tokens are a hint: ids outside the vocabulary drop them, never fail the
+        // request (a verification refuses them); out of memory, the prompt's drafts only.
+        const int V = engine_geometry(env->e)->vocab;
+        bool valid = req->n_draft > 1;
+        for (int i = 0; valid && i < req->n_draft; i++) valid = req->draft[i] >= 0 && req->draft[i] < V;
+        if (valid) draft_add_source(g.dr, req->draft, req->n_draft);
     }
     if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
     while (rc == ENGINE_OK) {
-        const bool reasoning = !in_answer(&g);
         if (sampled && g.choice.chosen >= 0) tok = g.choice.chosen;   // the draw (under the constraint's mask)
-        if (reasoning && think_left == 0 && closed < n_close) tok = close_ids[closed++];
+        if (forced(&g)) tok = g.close_ids[g.closed++];
         if (g.constrained && in_answer(&g))
             tok = constrained_pick_choice(&g.con, &g.choice, sampled, req->max_tokens - res->n, last_row, &g);
-        if (take(&g, tok)) {
+        if (emit(&g, tok)) {
             rc = res->rc;
-            break;
-        }
-        if (reasoning && think_left > 0) think_left--;
-        if (req->max_calls > 0 && gen_text_calls(&g.text) >= req->max_calls) {   // no parallel calls
-            res->finish = GEN_FINISH_TOOL_CALLS;
             break;
         }
         // The next step's mask depends on tok only: on the helper thread while the step runs.
         if (g.constrained && in_answer(&g)) constrained_prepare(&g.con);
-        rc = forward(&g, &tok, 1, &tok, g.pick);
+        bool ended = false;
+        rc = g.dr ? speculate(&g, &tok, &ended) : forward(&g, &tok, 1, &tok, g.pick);
+        if (rc == ENGINE_OK && ended) {
+            rc = res->rc;
+            break;
+        }
     }
     if (rc == ENGINE_OK) {
         if (res->finish != GEN_FINISH_STOP_SEQUENCE && env->tok) {   // flush what the decoder and the channel still hold
@@ -400,6 +480,7 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     gen_text_free(&g.text);
     if (g.constrained) constrained_free(&g.con);
     free(g.seen);
+    if (g.dr) draft_free(g.dr);
     res->t_end = now_s();
     return res->rc = rc;
 }

@@ -3,7 +3,9 @@
 // A request (struct gen_request: the prompt, max_tokens, stop strings, a constraint, tools,
 // logprobs) runs on a sequence that already holds the prompt's first `from` tokens (what the
 // session cache gave): prefill the rest, then decode a token a step (greedy, or drawn under
-// --allow-sampling's parameters), until a stop token, a stop string or max_tokens.  What happens goes to a sink (struct gen_sink) as events that name
+// --allow-sampling's parameters; greedy ones several a step when a draft of them is verified in one
+// forward: gen_env.speculative, the same tokens), until a stop token, a stop string or max_tokens.
+// What happens goes to a sink (struct gen_sink) as events that name
 // no protocol: text tagged by channel (reasoning before </think>, then the answer), tool calls as
 // a name and a JSON object of arguments, each token's logprobs, prefill progress; the end (a
 // finish reason, or an error, with the usage) is sent by the caller, which knows the queue time and
@@ -51,6 +53,8 @@ struct gen_request {
     int32_t *prompt;             // [n_prompt] (owned)
     int n_prompt;
     int boundary;                // prompt tokens up to the last message boundary (0: none): a snapshot point
+    int32_t *draft;              // [n_draft] tokens the output is expected to repeat, a source of drafts for
+    int n_draft;                 // speculative decoding besides the prompt (a prediction, tokenized; owned; NULL: none)
     int max_tokens;              // >= 1; the stop token counts
     bool reasoning;              // the output opens in the reasoning channel, which </think> ends
     char **stops;                // [n_stops] stop strings (owned): the text ends before the first one found
@@ -65,9 +69,6 @@ struct gen_request {
     int reasoning_budget;        // > 0: after this many reasoning tokens "\n</think>" is forced (the answer follows)
     int max_calls;               // > 0: the output ends once this many tool calls are complete
     struct gen_sampling sampling;   // off: greedy
-    char *prediction;            // text the answer is expected to resemble (OpenAI's `prediction`), a draft
-                                 // for speculative decoding; a hint only, never changes the output (owned; NULL: none)
-    size_t prediction_len;
 };
 
 // Appends a copy of s[0..n) to the stop strings; 0, or -1 when out of memory.
@@ -112,6 +113,7 @@ struct gen_end {
     const char *stop;           // GEN_FINISH_STOP_SEQUENCE: the stop string found (NULL: none)
     int n_prompt, n_cached;     // prompt tokens, of them taken from the session cache
     double queue_ms, prefill_ms, decode_ms;
+    int prediction_accepted, prediction_rejected;   // drafted from the request's prediction: in the output, and not
 };
 
 // The events, in order: progress (a prefill of several chunks: before the first and after each),
@@ -186,6 +188,10 @@ struct gen_env {
     // end): the sequence then holds exactly prompt[0..pos), next is the greedy token after them.
     void (*snapshot)(void *arg, int pos, int32_t next);
     void *arg;
+    // Speculative decoding (draft.h, engine_verify): drafts from the prompt and the output, verified
+    // several tokens a forward. Never changes the output; used only for greedy requests without
+    // logprobs or a constraint (a schema, a forced tool call), on a backend that verifies.
+    bool speculative;
 };
 
 enum { GEN_NOMEM = -3 };   // besides ENGINE_OK, ENGINE_ERROR and ENGINE_CANCELLED
@@ -197,6 +203,8 @@ struct gen_result {
     int stop;                   // GEN_FINISH_STOP_SEQUENCE: the index of the stop string in req->stops (else -1)
     int32_t *ids;               // [n] the generated ids, the stop token included (malloc'd: free it)
     int n;
+    int drafted, accepted;      // speculative decoding: draft tokens verified, and of them in the output
+    int extra_drafted, extra_accepted;   // of those, drafted from the request's own draft (a prediction)
     double t_prefilled, t_end;  // now_s() when the prompt was in, and at the end
     int32_t greedy_next;        // the argmax after the prompt and ids[0..n-1): the sequence's greedy next
                                 // token at the end (ids[n-1] when that was greedy; not when sampled,

@@ -223,9 +223,10 @@ static int parse_stream_options(const json_t *body, struct openai_resp *o, struc
     return 0;
 }
 
-// OpenAI's prediction, {"type": "content", "content": a string or text parts}: kept in the
-// request as a draft for speculative decoding (a hint: the answer is the same without it).
-static int parse_prediction(const json_t *body, struct gen_request *r, struct req_error *re) {
+// OpenAI's prediction, {"type": "content", "content": a string or text parts}: its tokens are a
+// source of drafts for speculative decoding (r->draft; a hint: the answer is the same without it).
+static int parse_prediction(const struct openai_ctx *oc, const json_t *body, struct gen_request *r,
+                            struct req_error *re) {
     const json_t *v;
     if (chatreq_get_opt(body, "prediction", JSON_OBJECT, &v, re)) return -1;
     if (!v) return 0;
@@ -257,7 +258,13 @@ static int parse_prediction(const json_t *body, struct gen_request *r, struct re
         sbuf_free(&b);
         return 0;
     }
-    r->prediction = b.p, r->prediction_len = b.len;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[128];
+    const int rc = oc->tok ? tokenizer_encode(oc->tok, b.p, b.len, &ids, &n, err, sizeof err) : 0;
+    sbuf_free(&b);
+    if (rc) return req_fail(re, 400, "prediction", "prediction: %s", err);
+    r->draft = ids, r->n_draft = (int)n;
     return 0;
 oom:
     sbuf_free(&b);
@@ -309,7 +316,7 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
         chatreq_get_bool(body, "ignore_eos", false, &r->ignore_stop, re) ||
         (o->chat && chatreq_get_bool(body, "parallel_tool_calls", true, &parallel, re)) ||
         parse_stream_options(body, o, re) || chatreq_stops(r, json_object_get(body, "stop"), "stop", MAX_STOPS, re) ||
-        parse_prediction(body, r, re) || parse_schema(body, r, re))
+        parse_prediction(oc, body, r, re) || parse_schema(body, r, re))
         return -1;
     r->max_calls = parallel ? 0 : 1;   // parallel_tool_calls false: the answer ends after its first call
     return 0;
@@ -468,8 +475,10 @@ static const char *finish_reason(enum gen_finish f) {
 }
 
 static json_t *usage_json(const struct gen_end *e) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", e->n_prompt, "completion_tokens", e->n_gen,
-                     "total_tokens", e->n_prompt + e->n_gen, "prompt_tokens_details", "cached_tokens", e->n_cached);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i, s:i}}", "prompt_tokens", e->n_prompt, "completion_tokens",
+                     e->n_gen, "total_tokens", e->n_prompt + e->n_gen, "prompt_tokens_details", "cached_tokens",
+                     e->n_cached, "completion_tokens_details", "accepted_prediction_tokens", e->prediction_accepted,
+                     "rejected_prediction_tokens", e->prediction_rejected);
 }
 
 static json_t *ids_json(const struct gen_end *e) {

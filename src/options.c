@@ -39,6 +39,14 @@ int opts_parse(int argc, char **argv, const struct opt *opts, int n, char *err, 
             *(const char **)o->dst = val;
             continue;
         }
+        if (o->type == OPT_ONOFF) {
+            if (strcmp(val, "on") && strcmp(val, "off")) {
+                snprintf(err, errlen, "--%s: \"%s\" is neither on nor off", o->name, val);
+                return -1;
+            }
+            *(bool *)o->dst = !strcmp(val, "on");
+            continue;
+        }
         if (o->type == OPT_STRS) {
             struct opt_strs *l = o->dst;
             if (l->n == OPT_STRS_MAX) {
@@ -89,7 +97,10 @@ void opts_usage(FILE *f, const char *cmd, const char *summary, const struct opt 
     for (int k = 0; k < n; k++) {
         char left[48];
         snprintf(left, sizeof left, "--%s%s", opts[k].name,
-                 opts[k].type == OPT_FLAG ? "" : opts[k].type == OPT_INT ? " N" : " S");
+                 opts[k].type == OPT_FLAG    ? ""
+                 : opts[k].type == OPT_INT   ? " N"
+                 : opts[k].type == OPT_ONOFF ? " on|off"
+                                             : " S");
         fprintf(f, "  %-22s %s\n", left, opts[k].help);
     }
 }

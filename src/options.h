@@ -10,6 +10,7 @@ enum opt_type {
     OPT_INT,    // long long, within [min, max]
     OPT_FLAG,   // bool, takes no value
     OPT_STRS,   // struct opt_strs: a string flag that may be given up to OPT_STRS_MAX times
+    OPT_ONOFF,  // bool, takes "on" or "off"
 };
 
 enum { OPT_STRS_MAX = 64 };

@@ -105,7 +105,8 @@ static void run_job(struct sched *s, struct job *j) {
     const struct gen_env env = {
         .e = s->cfg.e, .s = s->w, .tok = s->cfg.tok, .trie = s->cfg.trie, .mask_mode = s->cfg.mask_mode,
         .logits = s->cfg.logits, .vocab = s->cfg.vocab, .chunk = (int)s->cfg.prefill_chunk,
-        .cancelled = run_cancelled, .progress = run_progress, .snapshot = s->bound.n > 0 ? run_snapshot : NULL, .arg = &r};
+        .cancelled = run_cancelled, .progress = run_progress, .snapshot = s->bound.n > 0 ? run_snapshot : NULL, .arg = &r,
+        .speculative = s->cfg.speculative};
     struct gen_result res;
     const int rc = generate(&env, q, pos, next, &j->sink, &res);
     pthread_mutex_lock(&s->mu);
@@ -137,7 +138,8 @@ static void run_job(struct sched *s, struct job *j) {
         .finish = rc == ENGINE_OK ? res.finish : GEN_FINISH_NONE, .ids = res.ids, .n_gen = ng, .n_prompt = n,
         .stop = rc == ENGINE_OK && res.stop >= 0 ? q->stops[res.stop] : NULL,
         .n_cached = cached, .queue_ms = 1e3 * (t0 - j->t_queued), .prefill_ms = 1e3 * (res.t_prefilled - t0),
-        .decode_ms = 1e3 * (res.t_end - res.t_prefilled)};
+        .decode_ms = 1e3 * (res.t_end - res.t_prefilled), .prediction_accepted = res.extra_accepted,
+        .prediction_rejected = res.extra_drafted - res.extra_accepted};
     char msg[300];
     if (rc == ENGINE_CANCELLED) {
         end.status = atomic_load(&s->abort) ? 503 : 499, end.message = "cancelled";
@@ -148,6 +150,8 @@ static void run_job(struct sched *s, struct job *j) {
 
     pthread_mutex_lock(&s->mu);
     s->m.generated_tokens += (unsigned long long)ng;
+    s->m.draft_tokens += (unsigned long long)res.drafted;
+    s->m.draft_accepted += (unsigned long long)res.accepted;
     s->m.prefill_s += res.t_prefilled - t0;
     s->m.decode_s += res.t_end - res.t_prefilled;
     if (rc == ENGINE_CANCELLED) s->m.cancelled++;

@@ -32,11 +32,13 @@ struct sched_config {
     long long cache_entries;         // LRU of end-of-request states (0: off)
     long long cache_boundaries;      // LRU of last-message-boundary snapshots (0: off)
     bool quiet;                      // no per-job log line
+    bool speculative;                // speculative decoding where a request allows it (gen_env.speculative)
 };
 
 // Counters for /metrics, under the scheduler's mutex.
 struct sched_metrics {
     unsigned long long prompt_tokens, generated_tokens, cached_tokens, cache_hits, cache_misses, cancelled;
+    unsigned long long draft_tokens, draft_accepted;   // speculative decoding: drafted, and of them accepted
     double prefill_s, decode_s;
 };
 

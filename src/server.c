@@ -438,6 +438,8 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
     OUT("# HELP calla_cache_hits_total Requests that continued from a session-cache entry.\n# TYPE calla_cache_hits_total counter\ncalla_cache_hits_total %llu\n", g->cache_hits);
     OUT("# HELP calla_cache_misses_total Requests that found no session-cache entry.\n# TYPE calla_cache_misses_total counter\ncalla_cache_misses_total %llu\n", g->cache_misses);
     OUT("# HELP calla_cached_tokens_total Prompt tokens taken from the session cache.\n# TYPE calla_cached_tokens_total counter\ncalla_cached_tokens_total %llu\n", g->cached_tokens);
+    OUT("# HELP calla_draft_tokens_total Draft tokens verified by speculative decoding.\n# TYPE calla_draft_tokens_total counter\ncalla_draft_tokens_total %llu\n", g->draft_tokens);
+    OUT("# HELP calla_draft_accepted_total Draft tokens that were the model's own and went into the output.\n# TYPE calla_draft_accepted_total counter\ncalla_draft_accepted_total %llu\n", g->draft_accepted);
     OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE calla_cancelled_total counter\ncalla_cancelled_total %llu\n", g->cancelled);
     OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
     OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
@@ -887,6 +889,7 @@ int cmd_serve(int argc, char **argv) {
         .max_header = 32 << 10, .max_connections = 16384, .http_threads = 4, .cache_entries = 2, .cache_boundaries = 2,
         .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .request_timeout = 30, .max_per_ip = 32,
         .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1, .store_entries = 256, .store_bytes = 64 << 20,
+        .speculative = true,
     };
     const struct opt opts[] = {
         {"model", OPT_STR, &cfg.model_dir, 0, 0, "checkpoint directory (with tokenizer.json)"},
@@ -931,6 +934,8 @@ int cmd_serve(int argc, char **argv) {
         {"allow-sampling", OPT_FLAG, &cfg.allow_sampling, 0, 0, "accept temperature > 0, top_p, top_k, min_p, presence_penalty "
                                                                  "and seed (default: greedy only, others a 400)"},
         {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
+        {"speculative", OPT_ONOFF, &cfg.speculative, 0, 0, "speculative decoding: drafts from the conversation, verified "
+                                                           "several tokens a forward; the same output (default on)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions, "
@@ -1058,7 +1063,8 @@ int cmd_serve(int argc, char **argv) {
     const struct sched_config sc = {
         .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
         .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,
-        .cache_entries = cfg.cache_entries, .cache_boundaries = cfg.cache_boundaries, .quiet = cfg.quiet};
+        .cache_entries = cfg.cache_entries, .cache_boundaries = cfg.cache_boundaries, .quiet = cfg.quiet,
+        .speculative = cfg.speculative};
     if (sched_init(&sv->sched, &sc, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
         goto out_tok;

@@ -58,6 +58,7 @@ struct server_config {
     long long device;             // --device: the GPU (CUDA's numbering, within CUDA_VISIBLE_DEVICES); -1: not given
     long long store_entries;      // the Responses API's stored responses kept, LRU (0: none)
     long long store_bytes;        // and the bytes they may hold
+    bool speculative;             // speculative decoding where a request allows it (--speculative, default on)
 };
 
 // ---- metrics -----------------------------------------------------------------------------------

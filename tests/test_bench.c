@@ -2,6 +2,7 @@
 //   - the byte and FLOP models at the real geometry against docs/BENCH.md's arithmetic
 //   - the prompt rule and the context limit (refused with the numbers)
 //   - one in-process bench record at the tiny geometry: every field docs/BENCH.md lists
+//   - the speculative pass (--draft oracle at P = 1, 0, 0.5; --draft lookup) and its refusals
 //   - the llama-bench adapter on a llama-bench JSON sample
 //   - `calla matrix` on the CPU (tiny geometry, contexts 64 and 128, 4 steps, 2 rounds): raw
 //     records, matrix.json, report.md sections, the two SVG plots, ratio tables with --compare
@@ -116,6 +117,58 @@ static void test_record(void **state) {
     json_object_set_new(eng, "mode", json_integer(1));
     assert_int_equal(bench_record_check(r, err, sizeof err), -1);
     json_decref(r);
+}
+
+// --draft: the speculative pass on the CPU. oracle P = 1 accepts every draft token, P = 0 none,
+// lookup runs the drafter; the tokens are the plain pass's in every case; refusals name the flag.
+static void test_speculative(void **state) {
+    char err[512];
+    json_t *r;
+    const struct { const char *draft; double p; } runs[] = {{"oracle", 1}, {"oracle", 0}, {"oracle", 0.5}, {"lookup", 0}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        struct bench_options o = {.model_dir = g_model, .context = 32, .decode = 12, .backend = "cpu",
+                                  .draft = runs[i].draft, .accept = runs[i].p, .draft_len = 4, .draft_seed = 1};
+        if (bench_run(&o, &r, err, sizeof err)) fail_msg("bench_run %s: %s", runs[i].draft, err);
+        if (bench_record_check(r, err, sizeof err)) fail_msg("record %s: %s", runs[i].draft, err);
+        json_t *sp = json_object_get(r, "speculative");
+        assert_true(json_is_true(json_object_get(sp, "tokens_match")));
+        const double drafted = json_num(r, "speculative.drafted"), accepted = json_num(r, "speculative.accepted");
+        assert_true(json_num(r, "speculative.tok_s") > 0 && json_num(r, "speculative.speedup") > 0);
+        if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 1) {
+            // 12 tokens after the first: drafts of 4, 4 and 1 (never the last token), all right
+            assert_int_equal((int)drafted, 9);
+            assert_int_equal((int)accepted, 9);
+            assert_true(json_num(r, "speculative.acceptance") == 1.0);
+            assert_true(fabs(json_num(r, "speculative.mean_accepted") - 3.0) < 1e-9);
+        } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0) {
+            assert_true(drafted > 0);
+            assert_int_equal((int)accepted, 0);
+            assert_int_equal((int)json_num(r, "speculative.verifications"), 11);   // one token a step; the last plain
+        } else if (!strcmp(runs[i].draft, "oracle")) {
+            assert_true(accepted > 0 && accepted < drafted);
+            assert_true(fabs(json_num(r, "speculative.accept_p") - 0.5) < 1e-9);
+        } else {
+            assert_true(json_is_null(json_object_get(sp, "accept_p")));
+        }
+        json_decref(r);
+    }
+    // A record without the pass has no "speculative"; a broken one is refused.
+    struct bench_options o = {.model_dir = g_model, .context = 16, .decode = 2, .backend = "cpu", .draft = "oracle",
+                              .accept = 1, .draft_len = 2, .draft_seed = 1};
+    if (bench_run(&o, &r, err, sizeof err)) fail_msg("bench_run: %s", err);
+    json_object_del(json_object_get(r, "speculative"), "acceptance");
+    assert_int_equal(bench_record_check(r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "speculative.acceptance"));
+    json_decref(r);
+    o.draft_len = 8;   // the CPU backend verifies 8 tokens: drafts of at most 7
+    assert_int_equal(bench_run(&o, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--draft-len 8"));
+    o.draft_len = 2, o.accept = 1.5;
+    assert_int_equal(bench_run(&o, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--accept"));
+    o.accept = 1, o.draft = "mtp";
+    assert_int_equal(bench_run(&o, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "oracle or lookup"));
 }
 
 static const char llama_sample[] =
@@ -237,6 +290,7 @@ static void test_matrix_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),  cmocka_unit_test(test_limit),   cmocka_unit_test(test_record),
+        cmocka_unit_test(test_speculative),
         cmocka_unit_test(test_adapter), cmocka_unit_test(test_matrix), cmocka_unit_test(test_matrix_refusals),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);

@@ -515,6 +515,17 @@ static struct job *expect_ok(const char *extra, bool allow) {
     return j;
 }
 
+// The request's draft tokens are the prediction's text, tokenized.
+static void expect_draft(const struct job *j, const char *text) {
+    int32_t *ids;
+    size_t n;
+    char err[128];
+    assert_int_equal(tokenizer_encode(small_tok(), text, strlen(text), &ids, &n, err, sizeof err), 0);
+    assert_int_equal(j->req.n_draft, (int)n);
+    assert_memory_equal(j->req.draft, ids, sizeof *ids * n);
+    free(ids);
+}
+
 static void test_sampling_fields(void **state) {
     // Without --allow-sampling: greedy values only, as before.
     static const char *const greedy_only[][2] = {
@@ -654,7 +665,7 @@ static void test_request_fields(void **state) {
     }
     struct job *j = expect_ok("", false);
     assert_false(j->req.ignore_stop);
-    assert_null(j->req.prediction);
+    assert_null(j->req.draft);
     assert_int_equal(j->req.max_tokens, 8);
     job_unref(j);
     j = expect_ok("\"ignore_eos\": true, \"n_predict\": 5", false);
@@ -671,14 +682,12 @@ static void test_request_fields(void **state) {
     assert_string_equal(j->session, "conv-9");
     job_unref(j);
     j = expect_ok("\"prediction\": {\"type\": \"content\", \"content\": \"def f():\\n    pass\"}", false);
-    assert_int_equal(j->req.prediction_len, 17);
-    assert_memory_equal(j->req.prediction, "def f():\n    pass", 17);
+    expect_draft(j, "def f():\n    pass");
     job_unref(j);
     j = expect_ok("\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": \"text\", \"text\": \"ab\"}, "
                   "{\"type\": \"text\", \"text\": \"c\"}]}",
                   false);
-    assert_int_equal(j->req.prediction_len, 3);
-    assert_memory_equal(j->req.prediction, "abc", 3);
+    expect_draft(j, "abc");
     job_unref(j);
     // parallel_tool_calls false: the answer ends after its first call (generate.c, max_calls).
     j = expect_ok("\"parallel_tool_calls\": false", false);

@@ -906,6 +906,45 @@ def test_cache(port, port_nocache):
           and r[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p) + len(ids) - 1, r)
 
 
+def test_speculative(binary, model, port, common):
+    """Speculative decoding (on by default) against a server with --speculative off: the same tokens,
+    and /metrics counting the drafts.  This model copies nothing, but its output repeats a token now
+    and then (at the 47th of the long completion here), which the drafter drafts from."""
+    off = Server(binary, model, *common, "--speculative", "off", "--quiet")
+    try:
+        m0, o0 = metrics(port), metrics(off.port)
+        reqs = [("/v1/completions", {"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], "max_tokens": 100,
+                                     "return_token_ids": True}),
+                ("/v1/completions", {"prompt": [7, 8, 9] * 8, "max_tokens": 24, "return_token_ids": True}),
+                ("/v1/chat/completions", chat_body([{"role": "user", "content": "one two three " * 12}], max_tokens=24)),
+                ("/v1/chat/completions", chat_body([{"role": "user", "content": "Say hello."}], max_tokens=16,
+                                                   stop=["a", "e"]))]
+        for path, body in reqs:
+            r = [post(q, path, body) for q in (port, off.port)]
+            ok = r[0][0] == 200 and r[1][0] == 200
+            check(f"speculative on == off: {path} {str(body)[:60]}", ok and r[0][2]["choices"][0]["token_ids"]
+                  == r[1][2]["choices"][0]["token_ids"] and r[0][2]["choices"][0]["finish_reason"]
+                  == r[1][2]["choices"][0]["finish_reason"], [x[2] for x in r])
+            if ok:
+                d = r[0][2]["usage"].get("completion_tokens_details", {})
+                check("usage.completion_tokens_details: no prediction, none accepted or rejected",
+                      d.get("accepted_prediction_tokens") == 0 and d.get("rejected_prediction_tokens") == 0, d)
+        m1, o1 = metrics(port), metrics(off.port)
+        drafted = m1["calla_draft_tokens_total"] - m0["calla_draft_tokens_total"]
+        accepted = m1["calla_draft_accepted_total"] - m0["calla_draft_accepted_total"]
+        check("metrics: calla_draft_tokens_total moves with speculation on", drafted > 0, (drafted, accepted))
+        check("metrics: calla_draft_accepted_total moves, at most what was drafted", 0 < accepted <= drafted,
+              (drafted, accepted))
+        check("metrics: nothing drafted with --speculative off",
+              o1["calla_draft_tokens_total"] == o0["calla_draft_tokens_total"] == 0
+              and o1["calla_draft_accepted_total"] == 0, o1)
+    finally:
+        off.close("server with --speculative off")
+    bad = subprocess.run([binary, "serve", "--model", model, "--speculative", "maybe"], capture_output=True, timeout=60)
+    check("--speculative maybe: refused (exit 2)", bad.returncode == 2 and b"neither on nor off" in bad.stderr,
+          bad.stderr[-500:])
+
+
 def test_concurrent(port, n=16):
     prompts = [[21 + k, 22, 23, 24 + k] for k in range(4)]
     expected = []
@@ -1566,6 +1605,7 @@ def main():
         test_structured(main_srv.port, a.quick)
         test_cache(main_srv.port, nocache.port)
         nocache.close("server without cache")
+        test_speculative(a.bin, a.model, main_srv.port, common)
         test_concurrent(main_srv.port, 16)
         test_disconnect(main_srv.port)
         test_queue_and_drain(a.bin, a.model)

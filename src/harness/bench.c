@@ -5,7 +5,9 @@
 //   3. exact-shape warmup: the same prefill and the same decode steps, then the sequence is reset
 //   4. timed prefill, TTFT-style: from submission until the first token id is on the host
 //   5. timed decode: every step timed on its own, its token id read back (as the server does)
-//   6. one JSON record (schema "calla.bench/1") and one summary line on stdout
+//   6. with --draft, the speculative pass: the same prompt, the same tokens decoded again with
+//      drafts verified several tokens a forward (after a warmup of its own), timed the same way
+//   7. one JSON record (schema "calla.bench/1") and one summary line on stdout
 //
 // Memory is measured, not computed: peak host RSS is the kernel's VmHWM; peak device memory is
 // NVML's "used" polled every few milliseconds from before the engine loads until the end, minus
@@ -14,6 +16,7 @@
 
 #include "checkpoint.h"
 #include "commands.h"
+#include "draft.h"
 #include "engine.h"
 #include "nvml.h"
 #include "options.h"
@@ -318,6 +321,103 @@ static int run_once(struct engine *e, struct seq *s, const int32_t *prompt, int 
     return 0;
 }
 
+// ---- the speculative pass ----------------------------------------------------------------------
+
+struct spec_pass {
+    double seconds;              // the decode steps' time, summed (as the plain pass's)
+    int forwards, verifications; // steps: plain forwards and verifications
+    long long drafted, accepted;
+    bool tokens_match;           // the tokens are the plain pass's
+};
+
+// A hash of (seed, i) in [0, 2^64): which oracle tokens are replaced, and by what.
+static uint64_t mix64(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// The prompt, then ids[1..d] again (ids: the plain pass's d + 1 tokens): each step a verification
+// of [the last token, a draft] or, with no draft, a plain step; never a token the plain pass did
+// not forward. The accepted tokens and the bonus one are checked against ids.
+static int spec_once(struct engine *e, struct seq *s, const struct bench_options *o, const int32_t *prompt, int n,
+                     int d, const int32_t *ids, struct spec_pass *r, char *err, size_t errlen) {
+    const int V = engine_geometry(e)->vocab;
+    const bool oracle = !strcmp(o->draft, "oracle");
+    struct drafter dr;
+    *r = (struct spec_pass){.tokens_match = true};
+    int32_t tok;
+    if (engine_forward(e, s, prompt, n, NULL, &tok, err, errlen)) return -1;
+    r->tokens_match = tok == ids[0];
+    if (!oracle && draft_init(&dr, prompt, n, o->draft_len, NULL)) {
+        snprintf(err, errlen, "out of memory for the drafter");
+        return -1;
+    }
+    int rc = -1;
+    for (int p = 0; p < d;) {   // ids[0..p] are out; ids[p] is the next to forward
+        int32_t v[DRAFT_LEN_MAX + 1], next[DRAFT_LEN_MAX + 1];
+        const int limit = d - p - 1;
+        const double t = now_s();
+        int k = 0;
+        if (oracle) {
+            k = o->draft_len < limit ? o->draft_len : limit;
+            for (int i = 1; i <= k; i++) {
+                const uint64_t h = mix64(o->draft_seed, (uint64_t)(p + i));
+                const bool right = (double)(h >> 11) * 0x1.0p-53 < o->accept;
+                v[i] = right ? ids[p + i] : (int32_t)((ids[p + i] + 1 + (int64_t)(mix64(h, 0) % (uint64_t)(V - 1))) % V);
+            }
+        } else {
+            if (draft_push(&dr, ids[p])) goto out;
+            k = draft_propose(&dr, limit, v + 1);
+        }
+        int got;   // new tokens out of this step
+        if (!k) {
+            if (engine_forward(e, s, &ids[p], 1, NULL, &tok, err, errlen)) goto out;
+            r->tokens_match &= tok == ids[p + 1];
+            got = 1;
+            r->forwards++;
+        } else {
+            v[0] = ids[p];
+            if (engine_verify(e, s, v, k + 1, next, err, errlen)) goto out;
+            const int m = draft_accepted(v + 1, k, next);
+            if (engine_verify_keep(e, s, m + 1, err, errlen)) goto out;
+            if (!oracle) {
+                draft_result(&dr, k, m);
+                for (int i = 1; i <= m; i++)
+                    if (draft_push(&dr, ids[p + i])) goto out;
+            }
+            for (int i = 0; i <= m; i++) r->tokens_match &= next[i] == ids[p + 1 + i];
+            r->drafted += k, r->accepted += m, r->verifications++;
+            got = m + 1;
+        }
+        r->seconds += now_s() - t;
+        p += got;
+    }
+    rc = 0;
+out:
+    if (!oracle) draft_free(&dr);
+    return rc;
+}
+
+static json_t *spec_json(const struct bench_options *o, const struct spec_pass *r, int d, double plain_tok_s) {
+    const bool oracle = !strcmp(o->draft, "oracle");
+    json_t *j = json_pack("{s:s, s:i, s:b, s:I, s:I, s:i, s:i, s:f, s:f}", "draft", o->draft, "draft_len", o->draft_len,
+                          "tokens_match", r->tokens_match, "drafted", (json_int_t)r->drafted, "accepted",
+                          (json_int_t)r->accepted, "verifications", r->verifications, "plain_steps", r->forwards,
+                          "seconds", r->seconds, "tok_s", d / r->seconds);
+    json_object_set_new(j, "accept_p", oracle ? json_real(o->accept) : json_null());
+    json_object_set_new(j, "seed", oracle ? json_integer((json_int_t)o->draft_seed) : json_null());
+    json_object_set_new(j, "acceptance", r->drafted ? json_real((double)r->accepted / (double)r->drafted) : json_real(0));
+    json_object_set_new(j, "mean_accepted",
+                        r->verifications ? json_real((double)r->accepted / r->verifications) : json_real(0));
+    json_object_set_new(j, "speedup", json_real(d / r->seconds / plain_tok_s));
+    json_object_set_new(j, "note", json_string(oracle ? "the plain pass's tokens as drafts, each replaced by a wrong "
+                                                        "one with probability 1 - accept_p (a hash of seed and position)"
+                                                      : "drafts of the prompt-lookup drafter (src/draft.h)"));
+    return j;
+}
+
 int bench_run(const struct bench_options *o, json_t **out, char *err, size_t errlen) {
     const int N = o->context, D = o->decode;
     *out = NULL;
@@ -330,6 +430,14 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                  "prompt %d + decode %d + 1 lookahead = %lld tokens exceeds the limit of %d "
                  "(the longest prompt at %d decode steps is %d)",
                  N, D, (long long)N + D + 1, QWEN_MAX_CTX, D, QWEN_MAX_CTX - D - 1);
+        return -1;
+    }
+    if (o->draft && strcmp(o->draft, "oracle") && strcmp(o->draft, "lookup")) {
+        snprintf(err, errlen, "--draft \"%s\": oracle or lookup", o->draft);
+        return -1;
+    }
+    if (o->draft && !(o->accept >= 0 && o->accept <= 1)) {
+        snprintf(err, errlen, "--accept %g is out of range (0 to 1)", o->accept);
         return -1;
     }
     double wall0 = now_s();
@@ -389,6 +497,17 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     for (int i = 0; i < N; i++) prompt[i] = bench_prompt_token(i, g->vocab);
     if (seq_new(e, N + D + 1, &s, err, errlen)) goto done;
 
+    const int vmax = engine_verify_max(e);
+    const int len_max = vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX;
+    if (o->draft && vmax < 2) {
+        snprintf(err, errlen, "the %s backend does not verify drafts (engine_verify_max %d)", backend, vmax);
+        goto done;
+    }
+    if (o->draft && (o->draft_len < 1 || o->draft_len > len_max)) {
+        snprintf(err, errlen, "--draft-len %d: the %s backend takes drafts of 1 to %d tokens", o->draft_len, backend,
+                 len_max);
+        goto done;
+    }
     double warm_prefill, prefill;
     double tw = now_s();
     if (run_once(e, s, prompt, N, D, warm_ids, &warm_prefill, NULL, err, errlen)) goto done;
@@ -397,6 +516,13 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     struct nvml_sample before, after;
     nvml_read(&before);
     if (run_once(e, s, prompt, N, D, ids, &prefill, steps, err, errlen)) goto done;
+    struct spec_pass spec = {0};
+    if (o->draft) {   // a warmup of its own (the verification's shapes), then the timed pass
+        seq_reset(s);
+        if (spec_once(e, s, o, prompt, N, D, ids, &spec, err, errlen)) goto done;
+        seq_reset(s);
+        if (spec_once(e, s, o, prompt, N, D, ids, &spec, err, errlen)) goto done;
+    }
     nvml_read(&after);
     long long rss = host_peak_rss();
     if (polling) {
@@ -528,6 +654,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     json_object_set_new(r, "memory", mem);
     json_object_set_new(r, "telemetry", json_pack("{s:o, s:o}", "before", telemetry_json(&before), "after",
                                                   telemetry_json(&after)));
+    if (o->draft) json_object_set_new(r, "speculative", spec_json(o, &spec, D, D / sum));
     json_object_set_new(r, "wall_s", json_real(now_s() - wall0));
     free(ms_steps);
     *out = r;
@@ -582,14 +709,29 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
         return snprintf(err, errlen, "decode.step_ms must hold decode_steps (%d) times", D), -1;
     if (!json_is_array(ids) || (int)json_array_size(ids) != D + 1)
         return snprintf(err, errlen, "tokens.ids must hold decode_steps + 1 (%d) ids", D + 1), -1;
+    const json_t *sp = json_path(r, "speculative");   // optional: --draft
+    if (sp) {
+        static const char *spec_numbers[] = {"speculative.draft_len", "speculative.drafted", "speculative.accepted",
+                                             "speculative.seconds", "speculative.tok_s", "speculative.speedup",
+                                             "speculative.acceptance", "speculative.mean_accepted"};
+        const char *draft = json_str(r, "speculative.draft");
+        if (!draft || (strcmp(draft, "oracle") && strcmp(draft, "lookup")))
+            return snprintf(err, errlen, "speculative.draft must be \"oracle\" or \"lookup\""), -1;
+        for (size_t i = 0; i < sizeof spec_numbers / sizeof spec_numbers[0]; i++)
+            if (isnan(json_num(r, spec_numbers[i]))) return snprintf(err, errlen, "missing number \"%s\"", spec_numbers[i]), -1;
+        if (!json_is_boolean(json_path(r, "speculative.tokens_match")))
+            return snprintf(err, errlen, "speculative.tokens_match is not a boolean"), -1;
+        if (!strcmp(draft, "oracle") && isnan(json_num(r, "speculative.accept_p")))
+            return snprintf(err, errlen, "an oracle record needs speculative.accept_p"), -1;
+    }
     return 0;
 }
 
 // ---- the command ---------------------------------------------------------------------------
 
 int cmd_bench(int argc, char **argv) {
-    const char *dir = NULL, *backend = NULL, *json_path_out = NULL, *label = NULL;
-    long long context = 0, decode = 64, threads = 0;
+    const char *dir = NULL, *backend = NULL, *json_path_out = NULL, *label = NULL, *draft = NULL, *accept = NULL;
+    long long context = 0, decode = 64, threads = 0, draft_len = 4, draft_seed = 1;
     bool exact = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory (real or synthetic)"},
@@ -600,6 +742,13 @@ int cmd_bench(int argc, char **argv) {
         {"json", OPT_STR, &json_path_out, 0, 0, "where to write the JSON record"},
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default calla-<backend>)"},
         {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (recorded as engine.mode)"},
+        {"draft", OPT_STR, &draft, 0, 0, "then the same tokens with speculative decoding: oracle (the plain tokens "
+                                         "as drafts, --accept of them right) or lookup (the drafter)"},
+        {"accept", OPT_STR, &accept, 0, 0, "--draft oracle: the probability P (0 to 1) that a draft token is right "
+                                           "(default 1)"},
+        {"draft-len", OPT_INT, &draft_len, 1, DRAFT_LEN_MAX, "--draft: oracle drafts of D tokens, lookup at most D "
+                                                             "(default 4; at most engine_verify_max - 1)"},
+        {"draft-seed", OPT_INT, &draft_seed, 0, (long long)1 << 62, "--draft oracle: which tokens are wrong (default 1)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
@@ -618,8 +767,24 @@ int cmd_bench(int argc, char **argv) {
                 context, decode, context + decode + 1, QWEN_MAX_CTX, decode, QWEN_MAX_CTX - decode - 1);
         return 2;
     }
+    double p = 1;
+    if (accept) {
+        char *end;
+        errno = 0;
+        p = strtod(accept, &end);
+        if (errno || end == accept || *end || !(p >= 0 && p <= 1)) {
+            fprintf(stderr, "calla bench: --accept \"%s\" is not a probability (0 to 1)\n", accept);
+            return 2;
+        }
+    }
+    if ((accept || draft_seed != 1) && (!draft || strcmp(draft, "oracle"))) {
+        fprintf(stderr, "calla bench: --accept and --draft-seed are for --draft oracle\n");
+        return 2;
+    }
     struct bench_options bo = {.model_dir = dir, .context = (int)context, .decode = (int)decode,
-                               .backend = backend, .threads = (int)threads, .label = label, .exact = exact};
+                               .backend = backend, .threads = (int)threads, .label = label, .exact = exact,
+                               .draft = draft, .accept = p, .draft_len = (int)draft_len,
+                               .draft_seed = (uint64_t)draft_seed};
     json_t *r;
     if (bench_run(&bo, &r, err, sizeof err)) {
         fprintf(stderr, "calla bench: %s\n", err);
@@ -639,6 +804,15 @@ int cmd_bench(int argc, char **argv) {
            json_num(r, "prefill.tok_s"), json_num(r, "prefill.tflop_s"), json_num(r, "decode.tok_s"),
            json_num(r, "decode.ms_mean"), json_num(r, "decode.gb_s"),
            json_num(r, "memory.host_peak_rss_bytes") / 1e9, devs, json_str(r, "tokens.hash"), json_path_out);
+    if (draft) {
+        char how[64] = "lookup";
+        if (!strcmp(draft, "oracle")) snprintf(how, sizeof how, "oracle P %.2f", p);
+        printf("%s speculative %s, D %d: decode %.2f tok/s (%.2fx plain), acceptance %.3f, mean accepted %.2f, "
+               "tokens %s\n", json_str(r, "label"), how, (int)draft_len, json_num(r, "speculative.tok_s"),
+               json_num(r, "speculative.speedup"), json_num(r, "speculative.acceptance"),
+               json_num(r, "speculative.mean_accepted"),
+               json_is_true(json_object_get(json_object_get(r, "speculative"), "tokens_match")) ? "as plain" : "DIFFER");
+    }
     json_decref(r);
     return rc;
 }

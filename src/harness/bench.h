@@ -23,6 +23,14 @@ struct bench_options {
     int threads;             // CPU backend threads (0: all cores)
     const char *label;       // arm name recorded in the JSON (NULL: "calla-<backend>")
     bool exact;              // the verification mode (engine_options.exact), recorded as engine.mode
+    // Speculative decoding (the record's "speculative"): after the plain decode, the same tokens again
+    // with drafts verified (engine_verify). NULL: none; "oracle": the plain continuation as drafts,
+    // each token replaced by a wrong one with probability 1 - accept (seeded); "lookup": the drafter
+    // (draft.h) on the prompt and the tokens so far.
+    const char *draft;
+    double accept;           // oracle: the probability a draft token is the right one (0 to 1)
+    int draft_len;           // oracle: every draft's length; lookup: the longest (1 to engine_verify_max - 1)
+    uint64_t draft_seed;     // oracle: which tokens are replaced, and by what
 };
 
 // Token i of the synthetic prompt: (i * 2654435761) mod 2^32 mod vocab.
@@ -50,7 +58,8 @@ double bench_prefill_flop(const struct geometry *g, int64_t n);
 // of the context limit names the numbers).
 int bench_run(const struct bench_options *o, json_t **out, char *err, size_t errlen);
 
-// Structural check of a record (the CI smoke run; never the timings). 0, or -1 naming the field.
+// Structural check of a record (the CI smoke run; never the timings), "speculative" included when
+// present. 0, or -1 naming the field.
 int bench_record_check(const json_t *r, char *err, size_t errlen);
 
 // llama-bench adapter (adapt.c): reads `llama-bench -o json` (or jsonl, or several arrays one

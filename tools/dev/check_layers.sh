@@ -16,7 +16,7 @@ layers=(
     "checkpoint: safetensors.* checkpoint.*"
     "engine: engine.* backend.h backend_*.* pick.* gpu.* nvml.* cuda/*"
     "text: tokenizer.* unicode_tables.h nfc_tables.h chat.* toolcall.* constrain.* tokmask.*"
-    "generate: generate.*"
+    "generate: generate.* draft.*"
     "job: job.*"
     "scheduler: scheduler.* session_cache.*"
     "protocol: chatreq.* answer.* openai.* anthropic.* responses.* response_store.*"

@@ -19,7 +19,7 @@ $cc $flags -o "$out/fuzz_toolcall" tests/fuzz/fuzz_toolcall.c src/toolcall.c src
 $cc $flags -o "$out/fuzz_constrain" tests/fuzz/fuzz_constrain.c src/constrain.c src/toolcall.c src/util.c -ljansson
 # The protocol modules build a job holding a generation request: generate.c links the engine in (never run here).
 $cc $flags -fopenmp -o "$out/fuzz_openai" tests/fuzz/fuzz_openai.c src/openai.c src/anthropic.c src/responses.c \
-    src/response_store.c src/chatreq.c src/answer.c src/job.c src/generate.c src/chat.c \
+    src/response_store.c src/chatreq.c src/answer.c src/job.c src/generate.c src/draft.c src/chat.c \
     src/toolcall.c src/constrain.c src/tokmask.c src/tokenizer.c src/synth.c src/util.c src/engine.c src/pick.c src/model.c \
     src/safetensors.c src/backend_cpu.c src/checkpoint.c src/gpu.c src/nvml.c \
     -ljansson -lpcre2-8 -lutf8proc -lm -lpthread -ldl
