@@ -13,7 +13,7 @@ static void close_open(struct answer *a) {
 
 static void make_id(char *out, size_t cap, const char *prefix) {
     char hex[25];
-    random_hex(hex, 12);   // unique across restarts, unlike a counter
+    random_hex(hex, 12); // unique across restarts, unlike a counter
     snprintf(out, cap, "%s%s", prefix, hex);
 }
 
@@ -54,7 +54,9 @@ void answer_text(struct answer *a, enum gen_channel ch, const char *s, size_t n)
     if (p) grow(a, p, s, n);
 }
 
-void answer_call_begin(struct answer *a, const char *name) { open_part(a, PART_CALL, name); }
+void answer_call_begin(struct answer *a, const char *name) {
+    open_part(a, PART_CALL, name);
+}
 
 static struct part *open_call(struct answer *a) {
     return a->open && a->parts[a->n - 1].kind == PART_CALL ? &a->parts[a->n - 1] : NULL;
@@ -67,11 +69,12 @@ void answer_call_delta(struct answer *a, const char *s, size_t n) {
 
 void answer_call_end(struct answer *a, const char *name, const char *arguments) {
     struct part *p = open_call(a);
-    if (!p) p = open_part(a, PART_CALL, name);   // (a sink of whole calls: no begin came)
+    if (!p) p = open_part(a, PART_CALL, name); // (a sink of whole calls: no begin came)
     if (!p) return;
     const size_t n = strlen(arguments);
-    if (p->text.len != n || (n && memcmp(p->text.p, arguments, n))) {   // what is left of the pieces
-        const size_t have = p->text.len <= n && !memcmp(p->text.p ? p->text.p : "", arguments, p->text.len) ? p->text.len : 0;
+    if (p->text.len != n || (n && memcmp(p->text.p, arguments, n))) { // what is left of the pieces
+        const size_t have =
+            p->text.len <= n && !memcmp(p->text.p ? p->text.p : "", arguments, p->text.len) ? p->text.len : 0;
         p->text.len = have;
         grow(a, p, arguments + have, n - have);
     }
@@ -85,14 +88,26 @@ void answer_call_abort(struct answer *a) {
     close_open(a);
 }
 
-void answer_finish(struct answer *a) { close_open(a); }
+void answer_finish(struct answer *a) {
+    close_open(a);
+}
 
 // The sink's events, on the answer that begins the sink's context.
-static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) { answer_text(ctx, ch, s, n); }
-static void on_call_begin(void *ctx, const char *name) { answer_call_begin(ctx, name); }
-static void on_call_delta(void *ctx, const char *s, size_t n) { answer_call_delta(ctx, s, n); }
-static void on_call(void *ctx, const char *name, const char *arguments) { answer_call_end(ctx, name, arguments); }
-static void on_call_abort(void *ctx) { answer_call_abort(ctx); }
+static void on_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    answer_text(ctx, ch, s, n);
+}
+static void on_call_begin(void *ctx, const char *name) {
+    answer_call_begin(ctx, name);
+}
+static void on_call_delta(void *ctx, const char *s, size_t n) {
+    answer_call_delta(ctx, s, n);
+}
+static void on_call(void *ctx, const char *name, const char *arguments) {
+    answer_call_end(ctx, name, arguments);
+}
+static void on_call_abort(void *ctx) {
+    answer_call_abort(ctx);
+}
 
 void answer_attach(struct gen_sink *sink) {
     sink->text = on_text;

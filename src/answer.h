@@ -19,21 +19,21 @@ enum part_kind { PART_REASONING, PART_TEXT, PART_CALL };
 
 struct part {
     enum part_kind kind;
-    int index;                 // its place among the parts opened, aborted calls included
-    struct sbuf text;          // the reasoning or the text; a call: its arguments' JSON so far
-    char name[72];             // a call: the function's name
-    char id[48];               // the part's id (the protocol's prefix for its kind + random hex; "" when none)
-    char call_id[48];          // a call: the id a result refers to (call_prefix + random hex)
-    bool aborted;              // a call whose markup went wrong: not part of the answer
+    int index;        // its place among the parts opened, aborted calls included
+    struct sbuf text; // the reasoning or the text; a call: its arguments' JSON so far
+    char name[72];    // a call: the function's name
+    char id[48];      // the part's id (the protocol's prefix for its kind + random hex; "" when none)
+    char call_id[48]; // a call: the id a result refers to (call_prefix + random hex)
+    bool aborted;     // a call whose markup went wrong: not part of the answer
 };
 
 struct answer {
-    struct part *parts;        // [n]
+    struct part *parts; // [n]
     int n, cap;
-    bool open;                 // parts[n - 1] is still growing
-    bool oom;                  // a part could not be kept: the answer is incomplete
-    const char *id_prefix[3];  // by enum part_kind: the ids' prefix (NULL: no id)
-    const char *call_prefix;   // calls' call_id prefix ("toolu_", "call_")
+    bool open;                // parts[n - 1] is still growing
+    bool oom;                 // a part could not be kept: the answer is incomplete
+    const char *id_prefix[3]; // by enum part_kind: the ids' prefix (NULL: no id)
+    const char *call_prefix;  // calls' call_id prefix ("toolu_", "call_")
     // A streaming sink's hooks (NULL: not wanted), with the part, after it changed.
     void (*on_open)(void *ctx, const struct part *p);
     void (*on_delta)(void *ctx, const struct part *p, const char *s, size_t n);

@@ -27,15 +27,15 @@
 // ---- errors --------------------------------------------------------------------------------------
 
 json_t *anthropic_error_body(int status, const char *msg) {
-    const char *type = status == 401   ? "authentication_error"
-                       : status == 403 ? "permission_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 413 ? "request_too_large"
-                       : status == 429 ? "rate_limit_error"
+    const char *type = status == 401                    ? "authentication_error"
+                       : status == 403                  ? "permission_error"
+                       : status == 404                  ? "not_found_error"
+                       : status == 413                  ? "request_too_large"
+                       : status == 429                  ? "rate_limit_error"
                        : status == 503 || status == 529 ? "overloaded_error"
-                       : status >= 400 && status < 500 ? "invalid_request_error"
+                       : status >= 400 && status < 500  ? "invalid_request_error"
                                                         : "api_error";
-    char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
+    char *clean = NULL; // messages quote client text, perhaps cut mid-character: make it valid UTF-8
     size_t len;
     if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
     json_t *o = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type, "message",
@@ -46,15 +46,21 @@ json_t *anthropic_error_body(int status, const char *msg) {
 
 // ---- the request -> the template's input ------------------------------------------------------------
 
-static const char *str_of(const json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+static const char *str_of(const json_t *o, const char *k) {
+    return json_string_value(json_object_get(o, k));
+}
 
 // A block's "type" (NULL when the block is not an object with a string type).
-static const char *block_type(const json_t *b) { return json_is_object(b) ? str_of(b, "type") : NULL; }
+static const char *block_type(const json_t *b) {
+    return json_is_object(b) ? str_of(b, "type") : NULL;
+}
 
 // Blocks that only text may be: a string, or an array of text blocks, appended to out.
 // where: the field's path for the messages ("system", "messages[2].content[0].content").
 static int text_blocks(const json_t *v, const char *where, struct sbuf *out, struct req_error *re, const char *param) {
-    if (json_is_string(v)) return sbuf_add(out, json_string_value(v), json_string_length(v)) ? req_fail(re, 500, NULL, "out of memory") : 0;
+    if (json_is_string(v))
+        return sbuf_add(out, json_string_value(v), json_string_length(v)) ? req_fail(re, 500, NULL, "out of memory")
+                                                                          : 0;
     if (!json_is_array(v)) return req_fail(re, 400, param, "%s must be a string or an array of text blocks", where);
     size_t i;
     const json_t *b;
@@ -63,10 +69,11 @@ static int text_blocks(const json_t *v, const char *where, struct sbuf *out, str
         const json_t *text = json_object_get(b, "text");
         if (!t) return req_fail(re, 400, param, "%s[%zu] must be a block with a \"type\"", where, i);
         if (strcmp(t, "text"))
-            return req_fail(re, 400, param, "%s[%zu]: a block of type \"%.*s\" is not supported here (text only)", where, i,
-                            chatreq_clip(t, 64), t);
+            return req_fail(re, 400, param, "%s[%zu]: a block of type \"%.*s\" is not supported here (text only)",
+                            where, i, chatreq_clip(t, 64), t);
         if (!json_is_string(text)) return req_fail(re, 400, param, "%s[%zu].text must be a string", where, i);
-        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return req_fail(re, 500, NULL, "out of memory");
+        if (sbuf_add(out, json_string_value(text), json_string_length(text)))
+            return req_fail(re, 500, NULL, "out of memory");
     }
     return 0;
 }
@@ -116,7 +123,7 @@ static int user_blocks(const json_t *content, size_t i, json_t *msgs, struct req
                 goto done;
             }
             struct sbuf out = {0};
-            if (json_is_true(err)) sbuf_adds(&out, "Error: ");   // the template has no error flag: say it in the text
+            if (json_is_true(err)) sbuf_adds(&out, "Error: "); // the template has no error flag: say it in the text
             const json_t *c = json_object_get(b, "content");
             snprintf(where, sizeof where, "messages[%zu].content[%zu].content", i, k);
             if (c && !json_is_null(c) && text_blocks(c, where, &out, re, "messages")) {
@@ -128,12 +135,14 @@ static int user_blocks(const json_t *content, size_t i, json_t *msgs, struct req
             sbuf_free(&out);
             if (!m || push(msgs, m, re)) goto oom;
         } else if (!strcmp(t, "image") || !strcmp(t, "document") || !strcmp(t, "search_result")) {
-            req_fail(re, 400, "messages", "messages[%zu].content[%zu]: %s blocks are not supported (the model reads text only)",
-                     i, k, t);
+            req_fail(re, 400, "messages",
+                     "messages[%zu].content[%zu]: %s blocks are not supported (the model reads text only)", i, k, t);
             goto done;
         } else {
-            req_fail(re, 400, "messages", "messages[%zu].content[%zu]: a user message cannot hold a block of type \"%.*s\" "
-                     "(text, tool_result)", i, k, chatreq_clip(t, 64), t);
+            req_fail(re, 400, "messages",
+                     "messages[%zu].content[%zu]: a user message cannot hold a block of type \"%.*s\" "
+                     "(text, tool_result)",
+                     i, k, chatreq_clip(t, 64), t);
             goto done;
         }
     }
@@ -165,17 +174,19 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, struc
             const bool th = t[1] == 'h';
             const json_t *s = json_object_get(b, th ? "thinking" : "text");
             if (!json_is_string(s)) {
-                req_fail(re, 400, "messages", "messages[%zu].content[%zu].%s must be a string", i, k, th ? "thinking" : "text");
+                req_fail(re, 400, "messages", "messages[%zu].content[%zu].%s must be a string", i, k,
+                         th ? "thinking" : "text");
                 goto done;
             }
             if (sbuf_add(th ? &thinking : &text, json_string_value(s), json_string_length(s))) goto oom;
         } else if (!strcmp(t, "redacted_thinking")) {
-            continue;   // another model's encrypted thinking: nothing this one can read
+            continue; // another model's encrypted thinking: nothing this one can read
         } else if (!strcmp(t, "tool_use")) {
             const json_t *id = json_object_get(b, "id"), *input = json_object_get(b, "input");
             const char *name = str_of(b, "name");
             if (!name || !chatreq_valid_name(name)) {
-                req_fail(re, 400, "messages", "messages[%zu].content[%zu].name must be 1 to 64 letters, digits, _ or -", i, k);
+                req_fail(re, 400, "messages", "messages[%zu].content[%zu].name must be 1 to 64 letters, digits, _ or -",
+                         i, k);
                 goto done;
             }
             if (!json_is_object(input)) {
@@ -190,8 +201,10 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, struc
                                   "function", "name", name, "arguments", input);
             if (!c || json_array_append_new(calls, c)) goto oom;
         } else {
-            req_fail(re, 400, "messages", "messages[%zu].content[%zu]: an assistant message cannot hold a block of type "
-                     "\"%.*s\" (text, thinking, redacted_thinking, tool_use)", i, k, chatreq_clip(t, 64), t);
+            req_fail(re, 400, "messages",
+                     "messages[%zu].content[%zu]: an assistant message cannot hold a block of type "
+                     "\"%.*s\" (text, thinking, redacted_thinking, tool_use)",
+                     i, k, chatreq_clip(t, 64), t);
             goto done;
         }
     }
@@ -217,7 +230,7 @@ static int convert_messages(const json_t *body, json_t *msgs, struct req_error *
             sbuf_free(&s);
             return -1;
         }
-        int rc = s.len ? push(msgs, text_message("system", &s), re) : 0;   // an empty system prompt is none
+        int rc = s.len ? push(msgs, text_message("system", &s), re) : 0; // an empty system prompt is none
         sbuf_free(&s);
         if (rc) return -1;
     }
@@ -234,8 +247,10 @@ static int convert_messages(const json_t *body, json_t *msgs, struct req_error *
             return req_fail(re, 400, "messages", "messages[%zu].role must be \"user\" or \"assistant\"", i);
         const bool user = role[0] == 'u';
         if (!user && i + 1 == n)
-            return req_fail(re, 400, "messages", "messages[%zu]: a final assistant message (a prefill to continue) is not "
-                                                 "supported: the last message must be the user's", i);
+            return req_fail(re, 400, "messages",
+                            "messages[%zu]: a final assistant message (a prefill to continue) is not "
+                            "supported: the last message must be the user's",
+                            i);
         if (json_is_string(content)) {
             if (!json_string_length(content))
                 return req_fail(re, 400, "messages", "messages[%zu].content must not be empty", i);
@@ -243,7 +258,8 @@ static int convert_messages(const json_t *body, json_t *msgs, struct req_error *
             continue;
         }
         if (!json_is_array(content) || !json_array_size(content))
-            return req_fail(re, 400, "messages", "messages[%zu].content must be a string or a non-empty array of blocks", i);
+            return req_fail(re, 400, "messages",
+                            "messages[%zu].content must be a string or a non-empty array of blocks", i);
         if (user ? user_blocks(content, i, msgs, re) : assistant_blocks(content, i, msgs, re)) return -1;
     }
     return 0;
@@ -258,11 +274,14 @@ static int convert_tools(const json_t *tools, json_t *out, struct req_error *re)
         const char *type = str_of(t, "type"), *name = str_of(t, "name");
         const json_t *schema = json_object_get(t, "input_schema"), *desc = json_object_get(t, "description");
         if (type && strcmp(type, "custom"))
-            return req_fail(re, 400, "tools", "tools[%zu]: type \"%.*s\" is a server tool, which this server does not run "
-                            "(client tools only: name, description, input_schema)", i, chatreq_clip(type, 64), type);
+            return req_fail(re, 400, "tools",
+                            "tools[%zu]: type \"%.*s\" is a server tool, which this server does not run "
+                            "(client tools only: name, description, input_schema)",
+                            i, chatreq_clip(type, 64), type);
         if (!name || !chatreq_valid_name(name))
             return req_fail(re, 400, "tools", "tools[%zu].name must be 1 to 64 letters, digits, _ or -", i);
-        if (!json_is_object(schema)) return req_fail(re, 400, "tools", "tools[%zu].input_schema must be a JSON Schema object", i);
+        if (!json_is_object(schema))
+            return req_fail(re, 400, "tools", "tools[%zu].input_schema must be a JSON Schema object", i);
         if (desc && !json_is_null(desc) && !json_is_string(desc))
             return req_fail(re, 400, "tools", "tools[%zu].description must be a string", i);
         json_t *f = json_pack("{s:s}", "name", name);
@@ -284,16 +303,20 @@ static int convert_choice(const json_t *c, json_t **out, bool *one, struct req_e
     if (dp && !json_is_null(dp) && !json_is_boolean(dp))
         return req_fail(re, 400, "tool_choice", "tool_choice.disable_parallel_tool_use must be a boolean");
     *one = json_is_true(dp);
-    if (type && !strcmp(type, "auto")) *out = json_string("auto");
-    else if (type && !strcmp(type, "any")) *out = json_string("required");
-    else if (type && !strcmp(type, "none")) *out = json_string("none");
+    if (type && !strcmp(type, "auto"))
+        *out = json_string("auto");
+    else if (type && !strcmp(type, "any"))
+        *out = json_string("required");
+    else if (type && !strcmp(type, "none"))
+        *out = json_string("none");
     else if (type && !strcmp(type, "tool")) {
         const char *name = str_of(c, "name");
         if (!name) return req_fail(re, 400, "tool_choice", "tool_choice {\"type\": \"tool\"} needs a \"name\"");
         *out = json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name);
     } else
-        return req_fail(re, 400, "tool_choice", "tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": "
-                                                "\"tool\", \"name\": ...} or {\"type\": \"none\"}");
+        return req_fail(re, 400, "tool_choice",
+                        "tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": "
+                        "\"tool\", \"name\": ...} or {\"type\": \"none\"}");
     return *out ? 0 : req_fail(re, 500, NULL, "out of memory");
 }
 
@@ -302,11 +325,12 @@ static int parse_thinking(const json_t *body, bool *on, long long *budget, bool 
     const json_t *t;
     *on = false, *budget = 0, *omit = false;
     if (chatreq_get_opt(body, "thinking", JSON_OBJECT, &t, re)) return -1;
-    if (!t) return 0;   // as Anthropic: no thinking unless asked for
+    if (!t) return 0; // as Anthropic: no thinking unless asked for
     const char *type = str_of(t, "type");
     const json_t *b = json_object_get(t, "budget_tokens"), *d = json_object_get(t, "display");
     if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive")))
-        return req_fail(re, 400, "thinking", "thinking.type must be \"enabled\" (with budget_tokens), \"adaptive\" or \"disabled\"");
+        return req_fail(re, 400, "thinking",
+                        "thinking.type must be \"enabled\" (with budget_tokens), \"adaptive\" or \"disabled\"");
     if (d && !json_is_null(d)) {
         const char *ds = json_string_value(d);
         if (!ds || (strcmp(ds, "summarized") && strcmp(ds, "omitted")))
@@ -336,7 +360,8 @@ static int parse_output_config(const json_t *body, struct gen_request *r, struct
     const char *type = str_of(f, "type");
     const json_t *schema = json_object_get(f, "schema");
     if (!type || strcmp(type, "json_schema") || !json_is_object(schema))
-        return req_fail(re, 400, "output_config", "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}");
+        return req_fail(re, 400, "output_config",
+                        "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}");
     char err[300];
     if (constrain_compile(schema, &r->schema, err, sizeof err))
         return req_fail(re, 400, "output_config", "output_config.format.schema: %s", err);
@@ -372,13 +397,15 @@ static const struct chatreq_field request_fields[] = {
 };
 
 // The whole body -> j (count: for count_tokens, which has no max_tokens and generates nothing).
-static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct job *j, bool count, struct req_error *re) {
+static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct job *j, bool count,
+                      struct req_error *re) {
     struct anthropic_resp *o = j->sink.ctx;
     struct gen_request *r = &j->req;
     const json_t *v;
     if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0], 1,
                              "%.*s: Extra inputs are not permitted", NULL, re) ||
-        chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P | SAMPLE_TOP_K, 1, &r->sampling, re) ||
+        chatreq_sampling(body, c->allow_sampling, SAMPLE_TEMPERATURE | SAMPLE_TOP_P | SAMPLE_TOP_K, 1, &r->sampling,
+                         re) ||
         chatreq_get_opt(body, "model", JSON_STRING, &v, re))
         return -1;
     long long max_tokens = 0;
@@ -404,13 +431,14 @@ static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct jo
         return req_fail(re, 400, "stop_sequences", "stop_sequences must be an array of strings");
     if (chatreq_stops(r, stops, "stop_sequences", ANTHROPIC_MAX_STOPS, re)) return -1;
     if (chatreq_get_opt(body, "mcp_servers", JSON_ARRAY, &v, re)) return -1;
-    if (v && json_array_size(v)) return req_fail(re, 400, "mcp_servers", "mcp_servers are not supported (client tools only)");
+    if (v && json_array_size(v))
+        return req_fail(re, 400, "mcp_servers", "mcp_servers are not supported (client tools only)");
     bool think, omit;
     long long budget;
     if (parse_thinking(body, &think, &budget, &omit, re) || parse_output_config(body, r, re)) return -1;
     if (!count && budget >= max_tokens)
-        return req_fail(re, 400, "thinking", "thinking.budget_tokens (%lld) must be less than max_tokens (%lld)", budget,
-                        max_tokens);
+        return req_fail(re, 400, "thinking", "thinking.budget_tokens (%lld) must be less than max_tokens (%lld)",
+                        budget, max_tokens);
     o->omit_thinking = omit;
 
     // The template's input.
@@ -435,10 +463,11 @@ static int parse_body(const struct chatreq_ctx *c, const json_t *body, struct jo
     if (choice) {
         const bool forced = !json_is_string(choice) || !strcmp(json_string_value(choice), "required");
         if (forced && r->schema) {
-            req_fail(re, 400, "output_config", "output_config.format cannot be combined with tool_choice \"any\" or \"tool\"");
+            req_fail(re, 400, "output_config",
+                     "output_config.format cannot be combined with tool_choice \"any\" or \"tool\"");
             goto done;
         }
-        if (!forced && !json_object_get(chat, "tools")) json_decref(choice), choice = NULL;   // auto or none, no tools
+        if (!forced && !json_object_get(chat, "tools")) json_decref(choice), choice = NULL; // auto or none, no tools
         if (choice && json_object_set_new(chat, "tool_choice", choice)) {
             choice = NULL;
             req_fail(re, 500, NULL, "out of memory");
@@ -464,8 +493,10 @@ static struct job *parse(const struct chatreq_ctx *c, const char *data, size_t l
     json_t *body = chatreq_load(data, len, re);
     if (!body) return NULL;
     struct job *j = anthropic_job_new(c);
-    if (!j) req_fail(re, 500, NULL, "out of memory");
-    else if (parse_body(c, body, j, count, re)) job_unref(j), j = NULL;
+    if (!j)
+        req_fail(re, 500, NULL, "out of memory");
+    else if (parse_body(c, body, j, count, re))
+        job_unref(j), j = NULL;
     json_decref(body);
     return j;
 }
@@ -492,7 +523,10 @@ static void event(struct job *j, const char *name, json_t *o) {
 }
 
 static const char *stop_reason(enum gen_finish f) {
-    return f == GEN_FINISH_LENGTH ? "max_tokens" : f == GEN_FINISH_TOOL_CALLS ? "tool_use" : f == GEN_FINISH_STOP_SEQUENCE ? "stop_sequence" : "end_turn";
+    return f == GEN_FINISH_LENGTH          ? "max_tokens"
+           : f == GEN_FINISH_TOOL_CALLS    ? "tool_use"
+           : f == GEN_FINISH_STOP_SEQUENCE ? "stop_sequence"
+                                           : "end_turn";
 }
 
 // usage: Anthropic counts the prompt as input_tokens (read anew) + cache_read_input_tokens.
@@ -518,8 +552,9 @@ static json_t *block_json(const struct anthropic_resp *o, const struct part *p, 
 static void on_open(void *ctx, const struct part *p) {
     struct anthropic_resp *o = ctx;
     if (!o->j->stream) return;
-    event(o->j, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", p->index,
-                                                 "content_block", block_json(o, p, false)));
+    event(o->j, "content_block_start",
+          json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", p->index, "content_block",
+                    block_json(o, p, false)));
 }
 
 static void on_delta(void *ctx, const struct part *p, const char *s, size_t n) {
@@ -540,9 +575,9 @@ static void on_close(void *ctx, const struct part *p) {
 
 static json_t *message_json(const struct anthropic_resp *o, const char *stop, const char *stop_seq, json_t *content,
                             json_t *usage) {
-    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s?, s:s?, s:o}", "id", o->j->id, "type", "message", "role", "assistant",
-                     "model", o->model_name, "content", content, "stop_reason", stop, "stop_sequence", stop_seq, "usage",
-                     usage);
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s?, s:s?, s:o}", "id", o->j->id, "type", "message", "role",
+                     "assistant", "model", o->model_name, "content", content, "stop_reason", stop, "stop_sequence",
+                     stop_seq, "usage", usage);
 }
 
 // A long prompt's prefill: ping events (clients skip them) while nothing else can be said.
@@ -556,17 +591,16 @@ static void on_begin(void *ctx) {
     if (!o->j->stream) return;
     o->started = true;
     const struct job *j = o->j;
-    event(o->j, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message",
-                                           message_json(o, NULL, NULL, json_array(),
-                                                        usage_json(j->req.n_prompt, j->n_cached, 0))));
+    event(o->j, "message_start",
+          json_pack("{s:s, s:o}", "type", "message_start", "message",
+                    message_json(o, NULL, NULL, json_array(), usage_json(j->req.n_prompt, j->n_cached, 0))));
 }
-
 
 static void on_end(void *ctx, const struct gen_end *e) {
     struct anthropic_resp *o = ctx;
     struct job *j = o->j;
     answer_finish(&o->ans);
-    if (!e->finish) {   // failed: Anthropic's error, as the status or as a stream's error event
+    if (!e->finish) { // failed: Anthropic's error, as the status or as a stream's error event
         json_t *err = anthropic_error_body(e->status, e->message ? e->message : "generation failed");
         if (j->stream) return event(j, "error", err);
         char *s = err ? json_dumps(err, JSON_COMPACT) : NULL;
@@ -577,9 +611,9 @@ static void on_end(void *ctx, const struct gen_end *e) {
     }
     const char *stop = stop_reason(e->finish), *seq = e->finish == GEN_FINISH_STOP_SEQUENCE ? e->stop : NULL;
     if (j->stream) {
-        event(j, "message_delta", json_pack("{s:s, s:{s:s, s:s?}, s:o}", "type", "message_delta", "delta", "stop_reason",
-                                            stop, "stop_sequence", seq, "usage",
-                                            usage_json(e->n_prompt, e->n_cached, e->n_gen)));
+        event(j, "message_delta",
+              json_pack("{s:s, s:{s:s, s:s?}, s:o}", "type", "message_delta", "delta", "stop_reason", stop,
+                        "stop_sequence", seq, "usage", usage_json(e->n_prompt, e->n_cached, e->n_gen)));
         event(j, "message_stop", json_pack("{s:s}", "type", "message_stop"));
         return;
     }
@@ -589,8 +623,10 @@ static void on_end(void *ctx, const struct gen_end *e) {
     json_t *m = content ? message_json(o, stop, seq, content, usage_json(e->n_prompt, e->n_cached, e->n_gen)) : NULL;
     char *s = m && !o->ans.oom ? json_dumps(m, JSON_COMPACT) : NULL;
     json_decref(m);
-    if (s) job_answer(j, 200, s, strlen(s));
-    else job_answer(j, 500, "", 0);   // out of memory: an empty body (the transport answers for it)
+    if (s)
+        job_answer(j, 200, s, strlen(s));
+    else
+        job_answer(j, 500, "", 0); // out of memory: an empty body (the transport answers for it)
     free(s);
 }
 
@@ -607,11 +643,12 @@ struct job *anthropic_job_new(const struct chatreq_ctx *c) {
         job_unref(j);
         return NULL;
     }
-    *o = (struct anthropic_resp){.j = j, .model_name = c->model_name,
-                                 .ans = {.call_prefix = "toolu_", .on_open = on_open, .on_delta = on_delta,
-                                         .on_close = on_close, .ctx = o}};
+    *o = (struct anthropic_resp){
+        .j = j,
+        .model_name = c->model_name,
+        .ans = {.call_prefix = "toolu_", .on_open = on_open, .on_delta = on_delta, .on_close = on_close, .ctx = o}};
     j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .end = on_end};
-    answer_attach(&j->sink);   // (the answer is o's first member)
+    answer_attach(&j->sink); // (the answer is o's first member)
     j->sink_free = resp_free;
     j->kind = "messages";
     char hex[25];

@@ -16,15 +16,15 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-enum { ANTHROPIC_MAX_STOPS = 16 };   // stop_sequences per request
+enum { ANTHROPIC_MAX_STOPS = 16 }; // stop_sequences per request
 
 // The answer being built: the sink's context (job->sink.ctx).
 struct anthropic_resp {
-    struct answer ans;               // the content blocks, in order (first: answer_attach)
+    struct answer ans; // the content blocks, in order (first: answer_attach)
     struct job *j;
     const char *model_name;
-    bool omit_thinking;              // thinking.display "omitted": thinking blocks without their text
-    bool started;                    // streaming: message_start sent
+    bool omit_thinking; // thinking.display "omitted": thinking blocks without their text
+    bool started;       // streaming: message_start sent
 };
 
 // A request body -> a job ready to queue, or NULL and re (a 4xx, or 500 when out of memory).

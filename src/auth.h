@@ -8,9 +8,9 @@
 enum { AUTH_MAX_KEYS = 256, AUTH_MAX_KEY_BYTES = 512 };
 
 struct auth {
-    char *keys[AUTH_MAX_KEYS];   // malloc'd copies
+    char *keys[AUTH_MAX_KEYS]; // malloc'd copies
     size_t lens[AUTH_MAX_KEYS];
-    int n;                        // 0: no keys, every request is accepted
+    int n; // 0: no keys, every request is accepted
 };
 
 // A key: 1 to AUTH_MAX_KEY_BYTES printable ASCII bytes, no spaces.  0, or -1 with a message.

@@ -15,9 +15,9 @@ struct backend_ops {
     int (*available)(int device, char *msg, size_t msglen);
     int (*load)(struct engine *e, char *err, size_t errlen);
     void (*unload)(struct engine *e);
-    int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen);   // sets s->impl
+    int (*seq_alloc)(struct engine *e, struct seq *s, char *err, size_t errlen); // sets s->impl
     void (*seq_release)(struct seq *s);
-    void (*seq_clear)(struct seq *s);                                              // zero state
+    void (*seq_clear)(struct seq *s); // zero state
     int (*seq_copy)(struct seq *dst, const struct seq *src, char *err, size_t errlen);
     // One chunk: tokens at positions s->pos..; writes logits of the wanted rows (row indices
     // within this chunk), and the argmax of the chunk's last row. Does not advance s->pos.
@@ -51,18 +51,18 @@ struct backend_ops {
 struct engine {
     struct model model;
     const struct backend_ops *ops;
-    struct engine_options opts;   // as opened, with the environment's developer settings applied (engine.c)
-    void *impl;                   // backend state
+    struct engine_options opts; // as opened, with the environment's developer settings applied (engine.c)
+    void *impl;                 // backend state
     int64_t weight_bytes;
-    float *pick_row;              // [vocab] the last row of a choice made on the host (NULL until one is)
-    float *pick_scratch;          // [vocab] the host sampler's scratch (NULL until it is needed)
+    float *pick_row;     // [vocab] the last row of a choice made on the host (NULL until one is)
+    float *pick_scratch; // [vocab] the host sampler's scratch (NULL until it is needed)
 };
 
 struct seq {
     struct engine *e;
-    int pos, cap;   // tokens consumed, capacity
-    int verified;   // tokens of an engine_verify not yet settled by engine_verify_keep (0: none)
-    void *impl;     // backend state
+    int pos, cap; // tokens consumed, capacity
+    int verified; // tokens of an engine_verify not yet settled by engine_verify_keep (0: none)
+    void *impl;   // backend state
 };
 
 extern const struct backend_ops backend_cpu;

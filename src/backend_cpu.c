@@ -17,7 +17,8 @@
 // are computed together, never the operations that make one value. Every output is still one
 // accumulator that starts at 0 and adds w * x over k in ascending order, one expression per step as
 // in the reference (so a compiler that contracts a*b+s into an fma does so in both; GCC in ISO C
-// mode does not); the lanes of a vector are different outputs, never parts of one sum. tests/test_cpu_reference.c compares the two.
+// mode does not); the lanes of a vector are different outputs, never parts of one sum. tests/test_cpu_reference.c
+// compares the two.
 //
 // Speculative verification (engine_verify) is a prefill chunk of up to CPU_VERIFY_MAX tokens with
 // every row's logits: a T-token forward computes what T decode steps compute, bit for bit, so the
@@ -34,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CPU_VERIFY_MAX = 8 };   // tokens a verification takes (engine_verify_max)
+enum { CPU_VERIFY_MAX = 8 }; // tokens a verification takes (engine_verify_max)
 
 // What a verification keeps of one DeltaNet layer, so that verify_keep can rebuild the state after
 // any prefix of its tokens: the state before it, and the delta rule's inputs per token. The replay
@@ -42,20 +43,20 @@ enum { CPU_VERIFY_MAX = 8 };   // tokens a verification takes (engine_verify_max
 // had after that token, bit for bit; the KV rows past the prefix need nothing (attention reads
 // positions below seq.pos only).
 struct gdn_saved {
-    float *S0;   // [Hv, Dk, Dv] the recurrent state before the verification
-    float *xe;   // [conv_kernel - 1 + CPU_VERIFY_MAX, C] the conv window, then each token's pre-conv input
-    float *y;    // [CPU_VERIFY_MAX, C] each token's q, k (normalised) and v after the conv
-    float *b, *a;   // [CPU_VERIFY_MAX, Hv] each token's beta and decay inputs
+    float *S0;    // [Hv, Dk, Dv] the recurrent state before the verification
+    float *xe;    // [conv_kernel - 1 + CPU_VERIFY_MAX, C] the conv window, then each token's pre-conv input
+    float *y;     // [CPU_VERIFY_MAX, C] each token's q, k (normalised) and v after the conv
+    float *b, *a; // [CPU_VERIFY_MAX, Hv] each token's beta and decay inputs
 };
 
 struct cpu_seq {
-    bool kv_f32;                  // KV cache precision (bf16 by default, as on the GPU)
-    void *k[QWEN_LAYERS];         // attention layers: [n_kv_heads, cap, D] bf16 or f32 (post-norm, post-RoPE)
-    void *v[QWEN_LAYERS];         // [n_kv_heads, cap, D]
-    float *conv[QWEN_LAYERS];     // DeltaNet layers: [conv_kernel - 1, C] last pre-conv inputs, oldest first
-    float *S[QWEN_LAYERS];        // [Hv, Dk, Dv] fp32 recurrent state
-    bool saving;                  // a verification's forward: deltanet fills saved[]
-    struct gdn_saved saved[QWEN_LAYERS];   // DeltaNet layers, allocated by the first verification
+    bool kv_f32;                         // KV cache precision (bf16 by default, as on the GPU)
+    void *k[QWEN_LAYERS];                // attention layers: [n_kv_heads, cap, D] bf16 or f32 (post-norm, post-RoPE)
+    void *v[QWEN_LAYERS];                // [n_kv_heads, cap, D]
+    float *conv[QWEN_LAYERS];            // DeltaNet layers: [conv_kernel - 1, C] last pre-conv inputs, oldest first
+    float *S[QWEN_LAYERS];               // [Hv, Dk, Dv] fp32 recurrent state
+    bool saving;                         // a verification's forward: deltanet fills saved[]
+    struct gdn_saved saved[QWEN_LAYERS]; // DeltaNet layers, allocated by the first verification
 };
 
 // ---- primitives -----------------------------------------------------------------------------
@@ -64,14 +65,16 @@ struct cpu_seq {
 // The weights are read in place from the mapped file at its alignment (qt_load_*): an MLX file's
 // tensors start at arbitrary offsets, and an aligned copy would hold the checkpoint twice in RAM.
 static void dequant_row(const struct qtensor *W, int mat, int n, float *out) {
-    const size_t row = (size_t)mat * W->rows + (size_t)n, w0 = row * qt_words_per_row(W), g0 = row * qt_groups_per_row(W);
+    const size_t row = (size_t)mat * W->rows + (size_t)n, w0 = row * qt_words_per_row(W),
+                 g0 = row * qt_groups_per_row(W);
     const int bits = W->bits, per = 32 / bits, words = QWEN_GROUP / per;
     const uint32_t mask = (1u << bits) - 1;
     for (int g = 0; g < W->cols / QWEN_GROUP; g++) {
         const float sc = bf16_to_f32(qt_load_u16(W->scales, g0 + g)), bi = bf16_to_f32(qt_load_u16(W->biases, g0 + g));
         for (int j = 0; j < words; j++) {
-            const uint32_t word = qt_load_u32(W->w, w0 + (size_t)g * words + j);   // first element in the low bits
-            for (int e = 0; e < per; e++) out[g * QWEN_GROUP + j * per + e] = sc * (float)((word >> (e * bits)) & mask) + bi;
+            const uint32_t word = qt_load_u32(W->w, w0 + (size_t)g * words + j); // first element in the low bits
+            for (int e = 0; e < per; e++)
+                out[g * QWEN_GROUP + j * per + e] = sc * (float)((word >> (e * bits)) & mask) + bi;
         }
     }
 }
@@ -88,7 +91,7 @@ static void qmatmul_ref(const struct qtensor *W, int mat, const float *x, int T,
     const int N = W->rows, K = W->cols;
 #pragma omp parallel
     {
-        float row[K];   // one dequantized row: at most q_dim (4,096) floats
+        float row[K]; // one dequantized row: at most q_dim (4,096) floats
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             dequant_row(W, mat, n, row);
@@ -105,15 +108,23 @@ static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) 
     for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
+static float silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+static float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static float softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+} // torch threshold 20
 
 // Scratch allocations of the forward pass. engine_options.cpu_alloc_limit (a test hook,
 // CALLA_CPU_ALLOC_LIMIT=BYTES) makes every one larger than BYTES fail, as if memory had run out.
 static size_t alloc_limit;
 
-static void *scratch(size_t n) { return alloc_limit && n > alloc_limit ? NULL : malloc(n ? n : 1); }
+static void *scratch(size_t n) {
+    return alloc_limit && n > alloc_limit ? NULL : malloc(n ? n : 1);
+}
 
 // ---- the fast kernels ---------------------------------------------------------------------------
 
@@ -121,10 +132,10 @@ static void *scratch(size_t n) { return alloc_limit && n > alloc_limit ? NULL : 
 static bool cpu_reference;
 
 enum {
-    QR = 16,    // lanes of a tile: 16 rows of a matrix (or 16 keys), each its own accumulator
-    QTC = 512,  // tokens per pass of qmatmul: the slice of x that all threads read stays in cache
-    AQ = 16,    // queries per attention work item (heads of one KV head times tokens)
-    AVT = 64,   // keys per V tile (a bf16 cache is converted a tile at a time)
+    QR = 16,   // lanes of a tile: 16 rows of a matrix (or 16 keys), each its own accumulator
+    QTC = 512, // tokens per pass of qmatmul: the slice of x that all threads read stays in cache
+    AQ = 16,   // queries per attention work item (heads of one KV head times tokens)
+    AVT = 64,  // keys per V tile (a bf16 cache is converted a tile at a time)
 };
 
 #if defined(__GNUC__)
@@ -136,7 +147,9 @@ static inline vf4 vload(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
-static inline void vstore(float *p, vf4 v) { memcpy(p, &v, sizeof v); }
+static inline void vstore(float *p, vf4 v) {
+    memcpy(p, &v, sizeof v);
+}
 #endif
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -248,7 +261,7 @@ static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, f
     const uint32_t mask = (1u << bits) - 1;
     const size_t wpr = qt_words_per_row(W), gpr = qt_groups_per_row(W);
     for (int r0 = 0; r0 < QR; r0 += 4) {
-        size_t at[4];   // row index in the tensor; rows past the matrix read row n0 with scale and bias 0
+        size_t at[4]; // row index in the tensor; rows past the matrix read row n0 with scale and bias 0
         bool in[4];
         for (int i = 0; i < 4; i++) {
             in[i] = n0 + r0 + i < W->rows;
@@ -267,7 +280,7 @@ static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, f
                                qt_load_u32(W->w, at[2] * wpr + w0 + j), qt_load_u32(W->w, at[3] * wpr + w0 + j)};
                 float *o = wt + (size_t)(g * QWEN_GROUP + j * per) * QR + r0;
                 for (int e = 0; e < per; e++) {
-                    const vf4 q = __builtin_convertvector((vi4)((w >> (e * bits)) & mask), vf4);   // exact: q < 2^bits
+                    const vf4 q = __builtin_convertvector((vi4)((w >> (e * bits)) & mask), vf4); // exact: q < 2^bits
                     vstore(o + (size_t)e * QR, sc * q + bi);
                 }
             }
@@ -275,8 +288,10 @@ static void dequant_tile(const struct qtensor *W, int mat, int n0, float *row, f
     }
 #else
     for (int r = 0; r < QR; r++) {
-        if (n0 + r < W->rows) dequant_row(W, mat, n0 + r, row);
-        else memset(row, 0, sizeof(float) * (size_t)K);
+        if (n0 + r < W->rows)
+            dequant_row(W, mat, n0 + r, row);
+        else
+            memset(row, 0, sizeof(float) * (size_t)K);
         for (int k = 0; k < K; k++) wt[(size_t)k * QR + r] = row[k];
     }
 #endif
@@ -303,14 +318,14 @@ static int qmatmul(const struct qtensor *W, int mat, const float *x, int T, floa
             const int t1 = T - t0 < QTC ? T : t0 + QTC;
 #pragma omp for schedule(static)
             for (int i = 0; i < tiles; i++) {
-                if (!row || !wt) continue;   // this thread is out of memory: the call fails
+                if (!row || !wt) continue; // this thread is out of memory: the call fails
                 const int n0 = i * QR, nr = N - n0 < QR ? N - n0 : QR;
                 dequant_tile(W, mat, n0, row, wt);
                 for (int t = t0; t < t1;) {
                     float o[4][QR];
                     int nt = t1 - t;
 #if defined(CPU_AVX)
-                    if (cpu_avx && nt >= 3) {   // with three left, the fourth lane group repeats the third
+                    if (cpu_avx && nt >= 3) { // with three left, the fourth lane group repeats the third
                         const float *xs[4] = {x + (size_t)t * K, x + (size_t)(t + 1) * K, x + (size_t)(t + 2) * K,
                                               x + (size_t)(nt > 3 ? t + 3 : t + 2) * K};
                         tile_dot4_avx(wt, K, xs, o);
@@ -339,8 +354,10 @@ static float kv_get(const struct cpu_seq *cs, const void *base, size_t i) {
     return cs->kv_f32 ? ((const float *)base)[i] : bf16_to_f32(((const uint16_t *)base)[i]);
 }
 static void kv_put(const struct cpu_seq *cs, void *base, size_t i, float v) {
-    if (cs->kv_f32) ((float *)base)[i] = v;
-    else ((uint16_t *)base)[i] = f32_to_bf16(v);
+    if (cs->kv_f32)
+        ((float *)base)[i] = v;
+    else
+        ((uint16_t *)base)[i] = f32_to_bf16(v);
 }
 
 // Rotate-half RoPE on dims [0, rope_dim) of one head at position p.
@@ -360,7 +377,7 @@ static void rope(float *x, int rope_dim, double theta, int p) {
 static void attn_query(const struct geometry *g, const struct layer_weights *L, const float *qg, int p0, int t, int h,
                        float *q) {
     const int D = g->head_dim, QD = geom_q_dim(g);
-    const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D;   // [query | gate] per head
+    const float *qh = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D; // [query | gate] per head
     rmsnorm(q, qh, L->q_norm, D, (float)g->rms_eps);
     rope(q, g->rope_dim, g->rope_theta, p0 + t);
 }
@@ -383,7 +400,7 @@ static int attend_ref(const struct geometry *g, const struct layer_weights *L, c
 #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++) {
-                if (!sc) continue;   // this thread is out of memory: the call fails
+                if (!sc) continue; // this thread is out of memory: the call fails
                 const float *gate = qg + (size_t)t * 2 * QD + (size_t)h * 2 * D + D;
                 attn_query(g, L, qg, p0, t, h, q);
                 const int kvh = h / (NH / NKV), n_keys = p0 + t + 1;
@@ -456,17 +473,17 @@ static void weighted_rows(float *oh, const float *w, const float *v, int n, int 
 // that share keys. Scores: a tile of QR keys, transposed, gives 16 lanes per query (tile_dot, two
 // queries at a time); the softmax is the reference's loop per query; P.V: 16 output dims per
 // vector lane group over keys in order, from a tile of AVT value rows.
-static int attend(const struct geometry *g, const struct layer_weights *L, const struct cpu_seq *cs, int layer,
-                  int cap, int p0, const float *qg, int T, float *o) {
+static int attend(const struct geometry *g, const struct layer_weights *L, const struct cpu_seq *cs, int layer, int cap,
+                  int p0, const float *qg, int T, float *o) {
     const int D = g->head_dim, NH = g->n_heads, NKV = g->n_kv_heads, QD = geom_q_dim(g), G = NH / NKV;
-    const int per = G * T, items = (per + AQ - 1) / AQ;   // queries of one KV head; items per KV head
+    const int per = G * T, items = (per + AQ - 1) / AQ; // queries of one KV head; items per KV head
     const float scale = 1.0f / sqrtf((float)D);
     bool failed = false;
 #pragma omp parallel
     {
         float *q = scratch(sizeof(float) * (size_t)AQ * D), *kt = scratch(sizeof(float) * (size_t)D * QR);
         float *vb = scratch(sizeof(float) * (size_t)AVT * D);
-        float *sc = scratch(sizeof(float) * (size_t)AQ * (p0 + T));   // [AQ, p0 + T] scores, then weights
+        float *sc = scratch(sizeof(float) * (size_t)AQ * (p0 + T)); // [AQ, p0 + T] scores, then weights
         const bool ok = q && kt && vb && sc;
         if (!ok) {
 #pragma omp atomic write
@@ -474,19 +491,19 @@ static int attend(const struct geometry *g, const struct layer_weights *L, const
         }
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < NKV * items; it++) {
-            if (!ok) continue;   // this thread is out of memory: the call fails
+            if (!ok) continue; // this thread is out of memory: the call fails
             const int kvh = it / items, i0 = (it % items) * AQ, nq = per - i0 < AQ ? per - i0 : AQ;
             const size_t kvbase = (size_t)kvh * cap * D, ld = (size_t)(p0 + T);
-            int tq[AQ], hq[AQ], nk[AQ] = {0};   // query i: token, head, keys it sees
+            int tq[AQ], hq[AQ], nk[AQ] = {0}; // query i: token, head, keys it sees
             for (int i = 0; i < nq; i++) {
                 tq[i] = (i0 + i) / G, hq[i] = kvh * G + (i0 + i) % G, nk[i] = p0 + tq[i] + 1;
                 attn_query(g, L, qg, p0, tq[i], hq[i], q + (size_t)i * D);
             }
-            const int nmax = nk[nq - 1];   // queries go by token: nk ascends
+            const int nmax = nk[nq - 1]; // queries go by token: nk ascends
             for (int j0 = 0; j0 < nmax; j0 += QR) {
                 key_tile(cs, cs->k[layer], kvbase, j0, nmax, D, kt);
                 int i = 0;
-                while (nk[i] <= j0) i++;   // queries that see none of these keys
+                while (nk[i] <= j0) i++; // queries that see none of these keys
                 for (; i < nq; i += 2) {
                     float s0[QR], s1[QR];
                     const bool two = i + 1 < nq;
@@ -496,7 +513,7 @@ static int attend(const struct geometry *g, const struct layer_weights *L, const
                         for (int r = 0; r < QR && j0 + r < nk[i + 1]; r++) sc[(i + 1) * ld + j0 + r] = s1[r] * scale;
                 }
             }
-            for (int i = 0; i < nq; i++) {   // softmax: the reference's loops; sc becomes the weights
+            for (int i = 0; i < nq; i++) { // softmax: the reference's loops; sc becomes the weights
                 float *s = sc + i * ld, mx = -INFINITY, sum = 0;
                 for (int j = 0; j < nk[i]; j++)
                     if (s[j] > mx) mx = s[j];
@@ -527,8 +544,8 @@ static int attend(const struct geometry *g, const struct layer_weights *L, const
     return failed ? -1 : 0;
 }
 
-static int attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer,
-                     int cap, int p0, const float *u, int T, float *out) {
+static int attention(const struct geometry *g, const struct layer_weights *L, struct cpu_seq *cs, int layer, int cap,
+                     int p0, const float *u, int T, float *out) {
     const int D = g->head_dim, NKV = g->n_kv_heads, QD = geom_q_dim(g), KVD = geom_kv_dim(g);
     float *qg = scratch(sizeof(float) * (size_t)T * 2 * QD);
     float *k = scratch(sizeof(float) * (size_t)T * KVD), *v = scratch(sizeof(float) * (size_t)T * KVD);
@@ -537,7 +554,7 @@ static int attention(const struct geometry *g, const struct layer_weights *L, st
     if (!qg || !k || !v || !o) goto out;
     if (qmatmul(&L->q_proj, 0, u, T, qg) || qmatmul(&L->k_proj, 0, u, T, k) || qmatmul(&L->v_proj, 0, u, T, v))
         goto out;
-    // k: norm, RoPE, append; v: append raw.
+        // k: norm, RoPE, append; v: append raw.
 #pragma omp parallel for collapse(2) schedule(static)
     for (int t = 0; t < T; t++)
         for (int j = 0; j < NKV; j++) {
@@ -584,7 +601,7 @@ static void gdn_step(const struct geometry *g, const struct layer_weights *L, in
     for (int dk = 0; dk < Dk; dk++)
 #pragma omp simd
         for (int dv = 0; dv < Dv; dv++) m[dv] += S[(size_t)dk * Dv + dv] * k[dk];
-    for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]);   // delta
+    for (int dv = 0; dv < Dv; dv++) m[dv] = beta * (v[dv] - m[dv]); // delta
     for (int dk = 0; dk < Dk; dk++)
 #pragma omp simd
         for (int dv = 0; dv < Dv; dv++) S[(size_t)dk * Dv + dv] += k[dk] * m[dv];
@@ -594,18 +611,18 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
                     const float *u, int T, float *out) {
     const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g);
     const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, Dk = g->lin_k_dim, Dv = g->lin_v_dim, KW = g->conv_kernel;
-    float *xe = scratch(sizeof(float) * (size_t)(T + KW - 1) * C);   // conv window rows, then this chunk
+    float *xe = scratch(sizeof(float) * (size_t)(T + KW - 1) * C); // conv window rows, then this chunk
     float *y = scratch(sizeof(float) * (size_t)T * C);
     float *z = scratch(sizeof(float) * (size_t)T * VD);
     float *b = scratch(sizeof(float) * (size_t)T * Hv), *a = scratch(sizeof(float) * (size_t)T * Hv);
     float *o = scratch(sizeof(float) * (size_t)T * VD);
     int rc = -1;
-    if (!xe || !y || !z || !b || !a || !o) goto out;   // before any state changes
+    if (!xe || !y || !z || !b || !a || !o) goto out; // before any state changes
     memcpy(xe, cs->conv[layer], sizeof(float) * (size_t)(KW - 1) * C);
     if (qmatmul(&L->in_qkv, 0, u, T, xe + (size_t)(KW - 1) * C) || qmatmul(&L->in_z, 0, u, T, z) ||
         qmatmul(&L->in_b, 0, u, T, b) || qmatmul(&L->in_a, 0, u, T, a))
         goto out;
-    // Causal depthwise conv + SiLU over all C channels; tap KW-1 is the current token.
+        // Causal depthwise conv + SiLU over all C channels; tap KW-1 is the current token.
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
@@ -618,14 +635,14 @@ static int deltanet(const struct geometry *g, const struct layer_weights *L, str
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int kh = 0; kh < 2 * Hk; kh++) {
-            float *x = y + (size_t)t * C + (size_t)kh * Dk;   // q heads then k heads
+            float *x = y + (size_t)t * C + (size_t)kh * Dk; // q heads then k heads
             float ss = 0;
             for (int d = 0; d < Dk; d++) ss += x[d] * x[d];
             float r = 1.0f / sqrtf(ss + 1e-6f);
             if (kh < Hk) r /= sqrtf((float)Dk);
             for (int d = 0; d < Dk; d++) x[d] *= r;
         }
-    if (cs->saving) {   // a verification: what verify_keep replays from (T <= CPU_VERIFY_MAX)
+    if (cs->saving) { // a verification: what verify_keep replays from (T <= CPU_VERIFY_MAX)
         const struct gdn_saved *sv = &cs->saved[layer];
         memcpy(sv->S0, cs->S[layer], sizeof(float) * (size_t)Hv * Dk * Dv);
         memcpy(sv->xe, xe, sizeof(float) * (size_t)(T + KW - 1) * C);
@@ -724,11 +741,13 @@ static void router_trace_open(const char *path) {
     trace_tried = true;
     if (!(trace_file = fopen(path, "a"))) fprintf(stderr, "calla: cannot open %s\n", path);
 }
-static FILE *router_trace(void) { return trace_file; }
+static FILE *router_trace(void) {
+    return trace_file;
+}
 
 static void trace_route(FILE *f, int layer, int pos, const struct route_stats *st, const int *ids, int k) {
     int s[64];
-    for (int i = 0; i < k; i++) {   // insertion sort of k <= 64 ids
+    for (int i = 0; i < k; i++) { // insertion sort of k <= 64 ids
         int j = i;
         for (; j > 0 && s[j - 1] > ids[i]; j--) s[j] = s[j - 1];
         s[j] = ids[i];
@@ -770,7 +789,7 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
     if (qmatmul(&L->router, 0, u, T, rl) || qmatmul(&L->shared_gate, 0, u, T, sg)) goto out;
     if (rl_out) memcpy(rl_out, rl, sizeof(float) * (size_t)T * E);
     FILE *trace = router_trace();
-#pragma omp parallel for schedule(static) if (!trace)   // the trace is written in token order
+#pragma omp parallel for schedule(static) if (!trace) // the trace is written in token order
     for (int t = 0; t < T; t++) {
         struct route_stats st;
         route(rl + (size_t)t * E, E, K, ids + (size_t)t * K, w + (size_t)t * K, trace ? &st : NULL);
@@ -792,10 +811,10 @@ static int moe(const struct geometry *g, const struct layer_weights *L, int laye
                     n++;
                 }
         if (!n) continue;
-#pragma omp parallel for schedule(static) if (n >= 64)   // below that a thread team costs more than it saves
+#pragma omp parallel for schedule(static) if (n >= 64) // below that a thread team costs more than it saves
         for (int j = 0; j < n; j++) memcpy(xe + (size_t)j * H, u + (size_t)tok[j] * H, sizeof(float) * (size_t)H);
         if (mlp(&L->ex_gate, &L->ex_up, &L->ex_down, e, xe, n, ye)) goto out;
-#pragma omp parallel for schedule(static) if (n >= 64)   // a token is once in an expert's list
+#pragma omp parallel for schedule(static) if (n >= 64) // a token is once in an expert's list
         for (int j = 0; j < n; j++)
             for (int i = 0; i < H; i++) out[(size_t)tok[j] * H + i] += tw[j] * ye[(size_t)j * H + i];
     }
@@ -822,7 +841,7 @@ static int cpu_load(struct engine *e, char *err, size_t errlen) {
     cpu_avx = __builtin_cpu_supports("avx") && !e->opts.cpu_no_avx;
 #endif
     router_trace_open(e->opts.router_trace);
-    e->weight_bytes = e->model.file_bytes;   // weights stay in the mapped files
+    e->weight_bytes = e->model.file_bytes; // weights stay in the mapped files
     return 0;
 }
 
@@ -895,7 +914,7 @@ static int cpu_seq_copy(struct seq *dst, const struct seq *src, char *err, size_
     const size_t el = sc->kv_f32 ? 4 : 2;
     for (int i = 0; i < g->n_layers; i++) {
         if (geom_is_attn(g, i)) {
-            for (int j = 0; j < g->n_kv_heads; j++) {   // per head: [cap, D] rows, copy the first pos
+            for (int j = 0; j < g->n_kv_heads; j++) { // per head: [cap, D] rows, copy the first pos
                 size_t n = (size_t)src->pos * g->head_dim * el;
                 memcpy((char *)d->k[i] + (size_t)j * dst->cap * g->head_dim * el,
                        (const char *)sc->k[i] + (size_t)j * src->cap * g->head_dim * el, n);
@@ -938,8 +957,8 @@ static int cpu_layer(const struct engine *e, struct seq *s, int i, float *x, flo
     return 0;
 }
 
-static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows,
-                             int n_rows, float *logits, int32_t *next, char *err, size_t errlen) {
+static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int T, const int *rows, int n_rows,
+                             float *logits, int32_t *next, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     const struct weights *W = &e->model.w;
     const int H = g->hidden, p0 = s->pos;
@@ -955,7 +974,8 @@ static int cpu_forward_chunk(struct engine *e, struct seq *s, const int32_t *tok
     for (int t = 0; t < T; t++) dequant_row(&W->embed, 0, tokens[t], x + (size_t)t * H);
     for (int i = 0; i < g->n_layers; i++)
         if (cpu_layer(e, s, i, x, u, d, T, NULL)) goto out;
-    for (int r = 0; r < nw; r++) rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
+    for (int r = 0; r < nw; r++)
+        rmsnorm(hn + (size_t)r * H, x + (size_t)want[r] * H, W->final_norm, H, (float)g->rms_eps);
     if (qmatmul(&W->lm_head, 0, hn, nw, lg)) goto out;
     if (logits) memcpy(logits, lg, sizeof(float) * (size_t)n_rows * g->vocab);
     *next = argmax(lg + (size_t)(nw - 1) * g->vocab, g->vocab);
@@ -993,7 +1013,9 @@ static int cpu_layer_probe(struct engine *e, struct seq *s, int layer, const flo
 
 // ---- speculative verification -------------------------------------------------------------------
 
-static int cpu_verify_max(const struct engine *e) { return CPU_VERIFY_MAX; }
+static int cpu_verify_max(const struct engine *e) {
+    return CPU_VERIFY_MAX;
+}
 
 // The DeltaNet layers' saved[] buffers, once per sequence (the first verification); -1: out of memory.
 static int saved_alloc(const struct engine *e, struct cpu_seq *cs) {
@@ -1063,7 +1085,9 @@ static int cpu_verify_keep(struct engine *e, struct seq *s, int n, int keep, cha
     return 0;
 }
 
-static int cpu_available(int device, char *msg, size_t msglen) { return 1; }
+static int cpu_available(int device, char *msg, size_t msglen) {
+    return 1;
+}
 
 const struct backend_ops backend_cpu = {
     .name = "cpu",

@@ -54,105 +54,105 @@
 #include <string.h>
 
 enum {
-    LM_ROWS = 64,          // lm_head rows per pass (bounds the logits buffer)
-    DEC_MAX_SPLITS = 256,  // most key splits of the decode attention (sized by sequence capacity)
+    LM_ROWS = 64,         // lm_head rows per pass (bounds the logits buffer)
+    DEC_MAX_SPLITS = 256, // most key splits of the decode attention (sized by sequence capacity)
 };
 
 struct scratch {
-    int T;                                   // tokens the buffers hold
-    float *x, *u;                            // [T, H]
-    float *qg, *kb, *vb, *q, *o;             // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
-    float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
-    float *rl, *sg, *w, *eg, *eu, *ea, *ye;  // MoE: [T, E], [T], [T, k], [T*k, I] x3, [T*k, H]
-    float *sgt, *sup, *sact, *shout;         // shared expert: [T, S] x3, [T, H]
-    int *ids, *slots;                        // [T, k]
-    int32_t *tokens;                         // [T]
-    int *rows;                               // [T + 1] wanted rows
-    float *gdn_ws;                           // the chunked delta rule's workspace (NULL: recurrent)
-    uint16_t *xh, *xa;                       // fast products' bf16 inputs: [T, max(H, QD, VD)], [T * max(S, k I)]
-    int32_t *h_tokens;                       // pinned [T]
-    int *h_rows;                             // pinned [T + 1]
+    int T;                                  // tokens the buffers hold
+    float *x, *u;                           // [T, H]
+    float *qg, *kb, *vb, *q, *o;            // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2
+    float *xin, *y, *z, *bb, *aa, *og;      // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
+    float *rl, *sg, *w, *eg, *eu, *ea, *ye; // MoE: [T, E], [T], [T, k], [T*k, I] x3, [T*k, H]
+    float *sgt, *sup, *sact, *shout;        // shared expert: [T, S] x3, [T, H]
+    int *ids, *slots;                       // [T, k]
+    int32_t *tokens;                        // [T]
+    int *rows;                              // [T + 1] wanted rows
+    float *gdn_ws;                          // the chunked delta rule's workspace (NULL: recurrent)
+    uint16_t *xh, *xa;                      // fast products' bf16 inputs: [T, max(H, QD, VD)], [T * max(S, k I)]
+    int32_t *h_tokens;                      // pinned [T]
+    int *h_rows;                            // pinned [T + 1]
 };
 
 // Decode scratch at fixed addresses (the captured graphs point at them).
 struct dec_bufs {
-    int *io, *h_io;                          // [2] token, position (device, pinned host)
-    unsigned long long *best, *h_best;       // argmax key (device, pinned host)
-    float *x, *u;                            // [H] residual, normalised input of the MoE
-    float *y, *z, *bb, *aa, *og;             // DeltaNet: [C], [VD], [Hv] x2, [VD]
-    float *qg, *kb, *vb, *q, *o, *part;      // attention: [2QD], [KVD] x2, [QD] x2, partials
-    float *rl, *sg, *w, *act;                // MoE: [E], [1], [k + 1], [k + 1, I]
-    int *ids;                                // [k + 1]
+    int *io, *h_io;                     // [2] token, position (device, pinned host)
+    unsigned long long *best, *h_best;  // argmax key (device, pinned host)
+    float *x, *u;                       // [H] residual, normalised input of the MoE
+    float *y, *z, *bb, *aa, *og;        // DeltaNet: [C], [VD], [Hv] x2, [VD]
+    float *qg, *kb, *vb, *q, *o, *part; // attention: [2QD], [KVD] x2, [QD] x2, partials
+    float *rl, *sg, *w, *act;           // MoE: [E], [1], [k + 1], [k + 1, I]
+    int *ids;                           // [k + 1]
 };
 
 // The buffers of a short forward of T <= DQ_MAXT tokens through the decode kernels (mt_enqueue),
 // each [T, width] (token t's row at t * width).
 struct mt_bufs {
-    int *io, *h_io;                          // [2 DQ_MAXT] tokens, then positions (device, pinned host)
-    unsigned long long *best;                // [T] every row's argmax key (a verification)
-    float *x, *u;                            // [T, H]
-    float *xin, *y, *z, *bb, *aa, *og;       // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
-    float *qg, *kb, *vb, *q, *o, *part;      // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2, the partials
-    float *rl, *sg, *w, *act;                // MoE: [T, E], [T], [T, k + 1], [T, k + 1, I]
-    int *ids;                                // [T, k + 1]
-    unsigned long long *h_best;              // [T] pinned: a verification's argmax keys (best: device)
+    int *io, *h_io;                     // [2 DQ_MAXT] tokens, then positions (device, pinned host)
+    unsigned long long *best;           // [T] every row's argmax key (a verification)
+    float *x, *u;                       // [T, H]
+    float *xin, *y, *z, *bb, *aa, *og;  // DeltaNet: [T, C] x2, [T, VD], [T, Hv] x2, [T, VD]
+    float *qg, *kb, *vb, *q, *o, *part; // attention: [T, 2QD], [T, KVD] x2, [T, QD] x2, the partials
+    float *rl, *sg, *w, *act;           // MoE: [T, E], [T], [T, k + 1], [T, k + 1, I]
+    int *ids;                           // [T, k + 1]
+    unsigned long long *h_best;         // [T] pinned: a verification's argmax keys (best: device)
     // A verification's way back (verify_keep), allocated at the first one: each DeltaNet layer's
     // conv window and state from before it, and the inputs of its conv and rule for every token
     // (the in-projection writes them there), so that the kept tokens' steps can be run again.
     bool saved;
-    float *conv0[QWEN_LAYERS], *S0[QWEN_LAYERS];       // [KW - 1, C], [Hv, Dk, Dv]
-    float *sxin[QWEN_LAYERS], *sbb[QWEN_LAYERS], *saa[QWEN_LAYERS];   // [T, C], [T, Hv] x2
+    float *conv0[QWEN_LAYERS], *S0[QWEN_LAYERS];                    // [KW - 1, C], [Hv, Dk, Dv]
+    float *sxin[QWEN_LAYERS], *sbb[QWEN_LAYERS], *saa[QWEN_LAYERS]; // [T, C], [T, Hv] x2
 };
 
 struct cuda_engine {
     cudaStream_t stream;
-    struct weights w;                        // device copies, in the host's shape (bound by upload_weights)
+    struct weights w; // device copies, in the host's shape (bound by upload_weights)
     void **allocs;
     int n_allocs, cap_allocs;
     struct scratch sc;
-    int *counts, *offs;                      // [E]
-    float *hn, *logits;                      // [LM_ROWS, H], [LM_ROWS, V]
+    int *counts, *offs; // [E]
+    float *hn, *logits; // [LM_ROWS, H], [LM_ROWS, V]
     int *d_next, *h_next;
     struct dec_bufs dec;
     struct mt_bufs mt;
     // The choice on the device (forward_pick): the mask's pinned staging and device copy, k_pick's
     // workspace and result (device, pinned), the host sampler's row and scratch, and where the
     // latest choice's row of logits lies (last_logits).
-    uint32_t *h_mask, *d_mask;               // [ceil(V / 32)]
+    uint32_t *h_mask, *d_mask; // [ceil(V / 32)]
     void *pick_ws;
     struct k_pick *d_pick, *h_pick;
-    float *h_row, *h_scratch;                // [V] each (the host sampler: NULL until needed)
+    float *h_row, *h_scratch; // [V] each (the host sampler: NULL until needed)
     const float *last_row;
-    struct cuda_tuning tuning;               // as the engine's user last set it (backend_cuda_tuning)
-    struct cuda_tuning applied;              // what the scratch and the next launches follow (apply_tuning)
-    int probe_stage, probe_reps;             // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
+    struct cuda_tuning tuning;   // as the engine's user last set it (backend_cuda_tuning)
+    struct cuda_tuning applied;  // what the scratch and the next launches follow (apply_tuning)
+    int probe_stage, probe_reps; // backend_cuda_probe_stage: this stage's launches repeated (DS_NONE: none)
 };
 
 struct cuda_seq {
-    uint16_t *k[QWEN_LAYERS], *v[QWEN_LAYERS];   // [n_kv, cap, D] bf16
-    float *conv[QWEN_LAYERS];                    // [KW - 1, C]
-    float *S[QWEN_LAYERS];                       // [Hv, Dk, Dv]
-    cudaGraphExec_t graph;                       // the decode step, captured on first use
-    bool graph_pdl, graph_exact;                 // the tuning's pdl and exact_decode at capture
-    int graph_stage, graph_reps;                 // the stage probe's probe_stage, probe_reps at capture
+    uint16_t *k[QWEN_LAYERS], *v[QWEN_LAYERS]; // [n_kv, cap, D] bf16
+    float *conv[QWEN_LAYERS];                  // [KW - 1, C]
+    float *S[QWEN_LAYERS];                     // [Hv, Dk, Dv]
+    cudaGraphExec_t graph;                     // the decode step, captured on first use
+    bool graph_pdl, graph_exact;               // the tuning's pdl and exact_decode at capture
+    int graph_stage, graph_reps;               // the stage probe's probe_stage, probe_reps at capture
 };
 
-#define CK(call)                                                                                       \
-    do {                                                                                               \
-        cudaError_t ck_ = (call);                                                                      \
-        if (ck_ != cudaSuccess) {                                                                      \
-            snprintf(err, errlen, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(ck_), __FILE__, __LINE__, #call); \
-            goto fail;                                                                                 \
-        }                                                                                              \
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t ck_ = (call);                                                                                      \
+        if (ck_ != cudaSuccess) {                                                                                      \
+            snprintf(err, errlen, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(ck_), __FILE__, __LINE__, #call);  \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
-#define KL(call)                                                                                       \
-    do {                                                                                               \
-        int kl_ = (call);                                                                              \
-        if (kl_) {                                                                                     \
-            snprintf(err, errlen, "kernel launch failed: %s at %s:%d (%s)", cudaGetErrorString((cudaError_t)kl_), \
-                     __FILE__, __LINE__, #call);                                                       \
-            goto fail;                                                                                 \
-        }                                                                                              \
+#define KL(call)                                                                                                       \
+    do {                                                                                                               \
+        int kl_ = (call);                                                                                              \
+        if (kl_) {                                                                                                     \
+            snprintf(err, errlen, "kernel launch failed: %s at %s:%d (%s)", cudaGetErrorString((cudaError_t)kl_),      \
+                     __FILE__, __LINE__, #call);                                                                       \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 static int cuda_available(int device, char *msg, size_t msglen) {
@@ -187,7 +187,9 @@ static int cuda_available(int device, char *msg, size_t msglen) {
     return 1;
 }
 
-int backend_cuda_available(char *msg, size_t msglen) { return cuda_available(0, msg, msglen); }
+int backend_cuda_available(char *msg, size_t msglen) {
+    return cuda_available(0, msg, msglen);
+}
 
 // ---- allocation ---------------------------------------------------------------------------
 
@@ -213,7 +215,7 @@ static void *dalloc(struct cuda_engine *ce, size_t bytes, char *err, size_t errl
     return p;
 }
 
-enum { UPLOAD_SLICE = 64 << 20 };   // bytes copied (and their host pages released) at a time
+enum { UPLOAD_SLICE = 64 << 20 }; // bytes copied (and their host pages released) at a time
 
 // Copies bytes from the mapped checkpoint (any alignment: cudaMemcpy stages pageable memory itself,
 // so there is no host copy) into a new device buffer, a slice at a time, dropping each slice's
@@ -229,7 +231,7 @@ static int upload(struct cuda_engine *ce, const void *src, size_t bytes, void **
             snprintf(err, errlen, "upload of %zu bytes failed: %s", bytes, cudaGetErrorString(r));
             return -1;
         }
-        checkpoint_release(&e->model, (const char *)src + o, n);   // done: synchronous from pageable memory
+        checkpoint_release(&e->model, (const char *)src + o, n); // done: synchronous from pageable memory
     }
     e->weight_bytes += (int64_t)bytes;
     return 0;
@@ -281,14 +283,19 @@ out:
 
 // The kernels' view of a device matrix.
 static struct dqt dq(const struct qtensor *t) {
-    return (struct dqt){.w = t->w, .scales = t->scales, .biases = t->biases, .n_mat = t->n_mat, .rows = t->rows,
-                        .cols = t->cols, .bits = t->bits};
+    return (struct dqt){.w = t->w,
+                        .scales = t->scales,
+                        .biases = t->biases,
+                        .n_mat = t->n_mat,
+                        .rows = t->rows,
+                        .cols = t->cols,
+                        .bits = t->bits};
 }
 
 static void free_scratch(struct scratch *s) {
-    float **f[] = {&s->x, &s->u, &s->qg, &s->kb, &s->vb, &s->q, &s->o, &s->xin, &s->y, &s->z, &s->bb,
-                   &s->aa, &s->og, &s->rl, &s->sg, &s->w, &s->eg, &s->eu, &s->ea, &s->ye, &s->sgt, &s->sup,
-                   &s->sact, &s->shout};
+    float **f[] = {&s->x,  &s->u,  &s->qg, &s->kb, &s->vb,  &s->q,   &s->o,    &s->xin,
+                   &s->y,  &s->z,  &s->bb, &s->aa, &s->og,  &s->rl,  &s->sg,   &s->w,
+                   &s->eg, &s->eu, &s->ea, &s->ye, &s->sgt, &s->sup, &s->sact, &s->shout};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         cudaFree(*f[i]);
         *f[i] = NULL;
@@ -328,16 +335,16 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
         void **p;
         size_t bytes;
     } a[] = {
-        {(void **)&s->x, t * H * 4},        {(void **)&s->u, t * H * 4},
-        {(void **)&s->qg, t * 2 * QD * 4},  {(void **)&s->kb, t * KVD * 4},      {(void **)&s->vb, t * KVD * 4},
-        {(void **)&s->q, t * QD * 4},       {(void **)&s->o, t * QD * 4},        {(void **)&s->xin, t * C * 4},
-        {(void **)&s->y, t * C * 4},        {(void **)&s->z, t * VD * 4},        {(void **)&s->bb, t * Hv * 4},
-        {(void **)&s->aa, t * Hv * 4},      {(void **)&s->og, t * VD * 4},       {(void **)&s->rl, t * E * 4},
-        {(void **)&s->sg, t * 4},           {(void **)&s->w, t * K * 4},         {(void **)&s->eg, t * K * I * 4},
-        {(void **)&s->eu, t * K * I * 4},   {(void **)&s->ea, t * K * I * 4},    {(void **)&s->ye, t * K * H * 4},
-        {(void **)&s->sgt, t * S * 4},      {(void **)&s->sup, t * S * 4},       {(void **)&s->sact, t * S * 4},
-        {(void **)&s->shout, t * H * 4},    {(void **)&s->ids, t * K * 4},       {(void **)&s->slots, t * K * 4},
-        {(void **)&s->tokens, t * 4},       {(void **)&s->rows, (t + 1) * 4},
+        {(void **)&s->x, t * H * 4},      {(void **)&s->u, t * H * 4},      {(void **)&s->qg, t * 2 * QD * 4},
+        {(void **)&s->kb, t * KVD * 4},   {(void **)&s->vb, t * KVD * 4},   {(void **)&s->q, t * QD * 4},
+        {(void **)&s->o, t * QD * 4},     {(void **)&s->xin, t * C * 4},    {(void **)&s->y, t * C * 4},
+        {(void **)&s->z, t * VD * 4},     {(void **)&s->bb, t * Hv * 4},    {(void **)&s->aa, t * Hv * 4},
+        {(void **)&s->og, t * VD * 4},    {(void **)&s->rl, t * E * 4},     {(void **)&s->sg, t * 4},
+        {(void **)&s->w, t * K * 4},      {(void **)&s->eg, t * K * I * 4}, {(void **)&s->eu, t * K * I * 4},
+        {(void **)&s->ea, t * K * I * 4}, {(void **)&s->ye, t * K * H * 4}, {(void **)&s->sgt, t * S * 4},
+        {(void **)&s->sup, t * S * 4},    {(void **)&s->sact, t * S * 4},   {(void **)&s->shout, t * H * 4},
+        {(void **)&s->ids, t * K * 4},    {(void **)&s->slots, t * K * 4},  {(void **)&s->tokens, t * 4},
+        {(void **)&s->rows, (t + 1) * 4},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
         cudaError_t r = cudaMalloc(a[i].p, a[i].bytes);
@@ -358,7 +365,7 @@ static int ensure_scratch(struct engine *e, int T, char *err, size_t errlen) {
             return -1;
         }
     }
-    if (!ce->applied.exact_prefill && T > 1) {   // the fast products' bf16 inputs
+    if (!ce->applied.exact_prefill && T > 1) { // the fast products' bf16 inputs
         const size_t w = H > QD ? (H > VD ? H : VD) : (QD > VD ? QD : VD), a2 = S > K * I ? S : K * I;
         if (cudaMalloc((void **)&s->xh, t * w * 2) != cudaSuccess ||
             cudaMalloc((void **)&s->xa, t * a2 * 2) != cudaSuccess) {
@@ -392,14 +399,16 @@ static int dec_alloc(struct engine *e, char *err, size_t errlen) {
         void **p;
         size_t bytes;
     } a[] = {
-        {(void **)&d->io, 8},          {(void **)&d->best, 8},           {(void **)&d->x, H * 4},
-        {(void **)&d->u, H * 4},       {(void **)&d->y, C * 4},          {(void **)&d->z, VD * 4},
-        {(void **)&d->bb, Hv * 4},     {(void **)&d->aa, Hv * 4},        {(void **)&d->og, VD * 4},
-        {(void **)&d->qg, 2 * QD * 4}, {(void **)&d->kb, KVD * 4},       {(void **)&d->vb, KVD * 4},
-        {(void **)&d->q, QD * 4},      {(void **)&d->o, QD * 4},         {(void **)&d->rl, E * 4},
-        {(void **)&d->sg, 4},          {(void **)&d->w, K1 * 4},         {(void **)&d->act, K1 * I * 4},
-        {(void **)&d->ids, K1 * 4},
-        {(void **)&d->part, (size_t)g->n_heads * DEC_MAX_SPLITS * (D + 2) * 4},
+        {(void **)&d->io, 8},       {(void **)&d->best, 8},
+        {(void **)&d->x, H * 4},    {(void **)&d->u, H * 4},
+        {(void **)&d->y, C * 4},    {(void **)&d->z, VD * 4},
+        {(void **)&d->bb, Hv * 4},  {(void **)&d->aa, Hv * 4},
+        {(void **)&d->og, VD * 4},  {(void **)&d->qg, 2 * QD * 4},
+        {(void **)&d->kb, KVD * 4}, {(void **)&d->vb, KVD * 4},
+        {(void **)&d->q, QD * 4},   {(void **)&d->o, QD * 4},
+        {(void **)&d->rl, E * 4},   {(void **)&d->sg, 4},
+        {(void **)&d->w, K1 * 4},   {(void **)&d->act, K1 * I * 4},
+        {(void **)&d->ids, K1 * 4}, {(void **)&d->part, (size_t)g->n_heads * DEC_MAX_SPLITS * (D + 2) * 4},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
         if (!(*a[i].p = dalloc(ce, a[i].bytes, err, errlen))) return -1;
@@ -422,13 +431,27 @@ static int mt_alloc(struct engine *e, char *err, size_t errlen) {
         void **p;
         size_t bytes;
     } a[] = {
-        {(void **)&m->io, 2 * T * 4},      {(void **)&m->best, 8},          {(void **)&m->x, T * H * 4},
-        {(void **)&m->u, T * H * 4},       {(void **)&m->xin, T * C * 4},   {(void **)&m->y, T * C * 4},
-        {(void **)&m->z, T * VD * 4},      {(void **)&m->bb, T * Hv * 4},   {(void **)&m->aa, T * Hv * 4},
-        {(void **)&m->og, T * VD * 4},     {(void **)&m->qg, T * 2 * QD * 4}, {(void **)&m->kb, T * KVD * 4},
-        {(void **)&m->vb, T * KVD * 4},    {(void **)&m->q, T * QD * 4},    {(void **)&m->o, T * QD * 4},
-        {(void **)&m->rl, T * E * 4},      {(void **)&m->sg, T * 4},        {(void **)&m->w, T * K1 * 4},
-        {(void **)&m->act, T * K1 * I * 4}, {(void **)&m->ids, T * K1 * 4}, {(void **)&m->best, T * 8},
+        {(void **)&m->io, 2 * T * 4},
+        {(void **)&m->best, 8},
+        {(void **)&m->x, T * H * 4},
+        {(void **)&m->u, T * H * 4},
+        {(void **)&m->xin, T * C * 4},
+        {(void **)&m->y, T * C * 4},
+        {(void **)&m->z, T * VD * 4},
+        {(void **)&m->bb, T * Hv * 4},
+        {(void **)&m->aa, T * Hv * 4},
+        {(void **)&m->og, T * VD * 4},
+        {(void **)&m->qg, T * 2 * QD * 4},
+        {(void **)&m->kb, T * KVD * 4},
+        {(void **)&m->vb, T * KVD * 4},
+        {(void **)&m->q, T * QD * 4},
+        {(void **)&m->o, T * QD * 4},
+        {(void **)&m->rl, T * E * 4},
+        {(void **)&m->sg, T * 4},
+        {(void **)&m->w, T * K1 * 4},
+        {(void **)&m->act, T * K1 * I * 4},
+        {(void **)&m->ids, T * K1 * 4},
+        {(void **)&m->best, T * 8},
         {(void **)&m->part, T * g->n_heads * DEC_MAX_SPLITS * (g->head_dim + 2) * 4},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
@@ -483,7 +506,8 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
         goto fail_msg;
     CK(cudaMallocHost((void **)&ce->h_next, 4));
     const size_t mask_bytes = 4 * (((size_t)g->vocab + 31) / 32);
-    if (!(ce->d_mask = dalloc(ce, mask_bytes, err, errlen)) || !(ce->pick_ws = dalloc(ce, k_pick_ws_bytes(), err, errlen)) ||
+    if (!(ce->d_mask = dalloc(ce, mask_bytes, err, errlen)) ||
+        !(ce->pick_ws = dalloc(ce, k_pick_ws_bytes(), err, errlen)) ||
         !(ce->d_pick = dalloc(ce, sizeof(struct k_pick), err, errlen)))
         goto fail_msg;
     CK(cudaMemset(ce->pick_ws, 0, k_pick_ws_bytes()));
@@ -494,7 +518,7 @@ static int cuda_load(struct engine *e, char *err, size_t errlen) {
     // on bf16 activations with fp32 accumulation, or the verification mode's fp32-level products.
     ce->tuning = (struct cuda_tuning){.exact_prefill = e->opts.exact, .exact_decode = e->opts.exact, .pdl = true};
     ce->applied = ce->tuning;
-    if (!k_has_sm90a()) {   // the fast mode's attention and products run on warpgroup products
+    if (!k_has_sm90a()) { // the fast mode's attention and products run on warpgroup products
         snprintf(err, errlen, "GPU %d does not run this binary's sm_90a code (wgmma), which the CUDA backend needs",
                  e->opts.device);
         goto fail_msg;
@@ -613,8 +637,8 @@ static int mmb_add(const struct qtensor *W, const float *x, const uint16_t *xb, 
 // one launch when they share K and bits (k_qmatmul_bf16_segs on xb, else k_qmatmul_segs on x):
 // bit-identical to mmb on each, without a launch's fixed cost per product. Else (another K or bits)
 // one mmb each.
-static int mm_segs(const struct qtensor *const *W, float *const *y, int n,
-                   const float *x, const uint16_t *xb, int T, void *st) {
+static int mm_segs(const struct qtensor *const *W, float *const *y, int n, const float *x, const uint16_t *xb, int T,
+                   void *st) {
     int one = n <= QM_MAX_SEGS;
     for (int i = 1; i < n; i++) one = one && W[i]->cols == W[0]->cols && W[i]->bits == W[0]->bits;
     if (!one) {
@@ -652,24 +676,27 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
                             *st = &dl;
     const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
     const float eps = (float)g->rms_eps;
-    const int pf = dl.pdl;   // with PDL the GEMVs prefetch their weights into L2 before the wait
+    const int pf = dl.pdl; // with PDL the GEMVs prefetch their weights into L2 before the wait
 // The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
-#define STAGE(sg, call) for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
+#define STAGE(sg, call)                                                                                                \
+    for (int rep_ = 0; rep_ < (ce->probe_stage == (sg) ? ce->probe_reps : 1); rep_++) KL(call)
     CK(cudaMemcpyAsync(d->io, d->h_io, 8, cudaMemcpyHostToDevice, ce->stream));
     KL(k_dv_embed(dq(&ce->w.embed), d->io, d->x, d->best, st));
     for (int i = 0; i < g->n_layers; i++) {
         const struct layer_weights *L = &ce->w.layers[i];
-        struct dv_desc in = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps, .prefetch = pf};
+        struct dv_desc in = {
+            .x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps, .prefetch = pf};
         if (geom_is_attn(g, i)) {
             in.seg[0] = (struct dv_seg){dq(&L->q_proj), d->qg, DV_OUT_STORE};
             in.seg[1] = (struct dv_seg){dq(&L->k_proj), d->kb, DV_OUT_STORE};
             in.seg[2] = (struct dv_seg){dq(&L->v_proj), d->vb, DV_OUT_STORE};
             in.n_seg = 3;
             STAGE(DS_ATTN_IN, k_dv(&in, st));
-            STAGE(DS_ATTN_PREP, k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, 1, s->cap,
-                               g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
-            STAGE(DS_ATTN, k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, 1, dec_splits(g, s->cap), s->cap,
-                               g->n_heads, g->n_kv_heads, D, st));
+            STAGE(DS_ATTN_PREP,
+                  k_dec_attn_prep(d->qg, d->kb, d->vb, L->q_norm, L->k_norm, d->q, cs->k[i], cs->v[i], d->io + 1, 1,
+                                  s->cap, g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+            STAGE(DS_ATTN, k_dec_attention(d->q, d->qg, cs->k[i], cs->v[i], d->o, d->part, d->io + 1, 1,
+                                           dec_splits(g, s->cap), s->cap, g->n_heads, g->n_kv_heads, D, st));
             struct dv_desc out = {.x = d->o, .K = geom_q_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
             out.seg[0] = (struct dv_seg){dq(&L->o_proj), d->x, DV_OUT_ADD};
             STAGE(DS_ATTN_OUT, k_dv(&out, st));
@@ -685,26 +712,51 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
             in.KW = g->conv_kernel;
             STAGE(DS_GDN_IN, k_dv(&in, st));
             STAGE(DS_GDN, k_dv_gdn(d->y, d->bb, d->aa, L->A_log, L->dt_bias, cs->S[i], d->z, L->gdn_norm, eps, d->og,
-                        g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, st));
-            struct dv_desc out = {.x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf,
-                                  .n_seg = 1};
+                                   g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, st));
+            struct dv_desc out = {
+                .x = d->og, .K = geom_lin_value_dim(g), .in_mode = DV_IN_PLAIN, .prefetch = pf, .n_seg = 1};
             out.seg[0] = (struct dv_seg){dq(&L->out_proj), d->x, DV_OUT_ADD};
             STAGE(DS_GDN_OUT, k_dv(&out, st));
         }
-        struct dv_desc r = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
-                            .x_out = d->u, .prefetch = pf, .n_seg = 2};
+        struct dv_desc r = {.x = d->x,
+                            .K = H,
+                            .in_mode = DV_IN_RMS,
+                            .norm_w = L->post_norm,
+                            .eps = eps,
+                            .x_out = d->u,
+                            .prefetch = pf,
+                            .n_seg = 2};
         r.seg[0] = (struct dv_seg){dq(&L->router), d->rl, DV_OUT_STORE};
         r.seg[1] = (struct dv_seg){dq(&L->shared_gate), d->sg, DV_OUT_STORE};
         STAGE(DS_ROUTER, k_dv(&r, st));
-        const struct dv_moe m = {.logits = d->rl, .shared_logit = d->sg, .u = d->u, .gate = dq(&L->ex_gate),
-                                 .up = dq(&L->ex_up), .down = dq(&L->ex_down), .sgate = dq(&L->se_gate), .sup = dq(&L->se_up),
-                                 .sdown = dq(&L->se_down), .E = g->n_experts, .k = K, .H = H, .I = g->moe_inter,
-                                 .act = d->act, .ids = d->ids, .w = d->w, .x = d->x};
+        const struct dv_moe m = {.logits = d->rl,
+                                 .shared_logit = d->sg,
+                                 .u = d->u,
+                                 .gate = dq(&L->ex_gate),
+                                 .up = dq(&L->ex_up),
+                                 .down = dq(&L->ex_down),
+                                 .sgate = dq(&L->se_gate),
+                                 .sup = dq(&L->se_up),
+                                 .sdown = dq(&L->se_down),
+                                 .E = g->n_experts,
+                                 .k = K,
+                                 .H = H,
+                                 .I = g->moe_inter,
+                                 .act = d->act,
+                                 .ids = d->ids,
+                                 .w = d->w,
+                                 .x = d->x};
         STAGE(DS_GATEUP, k_dv_moe_gateup(&m, st));
         STAGE(DS_DOWN, k_dv_moe_down(&m, st));
     }
-    struct dv_desc lm = {.x = d->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
-                         .best = d->best, .prefetch = 0, .n_seg = 1};   // (its 286 MB do not fit in L2)
+    struct dv_desc lm = {.x = d->x,
+                         .K = H,
+                         .in_mode = DV_IN_RMS,
+                         .norm_w = ce->w.final_norm,
+                         .eps = eps,
+                         .best = d->best,
+                         .prefetch = 0,
+                         .n_seg = 1}; // (its 286 MB do not fit in L2)
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     STAGE(DS_LM, k_dv(&lm, st));
 #undef STAGE
@@ -747,8 +799,8 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
     KL(k_embed(dq(&ce->w.embed), m->io, T, m->x, stream));
     for (int i = 0; i < g->n_layers; i++) {
         const struct layer_weights *L = &ce->w.layers[i];
-        struct dq_desc in = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps},
-                             .T = T, .ldx = H};
+        struct dq_desc in = {
+            .d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->input_norm, .eps = eps}, .T = T, .ldx = H};
         if (geom_is_attn(g, i)) {
             in.d.seg[0] = (struct dv_seg){dq(&L->q_proj), m->qg, DV_OUT_STORE};
             in.d.seg[1] = (struct dv_seg){dq(&L->k_proj), m->kb, DV_OUT_STORE};
@@ -763,47 +815,79 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
             out.d.seg[0] = (struct dv_seg){dq(&L->o_proj), m->x, DV_OUT_ADD};
             KL(k_dvq(&out, st));
         } else {
-            float *xin = verify ? m->sxin[i] : m->xin, *bb = verify ? m->sbb[i] : m->bb, *aa = verify ? m->saa[i] : m->aa;
+            float *xin = verify ? m->sxin[i] : m->xin, *bb = verify ? m->sbb[i] : m->bb,
+                  *aa = verify ? m->saa[i] : m->aa;
             in.d.seg[0] = (struct dv_seg){dq(&L->in_qkv), xin, DV_OUT_STORE};
             in.d.seg[1] = (struct dv_seg){dq(&L->in_z), m->z, DV_OUT_STORE};
             in.d.seg[2] = (struct dv_seg){dq(&L->in_b), bb, DV_OUT_STORE};
             in.d.seg[3] = (struct dv_seg){dq(&L->in_a), aa, DV_OUT_STORE};
             in.d.n_seg = 4;
             KL(k_dvq(&in, st));
-            KL(k_gdn_conv(xin, cs->conv[i], L->conv_w, m->y, T, C, g->conv_kernel, g->lin_k_heads, g->lin_k_dim, stream));
-            KL(k_gdn_recurrent(m->y, bb, aa, m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, T, g->lin_k_heads,
-                               Hv, g->lin_k_dim, g->lin_v_dim, eps, stream));
+            KL(k_gdn_conv(xin, cs->conv[i], L->conv_w, m->y, T, C, g->conv_kernel, g->lin_k_heads, g->lin_k_dim,
+                          stream));
+            KL(k_gdn_recurrent(m->y, bb, aa, m->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], m->og, T,
+                               g->lin_k_heads, Hv, g->lin_k_dim, g->lin_v_dim, eps, stream));
             struct dq_desc out = {.d = {.x = m->og, .K = VD, .in_mode = DV_IN_PLAIN, .n_seg = 1}, .T = T, .ldx = VD};
             out.d.seg[0] = (struct dv_seg){dq(&L->out_proj), m->x, DV_OUT_ADD};
             KL(k_dvq(&out, st));
         }
-        struct dq_desc r = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = L->post_norm, .eps = eps,
-                                  .x_out = m->u, .n_seg = 2},
-                            .T = T, .ldx = H};
+        struct dq_desc r = {.d = {.x = m->x,
+                                  .K = H,
+                                  .in_mode = DV_IN_RMS,
+                                  .norm_w = L->post_norm,
+                                  .eps = eps,
+                                  .x_out = m->u,
+                                  .n_seg = 2},
+                            .T = T,
+                            .ldx = H};
         r.d.seg[0] = (struct dv_seg){dq(&L->router), m->rl, DV_OUT_STORE};
         r.d.seg[1] = (struct dv_seg){dq(&L->shared_gate), m->sg, DV_OUT_STORE};
         KL(k_dvq(&r, st));
-        const struct dq_moe mo = {.m = {.logits = m->rl, .shared_logit = m->sg, .u = m->u, .gate = dq(&L->ex_gate),
-                                        .up = dq(&L->ex_up), .down = dq(&L->ex_down), .sgate = dq(&L->se_gate),
-                                        .sup = dq(&L->se_up), .sdown = dq(&L->se_down), .E = g->n_experts, .k = K,
-                                        .H = H, .I = g->moe_inter, .act = m->act, .ids = m->ids, .w = m->w, .x = m->x},
+        const struct dq_moe mo = {.m = {.logits = m->rl,
+                                        .shared_logit = m->sg,
+                                        .u = m->u,
+                                        .gate = dq(&L->ex_gate),
+                                        .up = dq(&L->ex_up),
+                                        .down = dq(&L->ex_down),
+                                        .sgate = dq(&L->se_gate),
+                                        .sup = dq(&L->se_up),
+                                        .sdown = dq(&L->se_down),
+                                        .E = g->n_experts,
+                                        .k = K,
+                                        .H = H,
+                                        .I = g->moe_inter,
+                                        .act = m->act,
+                                        .ids = m->ids,
+                                        .w = m->w,
+                                        .x = m->x},
                                   .T = T};
         KL(k_dvq_moe_gateup(&mo, st));
         KL(k_dvq_moe_down(&mo, st));
     }
     if (verify) {
         CK(cudaMemsetAsync(m->best, 0, sizeof *m->best * (size_t)T, stream));
-        struct dq_desc lm = {.d = {.x = m->x, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm, .eps = eps,
-                                   .best = m->best, .n_seg = 1},
-                             .T = T, .ldx = H};
+        struct dq_desc lm = {.d = {.x = m->x,
+                                   .K = H,
+                                   .in_mode = DV_IN_RMS,
+                                   .norm_w = ce->w.final_norm,
+                                   .eps = eps,
+                                   .best = m->best,
+                                   .n_seg = 1},
+                             .T = T,
+                             .ldx = H};
         lm.d.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
         KL(k_dvq(&lm, st));
         CK(cudaMemcpyAsync(m->h_best, m->best, sizeof *m->best * (size_t)T, cudaMemcpyDeviceToHost, stream));
         return 0;
     }
     CK(cudaMemsetAsync(ce->dec.best, 0, sizeof *ce->dec.best, stream));
-    struct dv_desc lm = {.x = m->x + (size_t)(T - 1) * H, .K = H, .in_mode = DV_IN_RMS, .norm_w = ce->w.final_norm,
-                         .eps = eps, .best = ce->dec.best, .n_seg = 1};
+    struct dv_desc lm = {.x = m->x + (size_t)(T - 1) * H,
+                         .K = H,
+                         .in_mode = DV_IN_RMS,
+                         .norm_w = ce->w.final_norm,
+                         .eps = eps,
+                         .best = ce->dec.best,
+                         .n_seg = 1};
     lm.seg[0] = (struct dv_seg){dq(&ce->w.lm_head), ce->logits, DV_OUT_ARGMAX};
     KL(k_dv(&lm, st));
     CK(cudaMemcpyAsync(ce->dec.h_best, ce->dec.best, 8, cudaMemcpyDeviceToHost, stream));
@@ -907,8 +991,8 @@ fail:
     return -1;
 }
 
-const char *const dec_stage_names[DS_COUNT] = {"none", "gdn in", "gdn step", "gdn out", "attn in", "attn prep",
-                                                "attention", "attn out", "router", "gate/up", "down", "lm_head"};
+const char *const dec_stage_names[DS_COUNT] = {"none",      "gdn in",   "gdn step", "gdn out", "attn in", "attn prep",
+                                               "attention", "attn out", "router",   "gate/up", "down",    "lm_head"};
 
 void backend_cuda_probe_stage(struct engine *e, enum dec_stage stage, int reps) {
     struct cuda_engine *ce = e->impl;
@@ -927,7 +1011,7 @@ static void apply_tuning(struct cuda_engine *ce) {
     const struct cuda_tuning *t = &ce->tuning, *a = &ce->applied;
     if (t->exact_prefill != a->exact_prefill || t->gdn_recurrent != a->gdn_recurrent) {
         cudaStreamSynchronize(ce->stream);
-        free_scratch(&ce->sc);   // ensure_scratch allocates it again for the next chunk
+        free_scratch(&ce->sc); // ensure_scratch allocates it again for the next chunk
     }
     ce->applied = *t;
 }
@@ -954,22 +1038,22 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         const struct qtensor *qkv[] = {&L->q_proj, &L->k_proj, &L->v_proj};
         float *qkv_y[] = {b->qg, b->kb, b->vb};
         KL(mm_segs(qkv, qkv_y, 3, b->u, ub, T, st));
-        KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap,
-                       g->n_heads, g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
+        KL(k_attn_prep(b->qg, b->kb, b->vb, L->q_norm, L->k_norm, b->q, cs->k[i], cs->v[i], T, p0, s->cap, g->n_heads,
+                       g->n_kv_heads, D, g->rope_dim, g->rope_theta, eps, st));
         // fast: the flash kernel writes only o's bf16 copy xh, o_proj's input (no fp32 o, no
         // k_to_bf16); else o in fp32
         uint16_t *ob = fast ? b->xh : NULL;
         KL(k_flash_attention(b->q, b->qg, cs->k[i], cs->v[i], b->o, ob, T, p0, s->cap, g->n_heads, g->n_kv_heads, D,
                              ce->applied.exact_prefill, st));
-        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, st));   // x += the attention's output
+        KL(mmb_add(&L->o_proj, b->o, ob, T, b->x, st)); // x += the attention's output
     } else {
         const struct qtensor *in[] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
         float *in_y[] = {b->xin, b->z, b->bb, b->aa};
         KL(mm_segs(in, in_y, 4, b->u, ub, T, st));
         KL(k_gdn_conv(b->xin, cs->conv[i], L->conv_w, b->y, T, geom_conv_dim(g), g->conv_kernel, g->lin_k_heads,
                       g->lin_k_dim, st));
-        const uint16_t *gb = NULL;   // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
-        if (b->gdn_ws && T > 1) {   // chunks of 64 tokens on the tensor cores (this model's heads)
+        const uint16_t *gb = NULL; // fast: og's bf16 copy, from the gated norm (chunked) or k_to_bf16
+        if (b->gdn_ws && T > 1) {  // chunks of 64 tokens on the tensor cores (this model's heads)
             KL(k_gdn_chunked(b->y, b->bb, b->aa, b->z, L->A_log, L->dt_bias, L->gdn_norm, cs->S[i], b->og,
                              fast ? b->xh : NULL, b->gdn_ws, T, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim,
                              g->lin_v_dim, eps, ce->applied.exact_prefill, st));
@@ -980,19 +1064,18 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
             gb = to_bf16(fast, b->og, b->xh, (long)T * geom_lin_value_dim(g), st, &rc);
             KL(rc);
         }
-        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, st));   // x += the DeltaNet's output
+        KL(mmb_add(&L->out_proj, b->og, gb, T, b->x, st)); // x += the DeltaNet's output
     }
     // MoE (the router and the shared-expert gate read the fp32 u in both modes; fast: the norm
     // writes its bf16 copy xh too). The norm also forms the shared-expert gate's logit sg from u in
     // fp32 (one row: in the router's launch it took a second wave of blocks); the router is the exact
     // product alone.
-    KL(k_rmsnorm_gate(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, dq(&L->shared_gate), b->sg,
-                      st));
+    KL(k_rmsnorm_gate(b->x, NULL, L->post_norm, b->u, fast ? b->xh : NULL, T, H, eps, dq(&L->shared_gate), b->sg, st));
     const uint16_t *mb = fast ? b->xh : NULL;
-    KL(mm(&L->router, b->u, T, b->rl, st));   // exact, on the fp32 u, in both modes
+    KL(mm(&L->router, b->u, T, b->rl, st)); // exact, on the fp32 u, in both modes
     KL(k_route(b->rl, T, E, K, b->ids, b->w, st));
     KL(mmb(&L->se_gate, b->u, mb, T, b->sgt, st));
-    const uint16_t *sb = NULL;   // fast: the up product's epilogue writes bf16(silu(gate) up) into xa
+    const uint16_t *sb = NULL; // fast: the up product's epilogue writes bf16(silu(gate) up) into xa
     if (mb) {
         KL(k_qmatmul_bf16_swiglu(dq(&L->se_up), mb, L->se_up.cols, NULL, 1, b->sgt, b->xa, L->se_up.rows, NULL, T, NULL,
                                  NULL, 0, st));
@@ -1003,7 +1086,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
     }
     KL(mmb(&L->se_down, b->sact, sb, T, b->shout, st));
     KL(k_moe_dispatch(b->ids, T, E, K, ce->counts, ce->offs, b->slots, st));
-    if (mb) {   // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
+    if (mb) { // fast: mb still holds bf16(u); the up product's epilogue writes bf16(silu(gate) up) into xa
         // M = T K: the compact grid, the experts' row tiles only
         KL(k_qmatmul_bf16(dq(&L->ex_gate), mb, H, b->slots, K, b->eg, I, NULL, T * K, ce->counts, ce->offs, T, st));
         KL(k_qmatmul_bf16_swiglu(dq(&L->ex_up), mb, H, b->slots, K, b->eg, b->xa, I, NULL, T * K, ce->counts, ce->offs,
@@ -1015,7 +1098,7 @@ static int cuda_layer(struct engine *e, struct seq *s, int i, int T, int fast, c
         KL(k_swiglu(b->eg, b->eu, b->ea, (long)T * K * I, st));
         KL(k_qmatmul(dq(&L->ex_down), b->ea, I, NULL, 1, b->ye, H, b->slots, 0, ce->counts, ce->offs, T, st));
     }
-    KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->x, T, K, H, 1, st));   // x += the MoE's output
+    KL(k_moe_combine(b->shout, b->sg, b->w, b->ye, b->x, T, K, H, 1, st)); // x += the MoE's output
     return 0;
 fail:
     return -1;
@@ -1058,7 +1141,8 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     void *st = ce->stream;
     if (T <= DQ_MAXT && mt_fits(e, ce) && (n_rows == 0 || (n_rows == 1 && rows[0] == T - 1))) {
         if (mt_enqueue(e, s, tokens, T, false, err, errlen)) goto fail;
-        if (n_rows) CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
+        if (n_rows)
+            CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
         CK(cudaStreamSynchronize(st));
         return dec_next(ce, next, err, errlen);
     }
@@ -1082,7 +1166,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
                                cudaMemcpyDeviceToHost, st));
         }
         if (r0 + n == nw) KL(k_argmax(ce->logits + (size_t)(n - 1) * V, (int)V, ce->d_next, st));
-        if (r0 + n < nw) CK(cudaStreamSynchronize(st));   // the logits buffer is reused
+        if (r0 + n < nw) CK(cudaStreamSynchronize(st)); // the logits buffer is reused
     }
     CK(cudaMemcpyAsync(ce->h_next, ce->d_next, sizeof(int), cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
@@ -1098,8 +1182,8 @@ static void *cuda_host_alloc(size_t bytes);
 // A chunk and the choice after its last row on the device (k_pick): the constraint's mask goes
 // up (31 KB) while the forward runs, the choice comes back (~200 bytes), the row of logits stays.
 // Sampling draws on the host from the row (pick.c).
-static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tokens, int T,
-                             const struct engine_pick *p, struct engine_choice *c, char *err, size_t errlen) {
+static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tokens, int T, const struct engine_pick *p,
+                             struct engine_choice *c, char *err, size_t errlen) {
     const struct geometry *g = &e->model.g;
     struct cuda_engine *ce = e->impl;
     void *st = ce->stream;
@@ -1120,8 +1204,8 @@ static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tok
         KL(mm(&ce->w.lm_head, ce->hn, 1, ce->logits, st));
         ce->last_row = ce->logits;
     }
-    const uint32_t *allow = p->allow ? p->allow(p->allow_arg) : NULL;   // computed while the forward runs
-    if (p->sampling) {   // the row to the host, the draw there
+    const uint32_t *allow = p->allow ? p->allow(p->allow_arg) : NULL; // computed while the forward runs
+    if (p->sampling) {                                                // the row to the host, the draw there
         if ((!ce->h_row && !(ce->h_row = cuda_host_alloc(sizeof(float) * V))) ||
             (!ce->h_scratch && !(ce->h_scratch = malloc(sizeof(float) * V)))) {
             snprintf(err, errlen, "out of host memory for a row of logits");
@@ -1141,8 +1225,11 @@ static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tok
     CK(cudaMemcpyAsync(ce->h_pick, ce->d_pick, sizeof *ce->h_pick, cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
     const struct k_pick *k = ce->h_pick;
-    *c = (struct engine_choice){.greedy = k->greedy, .chosen = k->chosen, .greedy_lp = k->greedy_lp,
-                                .chosen_lp = k->chosen_lp, .n_top = k->n_top};
+    *c = (struct engine_choice){.greedy = k->greedy,
+                                .chosen = k->chosen,
+                                .greedy_lp = k->greedy_lp,
+                                .chosen_lp = k->chosen_lp,
+                                .n_top = k->n_top};
     memcpy(c->top_id, k->top_id, sizeof c->top_id[0] * (size_t)k->n_top);
     memcpy(c->top_lp, k->top_lp, sizeof c->top_lp[0] * (size_t)k->n_top);
     return 0;
@@ -1162,7 +1249,7 @@ fail:
 
 static int cuda_verify_max(const struct engine *e) {
     const struct cuda_engine *ce = e->impl;
-    const struct cuda_tuning *t = &ce->tuning;   // what the next forward applies
+    const struct cuda_tuning *t = &ce->tuning; // what the next forward applies
     struct cuda_engine probe = {.applied = {.exact_prefill = t->exact_prefill, .exact_decode = t->exact_decode}};
     return mt_fits(e, &probe) ? DQ_MAXT : 0;
 }
@@ -1292,8 +1379,7 @@ static int cuda_layer_probe(struct engine *e, struct seq *s, int layer, const fl
     if (cuda_layer(e, s, layer, T, fast, err, errlen)) goto fail;
     CK(cudaMemcpyAsync(x_out, b->x, sizeof(float) * n, cudaMemcpyDeviceToHost, st));
     if (router_logits)
-        CK(cudaMemcpyAsync(router_logits, b->rl, sizeof(float) * (size_t)T * g->n_experts, cudaMemcpyDeviceToHost,
-                           st));
+        CK(cudaMemcpyAsync(router_logits, b->rl, sizeof(float) * (size_t)T * g->n_experts, cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
     return 0;
 fail:
@@ -1306,7 +1392,9 @@ static void *cuda_host_alloc(size_t bytes) {
     return cudaMallocHost(&p, bytes) == cudaSuccess ? p : NULL;
 }
 
-static void cuda_host_free(void *p) { cudaFreeHost(p); }
+static void cuda_host_free(void *p) {
+    cudaFreeHost(p);
+}
 
 const struct backend_ops backend_cuda = {
     .name = "cuda",
@@ -1329,4 +1417,4 @@ const struct backend_ops backend_cuda = {
     .host_free = cuda_host_free,
 };
 
-#endif   // CALLA_CUDA
+#endif // CALLA_CUDA

@@ -15,10 +15,10 @@ int backend_cuda_available(char *msg, size_t msglen);
 // its mode or delta rule changed, and a sequence's decode graph is captured again where the decode
 // mode or PDL differs from its capture's.
 struct cuda_tuning {
-    bool exact_prefill;   // prefill products, attention and delta rule on hi + lo operands (verification)
-    bool exact_decode;    // decode products in fp32 on the CUDA cores (verification)
-    bool pdl;             // decode kernels with programmatic dependent launch (true at load)
-    bool eager;           // decode kernel by kernel instead of the captured graph (false at load)
+    bool exact_prefill; // prefill products, attention and delta rule on hi + lo operands (verification)
+    bool exact_decode;  // decode products in fp32 on the CUDA cores (verification)
+    bool pdl;           // decode kernels with programmatic dependent launch (true at load)
+    bool eager;         // decode kernel by kernel instead of the captured graph (false at load)
     // Prefill's delta rule token by token instead of chunked (false at load; the test geometries'
     // heads have no chunked form and run the recurrence always).
     bool gdn_recurrent;
@@ -33,8 +33,19 @@ int backend_cuda_decode_replay(struct engine *e, struct seq *s, int n, double *m
 
 // Stages of the decode step, for the stage probe (a measurement: what one stage costs in the step).
 enum dec_stage {
-    DS_NONE, DS_GDN_IN, DS_GDN, DS_GDN_OUT, DS_ATTN_IN, DS_ATTN_PREP, DS_ATTN, DS_ATTN_OUT, DS_ROUTER, DS_GATEUP,
-    DS_DOWN, DS_LM, DS_COUNT
+    DS_NONE,
+    DS_GDN_IN,
+    DS_GDN,
+    DS_GDN_OUT,
+    DS_ATTN_IN,
+    DS_ATTN_PREP,
+    DS_ATTN,
+    DS_ATTN_OUT,
+    DS_ROUTER,
+    DS_GATEUP,
+    DS_DOWN,
+    DS_LM,
+    DS_COUNT
 };
 extern const char *const dec_stage_names[DS_COUNT];
 // Test hook: the stage's launches enqueued reps times (0: skipped, 2: twice) in every layer of the

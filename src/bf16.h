@@ -8,11 +8,17 @@
 
 // bf16 <-> f32
 static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
-static inline uint16_t f32_to_bf16(float f) {   // round to nearest even; NaN stays NaN
-    union { float f; uint32_t u; } v = {.f = f};
+static inline uint16_t f32_to_bf16(float f) { // round to nearest even; NaN stays NaN
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
     if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40);
     return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
 }
@@ -24,6 +30,6 @@ static inline uint16_t bf16_fma_round(float a, float s, float b) {
     const double v = (double)a * s + b;
     if (v == 0 || !isfinite(v)) return f32_to_bf16((float)v);
     int e;
-    const double m = frexp(v, &e);   // |m| in [0.5, 1)
-    return f32_to_bf16((float)ldexp(nearbyint(ldexp(m, 8)), e - 8));   // exact in fp32 and in bf16
+    const double m = frexp(v, &e);                                   // |m| in [0.5, 1)
+    return f32_to_bf16((float)ldexp(nearbyint(ldexp(m, 8)), e - 8)); // exact in fp32 and in bf16
 }

@@ -47,7 +47,9 @@
 
 const int32_t chat_stop_ids[CHAT_N_STOP] = {TOKEN_IM_END, TOKEN_ENDOFTEXT};
 
-int chat_is_stop(int32_t id) { return id == chat_stop_ids[0] || id == chat_stop_ids[1]; }
+int chat_is_stop(int32_t id) {
+    return id == chat_stop_ids[0] || id == chat_stop_ids[1];
+}
 
 struct text {
     const char *p;
@@ -56,7 +58,7 @@ struct text {
 
 struct out {
     char *p;
-    unsigned char *m;   // [n] 1 where the byte is the template's markup (or the model's own output)
+    unsigned char *m; // [n] 1 where the byte is the template's markup (or the model's own output)
     size_t n, cap;
     bool oom;
 };
@@ -81,19 +83,25 @@ static void put(struct out *o, const char *s, size_t n, bool markup) {
     o->p[o->n] = 0;
 }
 
-static void puts_(struct out *o, const char *s) { put(o, s, strlen(s), true); }   // the template's text
-static void putu(struct out *o, const char *s) { put(o, s, strlen(s), false); }   // a client's text
-static void putt(struct out *o, struct text t, bool markup) { put(o, t.p, t.n, markup); }
+static void puts_(struct out *o, const char *s) {
+    put(o, s, strlen(s), true);
+} // the template's text
+static void putu(struct out *o, const char *s) {
+    put(o, s, strlen(s), false);
+} // a client's text
+static void putt(struct out *o, struct text t, bool markup) {
+    put(o, t.p, t.n, markup);
+}
 
 // Length of a whitespace character (Python's str.isspace()) at s[0..n), or 0.
 static size_t space_len(const unsigned char *s, size_t n) {
     if (n >= 1 && ((s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x20))) return 1;
     if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) return 2;
-    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) return 3;  // U+1680
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) return 3; // U+1680
     if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 && (s[2] <= 0x8A || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
-        return 3;  // U+2000..200A, 2028, 2029, 202F
-    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) return 3;  // U+205F
-    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) return 3;  // U+3000
+        return 3;                                                         // U+2000..200A, 2028, 2029, 202F
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) return 3; // U+205F
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) return 3; // U+3000
     return 0;
 }
 
@@ -101,7 +109,7 @@ static struct text trim(struct text t) {
     const unsigned char *s = (const unsigned char *)t.p;
     size_t a = 0, b = t.n, l;
     while (a < b && (l = space_len(s + a, b - a))) a += l;
-    while (b > a) {  // step back over a whitespace character ending at b
+    while (b > a) { // step back over a whitespace character ending at b
         size_t k = 0;
         for (size_t back = 1; back <= 3 && back <= b - a; back++)
             if (space_len(s + b - back, back) == back) {
@@ -134,7 +142,9 @@ static const char *find_last(struct text t, const char *needle) {
     return NULL;
 }
 
-static struct text text_of(const char *s) { return (struct text){s ? s : "", s ? strlen(s) : 0}; }
+static struct text text_of(const char *s) {
+    return (struct text){s ? s : "", s ? strlen(s) : 0};
+}
 
 static const char TOOLS_HOWTO[] =
     "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
@@ -165,7 +175,9 @@ static void put_tools(struct out *b, const struct chat_options *o, const struct 
 static void put_tool_calls(struct out *b, const struct chat_message *m, struct text content) {
     for (size_t k = 0; k < m->n_tool_calls; k++) {
         const struct chat_tool_call *c = &m->tool_calls[k];
-        puts_(b, k ? "\n<tool_call>\n<function=" : trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+        puts_(b, k                 ? "\n<tool_call>\n<function="
+                 : trim(content).n ? "\n\n<tool_call>\n<function="
+                                   : "<tool_call>\n<function=");
         putu(b, c->name ? c->name : "");
         puts_(b, ">\n");
         for (size_t a = 0; a < c->n_args; a++) {
@@ -185,8 +197,8 @@ static bool is_tool_response(struct text t) {
            !memcmp(t.p + t.n - (sizeof close - 1), close, sizeof close - 1);
 }
 
-int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out,
-                size_t *out_len, size_t *boundary, char *err, size_t errlen) {
+int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out, size_t *out_len,
+                size_t *boundary, char *err, size_t errlen) {
     return chat_render_markup(msgs, n, opt, out, NULL, out_len, boundary, err, errlen);
 }
 
@@ -226,14 +238,16 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
     const bool query_before = last_query == n;
 
     size_t last_start = 0;
-    if (o.after_turn) puts_(&b, "\n");   // the end of the rendered turn's "<|im_end|>\n"
-    else if (o.n_tools) put_tools(&b, &o, &msgs[0]);
+    if (o.after_turn)
+        puts_(&b, "\n"); // the end of the rendered turn's "<|im_end|>\n"
+    else if (o.n_tools)
+        put_tools(&b, &o, &msgs[0]);
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role;
         struct text content = trim(text_of(msgs[i].content));
         last_start = b.n;
         if (!strcmp(role, "system")) {
-            if (o.n_tools) continue;   // it went into the tools block
+            if (o.n_tools) continue; // it went into the tools block
             puts_(&b, "<|im_start|>system\n");
             putt(&b, content, false);
             puts_(&b, "<|im_end|>\n");
@@ -252,7 +266,8 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
                 if (open) before = (struct text){open + 7, (size_t)(before.p + before.n - (open + 7))};
                 reasoning = strip_nl(before, true, false);
                 const char *last_end = find_last(content, "</think>");
-                content = strip_nl((struct text){last_end + 8, (size_t)(content.p + content.n - (last_end + 8))}, true, false);
+                content = strip_nl((struct text){last_end + 8, (size_t)(content.p + content.n - (last_end + 8))}, true,
+                                   false);
             }
             reasoning = trim(reasoning);
             puts_(&b, "<|im_start|>assistant\n");
@@ -264,7 +279,7 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
             putt(&b, content, true);
             put_tool_calls(&b, &msgs[i], content);
             puts_(&b, "<|im_end|>\n");
-        } else {  // tool
+        } else { // tool
             if ((i > 0 && strcmp(msgs[i - 1].role, "tool")) || (i == 0 && o.after_turn)) puts_(&b, "<|im_start|>user");
             puts_(&b, "\n<tool_response>\n");
             putt(&b, content, false);
@@ -273,15 +288,18 @@ int chat_render_markup(const struct chat_message *msgs, size_t n, const struct c
         }
     }
     if (o.add_generation_prompt)
-        puts_(&b, o.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        puts_(&b, o.enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                                    : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     if (b.oom || !b.p) {
         free(b.p), free(b.m);
         snprintf(err, errlen, "chat: out of memory");
         return -1;
     }
     *out = b.p;
-    if (markup) *markup = b.m;
-    else free(b.m);
+    if (markup)
+        *markup = b.m;
+    else
+        free(b.m);
     if (out_len) *out_len = b.n;
     if (boundary) *boundary = last_start;
     return 0;

@@ -10,23 +10,23 @@ struct chat_tool_call {
     const char *name;
     size_t n_args;
     const char *const *arg_names;
-    const char *const *arg_values;   // as the template writes them: a string as is, else its JSON
+    const char *const *arg_values; // as the template writes them: a string as is, else its JSON
 };
 
 struct chat_message {
-    const char *role;       // "system" (first message only), "user", "assistant" or "tool"
-    const char *content;    // NULL counts as ""
-    const char *reasoning;  // assistant only: the thinking text (reasoning_content); NULL if none
-    const struct chat_tool_call *tool_calls;   // assistant only
+    const char *role;                        // "system" (first message only), "user", "assistant" or "tool"
+    const char *content;                     // NULL counts as ""
+    const char *reasoning;                   // assistant only: the thinking text (reasoning_content); NULL if none
+    const struct chat_tool_call *tool_calls; // assistant only
     size_t n_tool_calls;
 };
 
 struct chat_options {
-    int enable_thinking;        // 1 (the default): the generation prompt opens "<think>\n"
-    int preserve_thinking;      // 1: every earlier assistant turn keeps its reasoning
-    int add_generation_prompt;  // 1 (the default): end with the assistant header
-    const char *const *tools;   // [n_tools] each tool's JSON as the template's tojson writes it
-    size_t n_tools;             // 0: no tools block
+    int enable_thinking;       // 1 (the default): the generation prompt opens "<think>\n"
+    int preserve_thinking;     // 1: every earlier assistant turn keeps its reasoning
+    int add_generation_prompt; // 1 (the default): end with the assistant header
+    const char *const *tools;  // [n_tools] each tool's JSON as the template's tojson writes it
+    size_t n_tools;            // 0: no tools block
     // 1: msgs continue a conversation already rendered up to the <|im_end|> of its last turn, an
     // assistant one (a stored response's tokens): the output is what the template would add after
     // it, from the newline that ends that turn on; no system message and no tools block (they
@@ -55,8 +55,8 @@ int chat_encode_user(const struct tokenizer *t, const char *text, const struct c
 // *boundary (if not NULL) gets the byte offset where the rendering of the last message starts:
 // out[0 .. *boundary) is the rendered history before it.  Returns 0, or -1 with a message (no
 // messages, an unknown role, a system message after the first, no user query).
-int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out,
-                size_t *out_len, size_t *boundary, char *err, size_t errlen);
+int chat_render(const struct chat_message *msgs, size_t n, const struct chat_options *opt, char **out, size_t *out_len,
+                size_t *boundary, char *err, size_t errlen);
 // The same, and *markup (if not NULL; malloc'd, [*out_len]) marks each byte 1 where it is the
 // template's markup or an assistant message's text (the model's own output), 0 where it is a
 // client's text (system, user and tool content, tool definitions, call arguments).  Added tokens

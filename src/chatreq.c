@@ -34,7 +34,7 @@ int chatreq_clip(const char *s, int max) {
     int n = (int)strnlen(s, (size_t)max + 1);
     if (n <= max) return n;
     n = max;
-    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n] is the first byte left out
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--; // s[n] is the first byte left out
     return n;
 }
 
@@ -44,7 +44,7 @@ int chatreq_clip(const char *s, int max) {
 static bool json_is(const json_t *v, const char *lit, size_t n) {
     json_t *w = json_loadb(lit, n, JSON_DECODE_ANY, NULL);
     bool eq = w && (json_is_number(v) && json_is_number(w) ? json_number_value(v) == json_number_value(w)
-                                                            : json_equal((json_t *)v, w));
+                                                           : json_equal((json_t *)v, w));
     json_decref(w);
     return eq;
 }
@@ -64,7 +64,7 @@ static bool field_inert_ok(const char *type, const json_t *v) {
     if (!strcmp(type, "any")) return true;
     if (!strcmp(type, "string")) return json_is_string(v);
     if (!strcmp(type, "boolean")) return json_is_boolean(v);
-    if (!json_is_object(v)) return false;   // metadata: string values
+    if (!json_is_object(v)) return false; // metadata: string values
     const char *k;
     const json_t *x;
     json_object_foreach((json_t *)v, k, x) if (!json_is_string(x)) return false;
@@ -76,7 +76,7 @@ int chatreq_check_fields(const json_t *body, const struct chatreq_field *fields,
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)body, key, v) {
-        if (json_is_null(v)) continue;   // null is absent, for any field
+        if (json_is_null(v)) continue; // null is absent, for any field
         const struct chatreq_field *f = NULL;
         for (size_t i = 0; !f && i < n; i++)
             if (!strcmp(fields[i].name, key)) f = &fields[i];
@@ -84,8 +84,9 @@ int chatreq_check_fields(const json_t *body, const struct chatreq_field *fields,
         if (!(f->eps & ep)) return req_fail(re, 400, f->name, elsewhere ? elsewhere : "%s is not taken here", f->name);
         if (f->kind == FIELD_INERT && !field_inert_ok(f->arg, v))
             return req_fail(re, 400, f->name, "%s must be %s", f->name,
-                            !strcmp(f->arg, "metadata") ? "an object of strings" : !strcmp(f->arg, "string") ? "a string"
-                                                                                                           : "a boolean");
+                            !strcmp(f->arg, "metadata") ? "an object of strings"
+                            : !strcmp(f->arg, "string") ? "a string"
+                                                        : "a boolean");
         if (f->kind == FIELD_OFF && !field_off(f, v)) return req_fail(re, 400, f->name, "%s", f->why);
     }
     return 0;
@@ -99,11 +100,11 @@ int chatreq_check_fields(const json_t *body, const struct chatreq_field *fields,
 // without the flag: anything else is a 400 naming the parameter (reject, never clamp: the rule of
 // options.h).  One table, checked in order.
 enum greedy_kind {
-    GREEDY_NUM_EQ,      // a number in [lo, hi]; only `greedy` is accepted
-    GREEDY_INT_LE,      // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
-    GREEDY_INT_EQ,      // an integer >= lo; only `greedy` is accepted (n, best_of)
-    GREEDY_NULL,        // must be absent or null (seed)
-    GREEDY_EMPTY_OBJ,   // absent, null or {} (logit_bias)
+    GREEDY_NUM_EQ,    // a number in [lo, hi]; only `greedy` is accepted
+    GREEDY_INT_LE,    // an integer >= lo; values <= `greedy` are accepted (top_k: -1, 0, 1)
+    GREEDY_INT_EQ,    // an integer >= lo; only `greedy` is accepted (n, best_of)
+    GREEDY_NULL,      // must be absent or null (seed)
+    GREEDY_EMPTY_OBJ, // absent, null or {} (logit_bias)
 };
 
 static const struct greedy_rule {
@@ -111,7 +112,7 @@ static const struct greedy_rule {
     enum greedy_kind kind;
     double greedy, lo, hi;
     const char *why;
-    unsigned sample;    // the SAMPLE_ bit of a parameter --allow-sampling takes (0: greedy-only always)
+    unsigned sample; // the SAMPLE_ bit of a parameter --allow-sampling takes (0: greedy-only always)
 } greedy_rules[] = {
     {"temperature", GREEDY_NUM_EQ, 0, 0, 2, "temperature must be 0 (greedy decoding only)", SAMPLE_TEMPERATURE},
     {"top_p", GREEDY_NUM_EQ, 1, 0, 1, "top_p must be 1 (greedy decoding only)", SAMPLE_TOP_P},
@@ -121,7 +122,8 @@ static const struct greedy_rule {
     {"n", GREEDY_INT_EQ, 1, 1, 0, "n must be 1 (one choice per request)", 0},
     {"best_of", GREEDY_INT_EQ, 1, 1, 0, "best_of must be 1 (greedy decoding only)", 0},
     {"seed", GREEDY_NULL, 0, 0, 0, "seed is not supported: decoding is greedy and deterministic", SAMPLE_SEED},
-    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)", SAMPLE_PRESENCE_PENALTY},
+    {"presence_penalty", GREEDY_NUM_EQ, 0, -2, 2, "presence_penalty must be 0 (greedy decoding only)",
+     SAMPLE_PRESENCE_PENALTY},
     {"frequency_penalty", GREEDY_NUM_EQ, 0, -2, 2, "frequency_penalty must be 0 (greedy decoding only)", 0},
     {"repetition_penalty", GREEDY_NUM_EQ, 1, 0, 10, "repetition_penalty must be 1 (greedy decoding only)", 0},
     {"logit_bias", GREEDY_EMPTY_OBJ, 0, 0, 0, "logit_bias is not supported (greedy decoding only)", 0},
@@ -160,7 +162,8 @@ static int check_rule(const struct greedy_rule *g, const json_t *body, const cha
     case GREEDY_INT_LE:
     case GREEDY_INT_EQ:
         if (!chatreq_integral(v, &k)) return req_fail(re, 400, g->name, "%s must be an integer", g->name);
-        if (k < (long long)g->lo) return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
+        if (k < (long long)g->lo)
+            return req_fail(re, 400, g->name, "%s must be at least %g, got %lld", g->name, g->lo, k);
         if (g->kind == GREEDY_INT_LE ? k > (long long)g->greedy : k != (long long)g->greedy)
             return req_fail(re, 400, g->name, "%s, got %lld", why, k);
         break;
@@ -183,7 +186,8 @@ static int get_num(const json_t *body, const char *name, double lo, double hi, b
     if (!json_is_number(v)) return req_fail(re, 400, name, "%s must be a number", name);
     const double d = json_number_value(v);
     if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
-        return req_fail(re, 400, name, "%s must be %s %g and %g, got %g", name, lo_open ? "above" : "between", lo, hi, d);
+        return req_fail(re, 400, name, "%s must be %s %g and %g, got %g", name, lo_open ? "above" : "between", lo, hi,
+                        d);
     *out = d;
     return 0;
 }
@@ -198,36 +202,49 @@ int chatreq_sampling(const json_t *body, bool allow, unsigned takes, double max_
     for (size_t i = 0; i < N_GREEDY_RULES; i++) {
         const struct greedy_rule *g = &greedy_rules[i];
         const bool takes_it = (g->sample & takes) != 0;
-        if (allow && takes_it) continue;   // parsed below
-        if (allow) snprintf(why, sizeof why, "%s is not supported (sampling takes %s)", g->name, list);
-        else snprintf(why, sizeof why, "%s%s", g->why, takes_it ? "; calla serve --allow-sampling enables sampling" : "");
+        if (allow && takes_it) continue; // parsed below
+        if (allow)
+            snprintf(why, sizeof why, "%s is not supported (sampling takes %s)", g->name, list);
+        else
+            snprintf(why, sizeof why, "%s%s", g->why,
+                     takes_it ? "; calla serve --allow-sampling enables sampling" : "");
         if (check_rule(g, body, why, re)) return -1;
     }
     if (!allow) return 0;
     double t, p, mp, pp;
-    if (get_num(body, "temperature", 0, max_temperature, false, 0, &t, re) || get_num(body, "top_p", 0, 1, true, 1, &p, re) ||
-        get_num(body, "min_p", 0, 1, false, 0, &mp, re) || get_num(body, "presence_penalty", -2, 2, false, 0, &pp, re))
+    if (get_num(body, "temperature", 0, max_temperature, false, 0, &t, re) ||
+        get_num(body, "top_p", 0, 1, true, 1, &p, re) || get_num(body, "min_p", 0, 1, false, 0, &mp, re) ||
+        get_num(body, "presence_penalty", -2, 2, false, 0, &pp, re))
         return -1;
     long long k = 0, seed = 0;
     const json_t *v = json_object_get(body, "top_k");
     if (v && !json_is_null(v) && (!chatreq_integral(v, &k) || k < -1 || k > INT32_MAX))
         return req_fail(re, 400, "top_k", "top_k must be an integer, at least 0 (0 or -1: no cut)");
-    if (k < 0) k = 0;   // -1: vLLM's "no cut", the same as 0
+    if (k < 0) k = 0; // -1: vLLM's "no cut", the same as 0
     v = json_object_get(body, "seed");
     const bool has_seed = v && !json_is_null(v);
     if (has_seed && !json_is_integer(v)) return req_fail(re, 400, "seed", "seed must be an integer");
     if (has_seed) seed = json_integer_value(v);
-    if (t == 0) {   // greedy: the other parameters must not ask for what only a draw can do
-        const char *which = p != 1 ? "top_p" : k > 1 ? "top_k" : mp != 0 ? "min_p" : pp != 0 ? "presence_penalty" : NULL;
+    if (t == 0) { // greedy: the other parameters must not ask for what only a draw can do
+        const char *which = p != 1    ? "top_p"
+                            : k > 1   ? "top_k"
+                            : mp != 0 ? "min_p"
+                            : pp != 0 ? "presence_penalty"
+                                      : NULL;
         if (which)
-            return req_fail(re, 400, which, "%s needs a temperature above 0 (with temperature 0 or none, decoding is greedy)",
-                            which);
-        return 0;   // a seed with greedy decoding changes nothing: accepted
+            return req_fail(re, 400, which,
+                            "%s needs a temperature above 0 (with temperature 0 or none, decoding is greedy)", which);
+        return 0; // a seed with greedy decoding changes nothing: accepted
     }
-    *s = (struct gen_sampling){.on = true, .temperature = (float)t, .top_p = (float)p, .min_p = (float)mp,
-                               .presence_penalty = (float)pp, .top_k = (int)k, .seed = (uint64_t)seed,
+    *s = (struct gen_sampling){.on = true,
+                               .temperature = (float)t,
+                               .top_p = (float)p,
+                               .min_p = (float)mp,
+                               .presence_penalty = (float)pp,
+                               .top_k = (int)k,
+                               .seed = (uint64_t)seed,
                                .has_seed = has_seed};
-    if (!has_seed) {   // a random one per request, reported nowhere
+    if (!has_seed) { // a random one per request, reported nowhere
         char hex[17];
         random_hex(hex, 8);
         s->seed = strtoull(hex, NULL, 16);
@@ -261,10 +278,12 @@ int chatreq_get_opt(const json_t *obj, const char *name, json_type type, const j
     const json_t *v = json_object_get(obj, name);
     *out = NULL;
     if (!v || json_is_null(v)) return 0;
-    bool ok = type == JSON_TRUE ? json_is_boolean(v) : type == JSON_INTEGER ? json_is_number(v) : json_typeof(v) == type;
+    bool ok = type == JSON_TRUE      ? json_is_boolean(v)
+              : type == JSON_INTEGER ? json_is_number(v)
+                                     : json_typeof(v) == type;
     if (!ok) {
-        static const char *const names[] = {"an object", "an array", "a string", "an integer", "a number", "a boolean",
-                                            "a boolean", "null"};
+        static const char *const names[] = {"an object", "an array",  "a string",  "an integer",
+                                            "a number",  "a boolean", "a boolean", "null"};
         return req_fail(re, 400, name, "%s must be %s", name, names[type]);
     }
     *out = v;
@@ -282,7 +301,8 @@ int chatreq_get_bool(const json_t *obj, const char *name, bool def, bool *out, s
 static int message_text(const json_t *content, size_t idx, struct sbuf *out, struct req_error *re) {
     if (!content || json_is_null(content)) return 0;
     if (json_is_string(content)) {
-        if (sbuf_add(out, json_string_value(content), json_string_length(content))) return req_fail(re, 500, NULL, "out of memory");
+        if (sbuf_add(out, json_string_value(content), json_string_length(content)))
+            return req_fail(re, 500, NULL, "out of memory");
         return 0;
     }
     if (!json_is_array(content))
@@ -292,19 +312,22 @@ static int message_text(const json_t *content, size_t idx, struct sbuf *out, str
     json_array_foreach(content, i, part) {
         const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_object(part) || !json_is_string(type))
-            return req_fail(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx, i);
+            return req_fail(re, 400, "messages", "messages[%zu].content[%zu] must be an object with a \"type\"", idx,
+                            i);
         if (strcmp(json_string_value(type), "text"))
-            return req_fail(re, 400, "messages", "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)",
-                       idx, i, chatreq_clip(json_string_value(type), 64), json_string_value(type));
+            return req_fail(re, 400, "messages",
+                            "messages[%zu].content[%zu]: type \"%.*s\" is not supported (text only)", idx, i,
+                            chatreq_clip(json_string_value(type), 64), json_string_value(type));
         if (!json_is_string(text))
             return req_fail(re, 400, "messages", "messages[%zu].content[%zu].text must be a string", idx, i);
-        if (sbuf_add(out, json_string_value(text), json_string_length(text))) return req_fail(re, 500, NULL, "out of memory");
+        if (sbuf_add(out, json_string_value(text), json_string_length(text)))
+            return req_fail(re, 500, NULL, "out of memory");
     }
     return 0;
 }
 
-int chatreq_tokens(const struct tokenizer *tok, const char *text, const unsigned char *markup, size_t len, int32_t **ids,
-                  int *n, struct req_error *re) {
+int chatreq_tokens(const struct tokenizer *tok, const char *text, const unsigned char *markup, size_t len,
+                   int32_t **ids, int *n, struct req_error *re) {
     size_t nn = 0;
     char err[256];
     if (tokenizer_encode_markup(tok, text, len, markup, ids, &nn, err, sizeof err))
@@ -341,7 +364,9 @@ static char *own(struct owned *o, char *s) {
     return o->v[o->n++] = s;
 }
 
-static void *own_alloc(struct owned *o, size_t bytes) { return own(o, calloc(1, bytes ? bytes : 1)); }
+static void *own_alloc(struct owned *o, size_t bytes) {
+    return own(o, calloc(1, bytes ? bytes : 1));
+}
 
 static void owned_free(struct owned *o) {
     for (size_t i = 0; i < o->n; i++) free(o->v[i]);
@@ -379,29 +404,34 @@ static int parse_tools(const json_t *body, struct gen_request *r, struct chat_op
         if (desc && !json_is_string(desc))
             return req_fail(re, 400, "tools", "tools[%zu].function.description must be a string", i);
         for (size_t k = 0; k < i; k++)
-            if (!strcmp(json_string_value(name),
-                        json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"))))
+            if (!strcmp(json_string_value(name), json_string_value(json_object_get(
+                                                     json_object_get(json_array_get(tools, k), "function"), "name"))))
                 return req_fail(re, 400, "tools", "tools[%zu]: the function name \"%s\" is used twice", i,
-                           json_string_value(name));
+                                json_string_value(name));
     }
     bool none = false, forced = false;
-    const char *fname = NULL;   // tool_choice names a function
+    const char *fname = NULL; // tool_choice names a function
     if (choice && !json_is_null(choice)) {
         const char *c = json_is_string(choice) ? json_string_value(choice) : NULL;
         const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
-        if (c && !strcmp(c, "none")) none = true;
-        else if (c && !strcmp(c, "auto")) none = false;
-        else if (c && !strcmp(c, "required")) forced = true;
-        else if (json_is_object(choice) && json_is_string(named)) forced = true, fname = json_string_value(named);
+        if (c && !strcmp(c, "none"))
+            none = true;
+        else if (c && !strcmp(c, "auto"))
+            none = false;
+        else if (c && !strcmp(c, "required"))
+            forced = true;
+        else if (json_is_object(choice) && json_is_string(named))
+            forced = true, fname = json_string_value(named);
         else
-            return req_fail(re, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
-                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            return req_fail(re, 400, "tool_choice",
+                            "tool_choice must be \"auto\", \"none\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
         if (!n) return req_fail(re, 400, "tool_choice", "tool_choice needs tools");
     }
     const json_t *par = json_object_get(body, "parallel_tool_calls");
     if (par && !json_is_null(par) && !json_is_boolean(par))
         return req_fail(re, 400, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
-    if (!n || none) return 0;   // "none": the tools are left out of the prompt, output is content
+    if (!n || none) return 0; // "none": the tools are left out of the prompt, output is content
     const char **rendered = own_alloc(own_, sizeof *rendered * n);
     for (size_t i = 0; rendered && i < n; i++) rendered[i] = own(own_, tool_tojson(json_array_get(tools, i)));
     if (own_->oom) return req_fail(re, 500, NULL, "out of memory");
@@ -410,8 +440,10 @@ static int parse_tools(const json_t *body, struct gen_request *r, struct chat_op
     r->tools = json_incref((json_t *)tools);
     if (!forced) return 0;
     // "required" or a named function: the answer is constrained to one well-formed call.
-    if (r->schema) return req_fail(re, 400, "tool_choice", "tool_choice \"required\" or a function cannot be combined with a "
-                                                      "JSON response_format");
+    if (r->schema)
+        return req_fail(re, 400, "tool_choice",
+                        "tool_choice \"required\" or a function cannot be combined with a "
+                        "JSON response_format");
     char err[300];
     if (constrain_compile_tool_call(tools, fname, &r->schema, err, sizeof err))
         return req_fail(re, 400, "tool_choice", "tool_choice: %s", err);
@@ -429,16 +461,23 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
     for (size_t k = 0; k < n; k++) {
         const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
         const json_t *name = json_object_get(f, "name"), *a = json_object_get(f, "arguments");
-        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) || !chatreq_valid_name(json_string_value(name)))
-            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name", idx, k);
+        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) ||
+            !chatreq_valid_name(json_string_value(name)))
+            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu] must have a function with a valid name",
+                            idx, k);
         json_t *args = NULL;
-        if (json_is_string(a)) args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
-        else if (json_is_object(a)) args = json_incref((json_t *)a);
-        else if (!a || json_is_null(a)) args = json_object();
+        if (json_is_string(a))
+            args = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
+        else if (json_is_object(a))
+            args = json_incref((json_t *)a);
+        else if (!a || json_is_null(a))
+            args = json_object();
         if (!json_is_object(args)) {
             json_decref(args);
-            return req_fail(re, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
-                                            "(as a string)", idx, k);
+            return req_fail(re, 400, "messages",
+                            "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object "
+                            "(as a string)",
+                            idx, k);
         }
         size_t na = json_object_size(args), i = 0;
         const char **names = own_alloc(o, sizeof *names * na), **values = own_alloc(o, sizeof *values * na);
@@ -447,12 +486,13 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
         json_object_foreach(args, key, v) {
             if (!names || !values) break;
             names[i] = own(o, strdup(key));
-            values[i++] = own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
+            values[i++] =
+                own(o, json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : tool_tojson(v));
         }
         json_decref(args);
         if (o->oom) return req_fail(re, 500, NULL, "out of memory");
-        tc[k] = (struct chat_tool_call){.name = json_string_value(name), .n_args = na, .arg_names = names,
-                                        .arg_values = values};
+        tc[k] = (struct chat_tool_call){
+            .name = json_string_value(name), .n_args = na, .arg_names = names, .arg_values = values};
     }
     cm->tool_calls = tc;
     cm->n_tool_calls = n;
@@ -463,7 +503,7 @@ static int parse_tool_calls(const json_t *calls, size_t idx, struct chat_message
 // (the template's own variable), a top-level enable_thinking (the same, as some clients send it),
 // or reasoning_effort (chatreq_effort_thinks).  Two that disagree are a 400.
 static int parse_thinking(const json_t *body, const json_t *kw, bool *think, struct req_error *re) {
-    const char *said = NULL;   // the first field that set it
+    const char *said = NULL; // the first field that set it
     bool on = true;
     static const char *const names[] = {"chat_template_kwargs.enable_thinking", "enable_thinking", "reasoning_effort"};
     for (int i = 0; i < 3; i++) {
@@ -476,13 +516,14 @@ static int parse_thinking(const json_t *body, const json_t *kw, bool *think, str
         } else {
             const int k = json_is_string(v) ? chatreq_effort_thinks(json_string_value(v)) : -1;
             if (k < 0)
-                return req_fail(re, 400, "reasoning_effort",
-                                "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
+                return req_fail(
+                    re, 400, "reasoning_effort",
+                    "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
             b = k;
         }
         if (said && b != on)
-            return req_fail(re, 400, i == 2 ? "reasoning_effort" : "enable_thinking", "%s and %s disagree about thinking",
-                            said, names[i]);
+            return req_fail(re, 400, i == 2 ? "reasoning_effort" : "enable_thinking",
+                            "%s and %s disagree about thinking", said, names[i]);
         said = names[i], on = b;
     }
     *think = on;
@@ -511,7 +552,7 @@ int chatreq_render(const json_t *body, bool after_turn, struct gen_request *req,
 
     struct owned own_ = {0};
     struct chat_message *cm = calloc(n, sizeof *cm);
-    struct sbuf *texts = calloc(2 * n, sizeof *texts);   // content, reasoning per message
+    struct sbuf *texts = calloc(2 * n, sizeof *texts); // content, reasoning per message
     char *out = NULL, *hist = NULL;
     int rc = -1;
     if (!cm || !texts) {
@@ -537,7 +578,7 @@ int chatreq_render(const json_t *body, bool after_turn, struct gen_request *req,
         if (!r) {
             const char *rs = json_string_value(role);
             req_fail(re, 400, "messages", "messages[%zu].role \"%.*s\" is unknown (system, user, assistant or tool)", i,
-                chatreq_clip(rs, 64), rs);
+                     chatreq_clip(rs, 64), rs);
             goto done;
         }
         if (!strcmp(r, "developer")) r = "system";
@@ -607,16 +648,16 @@ static int tokenize(const struct tokenizer *tok, const char *out, const unsigned
     int32_t *pre = NULL, *post = NULL;
     int npre = 0, npost = 0, rc = -1;
     const bool cut = boundary > 0 && boundary < len && !strncmp(out + boundary, im_start, sizeof im_start - 1);
-    if (cut ? chatreq_tokens(tok, out, mk, boundary, &pre, &npre, re) || chatreq_tokens(tok, out + boundary, mk + boundary, len - boundary,
-                                                                         &post, &npost, re)
+    if (cut ? chatreq_tokens(tok, out, mk, boundary, &pre, &npre, re) ||
+                  chatreq_tokens(tok, out + boundary, mk + boundary, len - boundary, &post, &npost, re)
             : chatreq_tokens(tok, out, mk, len, &post, &npost, re))
         goto done;
     if (!cut && boundary > 0 && boundary < len && !chatreq_tokens(tok, out, mk, boundary, &pre, &npre, re)) {
-        if (!(npre > 0 && npre < npost && !memcmp(pre, post, sizeof *pre * (size_t)npre))) npre = -1;   // no boundary
+        if (!(npre > 0 && npre < npost && !memcmp(pre, post, sizeof *pre * (size_t)npre))) npre = -1; // no boundary
     } else if (!cut) {
         npre = -1;
     }
-    const int head = cut ? npre : 0;   // tokens of pre that are part of the prompt
+    const int head = cut ? npre : 0; // tokens of pre that are part of the prompt
     if (!(r->prompt = malloc(sizeof *r->prompt * ((size_t)n_before + (size_t)head + (size_t)npost + 1)))) {
         req_fail(re, 500, NULL, "out of memory");
         goto done;
@@ -649,17 +690,18 @@ int chatreq_encode(const struct tokenizer *tok, const json_t *chat, const int32_
 int chatreq_fit(struct gen_request *r, long long context, long long default_max, long long max_tokens,
                 const char *prompt_param, const char *max_param, struct req_error *re) {
     const long long ctx = context;
-    if (r->n_prompt + 2 > ctx)   // the prompt's fault whatever max_tokens says
+    if (r->n_prompt + 2 > ctx) // the prompt's fault whatever max_tokens says
         return req_fail(re, 400, prompt_param,
-                        "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens", r->n_prompt,
-                        ctx);
-    if (max_tokens <= 0) {   // none given: the server default, within what the context has left; -1: all of that
+                        "the prompt (%d tokens) + 1 generated token + 1 exceeds the context of %lld tokens",
+                        r->n_prompt, ctx);
+    if (max_tokens <= 0) { // none given: the server default, within what the context has left; -1: all of that
         const long long left = ctx - r->n_prompt - 1;
         max_tokens = max_tokens < 0 || left < default_max ? left : default_max;
     }
     if (r->n_prompt + max_tokens + 1 > ctx)
-        return req_fail(re, 400, max_param, "prompt (%d tokens) + %s (%lld) + 1 = %lld exceeds the context of %lld tokens",
-                        r->n_prompt, max_param, max_tokens, r->n_prompt + max_tokens + 1, ctx);
+        return req_fail(re, 400, max_param,
+                        "prompt (%d tokens) + %s (%lld) + 1 = %lld exceeds the context of %lld tokens", r->n_prompt,
+                        max_param, max_tokens, r->n_prompt + max_tokens + 1, ctx);
     r->max_tokens = (int)max_tokens;
     return 0;
 }

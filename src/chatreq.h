@@ -29,18 +29,18 @@
 struct tokenizer;
 
 enum {
-    MAX_STOP_BYTES = 256,     // per stop string
-    MAX_TOOLS = 128,          // OpenAI's limit on tools
+    MAX_STOP_BYTES = 256, // per stop string
+    MAX_TOOLS = 128,      // OpenAI's limit on tools
 };
 
 // What parsing a request needs from the server (anthropic.c, responses.c; openai.h has its own).
 struct chatreq_ctx {
     const struct tokenizer *tok;
-    int vocab;                       // token ids must be below it
-    long long context;               // prompt + max_tokens + 1 must fit
-    long long default_max_tokens;    // when the request gives none
+    int vocab;                    // token ids must be below it
+    long long context;            // prompt + max_tokens + 1 must fit
+    long long default_max_tokens; // when the request gives none
     const char *model_name;
-    bool allow_sampling;             // calla serve --allow-sampling: the API's sampling parameters fill gen_request.sampling
+    bool allow_sampling; // calla serve --allow-sampling: the API's sampling parameters fill gen_request.sampling
 };
 
 // ---- checks --------------------------------------------------------------------------------------
@@ -52,18 +52,18 @@ json_t *chatreq_load(const char *data, size_t len, struct req_error *re);
 // features Calla lacks are listed too, with the value that means "off", so that a client sending
 // their defaults is served and any other value is a 400 that says why.
 enum chatreq_field_kind {
-    FIELD_READ,    // read by the API's parser
-    FIELD_INERT,   // accepted, of the type in `arg`; changes nothing in the answer
-    FIELD_OFF,     // a feature Calla lacks: only null and the JSON values in `arg` ("|" between them) pass
+    FIELD_READ,  // read by the API's parser
+    FIELD_INERT, // accepted, of the type in `arg`; changes nothing in the answer
+    FIELD_OFF,   // a feature Calla lacks: only null and the JSON values in `arg` ("|" between them) pass
 };
 
 struct chatreq_field {
     const char *name;
-    unsigned eps;                 // the API's endpoints that take it, a bit each (an API of one endpoint: 1)
+    unsigned eps; // the API's endpoints that take it, a bit each (an API of one endpoint: 1)
     enum chatreq_field_kind kind;
-    const char *arg;              // FIELD_INERT: "string", "boolean", "metadata" (an object of strings) or "any";
-                                  // FIELD_OFF: the values that pass
-    const char *why;              // FIELD_OFF: why any other value is refused
+    const char *arg; // FIELD_INERT: "string", "boolean", "metadata" (an object of strings) or "any";
+                     // FIELD_OFF: the values that pass
+    const char *why; // FIELD_OFF: why any other value is refused
 };
 
 // Every field of body (null ones are absent) is in fields[0..n) with the bit ep, and the inert and
@@ -75,8 +75,13 @@ int chatreq_check_fields(const json_t *body, const struct chatreq_field *fields,
 
 // The sampling parameters an API takes (a bit each) when the server samples (--allow-sampling).
 enum {
-    SAMPLE_TEMPERATURE = 1, SAMPLE_TOP_P = 2, SAMPLE_TOP_K = 4, SAMPLE_MIN_P = 8, SAMPLE_PRESENCE_PENALTY = 16,
-    SAMPLE_SEED = 32, SAMPLE_ALL = 63,
+    SAMPLE_TEMPERATURE = 1,
+    SAMPLE_TOP_P = 2,
+    SAMPLE_TOP_K = 4,
+    SAMPLE_MIN_P = 8,
+    SAMPLE_PRESENCE_PENALTY = 16,
+    SAMPLE_SEED = 32,
+    SAMPLE_ALL = 63,
 };
 // Sampling parameters into *s.  Without allow, every one (temperature, top_p, top_k, min_p, ...,
 // seed, logit_bias) takes only the value that means greedy; with it, those of `takes` fill *s
@@ -120,8 +125,8 @@ int chatreq_render(const json_t *chat, bool after_turn, struct gen_request *r, c
                    size_t *len, size_t *boundary, struct req_error *re);
 // text -> *ids (malloc'd), added tokens recognised only where markup is 1 (markup NULL:
 // anywhere, for a completion prompt, the client's own text); a 400 when it cannot be tokenized.
-int chatreq_tokens(const struct tokenizer *tok, const char *text, const unsigned char *markup, size_t len, int32_t **ids,
-                   int *n, struct req_error *re);
+int chatreq_tokens(const struct tokenizer *tok, const char *text, const unsigned char *markup, size_t len,
+                   int32_t **ids, int *n, struct req_error *re);
 // chat -> r->prompt: the n_before tokens of before (a continued conversation's; NULL, 0: none),
 // then the rendered messages' tokens; r->boundary at the snapshot point.
 int chatreq_encode(const struct tokenizer *tok, const json_t *chat, const int32_t *before, int n_before,

@@ -10,10 +10,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        snprintf(err, errlen, __VA_ARGS__);                                                        \
-        goto fail;                                                                                 \
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        snprintf(err, errlen, __VA_ARGS__);                                                                            \
+        goto fail;                                                                                                     \
     } while (0)
 
 char *read_small_file(const char *path, size_t *len, char *err, size_t errlen) {
@@ -105,8 +105,8 @@ fail:
 
 // Module paths that carry no text weights: the vision tower and the MTP head.
 static bool ignored_key(const char *k) {
-    static const char *const prefixes[] = {"vision_tower.", "model.visual.", "mtp.", CKPT_PREFIX "mtp.",
-                                           CKPT_PREFIX "model.mtp.", "model.mtp."};
+    static const char *const prefixes[] = {"vision_tower.",    "model.visual.",          "mtp.",
+                                           CKPT_PREFIX "mtp.", CKPT_PREFIX "model.mtp.", "model.mtp."};
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
         if (!strncmp(k, prefixes[i], strlen(prefixes[i]))) return true;
     return false;
@@ -115,7 +115,10 @@ static bool ignored_key(const char *k) {
 static int check_text_config(json_t *tc, const struct geometry *g, char *err, size_t errlen) {
     const char *w = "text_config";
     if (expect_str(tc, w, "model_type", "qwen3_5_moe_text", false, err, errlen)) return -1;
-    struct { const char *key; long long v; } ints[] = {
+    struct {
+        const char *key;
+        long long v;
+    } ints[] = {
         {"vocab_size", g->vocab},
         {"hidden_size", g->hidden},
         {"num_hidden_layers", g->n_layers},
@@ -283,7 +286,9 @@ struct name_map {
     int *shard;
 };
 
-static uint64_t str_hash(const char *s) { return fnv1a64(FNV1A64_INIT, s, strlen(s)); }
+static uint64_t str_hash(const char *s) {
+    return fnv1a64(FNV1A64_INIT, s, strlen(s));
+}
 
 static const struct st_tensor *map_get(const struct name_map *m, const char *name, int *shard) {
     for (size_t i = str_hash(name) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
@@ -323,7 +328,8 @@ static void *own(struct model *m, size_t bytes) {
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *d) {
     size_t o = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && o < n; i++) o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)d[i]);
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)d[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
@@ -349,10 +355,10 @@ static int bind_quant(struct model *m, const struct name_map *map, const struct 
         t[k] = map_get(map, name[k], NULL);
         if (!t[k]) FAIL("tensor %s is missing", name[k]);
     }
-    if (t[0]->dtype != ST_U32) FAIL("tensor %s: expected dtype U32 (packed), got %s", name[0], st_dtype_name(t[0]->dtype));
+    if (t[0]->dtype != ST_U32)
+        FAIL("tensor %s: expected dtype U32 (packed), got %s", name[0], st_dtype_name(t[0]->dtype));
     for (int k = 1; k < 3; k++)
-        if (t[k]->dtype != ST_BF16)
-            FAIL("tensor %s: expected dtype BF16, got %s", name[k], st_dtype_name(t[k]->dtype));
+        if (t[k]->dtype != ST_BF16) FAIL("tensor %s: expected dtype BF16, got %s", name[k], st_dtype_name(t[k]->dtype));
     // Bits from the shapes (docs/MODEL.md §5.2): K = scales[-1] * 64, bits = weight[-1] * 32 / K.
     int nd = s->ndim;
     int64_t rows = s->dims[nd - 2], cols = s->dims[nd - 1];
@@ -536,11 +542,13 @@ int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen) 
         json_object_foreach(wm, key, v) {
             int sh;
             const struct st_tensor *t = map_get(&map, key, &sh);
-            if (!t) FAIL("model.safetensors.index.json: tensor %s is listed in %s but not stored there", key, json_string_value(v));
+            if (!t)
+                FAIL("model.safetensors.index.json: tensor %s is listed in %s but not stored there", key,
+                     json_string_value(v));
             const char *base = strrchr(m->shards[sh].path, '/');
             if (strcmp(base ? base + 1 : m->shards[sh].path, json_string_value(v)))
-                FAIL("model.safetensors.index.json: tensor %s is listed in %s but stored in %s", key, json_string_value(v),
-                     m->shards[sh].path);
+                FAIL("model.safetensors.index.json: tensor %s is listed in %s but stored in %s", key,
+                     json_string_value(v), m->shards[sh].path);
         }
         for (size_t i = 0; i < map.cap; i++)
             if (map.slot[i] && !json_object_get(wm, map.slot[i]->name))
@@ -578,7 +586,9 @@ int checkpoint_open(const char *dir, struct model *m, char *err, size_t errlen) 
                     expected = !strcmp(nm, specs[k].name);
             }
         }
-        if (!expected) FAIL("tensor %s (in %s) is not part of the %s text model", t->name, m->shards[map.shard[i]].path, m->g.name);
+        if (!expected)
+            FAIL("tensor %s (in %s) is not part of the %s text model", t->name, m->shards[map.shard[i]].path,
+                 m->g.name);
     }
     free(specs);
     free(map.slot);
@@ -610,7 +620,7 @@ void checkpoint_release(const struct model *m, const void *p, size_t bytes) {
         if (!lo || a < lo || a + bytes > hi) continue;
         const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         uintptr_t b = ((uintptr_t)a + page - 1) & ~(page - 1), e = ((uintptr_t)a + bytes) & ~(page - 1);
-        if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);   // advisory: a failure changes nothing
+        if (e > b) madvise((void *)b, e - b, MADV_DONTNEED); // advisory: a failure changes nothing
         return;
     }
 }

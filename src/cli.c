@@ -24,13 +24,15 @@ int cmd_synth(int argc, char **argv) {
     const struct opt opts[] = {
         {"geometry", OPT_STR, &geometry, 0, 0, "full (qwen3.6-35b-a3b), or a test geometry: tiny, small"},
         {"seed", OPT_INT, &seed, 0, (long long)1 << 62, "PRNG seed (output is byte-identical per seed and profile)"},
-        {"profile", OPT_STR, &profile, 0, 0, "trained (default: peaked routing, router logits std ~3.6, residual "
-                                             "stream near rms 1) or uniform (the first distribution; the golden fixtures')"},
+        {"profile", OPT_STR, &profile, 0, 0,
+         "trained (default: peaked routing, router logits std ~3.6, residual "
+         "stream near rms 1) or uniform (the first distribution; the golden fixtures')"},
         {"out", OPT_STR, &out, 0, 0, "output directory"},
         {"shard-mib", OPT_INT, &shard_mib, 1, 5 * 1024, "largest shard in MiB (default 5120, like mlx-lm)"},
         {"threads", OPT_INT, &threads, 0, 64, "writer threads (0: all cores)"},
-        {"aligned", OPT_FLAG, &aligned, 0, 0, "pad the safetensors headers so every tensor is naturally aligned "
-                                              "(default: unpadded like MLX, tensors at odd offsets)"},
+        {"aligned", OPT_FLAG, &aligned, 0, 0,
+         "pad the safetensors headers so every tensor is naturally aligned "
+         "(default: unpadded like MLX, tensors at odd offsets)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "write a random-weight checkpoint in the exact MLX layout";
@@ -52,17 +54,21 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "calla synth: unknown profile \"%s\" (known: trained, uniform)\n", profile);
         return 2;
     }
-    struct synth_options so = {
-        .g = g, .profile = sp, .seed = (uint64_t)seed, .out_dir = out, .max_shard_bytes = shard_mib << 20, .threads = (int)threads,
-        .aligned = aligned};
+    struct synth_options so = {.g = g,
+                               .profile = sp,
+                               .seed = (uint64_t)seed,
+                               .out_dir = out,
+                               .max_shard_bytes = shard_mib << 20,
+                               .threads = (int)threads,
+                               .aligned = aligned};
     double t0 = now_s();
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "calla synth: %s\n", err);
         return 1;
     }
     struct model_size ms = model_size_of(g);
-    fprintf(stderr, "calla synth: wrote %s (%s, seed %lld, profile %s): %lld tensors, %.3f GB in %.1f s\n", out, g->name, seed,
-            profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
+    fprintf(stderr, "calla synth: wrote %s (%s, seed %lld, profile %s): %lld tensors, %.3f GB in %.1f s\n", out,
+            g->name, seed, profile, (long long)ms.n_tensors, (double)ms.bytes / 1e9, now_s() - t0);
     return 0;
 }
 
@@ -70,7 +76,8 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     const struct opt opts[] = {{"model", OPT_STR, &dir, 0, 0, "checkpoint directory"}};
     const char *summary = "validate a checkpoint and print its geometry and sizes";
-    if (argc == 2 && strncmp(argv[1], "--", 2)) dir = argv[1];   // `calla info DIR`
+    if (argc == 2 && strncmp(argv[1], "--", 2))
+        dir = argv[1]; // `calla info DIR`
     else {
         int b = opts_begin(argc, argv, "info", summary, opts, 1);
         if (b) return b > 0 ? 0 : 2;
@@ -109,7 +116,8 @@ int cmd_info(int argc, char **argv) {
            (double)m.state.kv_bytes_per_token * g->max_ctx / 1e9, g->max_ctx);
     printf("deltanet state %.1f MiB (fp32 recurrent + conv window)\n", (double)m.state.gdn_bytes / 1048576.0);
     printf("validated      in %.2f s; %lld tensors unaligned in the file (read in place); %.1f MiB of host memory "
-           "besides the mapping\n", dt, (long long)m.n_unaligned, (double)m.owned_bytes / 1048576.0);
+           "besides the mapping\n",
+           dt, (long long)m.n_unaligned, (double)m.owned_bytes / 1048576.0);
     checkpoint_close(&m);
     return 0;
 }
@@ -134,7 +142,8 @@ static int parse_ids(const char *s, int32_t **ids, int *n, char *err, size_t err
         }
         v[k++] = (int32_t)x;
         p = end;
-        if (*p == ',') p++;
+        if (*p == ',')
+            p++;
         else if (*p) {
             snprintf(err, errlen, "--prompt-tokens: unexpected \"%c\" in \"%s\"", *p, s);
             free(v);
@@ -153,14 +162,14 @@ static int parse_ids(const char *s, int32_t **ids, int *n, char *err, size_t err
 
 // `calla run`'s sink: each token's text (or id) to stdout as it comes.
 struct run_out {
-    bool ids;                       // print ids (comma-separated), not text
+    bool ids; // print ids (comma-separated), not text
     int n;
     struct progress_line progress;
 };
 
 static void run_progress(void *ctx, int done, int total) {
     struct run_out *o = ctx;
-    if (done) progress_line(&o->progress, done, total);   // (not before the first chunk)
+    if (done) progress_line(&o->progress, done, total); // (not before the first chunk)
 }
 
 static void run_token(void *ctx, int32_t id) {
@@ -191,8 +200,9 @@ int cmd_run(int argc, char **argv) {
         {"ignore-eos", OPT_FLAG, &ignore_eos, 0, 0, "do not stop at <|im_end|> / <|endoftext|>"},
         {"kv-f32", OPT_FLAG, &kv_f32, 0, 0, "CPU backend: fp32 KV cache instead of bf16"},
         {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (fp32-level products; CALLA_EXACT=1)"},
-        {"speculative", OPT_ONOFF, &speculative, 0, 0, "speculative decoding: drafts from the prompt and the output, "
-                                                       "verified several tokens a forward; the same tokens (default on)"},
+        {"speculative", OPT_ONOFF, &speculative, 0, 0,
+         "speculative decoding: drafts from the prompt and the output, "
+         "verified several tokens a forward; the same tokens (default on)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "generate greedily from a prompt; prints the generated token ids";
@@ -253,8 +263,12 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
     // Every token printed as it comes, the stop token included; no channels, no stop strings.
-    struct gen_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = (int)max_tokens, .logprobs = -1,
-                              .ignore_stop = ignore_eos, .echo_stop = true};
+    struct gen_request req = {.prompt = prompt,
+                              .n_prompt = n_prompt,
+                              .max_tokens = (int)max_tokens,
+                              .logprobs = -1,
+                              .ignore_stop = ignore_eos,
+                              .echo_stop = true};
     struct run_out ro = {.ids = !tok_text, .progress = {"calla run", now_s()}};
     const struct gen_sink sink = {.ctx = &ro, .progress = run_progress, .token = run_token, .text = run_text};
     const struct gen_env env = {.e = e, .s = s, .tok = tok_text, .speculative = speculative};
@@ -268,8 +282,10 @@ int cmd_run(int argc, char **argv) {
     free(res.ids);
     printf("\n");
     double t1 = res.t_prefilled, t2 = now_s();
-    fprintf(stderr, "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token, "
-            "%d drafted, %d accepted\n", engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), res.n,
+    fprintf(stderr,
+            "# backend %s, prompt %d tokens in %.3f s (%.1f tok/s), %d generated, decode %.2f ms/token, "
+            "%d drafted, %d accepted\n",
+            engine_backend(e), n_prompt, t1 - t0, n_prompt / (t1 - t0), res.n,
             res.n > 1 ? 1e3 * (t2 - t1) / (res.n - 1) : 0.0, res.drafted, res.accepted);
     rc = 0;
 out_seq:
@@ -302,11 +318,16 @@ static void print_c_string(const char *s, size_t n) {
     putchar('"');
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') printf("\\n");
-        else if (c == '\t') printf("\\t");
-        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c);
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            printf("\\n");
+        else if (c == '\t')
+            printf("\\t");
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
     }
     putchar('"');
 }

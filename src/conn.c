@@ -11,11 +11,11 @@
 
 // The connections of one client address (IPv4, or IPv6; an IPv4-mapped IPv6 address is its IPv4).
 struct conn_addr {
-    struct conn_addr *next;       // the bucket's chain
+    struct conn_addr *next; // the bucket's chain
     unsigned char key[16];
-    int len;                      // 4 or 16
-    int n;                        // its connections not shut down
-    struct conn *conns;           // all of them listed
+    int len;            // 4 or 16
+    int n;              // its connections not shut down
+    struct conn *conns; // all of them listed
 };
 
 void conn_table_init(struct conn_table *t, int max_total, int max_per_ip, double request_timeout) {
@@ -25,7 +25,9 @@ void conn_table_init(struct conn_table *t, int max_total, int max_per_ip, double
     t->max_total = max_total, t->max_per_ip = max_per_ip, t->request_timeout = request_timeout;
 }
 
-int conn_headroom(int max_total) { return max_total / 8 + 64; }
+int conn_headroom(int max_total) {
+    return max_total / 8 + 64;
+}
 
 static int addr_key(const struct sockaddr *sa, unsigned char key[16]) {
     if (sa && sa->sa_family == AF_INET) {
@@ -41,7 +43,7 @@ static int addr_key(const struct sockaddr *sa, unsigned char key[16]) {
         memcpy(key, a->s6_addr, 16);
         return 16;
     }
-    memset(key, 0, 4);   // (no address: one shared entry)
+    memset(key, 0, 4); // (no address: one shared entry)
     return 4;
 }
 
@@ -72,12 +74,16 @@ static void addr_drop(struct conn_table *t, struct conn_addr *a) {
 // ---- the lists, under mu --------------------------------------------------------------------------
 
 static void unlink_k(struct conn_table *t, struct conn *k) {
-    if (k->fd < 0) return;   // a shut-down connection is on no list
+    if (k->fd < 0) return; // a shut-down connection is on no list
     struct conn **head = k->busy ? &t->busy : &t->idle_head;
-    if (k->prev) k->prev->next = k->next;
-    else *head = k->next;
-    if (k->next) k->next->prev = k->prev;
-    else if (!k->busy) t->idle_tail = k->prev;
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        *head = k->next;
+    if (k->next)
+        k->next->prev = k->prev;
+    else if (!k->busy)
+        t->idle_tail = k->prev;
     k->prev = k->next = NULL;
 }
 
@@ -85,8 +91,10 @@ static void push_idle(struct conn_table *t, struct conn *k) {
     k->busy = false;
     k->since = now_s();
     k->prev = t->idle_tail, k->next = NULL;
-    if (t->idle_tail) t->idle_tail->next = k;
-    else t->idle_head = k;
+    if (t->idle_tail)
+        t->idle_tail->next = k;
+    else
+        t->idle_head = k;
     t->idle_tail = k;
 }
 
@@ -125,14 +133,14 @@ struct conn *conn_open(struct conn_table *t, int fd, const struct sockaddr *sa) 
     a->n++;
     t->live++;
     push_idle(t, k);
-    if (a->n > t->max_per_ip) {   // the address's oldest idle connection (this one, when all the others are busy)
+    if (a->n > t->max_per_ip) { // the address's oldest idle connection (this one, when all the others are busy)
         struct conn *old = NULL;
-        for (struct conn *x = a->conns; x; x = x->anext)   // (newest first: on a tie the older one wins)
+        for (struct conn *x = a->conns; x; x = x->anext) // (newest first: on a tie the older one wins)
             if (x->fd >= 0 && !x->busy && (!old || x->since <= old->since)) old = x;
         shut(t, old);
         t->evicted++;
     }
-    if (t->live > t->max_total && t->idle_head) {   // the oldest idle connection of all
+    if (t->live > t->max_total && t->idle_head) { // the oldest idle connection of all
         shut(t, t->idle_head);
         t->evicted++;
     }
@@ -148,8 +156,10 @@ void conn_close(struct conn_table *t, struct conn *k) {
         k->addr->n--;
     }
     struct conn_addr *a = k->addr;
-    if (k->aprev) k->aprev->anext = k->anext;
-    else a->conns = k->anext;
+    if (k->aprev)
+        k->aprev->anext = k->anext;
+    else
+        a->conns = k->anext;
     if (k->anext) k->anext->aprev = k->aprev;
     addr_drop(t, a);
     pthread_mutex_unlock(&t->mu);

@@ -27,26 +27,26 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
-enum { CONN_BUCKETS = 4096 };   // hash buckets of the addresses
+enum { CONN_BUCKETS = 4096 }; // hash buckets of the addresses
 
 struct conn_addr;
 
 struct conn {
-    struct conn *prev, *next;     // the idle list (oldest first) or the busy list
-    struct conn *aprev, *anext;   // the connections of its address
+    struct conn *prev, *next;   // the idle list (oldest first) or the busy list
+    struct conn *aprev, *anext; // the connections of its address
     struct conn_addr *addr;
-    int fd;                       // -1 once shut down (listed until libmicrohttpd closes it)
-    bool busy;                    // a request of it is being answered
-    double since;                 // idle: when it became idle
-    struct job *job;              // busy with a generation: its job (the request holds the reference)
+    int fd;          // -1 once shut down (listed until libmicrohttpd closes it)
+    bool busy;       // a request of it is being answered
+    double since;    // idle: when it became idle
+    struct job *job; // busy with a generation: its job (the request holds the reference)
 };
 
 struct conn_table {
-    pthread_mutex_t mu;           // everything below
+    pthread_mutex_t mu; // everything below
     pthread_cond_t cv;
     struct conn *idle_head, *idle_tail, *busy;
     struct conn_addr *buckets[CONN_BUCKETS];
-    int live;                     // listed and not shut down
+    int live; // listed and not shut down
     int max_total, max_per_ip;
     double request_timeout;       // seconds
     unsigned long long timed_out; // closed by the deadline

@@ -10,42 +10,50 @@
 // ---- compiled schemas ----------------------------------------------------------------------------
 
 enum kind {
-    K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITS, K_ANYOF, K_REF,
-    K_SEQ,   // the tool-call grammar: its children (alts) one after another
-    K_RAW,   // free text up to and including a terminator (lits[0]); "</" never inside
+    K_ANY,
+    K_OBJECT,
+    K_ARRAY,
+    K_STRING,
+    K_NUMBER,
+    K_INTEGER,
+    K_LITS,
+    K_ANYOF,
+    K_REF,
+    K_SEQ, // the tool-call grammar: its children (alts) one after another
+    K_RAW, // free text up to and including a terminator (lits[0]); "</" never inside
 };
 
 struct lit {
-    char *s;        // a key as JSON text ("\"city\"") or a literal value as compact JSON
+    char *s; // a key as JSON text ("\"city\"") or a literal value as compact JSON
     size_t n;
-    int prop;       // keys: the property's index
+    int prop; // keys: the property's index
 };
 
 struct cnode {
     enum kind kind;
     // K_OBJECT
-    bool any_keys;               // keys are any strings and values any JSON (json_object)
+    bool any_keys; // keys are any strings and values any JSON (json_object)
     int n_props;
-    struct lit *keys;            // [n_props] sorted by text
-    struct cnode **props;        // [n_props] by property index
-    uint64_t required;           // bit i: property i must be given
+    struct lit *keys;     // [n_props] sorted by text
+    struct cnode **props; // [n_props] by property index
+    uint64_t required;    // bit i: property i must be given
     // K_ARRAY
     struct cnode *items;
     // K_LITS
     int n_lits;
-    struct lit *lits;            // sorted by text
+    struct lit *lits; // sorted by text
     // K_ANYOF
     int n_alts;
     struct cnode **alts;
     // K_REF
     struct cnode *target;
-    int minlen;                  // bytes of the shortest value (for closing a document in time)
-    struct cnode *next_alloc;    // the schema's list of its nodes
+    int minlen;               // bytes of the shortest value (for closing a document in time)
+    struct cnode *next_alloc; // the schema's list of its nodes
 };
 
 struct cschema {
     struct cnode *root;
-    struct cnode *nodes;         // every node allocated for this schema
+    struct cnode *nodes; // every node allocated for this schema
 };
 
 static struct lit any_lit_texts[] = {{"false", 5, 0}, {"null", 4, 0}, {"true", 4, 0}};
@@ -56,7 +64,7 @@ static struct cnode any_lits = {.kind = K_LITS, .n_lits = 3, .lits = any_lit_tex
 static struct cnode any_array = {.kind = K_ARRAY, .items = &any_node, .minlen = 2};
 static struct cnode any_object = {.kind = K_OBJECT, .any_keys = true, .minlen = 2};
 
-enum { FAR = 1 << 20 };   // a value that cannot be finished (or not yet known)
+enum { FAR = 1 << 20 }; // a value that cannot be finished (or not yet known)
 
 // Bytes to give the required properties in mask (each "key":value, with commas between).
 static int props_len(const struct cnode *n, uint64_t mask) {
@@ -73,24 +81,30 @@ static int props_len(const struct cnode *n, uint64_t mask) {
 static int node_minlen(const struct cnode *n) {
     int m = FAR;
     switch (n->kind) {
-    case K_OBJECT: return n->any_keys ? 2 : 2 + props_len(n, n->required);
-    case K_ARRAY: return 2;
-    case K_STRING: return 2;
+    case K_OBJECT:
+        return n->any_keys ? 2 : 2 + props_len(n, n->required);
+    case K_ARRAY:
+        return 2;
+    case K_STRING:
+        return 2;
     case K_NUMBER:
     case K_INTEGER:
-    case K_ANY: return 1;
+    case K_ANY:
+        return 1;
     case K_LITS:
         for (int i = 0; i < n->n_lits; i++) m = (int)n->lits[i].n < m ? (int)n->lits[i].n : m;
         return m;
     case K_ANYOF:
         for (int i = 0; i < n->n_alts; i++) m = n->alts[i]->minlen < m ? n->alts[i]->minlen : m;
         return m;
-    case K_REF: return n->target ? n->target->minlen : FAR;
+    case K_REF:
+        return n->target ? n->target->minlen : FAR;
     case K_SEQ:
         m = 0;
         for (int i = 0; i < n->n_alts && m < FAR; i++) m += n->alts[i]->minlen;
         return m < FAR ? m : FAR;
-    case K_RAW: return (int)n->lits[0].n;
+    case K_RAW:
+        return (int)n->lits[0].n;
     }
     return FAR;
 }
@@ -110,8 +124,8 @@ static void compute_minlen(struct cschema *c) {
 struct compiler {
     struct cschema *c;
     const json_t *root_json;
-    json_t *refs;                // "#/$defs/NAME" -> node address (as an integer)
-    struct cnode *root_ref;      // "#"
+    json_t *refs;           // "#/$defs/NAME" -> node address (as an integer)
+    struct cnode *root_ref; // "#"
     char *err;
     size_t errlen;
     int n_nodes;
@@ -144,20 +158,23 @@ static int fail(struct compiler *cc, const char *fmt, const char *arg) {
 
 static struct cnode *compile(struct compiler *cc, const json_t *s, int depth);
 
-static const char *const known_keywords[] = {"type", "properties", "required", "additionalProperties", "items", "enum",
-                                             "const", "anyOf", "$defs", "definitions", "$ref", "description", "title",
-                                             "default", "$schema", "$id", "strict", "name"};
+static const char *const known_keywords[] = {
+    "type",   "properties",  "required", "additionalProperties", "items", "enum",    "const",   "anyOf",
+    "$defs",  "definitions", "$ref",     "description",          "title", "default", "$schema", "$id",
+    "strict", "name"};
 
 static struct cnode *compile_ref(struct compiler *cc, const char *ref, int depth) {
     if (!strcmp(ref, "#")) return cc->root_ref;
     const char *name = NULL, *section = NULL;
-    if (!strncmp(ref, "#/$defs/", 8)) name = ref + 8, section = "$defs";
-    else if (!strncmp(ref, "#/definitions/", 14)) name = ref + 14, section = "definitions";
+    if (!strncmp(ref, "#/$defs/", 8))
+        name = ref + 8, section = "$defs";
+    else if (!strncmp(ref, "#/definitions/", 14))
+        name = ref + 14, section = "definitions";
     const json_t *def = name ? json_object_get(json_object_get(cc->root_json, section), name) : NULL;
     if (!def) return fail(cc, "$ref \"%.200s\" does not name a schema in $defs", ref), NULL;
     json_t *known = json_object_get(cc->refs, ref);
     if (known) return (struct cnode *)(uintptr_t)json_integer_value(known);
-    struct cnode *r = node_new(cc, K_REF);   // in the map before its body: recursion ends here
+    struct cnode *r = node_new(cc, K_REF); // in the map before its body: recursion ends here
     if (!r || json_object_set_new(cc->refs, ref, json_integer((json_int_t)(uintptr_t)r))) return NULL;
     return (r->target = compile(cc, def, depth + 1)) ? r : NULL;
 }
@@ -210,7 +227,7 @@ static struct cnode *compile_object(struct compiler *cc, const json_t *s, int de
     const json_t *r;
     json_array_foreach(req, ri, r) {
         int found = -1;
-        char *t = json_is_string(r) ? json_dumps(r, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;   // as the keys are kept
+        char *t = json_is_string(r) ? json_dumps(r, JSON_ENCODE_ANY | JSON_COMPACT) : NULL; // as the keys are kept
         for (int i = 0; i < nd->n_props && t; i++)
             if (!strcmp(nd->keys[i].s, t)) found = i;
         free(t);
@@ -238,7 +255,9 @@ static struct cnode *compile_type(struct compiler *cc, const json_t *s, const ch
         struct cnode *nd = node_new(cc, K_INTEGER);
         return nd;
     }
-    json_t *lits = !strcmp(type, "boolean") ? json_pack("[b, b]", 0, 1) : !strcmp(type, "null") ? json_pack("[n]") : NULL;
+    json_t *lits = !strcmp(type, "boolean") ? json_pack("[b, b]", 0, 1)
+                   : !strcmp(type, "null")  ? json_pack("[n]")
+                                            : NULL;
     if (!lits) return fail(cc, "type \"%.64s\" is unknown", type), NULL;
     struct cnode *nd = compile_lits(cc, lits);
     json_decref(lits);
@@ -253,7 +272,8 @@ static struct cnode *compile(struct compiler *cc, const json_t *s, int depth) {
     const json_t *v;
     json_object_foreach((json_t *)s, k, v) {
         bool ok = false;
-        for (size_t i = 0; i < sizeof known_keywords / sizeof known_keywords[0]; i++) ok |= !strcmp(k, known_keywords[i]);
+        for (size_t i = 0; i < sizeof known_keywords / sizeof known_keywords[0]; i++)
+            ok |= !strcmp(k, known_keywords[i]);
         if (!ok) return fail(cc, "the JSON Schema keyword \"%.64s\" is not supported", k), NULL;
     }
     const json_t *ref = json_object_get(s, "$ref"), *en = json_object_get(s, "enum"), *co = json_object_get(s, "const");
@@ -281,7 +301,7 @@ static struct cnode *compile(struct compiler *cc, const json_t *s, int depth) {
         if (!nd || !(nd->alts = calloc(n, sizeof *nd->alts))) return fail(cc, "%s", "out of memory"), NULL;
         for (size_t i = 0; i < n; i++) {
             const json_t *alt = json_array_get(list, i);
-            if (!any) {   // "type": [a, b]: the same schema once per type
+            if (!any) { // "type": [a, b]: the same schema once per type
                 if (!json_is_string(alt)) return fail(cc, "%s entries must be strings", "type"), NULL;
                 if (!(nd->alts[i] = compile_type(cc, s, json_string_value(alt), depth))) return NULL;
             } else if (!(nd->alts[i] = compile(cc, alt, depth + 1))) {
@@ -385,9 +405,12 @@ static bool add_value(struct compiler *cc, struct cnode *seq, const json_t *sche
     json_t *texts;
     const enum tool_value form = tool_value_form(schema, params, &texts);
     bool ok;
-    if (form == TOOL_VALUE_JSON) ok = seq_add(cc, seq, json) && seq_add(cc, seq, lit_node(cc, K_LITS, close));
-    else if (!texts) ok = seq_add(cc, seq, lit_node(cc, K_RAW, close));
-    else ok = seq_add(cc, seq, compile_texts(cc, texts, form == TOOL_VALUE_TEXT_OR_NULL, close));
+    if (form == TOOL_VALUE_JSON)
+        ok = seq_add(cc, seq, json) && seq_add(cc, seq, lit_node(cc, K_LITS, close));
+    else if (!texts)
+        ok = seq_add(cc, seq, lit_node(cc, K_RAW, close));
+    else
+        ok = seq_add(cc, seq, compile_texts(cc, texts, form == TOOL_VALUE_TEXT_OR_NULL, close));
     json_decref(texts);
     return ok;
 }
@@ -402,7 +425,7 @@ static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
     char head[160];
     snprintf(head, sizeof head, "<tool_call>\n<function=%s>\n", name ? name : "");
     struct cnode *seq = node_new(cc, K_SEQ);
-    cc->root_json = params;   // $ref inside the parameters resolves there
+    cc->root_json = params; // $ref inside the parameters resolves there
     json_object_clear(cc->refs);
     if (!seq || !seq_add(cc, seq, lit_node(cc, K_LITS, head))) return NULL;
     const char *k;
@@ -415,7 +438,7 @@ static struct cnode *compile_call(struct compiler *cc, const json_t *fn) {
         if (!required) continue;
         char open[320];
         if (strlen(k) > 200) return fail(cc, "parameter name \"%.64s...\" is too long", k), NULL;
-        if (strpbrk(k, ">\n"))   // the parser reads a name up to its '>', on one line
+        if (strpbrk(k, ">\n")) // the parser reads a name up to its '>', on one line
             return fail(cc, "parameter name \"%.64s\" cannot be written in a tool call's markup", k), NULL;
         snprintf(open, sizeof open, "<parameter=%s>\n", k);
         if (!seq_add(cc, seq, lit_node(cc, K_LITS, open)) || !add_value(cc, seq, v, params)) return NULL;
@@ -466,23 +489,40 @@ void constrain_free(struct cschema *c) {
 // ---- the matcher ---------------------------------------------------------------------------------
 
 enum st {
-    ST_START,                                       // nothing of the value yet
-    ST_OBJ_OPEN, ST_OBJ_KEY, ST_OBJ_KEYG, ST_OBJ_COLON, ST_OBJ_VALUE, ST_OBJ_AFTER, ST_OBJ_NEXT,
-    ST_ARR_OPEN, ST_ARR_VALUE, ST_ARR_AFTER,
-    ST_STR, ST_STR_ESC, ST_STR_U,
-    ST_NUM_SIGN, ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC0, ST_NUM_FRAC, ST_NUM_EXP0, ST_NUM_EXPS, ST_NUM_EXP,
+    ST_START, // nothing of the value yet
+    ST_OBJ_OPEN,
+    ST_OBJ_KEY,
+    ST_OBJ_KEYG,
+    ST_OBJ_COLON,
+    ST_OBJ_VALUE,
+    ST_OBJ_AFTER,
+    ST_OBJ_NEXT,
+    ST_ARR_OPEN,
+    ST_ARR_VALUE,
+    ST_ARR_AFTER,
+    ST_STR,
+    ST_STR_ESC,
+    ST_STR_U,
+    ST_NUM_SIGN,
+    ST_NUM_ZERO,
+    ST_NUM_INT,
+    ST_NUM_FRAC0,
+    ST_NUM_FRAC,
+    ST_NUM_EXP0,
+    ST_NUM_EXPS,
+    ST_NUM_EXP,
     ST_LIT,
-    ST_SEQ,    // k: children started
-    ST_RAW,    // k: terminator bytes matched; prop: 1 after a '<' outside the terminator
+    ST_SEQ, // k: children started
+    ST_RAW, // k: terminator bytes matched; prop: 1 after a '<' outside the terminator
 };
 
 struct frame {
     const struct cnode *n;
     uint8_t st;
-    uint16_t k;            // bytes of the literal or key matched; \u digits seen; digits of a number's part
-    uint16_t lo, hi;       // candidates among the sorted literals or keys
-    int16_t prop;          // the property whose value follows
-    uint64_t seen;         // properties given
+    uint16_t k;      // bytes of the literal or key matched; \u digits seen; digits of a number's part
+    uint16_t lo, hi; // candidates among the sorted literals or keys
+    int16_t prop;    // the property whose value follows
+    uint64_t seen;   // properties given
 };
 
 struct thread {
@@ -507,12 +547,14 @@ struct cstate *cstate_new(const struct cschema *c) {
     struct cstate *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->c = c;
-    s->n = c ? 1 : 0;   // no schema: scratch for cstate_copy only
+    s->n = c ? 1 : 0; // no schema: scratch for cstate_copy only
     if (c) thread_init(&s->t[0], c->root);
     return s;
 }
 
-void cstate_free(struct cstate *s) { free(s); }
+void cstate_free(struct cstate *s) {
+    free(s);
+}
 
 static void thread_copy(struct thread *d, const struct thread *s) {
     d->depth = s->depth;
@@ -536,9 +578,12 @@ static bool push(struct thread *t, const struct cnode *n) {
 static void pop(struct thread *t) {
     if (--t->depth == 0) return;
     struct frame *p = &t->f[t->depth - 1];
-    if (p->st == ST_OBJ_KEYG) p->st = ST_OBJ_COLON;
-    else if (p->st == ST_OBJ_VALUE) p->st = ST_OBJ_AFTER;
-    else if (p->st == ST_ARR_VALUE) p->st = ST_ARR_AFTER;   // ST_SEQ: its count already moved on
+    if (p->st == ST_OBJ_KEYG)
+        p->st = ST_OBJ_COLON;
+    else if (p->st == ST_OBJ_VALUE)
+        p->st = ST_OBJ_AFTER;
+    else if (p->st == ST_ARR_VALUE)
+        p->st = ST_ARR_AFTER; // ST_SEQ: its count already moved on
 }
 
 // Narrows [lo, hi) of sorted texts to those whose byte k is b (keys: of properties not given
@@ -555,7 +600,9 @@ static bool narrow(const struct lit *l, struct frame *f, unsigned char b, uint64
     return true;
 }
 
-static bool is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
+static bool is_digit(unsigned char b) {
+    return b >= '0' && b <= '9';
+}
 
 // Numbers are bounded to what the server's own JSON parser (jansson) reads back, in tool-call
 // arguments and json_schema answers alike.  jansson reads a number without a fraction or an
@@ -586,9 +633,11 @@ static bool start(struct cstate *s, int ti, struct frame *f, unsigned char b) {
     const struct cnode *n = f->n;
     switch (n->kind) {
     case K_ANY:
-        f->n = b == '{' ? &any_object : b == '[' ? &any_array : b == '"' ? &any_string
-               : b == '-' || is_digit(b)   ? &any_number
-                                           : &any_lits;
+        f->n = b == '{'                  ? &any_object
+               : b == '['                ? &any_array
+               : b == '"'                ? &any_string
+               : b == '-' || is_digit(b) ? &any_number
+                                         : &any_lits;
         return start(s, ti, f, b);
     case K_OBJECT:
         if (b != '{') return false;
@@ -610,7 +659,7 @@ static bool start(struct cstate *s, int ti, struct frame *f, unsigned char b) {
     case K_LITS:
         f->st = ST_LIT, f->k = 0, f->lo = 0, f->hi = (uint16_t)n->n_lits;
         return narrow(n->lits, f, b, 0);
-    case K_REF: {   // follow the chain; a chain that never reaches a value (A -> A) matches nothing
+    case K_REF: { // follow the chain; a chain that never reaches a value (A -> A) matches nothing
         const struct cnode *x = n;
         for (int g = 0; x && x->kind == K_REF && g < 64; g++) x = x->target;
         if (!x || x->kind == K_REF) return false;
@@ -651,31 +700,33 @@ static bool key_start(struct thread *t, struct frame *f) {
 static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
     struct thread *t = &s->t[ti];
     for (;;) {
-        if (t->depth == 0) return false;   // the document is complete: nothing may follow
+        if (t->depth == 0) return false; // the document is complete: nothing may follow
         struct frame *f = &t->f[t->depth - 1];
         switch (f->st) {
-        case ST_START: return start(s, ti, f, b);
+        case ST_START:
+            return start(s, ti, f, b);
         case ST_OBJ_OPEN:
             if (b == '}' && !f->n->required) return pop(t), true;
             return b == '"' && key_start(t, f);
-        case ST_OBJ_NEXT: return b == '"' && key_start(t, f);
+        case ST_OBJ_NEXT:
+            return b == '"' && key_start(t, f);
         case ST_OBJ_KEY: {
-            if (!narrow(f->n->keys, f, b, f->seen)) return false;   // each property once
+            if (!narrow(f->n->keys, f, b, f->seen)) return false; // each property once
             const struct lit *k = &f->n->keys[f->lo];
-            if (k->n != f->k) return true;   // keys end with their quote: a whole key is the only candidate
+            if (k->n != f->k) return true; // keys end with their quote: a whole key is the only candidate
             f->prop = (int16_t)k->prop;
             f->st = ST_OBJ_COLON;
             return true;
         }
-        case ST_OBJ_KEYG: return false;   // the key's string frame is on top while it lasts
+        case ST_OBJ_KEYG:
+            return false; // the key's string frame is on top while it lasts
         case ST_OBJ_COLON:
             if (b != ':') return false;
             f->st = ST_OBJ_VALUE;
             if (!f->n->any_keys) f->seen |= 1ULL << f->prop;
             return push(t, f->n->any_keys ? &any_node : f->n->props[f->prop]);
-        case ST_OBJ_AFTER:   // a comma only when a property is left to give
-            if (b == ',' && (f->n->any_keys ||
-                             f->seen != (f->n->n_props == 64 ? ~0ULL : (1ULL << f->n->n_props) - 1)))
+        case ST_OBJ_AFTER: // a comma only when a property is left to give
+            if (b == ',' && (f->n->any_keys || f->seen != (f->n->n_props == 64 ? ~0ULL : (1ULL << f->n->n_props) - 1)))
                 return f->st = ST_OBJ_NEXT, true;
             if (b == '}' && !(f->n->required & ~f->seen)) return pop(t), true;
             return false;
@@ -683,7 +734,7 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             if (b == ']') return pop(t), true;
             f->st = ST_ARR_VALUE;
             if (!push(t, f->n->items)) return false;
-            continue;   // b starts the first item
+            continue; // b starts the first item
         case ST_ARR_AFTER:
             if (b == ']') return pop(t), true;
             if (b != ',') return false;
@@ -702,7 +753,7 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             if (++f->k == 4) f->st = ST_STR;
             return true;
         case ST_SEQ:
-            if (f->k == f->n->n_alts) {   // every part is done: b belongs to the parent
+            if (f->k == f->n->n_alts) { // every part is done: b belongs to the parent
                 pop(t);
                 continue;
             }
@@ -715,7 +766,7 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
                 if (++f->k == term->n) pop(t);
                 return true;
             }
-            if (b == '/' && f->prop) return false;   // "</" only in the terminator
+            if (b == '/' && f->prop) return false; // "</" only in the terminator
             f->k = (unsigned char)term->s[0] == b;
             f->prop = b == '<';
             return true;
@@ -724,7 +775,7 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             if (narrow(f->n->lits, f, b, 0)) return true;
             if (!frame_complete(f)) return false;
             pop(t);
-            continue;   // b belongs to the parent
+            continue; // b belongs to the parent
         case ST_NUM_SIGN:
             f->st = b == '0' ? ST_NUM_ZERO : is_digit(b) ? ST_NUM_INT : ST_START;
             f->k = 1;
@@ -739,16 +790,18 @@ static bool feed_thread(struct cstate *s, int ti, unsigned char b) {
             if (b == '+' || b == '-') return f->st = ST_NUM_EXPS, true;
             if (is_digit(b)) return f->st = ST_NUM_EXP, f->k = 1, true;
             return false;
-        default: {   // ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC, ST_NUM_EXP: a digit, a part, or the end
+        default: { // ST_NUM_ZERO, ST_NUM_INT, ST_NUM_FRAC, ST_NUM_EXP: a digit, a part, or the end
             bool real = f->n->kind == K_NUMBER;
-            if (is_digit(b) && f->st != ST_NUM_ZERO) {   // within the part's bound (above)
-                const int max = f->st == ST_NUM_INT ? NUM_INT_DIGITS : f->st == ST_NUM_FRAC ? NUM_FRAC_DIGITS : NUM_EXP_DIGITS;
+            if (is_digit(b) && f->st != ST_NUM_ZERO) { // within the part's bound (above)
+                const int max = f->st == ST_NUM_INT    ? NUM_INT_DIGITS
+                                : f->st == ST_NUM_FRAC ? NUM_FRAC_DIGITS
+                                                       : NUM_EXP_DIGITS;
                 return f->k < max && ++f->k;
             }
             if (b == '.' && real && (f->st == ST_NUM_ZERO || f->st == ST_NUM_INT)) return f->st = ST_NUM_FRAC0, true;
             if ((b == 'e' || b == 'E') && real && f->st != ST_NUM_EXP) return f->st = ST_NUM_EXP0, true;
             pop(t);
-            continue;   // b belongs to the parent
+            continue; // b belongs to the parent
         }
         }
     }
@@ -773,7 +826,8 @@ bool cstate_feed(struct cstate *s, const char *bytes, size_t n) {
 bool cstate_done(const struct cstate *s) {
     for (int i = 0; i < s->n; i++) {
         const struct thread *t = &s->t[i];
-        int k = t->depth;   // complete when every open frame may end here (a whole literal, a number, a sequence's last part)
+        int k =
+            t->depth; // complete when every open frame may end here (a whole literal, a number, a sequence's last part)
         while (k > 0 && frame_complete(&t->f[k - 1])) k--;
         if (k == 0) return true;
     }
@@ -796,7 +850,8 @@ int cstate_fixed_class(const struct cstate *s) {
         if (t->depth == 0) return 0;
         const struct frame *f = &t->f[t->depth - 1];
         int c = 0;
-        if (f->st == ST_STR) c = CONSTRAIN_CLASS_STR;
+        if (f->st == ST_STR)
+            c = CONSTRAIN_CLASS_STR;
         else if (f->st == ST_RAW && f->k == 0 && f->prop == 0 &&
                  (f->n->lits[0].s[0] == '\n' || f->n->lits[0].s[0] == '<'))
             c = CONSTRAIN_CLASS_RAW;
@@ -813,12 +868,14 @@ static int frame_left(const struct frame *f) {
     const struct cnode *n = f->n;
     uint64_t left = n->required & ~f->seen;
     switch (f->st) {
-    case ST_START: return n->minlen;
-    case ST_OBJ_OPEN: return 1 + props_len(n, left);
+    case ST_START:
+        return n->minlen;
+    case ST_OBJ_OPEN:
+        return 1 + props_len(n, left);
     case ST_OBJ_NEXT:
-        if (n->any_keys) return 5;   // "":0}
+        if (n->any_keys) return 5; // "":0}
         if (left) return props_len(n, left) + 1;
-        int shortest = FAR;   // after a comma some property must come: the shortest one left
+        int shortest = FAR; // after a comma some property must come: the shortest one left
         for (int i = 0; i < n->n_props; i++)
             if (!(f->seen >> n->keys[i].prop & 1)) {
                 int l = (int)n->keys[i].n + 1 + n->props[n->keys[i].prop]->minlen;
@@ -830,32 +887,40 @@ static int frame_left(const struct frame *f) {
         uint64_t rest = left & ~(1ULL << k->prop);
         return (int)(k->n - f->k) + 1 + n->props[k->prop]->minlen + (rest ? 1 + props_len(n, rest) : 0) + 1;
     }
-    case ST_OBJ_KEYG: return 3;   // :0}
+    case ST_OBJ_KEYG:
+        return 3; // :0}
     case ST_OBJ_COLON: {
         if (n->any_keys) return 3;
         uint64_t rest = left & ~(1ULL << f->prop);
         return 1 + n->props[f->prop]->minlen + (rest ? 1 + props_len(n, rest) : 0) + 1;
     }
     case ST_OBJ_VALUE:
-    case ST_OBJ_AFTER: return (left ? 1 + props_len(n, left) : 0) + 1;
+    case ST_OBJ_AFTER:
+        return (left ? 1 + props_len(n, left) : 0) + 1;
     case ST_ARR_OPEN:
     case ST_ARR_VALUE:
-    case ST_ARR_AFTER: return 1;
-    case ST_STR: return 1;
-    case ST_STR_ESC: return 2;
-    case ST_STR_U: return 4 - f->k + 1;
+    case ST_ARR_AFTER:
+        return 1;
+    case ST_STR:
+        return 1;
+    case ST_STR_ESC:
+        return 2;
+    case ST_STR_U:
+        return 4 - f->k + 1;
     case ST_SEQ: {
         int d = 0;
         for (int i = f->k; i < n->n_alts && d < FAR; i++) d += n->alts[i]->minlen;
         return d;
     }
-    case ST_RAW: return (int)(n->lits[0].n - f->k);
+    case ST_RAW:
+        return (int)(n->lits[0].n - f->k);
     case ST_LIT: {
         int m = FAR;
         for (int i = f->lo; i < f->hi; i++) m = (int)n->lits[i].n - f->k < m ? (int)n->lits[i].n - f->k : m;
         return m;
     }
-    default: return number_complete(f->st) ? 0 : 1;
+    default:
+        return number_complete(f->st) ? 0 : 1;
     }
 }
 
@@ -875,9 +940,12 @@ size_t cstate_forced(const struct cstate *s, char *out, size_t cap) {
     const struct frame *f = &s->t[0].f[s->t[0].depth - 1];
     const struct lit *l = NULL;
     size_t k = f->k;
-    if (f->st == ST_LIT && f->hi - f->lo == 1) l = &f->n->lits[f->lo];
-    else if (f->st == ST_START && f->n->kind == K_LITS && f->n->n_lits == 1) l = &f->n->lits[0], k = 0;
-    else if (f->st == ST_RAW && f->k > 0) l = &f->n->lits[0];   // inside the terminator: the rest of it
+    if (f->st == ST_LIT && f->hi - f->lo == 1)
+        l = &f->n->lits[f->lo];
+    else if (f->st == ST_START && f->n->kind == K_LITS && f->n->n_lits == 1)
+        l = &f->n->lits[0], k = 0;
+    else if (f->st == ST_RAW && f->k > 0)
+        l = &f->n->lits[0]; // inside the terminator: the rest of it
     if (!l || l->n <= k) return 0;
     size_t n = l->n - k < cap ? l->n - k : cap;
     memcpy(out, l->s + k, n);

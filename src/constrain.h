@@ -20,8 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct cschema;   // a compiled schema
-struct cstate;    // where the matcher is in the document
+struct cschema; // a compiled schema
+struct cstate;  // where the matcher is in the document
 
 enum { CONSTRAIN_MAX_DEPTH = 48, CONSTRAIN_MAX_THREADS = 16, CONSTRAIN_MAX_PROPS = 64, CONSTRAIN_MAX_ENUM = 1024 };
 
@@ -33,7 +33,7 @@ int constrain_compile(const json_t *schema, struct cschema **out, char *err, siz
 int constrain_compile_tool_call(const json_t *tools, const char *name, struct cschema **out, char *err, size_t errlen);
 void constrain_free(struct cschema *c);
 
-struct cstate *cstate_new(const struct cschema *c);   // c NULL: an empty state to copy into
+struct cstate *cstate_new(const struct cschema *c); // c NULL: an empty state to copy into
 void cstate_free(struct cstate *s);
 void cstate_copy(struct cstate *dst, const struct cstate *src);
 // Feeds bytes; false when they cannot continue a valid document (the state is then undefined).
@@ -50,9 +50,11 @@ size_t cstate_forced(const struct cstate *s, char *out, size_t cap);
 // Byte classes under which a state may stand still (the token trie's shortcut, tokmask.h): a
 // state is fixed under a class when every byte of the class leaves it as it is, so a token made
 // only of such bytes is allowed without running it through the matcher.
-enum { CONSTRAIN_CLASS_STR = 1,    // inside a JSON string: 0x20..0xff but '"' and '\\'
-       CONSTRAIN_CLASS_RAW = 2,    // free text of a tool call: any byte but '<' and '\n'
-       CONSTRAIN_N_CLASSES = 2 };
+enum {
+    CONSTRAIN_CLASS_STR = 1, // inside a JSON string: 0x20..0xff but '"' and '\\'
+    CONSTRAIN_CLASS_RAW = 2, // free text of a tool call: any byte but '<' and '\n'
+    CONSTRAIN_N_CLASSES = 2
+};
 bool constrain_class_byte(int cls, unsigned char b);
 // The class s is fixed under, or 0.
 int cstate_fixed_class(const struct cstate *s);

@@ -38,7 +38,7 @@ static int source_reserve(const struct drafter *d, struct draft_source *s, int c
     s->prev = prev;
     uint32_t buckets = 1024;
     while (buckets < 2u * (uint32_t)cap) buckets *= 2;
-    if (buckets - 1 != s->mask) {   // a larger table: every chain again
+    if (buckets - 1 != s->mask) { // a larger table: every chain again
         int *head[DRAFT_NGRAM_MAX] = {0};
         for (int i = 0; i < d->n_max; i++)
             if (!(head[i] = malloc(sizeof *head[i] * buckets))) {
@@ -48,7 +48,7 @@ static int source_reserve(const struct drafter *d, struct draft_source *s, int c
         for (int i = 0; i < d->n_max; i++) {
             free(s->head[i]);
             s->head[i] = head[i];
-            memset(head[i], 0xff, sizeof *head[i] * buckets);   // -1: empty
+            memset(head[i], 0xff, sizeof *head[i] * buckets); // -1: empty
         }
         s->mask = buckets - 1;
         for (int e = 0; e < s->indexed; e++) index_end(d, s, e);
@@ -85,7 +85,7 @@ int draft_init(struct drafter *d, const int32_t *prompt, int n, int len_max, con
         return -1;
     d->n_max = pol.n_max, d->n_min = pol.n_min, d->len_max = len_max;
     d->gate = pol.gate, d->rate_weight = pol.rate_weight;
-    d->rate = 1;   // the first drafts are verified
+    d->rate = 1; // the first drafts are verified
     d->shadow = -1;
     d->len = pol.len_init < len_max ? pol.len_init : len_max;
     d->n_sources = 1;
@@ -115,7 +115,9 @@ int draft_add_source(struct drafter *d, const int32_t *ids, int n) {
     return 0;
 }
 
-static void rate_add(struct drafter *d, bool hit) { d->rate += d->rate_weight * ((hit ? 1.0f : 0.0f) - d->rate); }
+static void rate_add(struct drafter *d, bool hit) {
+    d->rate += d->rate_weight * ((hit ? 1.0f : 0.0f) - d->rate);
+}
 
 int draft_push(struct drafter *d, int32_t tok) {
     if (d->shadow >= 0) rate_add(d, tok == d->shadow);
@@ -126,12 +128,12 @@ int draft_push(struct drafter *d, int32_t tok) {
 // The end of the occurrence of key[0..len) in s to draft from (draft.h: the cursor rule), or -1.
 static int find(const struct drafter *d, const struct draft_source *s, const int32_t *key, int len) {
     if (!s->mask) return -1;
-    int best = -1;   // the earliest match at or after the cursor so far
+    int best = -1; // the earliest match at or after the cursor so far
     int e = s->head[len - 1][gram_hash(key, len) & s->mask];
     for (int step = 0; e >= 0 && step < DRAFT_WALK; step++, e = *prev_of(d, s, e, len)) {
-        if (memcmp(s->ids + e - len + 1, key, sizeof *key * (size_t)len)) continue;   // another n-gram, same bucket
+        if (memcmp(s->ids + e - len + 1, key, sizeof *key * (size_t)len)) continue; // another n-gram, same bucket
         if (s->cursor >= 0 && e >= s->cursor) {
-            best = e;   // the chain goes to earlier ends: keep looking for an earlier one
+            best = e; // the chain goes to earlier ends: keep looking for an earlier one
             continue;
         }
         return best >= 0 ? best : e;
@@ -147,7 +149,7 @@ int draft_propose(struct drafter *d, int limit, int32_t *out) {
         if (h->n < len) continue;
         const int32_t *key = h->ids + h->n - len;
         for (int i = 1; i <= d->n_sources; i++) {
-            const int si = i % d->n_sources;   // the extra sources in order, then the history
+            const int si = i % d->n_sources; // the extra sources in order, then the history
             const struct draft_source *s = &d->src[si];
             const int e = find(d, s, key, len);
             if (e < 0) continue;
@@ -156,11 +158,14 @@ int draft_propose(struct drafter *d, int limit, int32_t *out) {
             const int at = e + 1;
             int m = 0;
             for (; m < k; m++) {
-                if (at + m < s->n) out[m] = s->ids[at + m];
-                else if (si == 0) out[m] = out[m - (s->n - at)];
-                else break;
+                if (at + m < s->n)
+                    out[m] = s->ids[at + m];
+                else if (si == 0)
+                    out[m] = out[m - (s->n - at)];
+                else
+                    break;
             }
-            if (d->rate < d->gate) {   // looked at only: its first token against the next one pushed
+            if (d->rate < d->gate) { // looked at only: its first token against the next one pushed
                 d->shadow = out[0];
                 d->last_src = -1;
                 return 0;
@@ -178,8 +183,10 @@ void draft_result(struct drafter *d, int k, int m) {
     d->accepted += m;
     rate_add(d, m > 0);
     if (d->last_src >= 0) d->src[d->last_src].cursor = d->last_at + m;
-    if (m == k && d->len < d->len_max) d->len++;
-    else if (m < k && d->len > 1) d->len--;
+    if (m == k && d->len < d->len_max)
+        d->len++;
+    else if (m < k && d->len > 1)
+        d->len--;
 }
 
 int draft_accepted(const int32_t *draft, int k, const int32_t *next) {

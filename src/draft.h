@@ -22,29 +22,29 @@
 #include <stdint.h>
 
 enum {
-    DRAFT_NGRAM_MAX = 8,   // the longest n-gram a drafter can index (n_max <= this)
-    DRAFT_LEN_MAX = 16,    // the longest draft (engine_verify_max - 1 is the usual limit)
-    DRAFT_SOURCES = 4,     // the history and up to three extra sources
-    DRAFT_WALK = 64,       // chain links a lookup follows (older matches are not seen)
+    DRAFT_NGRAM_MAX = 8, // the longest n-gram a drafter can index (n_max <= this)
+    DRAFT_LEN_MAX = 16,  // the longest draft (engine_verify_max - 1 is the usual limit)
+    DRAFT_SOURCES = 4,   // the history and up to three extra sources
+    DRAFT_WALK = 64,     // chain links a lookup follows (older matches are not seen)
 };
 
 // One token array and its n-gram index.
 struct draft_source {
-    int32_t *ids;          // [n] (owned copy)
+    int32_t *ids; // [n] (owned copy)
     int n, cap;
-    int indexed;           // n-grams ending before this position are in the index
-    int cursor;            // where a copy from this source goes on (-1: none yet)
-    uint32_t mask;         // buckets - 1 (a power of two minus one; 0: no table yet)
-    int *head[DRAFT_NGRAM_MAX];   // [mask + 1] per n-gram length: the last n-gram's end in each bucket (-1: none)
-    int *prev;             // [cap * n_max] the previous end in the same bucket, per length
+    int indexed;                // n-grams ending before this position are in the index
+    int cursor;                 // where a copy from this source goes on (-1: none yet)
+    uint32_t mask;              // buckets - 1 (a power of two minus one; 0: no table yet)
+    int *head[DRAFT_NGRAM_MAX]; // [mask + 1] per n-gram length: the last n-gram's end in each bucket (-1: none)
+    int *prev;                  // [cap * n_max] the previous end in the same bucket, per length
 };
 
 // How a drafter drafts (draft_init; NULL: DRAFT_POLICY_DEFAULT's).
 struct draft_policy {
-    int n_max, n_min;      // the n-gram lengths matched, longest first (1 <= n_min <= n_max <= DRAFT_NGRAM_MAX)
-    int len_init;          // the first draft's length (at most the drafter's len_max)
-    float gate;            // drafts are given while the hit rate is at least this (0: always)
-    float rate_weight;     // the weight of each new hit or miss in the hit rate (0 < w <= 1)
+    int n_max, n_min;  // the n-gram lengths matched, longest first (1 <= n_min <= n_max <= DRAFT_NGRAM_MAX)
+    int len_init;      // the first draft's length (at most the drafter's len_max)
+    float gate;        // drafts are given while the hit rate is at least this (0: always)
+    float rate_weight; // the weight of each new hit or miss in the hit rate (0 < w <= 1)
 };
 // The default, measured on edit tasks over real text with the Qwen3.6 vocabulary (bench/lab/draft_lab.c,
 // 24 tasks): n-grams of 6 down to 1 (at most 3 loses 3-4% of the speed-up, at most 2 a fifth:
@@ -52,19 +52,19 @@ struct draft_policy {
 // keeps text that copies nothing (prose, new code) at no loss where a verification costs what
 // MoE routing makes it (without it 0.93x there, with it >= 1.01x); the length policy (+1 / -1)
 // is within 1% of the others tried (+2 / -1, doubling, the accepted length + 1).
-#define DRAFT_POLICY_DEFAULT \
+#define DRAFT_POLICY_DEFAULT                                                                                           \
     ((struct draft_policy){.n_max = 6, .n_min = 1, .len_init = 4, .gate = 0.5f, .rate_weight = 0.5f})
 
 struct drafter {
-    int n_max, n_min;      // the policy's
-    int len_max;           // the longest draft (<= DRAFT_LEN_MAX)
-    int len;               // the next draft's length: grows by 1 after a draft accepted whole, else shrinks by 1 (>= 1)
-    float gate, rate_weight;   // the policy's
+    int n_max, n_min; // the policy's
+    int len_max;      // the longest draft (<= DRAFT_LEN_MAX)
+    int len;          // the next draft's length: grows by 1 after a draft accepted whole, else shrinks by 1 (>= 1)
+    float gate, rate_weight; // the policy's
     // How often a draft's first token is right, a moving average over drafts verified and drafts
     // only looked at: while it is under the gate, draft_propose gives nothing, and the first token
     // of the draft it would have given is checked against the next token pushed instead.
     float rate;
-    int32_t shadow;        // that first token (-1: none pending)
+    int32_t shadow; // that first token (-1: none pending)
     // The sources: [0] the history, [1..n_sources) the extra ones.
     struct draft_source src[DRAFT_SOURCES];
     int n_sources;

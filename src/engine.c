@@ -44,17 +44,17 @@ static const struct backend_ops *pick_backend(const char *name, int device, char
 // caller's options; an unset or empty variable changes nothing. Every variable Calla reads for them is
 // in this table (README, "Developer settings").
 enum env_kind {
-    ENV_FLAG,    // a value other than "0" sets the bool
-    ENV_FLAG0,   // "0" sets the bool (a "no" field: CALLA_CPU_AVX=0 sets cpu_no_avx)
-    ENV_BYTES,   // a decimal byte count into the size_t
-    ENV_PATH,    // the value itself into the const char *
+    ENV_FLAG,  // a value other than "0" sets the bool
+    ENV_FLAG0, // "0" sets the bool (a "no" field: CALLA_CPU_AVX=0 sets cpu_no_avx)
+    ENV_BYTES, // a decimal byte count into the size_t
+    ENV_PATH,  // the value itself into the const char *
 };
 static const struct env_setting {
     const char *name;
     enum env_kind kind;
-    size_t field;   // offsetof(struct engine_options, ...)
+    size_t field; // offsetof(struct engine_options, ...)
 } env_settings[] = {
-    {"CALLA_EXACT", ENV_FLAG, offsetof(struct engine_options, exact)},   // 1: the verification mode
+    {"CALLA_EXACT", ENV_FLAG, offsetof(struct engine_options, exact)}, // 1: the verification mode
     {"CALLA_CPU_REFERENCE", ENV_FLAG, offsetof(struct engine_options, cpu_reference)},
     {"CALLA_CPU_AVX", ENV_FLAG0, offsetof(struct engine_options, cpu_no_avx)},
     {"CALLA_CPU_ALLOC_LIMIT", ENV_BYTES, offsetof(struct engine_options, cpu_alloc_limit)},
@@ -68,10 +68,18 @@ static void apply_environment(struct engine_options *o) {
         if (!val || !*val) continue;
         char *f = (char *)o + v->field;
         switch (v->kind) {
-        case ENV_FLAG: *(bool *)f = *(bool *)f || strcmp(val, "0"); break;
-        case ENV_FLAG0: *(bool *)f = *(bool *)f || !strcmp(val, "0"); break;
-        case ENV_BYTES: *(size_t *)f = (size_t)strtoull(val, NULL, 10); break;
-        case ENV_PATH: *(const char **)f = val; break;
+        case ENV_FLAG:
+            *(bool *)f = *(bool *)f || strcmp(val, "0");
+            break;
+        case ENV_FLAG0:
+            *(bool *)f = *(bool *)f || !strcmp(val, "0");
+            break;
+        case ENV_BYTES:
+            *(size_t *)f = (size_t)strtoull(val, NULL, 10);
+            break;
+        case ENV_PATH:
+            *(const char **)f = val;
+            break;
         }
     }
 }
@@ -118,10 +126,18 @@ void engine_close(struct engine *e) {
     free(e);
 }
 
-const struct geometry *engine_geometry(const struct engine *e) { return &e->model.g; }
-const struct model *engine_model(const struct engine *e) { return &e->model; }
-const char *engine_backend(const struct engine *e) { return e->ops->name; }
-int64_t engine_weight_bytes(const struct engine *e) { return e->weight_bytes; }
+const struct geometry *engine_geometry(const struct engine *e) {
+    return &e->model.g;
+}
+const struct model *engine_model(const struct engine *e) {
+    return &e->model;
+}
+const char *engine_backend(const struct engine *e) {
+    return e->ops->name;
+}
+int64_t engine_weight_bytes(const struct engine *e) {
+    return e->weight_bytes;
+}
 
 int seq_new(struct engine *e, int max_ctx, struct seq **out, char *err, size_t errlen) {
     if (max_ctx < 1 || max_ctx > e->model.g.max_ctx) {
@@ -149,8 +165,12 @@ void seq_free(struct seq *s) {
     free(s);
 }
 
-int seq_pos(const struct seq *s) { return s->pos; }
-int seq_capacity(const struct seq *s) { return s->cap; }
+int seq_pos(const struct seq *s) {
+    return s->pos;
+}
+int seq_capacity(const struct seq *s) {
+    return s->cap;
+}
 
 void seq_reset(struct seq *s) {
     s->e->ops->seq_clear(s);
@@ -177,8 +197,8 @@ int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen) {
 void progress_line(void *arg, int done, int total) {
     const struct progress_line *p = arg;
     if (total <= QWEN_PREFILL_CHUNK || !isatty(STDERR_FILENO)) return;
-    fprintf(stderr, "\r%s: prefill %d / %d tokens (%d%%), %.1f s%s", p->who, done, total,
-            (int)(100.0 * done / total), now_s() - p->t0, done == total ? "\n" : "");
+    fprintf(stderr, "\r%s: prefill %d / %d tokens (%d%%), %.1f s%s", p->who, done, total, (int)(100.0 * done / total),
+            now_s() - p->t0, done == total ? "\n" : "");
     fflush(stderr);
 }
 
@@ -234,8 +254,8 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         return ENGINE_ERROR;
     }
     if (n > s->cap - s->pos) {
-        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d",
-                 (long long)s->pos + n, s->cap);
+        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
+                 s->cap);
         return ENGINE_ERROR;
     }
     if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
@@ -253,7 +273,7 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         return ENGINE_ERROR;
     }
     const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
-    int r = 0;   // next wanted row
+    int r = 0; // next wanted row
     for (int off = 0; off < n; off += chunk) {
         if (off && o->cancelled && o->cancelled(o->cancel_arg)) return ENGINE_CANCELLED;
         int m = n - off < chunk ? n - off : chunk;
@@ -276,7 +296,9 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
     return ENGINE_OK;
 }
 
-int engine_verify_max(const struct engine *e) { return e->ops->verify_max ? e->ops->verify_max(e) : 0; }
+int engine_verify_max(const struct engine *e) {
+    return e->ops->verify_max ? e->ops->verify_max(e) : 0;
+}
 
 int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
                   size_t errlen) {
@@ -304,8 +326,10 @@ int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n,
 int engine_verify_keep(struct engine *e, struct seq *s, int keep, char *err, size_t errlen) {
     const int n = s->verified;
     if (!n || keep < 1 || keep > n) {
-        snprintf(err, errlen, n ? "a verification of %d tokens keeps 1 to %d of them, not %d"
-                                : "no verification to settle (%d tokens, keep %d of %d)", n, n, keep);
+        snprintf(err, errlen,
+                 n ? "a verification of %d tokens keeps 1 to %d of them, not %d"
+                   : "no verification to settle (%d tokens, keep %d of %d)",
+                 n, n, keep);
         return ENGINE_ERROR;
     }
     if (keep < n && e->ops->verify_keep(e, s, n, keep, err, errlen)) return ENGINE_ERROR;
@@ -355,6 +379,8 @@ float *engine_logits_alloc(struct engine *e, size_t n) {
 
 void engine_logits_free(struct engine *e, float *p) {
     if (!p) return;
-    if (e->ops->host_alloc) e->ops->host_free(p);
-    else free(p);
+    if (e->ops->host_alloc)
+        e->ops->host_free(p);
+    else
+        free(p);
 }

@@ -14,29 +14,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct engine;   // opaque: defined in backend.h, for engine.c and the backends only
+struct engine; // opaque: defined in backend.h, for engine.c and the backends only
 struct seq;
 
 struct engine_options {
-    const char *backend;   // "cpu", "cuda", or NULL for the default (CUDA when a suitable GPU is present)
-    int threads;           // CPU backend threads (0: all cores)
-    bool kv_f32;           // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
-    int device;            // GPU index for a GPU backend (0: the first); the CPU backend ignores it
-    bool gpu_exclusive;    // GPU backend: refuse a GPU that another process computes on (serve: one replica per GPU)
+    const char *backend; // "cpu", "cuda", or NULL for the default (CUDA when a suitable GPU is present)
+    int threads;         // CPU backend threads (0: all cores)
+    bool kv_f32;         // CPU backend: keep the KV cache in fp32 instead of bf16 (golden tests)
+    int device;          // GPU index for a GPU backend (0: the first); the CPU backend ignores it
+    bool gpu_exclusive;  // GPU backend: refuse a GPU that another process computes on (serve: one replica per GPU)
     // The verification mode: fp32-level products (CUDA: hi + lo operands in prefill, fp32 CUDA-core
     // products in decode) instead of the fast mode's bf16 inputs; the CPU backend is exact always.
     bool exact;
     // Developer and test settings, which the environment can also turn on (engine.c's table).
-    bool cpu_reference;        // CPU backend: the naive reference kernels (tests/test_cpu_reference.c)
-    bool cpu_no_avx;           // CPU backend: the portable kernels even where the CPU has AVX
-    size_t cpu_alloc_limit;    // CPU backend: fail every scratch allocation above this many bytes (0: none)
-    const char *router_trace;  // CPU backend: append every routing decision to this file (NULL: none)
+    bool cpu_reference;       // CPU backend: the naive reference kernels (tests/test_cpu_reference.c)
+    bool cpu_no_avx;          // CPU backend: the portable kernels even where the CPU has AVX
+    size_t cpu_alloc_limit;   // CPU backend: fail every scratch allocation above this many bytes (0: none)
+    const char *router_trace; // CPU backend: append every routing decision to this file (NULL: none)
 };
 
 // The choice of the token after a forward's last row, made where its logits are: the CUDA backend
 // keeps them on the device and sends back only this (not the 1 MB row), the CPU backend picks from
 // its own row (src/pick.c, the reference of both).
-enum { ENGINE_MAX_TOP = 20 };   // OpenAI's limit on top_logprobs
+enum { ENGINE_MAX_TOP = 20 }; // OpenAI's limit on top_logprobs
 
 // Opt-in sampling (the server's --allow-sampling): l_i = logit_i - presence_penalty [i generated],
 // z_i = l_i / temperature over the allowed ids, p_i ~ exp(z_i - max z); then, in this order, only
@@ -62,20 +62,20 @@ struct engine_pick {
 };
 
 struct engine_choice {
-    int32_t greedy;               // the argmax of the row (lowest id on ties): forward's *next
-    int32_t chosen;               // the allowed argmax, or the draw; -1 when the mask allows nothing
-    float greedy_lp, chosen_lp;   // their log-probabilities, softmax of the raw row (n_top >= 0)
-    int n_top;                    // top_id / top_lp: the most likely ids, most likely first (lowest id on ties)
+    int32_t greedy;             // the argmax of the row (lowest id on ties): forward's *next
+    int32_t chosen;             // the allowed argmax, or the draw; -1 when the mask allows nothing
+    float greedy_lp, chosen_lp; // their log-probabilities, softmax of the raw row (n_top >= 0)
+    int n_top;                  // top_id / top_lp: the most likely ids, most likely first (lowest id on ties)
     int32_t top_id[ENGINE_MAX_TOP];
     float top_lp[ENGINE_MAX_TOP];
 };
 
 struct forward_opts {
-    const int *logit_rows;      // rows (0..n-1 of this call) whose logits are wanted, ascending
+    const int *logit_rows; // rows (0..n-1 of this call) whose logits are wanted, ascending
     int n_logit_rows;
-    float *logits;              // [n_logit_rows, vocab]
-    int chunk;                  // prefill chunk (0: QWEN_PREFILL_CHUNK)
-    bool (*cancelled)(void *);  // checked between chunks; forward returns ENGINE_CANCELLED
+    float *logits;             // [n_logit_rows, vocab]
+    int chunk;                 // prefill chunk (0: QWEN_PREFILL_CHUNK)
+    bool (*cancelled)(void *); // checked between chunks; forward returns ENGINE_CANCELLED
     void *cancel_arg;
     // Called after each chunk with the tokens of this call done so far and its total (a prefill's
     // progress: the CLI's progress line, the server's /metrics). NULL: not called.
@@ -99,9 +99,9 @@ int64_t engine_weight_bytes(const struct engine *e);
 
 int seq_new(struct engine *e, int max_ctx, struct seq **out, char *err, size_t errlen);
 void seq_free(struct seq *s);
-int seq_pos(const struct seq *s);        // tokens consumed so far
+int seq_pos(const struct seq *s); // tokens consumed so far
 int seq_capacity(const struct seq *s);
-void seq_reset(struct seq *s);           // back to the empty state
+void seq_reset(struct seq *s); // back to the empty state
 // dst must come from the same engine with capacity >= src's position.
 int seq_copy(struct seq *dst, const struct seq *src, char *err, size_t errlen);
 
@@ -162,7 +162,7 @@ int engine_layer_probe(struct engine *e, struct seq *s, int layer, const float *
 // on stderr, rewritten in place after each chunk and ended by a newline. Prints only when stderr
 // is a terminal and the call spans more than one chunk. arg: a struct progress_line.
 struct progress_line {
-    const char *who;   // "calla run", "calla bench"
-    double t0;         // now_s() at the start (util.h)
+    const char *who; // "calla run", "calla bench"
+    double t0;       // now_s() at the start (util.h)
 };
 void progress_line(void *arg, int done, int total);

@@ -41,7 +41,9 @@ void gen_request_free(struct gen_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-bool gen_wants_logits(const struct gen_request *r) { return r->logprobs >= 0 || r->schema || r->sampling.on; }
+bool gen_wants_logits(const struct gen_request *r) {
+    return r->logprobs >= 0 || r->schema || r->sampling.on;
+}
 
 const char *gen_finish_name(enum gen_finish f) {
     static const char *const names[] = {"error", "stop", "stop_sequence", "length", "tool_calls"};
@@ -116,7 +118,8 @@ void gen_text_init(struct gen_text *t, const struct gen_request *r, const struct
     t->cur = r->reasoning ? &t->reasoning : &t->answer;
     if (t->tools) {
         tool_parser_init(&t->tp, r->tools, (struct tool_sink){.content = tool_text, .call = tool_call, .arg = t});
-        t->tp.stream = (struct tool_stream_sink){.begin = tool_call_begin, .delta = tool_call_delta, .abort = tool_call_abort};
+        t->tp.stream =
+            (struct tool_stream_sink){.begin = tool_call_begin, .delta = tool_call_delta, .abort = tool_call_abort};
     }
 }
 
@@ -125,7 +128,9 @@ void gen_text_answer(struct gen_text *t) {
     t->answer.strip_lead_nl = true;
 }
 
-int gen_text_calls(const struct gen_text *t) { return t->tools ? t->tp.n_calls : 0; }
+int gen_text_calls(const struct gen_text *t) {
+    return t->tools ? t->tp.n_calls : 0;
+}
 
 void gen_text_free(struct gen_text *t) {
     sbuf_free(&t->reasoning.pend);
@@ -148,7 +153,7 @@ static size_t stop_holdback(const struct gen_request *r, const char *p, size_t n
 bool gen_text_push(struct gen_text *t, const char *text, size_t len, bool final) {
     const struct gen_request *r = t->req;
     struct gen_chan *c = t->cur;
-    const bool tools = t->tools && c == &t->answer;   // answer text goes through the tool-call parser
+    const bool tools = t->tools && c == &t->answer; // answer text goes through the tool-call parser
     if (c->strip_lead_nl && !c->started)
         while (len && *text == '\n') text++, len--;
     if (len) c->started = true;
@@ -164,10 +169,13 @@ bool gen_text_push(struct gen_text *t, const char *text, size_t len, bool final)
     size_t out = final ? n : n - stop_holdback(r, p, n);
     if (c->trim_trail_nl)
         while (out && p[out - 1] == '\n') out--;
-    if (tools) tool_parser_feed(&t->tp, p, out);
-    else send_text(t->sink, c->ch, p, out);
+    if (tools)
+        tool_parser_feed(&t->tp, p, out);
+    else
+        send_text(t->sink, c->ch, p, out);
     if (final && tools) tool_parser_finish(&t->tp);
-    if (final) c->pend.len = 0;
+    if (final)
+        c->pend.len = 0;
     else {
         memmove(p, p + out, c->pend.len - out);
         c->pend.len -= out;
@@ -189,20 +197,20 @@ struct gen {
     struct gen_result *res;
     struct gen_text text;
     struct tokenizer_stream ts;
-    bool pick;                  // each step's token is chosen by the engine (logprobs, a constraint, sampling)
-    struct engine_pick how;     // how (the constraint's mask through allow_mask; the draw's step and seen)
-    struct engine_sampling sampling;   // how.sampling points here when the request samples
-    uint32_t *seen;             // [ceil(vocab / 32)] the generated ids (how.seen), when sampling
+    bool pick;                       // each step's token is chosen by the engine (logprobs, a constraint, sampling)
+    struct engine_pick how;          // how (the constraint's mask through allow_mask; the draw's step and seen)
+    struct engine_sampling sampling; // how.sampling points here when the request samples
+    uint32_t *seen;                  // [ceil(vocab / 32)] the generated ids (how.seen), when sampling
     int vocab;
-    struct engine_choice choice;   // the last forward's choice
-    bool constrained;           // the answer is picked under req->schema
+    struct engine_choice choice; // the last forward's choice
+    bool constrained;            // the answer is picked under req->schema
     struct constrained con;
     // A reasoning budget: tokens left before "\n</think>" is forced (-1: none), and those tokens.
     int think_left, n_close, closed;
     int32_t close_ids[2];
-    struct drafter *dr;         // speculative decoding (NULL: off)
+    struct drafter *dr; // speculative decoding (NULL: off)
     struct drafter drafter;
-    int n_pushed;               // generated tokens the drafter's history holds
+    int n_pushed; // generated tokens the drafter's history holds
 };
 
 static void progress(void *arg, int done, int total) {
@@ -219,18 +227,24 @@ static int forward(struct gen *g, const int32_t *t, int n, int32_t *next, bool p
     const struct gen_env *env = g->env;
     if (env->cancelled && env->cancelled(env->arg)) return ENGINE_CANCELLED;
     const int chunk = env->chunk ? env->chunk : QWEN_PREFILL_CHUNK;
-    const bool multi = n > chunk;   // single steps and one-chunk prompts report nothing
-    struct forward_opts fo = {.cancelled = env->cancelled, .cancel_arg = env->arg, .chunk = env->chunk,
-                              .progress = multi ? progress : NULL, .progress_arg = g, .pick = pick ? &g->how : NULL,
+    const bool multi = n > chunk; // single steps and one-chunk prompts report nothing
+    struct forward_opts fo = {.cancelled = env->cancelled,
+                              .cancel_arg = env->arg,
+                              .chunk = env->chunk,
+                              .progress = multi ? progress : NULL,
+                              .progress_arg = g,
+                              .pick = pick ? &g->how : NULL,
                               .choice = &g->choice};
     if (multi) progress(g, 0, n);
-    g->how.step = (uint64_t)g->res->n;   // the draw of the token about to be chosen: its index in the output
+    g->how.step = (uint64_t)g->res->n; // the draw of the token about to be chosen: its index in the output
     const int rc = engine_forward(env->e, env->s, t, n, &fo, next, g->res->err, sizeof g->res->err);
     if (rc == ENGINE_OK) g->res->greedy_next = *next;
     return rc;
 }
 
-static bool in_answer(const struct gen *g) { return g->text.cur == &g->text.answer; }
+static bool in_answer(const struct gen *g) {
+    return g->text.cur == &g->text.answer;
+}
 
 // The engine's allow: the constraint's mask where the next token is the answer's.
 static const uint32_t *allow_mask(void *arg) {
@@ -251,8 +265,10 @@ static int token_logprobs(struct gen *g, int32_t tok, struct token_lp *lp) {
     *lp = (struct token_lp){.id = tok, .n_top = c->n_top};
     memcpy(lp->top_id, c->top_id, sizeof c->top_id[0] * (size_t)c->n_top);
     memcpy(lp->top_lp, c->top_lp, sizeof c->top_lp[0] * (size_t)c->n_top);
-    if (tok == c->greedy) lp->lp = c->greedy_lp;
-    else if (tok == c->chosen) lp->lp = c->chosen_lp;
+    if (tok == c->greedy)
+        lp->lp = c->greedy_lp;
+    else if (tok == c->chosen)
+        lp->lp = c->chosen_lp;
     else {
         const float *row = last_row(g);
         if (!row) return -1;
@@ -269,13 +285,13 @@ static bool decode(struct gen *g, int32_t tok) {
     size_t n = 0;
     char err[64];
     if (!g->env->tok) return false;
-    if (g->text.cur == &g->text.reasoning && tok == TOKEN_THINK_END) {   // reasoning ends; the answer follows
+    if (g->text.cur == &g->text.reasoning && tok == TOKEN_THINK_END) { // reasoning ends; the answer follows
         tokenizer_stream_flush(&g->ts, &s, &n);
         bool stopped = gen_text_push(&g->text, s, n, true);
         gen_text_answer(&g->text);
         return stopped;
     }
-    if (tokenizer_token_bytes(g->env->tok, tok, &n) &&   // ids the tokenizer lacks decode to nothing
+    if (tokenizer_token_bytes(g->env->tok, tok, &n) && // ids the tokenizer lacks decode to nothing
         !tokenizer_stream_push(&g->ts, tok, &s, &n, err, sizeof err))
         return gen_text_push(&g->text, s, n, false);
     return false;
@@ -313,14 +329,16 @@ static bool take(struct gen *g, int32_t tok) {
 }
 
 // The next token is the reasoning budget's forced one, not the model's.
-static bool forced(const struct gen *g) { return !in_answer(g) && g->think_left == 0 && g->closed < g->n_close; }
+static bool forced(const struct gen *g) {
+    return !in_answer(g) && g->think_left == 0 && g->closed < g->n_close;
+}
 
 // A token of the output: taken, then the budget and the call limit. True when the output ends with it.
 static bool emit(struct gen *g, int32_t tok) {
     const bool reasoning = !in_answer(g);
     if (take(g, tok)) return true;
     if (reasoning && g->think_left > 0) g->think_left--;
-    if (g->req->max_calls > 0 && gen_text_calls(&g->text) >= g->req->max_calls) {   // no parallel calls
+    if (g->req->max_calls > 0 && gen_text_calls(&g->text) >= g->req->max_calls) { // no parallel calls
         g->res->finish = GEN_FINISH_TOOL_CALLS;
         return true;
     }
@@ -335,7 +353,7 @@ static bool emit(struct gen *g, int32_t tok) {
 static int speculate(struct gen *g, int32_t *tok, bool *ended) {
     const struct gen_env *env = g->env;
     struct gen_result *res = g->res;
-    while (g->n_pushed < res->n) draft_push(g->dr, res->ids[g->n_pushed++]);   // (out of memory: a shorter history)
+    while (g->n_pushed < res->n) draft_push(g->dr, res->ids[g->n_pushed++]); // (out of memory: a shorter history)
     // Only tokens a plain decode would forward: never the output's last one.
     int limit = g->req->max_tokens - res->n - 1;
     const int room = seq_capacity(env->s) - seq_pos(env->s) - 1;
@@ -351,10 +369,10 @@ static int speculate(struct gen *g, int32_t *tok, bool *ended) {
     draft_result(g->dr, k, m);
     res->drafted += k;
     res->extra_drafted += extra ? k : 0;
-    int rc = ENGINE_OK, keep = m + 1;   // tok and the right drafts; the token after them is next[m]
+    int rc = ENGINE_OK, keep = m + 1; // tok and the right drafts; the token after them is next[m]
     *tok = next[m];
     for (int j = 0; j < m; j++) {
-        if (forced(g)) {   // the budget's token replaces draft j (the loop's next step)
+        if (forced(g)) { // the budget's token replaces draft j (the loop's next step)
             keep = j + 1, *tok = next[j];
             break;
         }
@@ -364,13 +382,13 @@ static int speculate(struct gen *g, int32_t *tok, bool *ended) {
             keep = j + 1, *ended = true;
             break;
         }
-        if (env->cancelled && env->cancelled(env->arg)) {   // where a plain step would have noticed
+        if (env->cancelled && env->cancelled(env->arg)) { // where a plain step would have noticed
             keep = j + 1, rc = ENGINE_CANCELLED;
             break;
         }
     }
     if (engine_verify_keep(env->e, env->s, keep, res->err, sizeof res->err)) return ENGINE_ERROR;
-    res->greedy_next = next[keep - 1];   // the argmax after the last token the sequence holds
+    res->greedy_next = next[keep - 1]; // the argmax after the last token the sequence holds
     return rc;
 }
 
@@ -389,12 +407,17 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     g.vocab = engine_geometry(env->e)->vocab;
     int rc = ENGINE_OK;
     if (sampled) {
-        g.sampling = (struct engine_sampling){.temperature = sm->temperature, .top_p = sm->top_p, .min_p = sm->min_p,
-                                              .presence_penalty = sm->presence_penalty, .top_k = sm->top_k,
+        g.sampling = (struct engine_sampling){.temperature = sm->temperature,
+                                              .top_p = sm->top_p,
+                                              .min_p = sm->min_p,
+                                              .presence_penalty = sm->presence_penalty,
+                                              .top_k = sm->top_k,
                                               .seed = sm->seed};
         g.how.sampling = &g.sampling;
-        if ((g.seen = calloc(((size_t)g.vocab + 31) / 32, sizeof *g.seen))) g.how.seen = g.seen;
-        else rc = fail(res, GEN_NOMEM, "out of memory");
+        if ((g.seen = calloc(((size_t)g.vocab + 31) / 32, sizeof *g.seen)))
+            g.how.seen = g.seen;
+        else
+            rc = fail(res, GEN_NOMEM, "out of memory");
     }
     if ((g.pick && !env->logits) ||
         (g.constrained && constrained_init(&g.con, req->schema, env->tok, env->trie, (enum mask_mode)env->mask_mode)))
@@ -412,7 +435,8 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
             env->snapshot(env->arg, pos, bnext);
         }
     }
-    if (rc == ENGINE_OK && g.constrained && !req->reasoning) constrained_prepare(&g.con);   // the first mask, during the prefill
+    if (rc == ENGINE_OK && g.constrained && !req->reasoning)
+        constrained_prepare(&g.con); // the first mask, during the prefill
     if (rc == ENGINE_OK && !next) rc = forward(&g, P + pos, n - pos, &tok, g.pick);
     res->t_prefilled = now_s();
 
@@ -428,7 +452,8 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
         int32_t *nl = NULL;
         size_t nn = 0;
         char err[64];
-        if (env->tok && !tokenizer_encode(env->tok, "\n", 1, &nl, &nn, err, sizeof err) && nn == 1) g.close_ids[g.n_close++] = nl[0];
+        if (env->tok && !tokenizer_encode(env->tok, "\n", 1, &nl, &nn, err, sizeof err) && nn == 1)
+            g.close_ids[g.n_close++] = nl[0];
         free(nl);
         g.close_ids[g.n_close++] = TOKEN_THINK_END;
     }
@@ -446,9 +471,9 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
         for (int i = 0; valid && i < req->n_draft; i++) valid = req->draft[i] >= 0 && req->draft[i] < V;
         if (valid) draft_add_source(g.dr, req->draft, req->n_draft);
     }
-    if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx);   // with the first token (TTFT)
+    if (rc == ENGINE_OK && g.sink->begin) g.sink->begin(g.sink->ctx); // with the first token (TTFT)
     while (rc == ENGINE_OK) {
-        if (sampled && g.choice.chosen >= 0) tok = g.choice.chosen;   // the draw (under the constraint's mask)
+        if (sampled && g.choice.chosen >= 0) tok = g.choice.chosen; // the draw (under the constraint's mask)
         if (forced(&g)) tok = g.close_ids[g.closed++];
         if (g.constrained && in_answer(&g))
             tok = constrained_pick_choice(&g.con, &g.choice, sampled, req->max_tokens - res->n, last_row, &g);
@@ -466,7 +491,7 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
         }
     }
     if (rc == ENGINE_OK) {
-        if (res->finish != GEN_FINISH_STOP_SEQUENCE && env->tok) {   // flush what the decoder and the channel still hold
+        if (res->finish != GEN_FINISH_STOP_SEQUENCE && env->tok) { // flush what the decoder and the channel still hold
             const char *tail;
             size_t tl;
             tokenizer_stream_flush(&g.ts, &tail, &tl);

@@ -68,9 +68,9 @@ bool session_id_valid(const char *s, size_t len) {
 static void out_add(struct job *j, int n, const char *const *s, const size_t *len) {
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < n; i++)
-        if (sbuf_add(&j->out, s[i], len[i])) j->cancel = true;   // out of memory: end this request
+        if (sbuf_add(&j->out, s[i], len[i])) j->cancel = true; // out of memory: end this request
     pthread_cond_broadcast(&j->cv);
-    if (j->stream) wake(j);   // (a whole answer is read once the job is done)
+    if (j->stream) wake(j); // (a whole answer is read once the job is done)
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -78,14 +78,18 @@ static void out_add3(struct job *j, const char *a, size_t na, const char *b, siz
     out_add(j, 3, (const char *const[]){a, b, c}, (const size_t[]){na, nb, nc});
 }
 
-void job_sse(struct job *j, const char *data, size_t len) { out_add3(j, "data: ", 6, data, len, "\n\n", 2); }
+void job_sse(struct job *j, const char *data, size_t len) {
+    out_add3(j, "data: ", 6, data, len, "\n\n", 2);
+}
 
 void job_sse_event(struct job *j, const char *name, const char *data, size_t len) {
     out_add(j, 5, (const char *const[]){"event: ", name, "\ndata: ", data, "\n\n"},
             (const size_t[]){7, strlen(name), 7, len, 2});
 }
 
-void job_sse_comment(struct job *j, const char *text) { out_add3(j, ": ", 2, text, strlen(text), "\n\n", 2); }
+void job_sse_comment(struct job *j, const char *text) {
+    out_add3(j, ": ", 2, text, strlen(text), "\n\n", 2);
+}
 
 void job_answer(struct job *j, int status, const char *body, size_t len) {
     pthread_mutex_lock(&j->mu);
@@ -109,7 +113,7 @@ long job_read(struct job *j, char *buf, size_t max, double wait_s) {
         memcpy(buf, j->out.p + j->out_off, k);
         j->out_off += k;
         n = (long)k;
-        if (j->out_off == j->out.len) j->out_off = j->out.len = 0;   // all sent: reuse the buffer
+        if (j->out_off == j->out.len) j->out_off = j->out.len = 0; // all sent: reuse the buffer
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -157,7 +161,7 @@ void job_poke(struct job *j) {
 
 void job_abandon(struct job *j) {
     pthread_mutex_lock(&j->mu);
-    if (j->state != JOB_DONE) j->cancel = true;   // the response is gone before the job ended
+    if (j->state != JOB_DONE) j->cancel = true; // the response is gone before the job ended
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -203,6 +207,6 @@ bool job_cancelled(void *arg) {
 void job_watch(struct job *j) {
     pthread_mutex_lock(&j->mu);
     check_peer(j);
-    if (j->cancel || j->peer_eof) wake(j);   // the reader closes, or probes the client with a write
+    if (j->cancel || j->peer_eof) wake(j); // the reader closes, or probes the client with a write
     pthread_mutex_unlock(&j->mu);
 }

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-enum { MAX_SESSION_ID = 128 };   // session key bytes mirrored into X-Session-Id (a balancer's affinity)
+enum { MAX_SESSION_ID = 128 }; // session key bytes mirrored into X-Session-Id (a balancer's affinity)
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
@@ -32,44 +32,44 @@ struct job_reader {
 
 // What the reader sees when it looks (job_look).
 struct job_view {
-    bool done;                      // out and status are final
-    bool cancelled;                 // the client is gone (or the job failed for want of memory): no one to answer
-    bool peer_eof;                  // the client's end of stream was seen: a half-close, or a close, which only a write tells apart
+    bool done;      // out and status are final
+    bool cancelled; // the client is gone (or the job failed for want of memory): no one to answer
+    bool peer_eof;  // the client's end of stream was seen: a half-close, or a close, which only a write tells apart
 };
 
 struct job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int refs;                       // connection, response (streaming) and worker
+    int refs; // connection, response (streaming) and worker
 
     // The request, fixed once queued (the protocol fills it).
-    struct gen_request req;         // what to generate
-    struct gen_sink sink;           // the protocol's renderer; its end event completes out
-    void (*sink_free)(void *ctx);   // frees sink.ctx with the job (NULL: nothing to free)
-    bool stream;                    // out is an event stream, read while the job runs
-    char id[48];                    // the answer's id, for the log too
-    const char *kind;               // what was asked, for the log ("chat", "completion")
-    char session[MAX_SESSION_ID + 1];   // a session key from the body, when it can be a header value ("": none)
+    struct gen_request req;           // what to generate
+    struct gen_sink sink;             // the protocol's renderer; its end event completes out
+    void (*sink_free)(void *ctx);     // frees sink.ctx with the job (NULL: nothing to free)
+    bool stream;                      // out is an event stream, read while the job runs
+    char id[48];                      // the answer's id, for the log too
+    const char *kind;                 // what was asked, for the log ("chat", "completion")
+    char session[MAX_SESSION_ID + 1]; // a session key from the body, when it can be a header value ("": none)
 
     // Set when queued (scheduler.c).
     double t_queued;
-    atomic_bool *abort;             // the server's "cancel everything"
-    int n_cached;                   // set by the worker before the generation starts: prompt tokens the session cache gave
+    atomic_bool *abort; // the server's "cancel everything"
+    int n_cached;       // set by the worker before the generation starts: prompt tokens the session cache gave
 
     // Shared state, under mu.
-    int fd;                         // the client socket, polled for a hang-up; -1 once the transport has closed it
+    int fd; // the client socket, polled for a hang-up; -1 once the transport has closed it
     enum job_state state;
-    bool cancel;                    // the client went away (or the server is aborting)
-    bool peer_eof;                  // the client's end of stream was seen (POLLRDHUP)
-    bool probed;                    // streaming: the client's end of stream was seen and a comment sent
-    struct job_reader reader;       // .resume NULL: no reader
-    bool parked;                    // the reader waits for a resume
-    bool poked;                     // something changed since the reader last looked
-    struct sbuf out;                // the answer's bytes...
-    size_t out_off;                 // ...and how far the transport has read them (streaming)
-    int status;                     // not streaming: the HTTP status of the body in out
+    bool cancel;              // the client went away (or the server is aborting)
+    bool peer_eof;            // the client's end of stream was seen (POLLRDHUP)
+    bool probed;              // streaming: the client's end of stream was seen and a comment sent
+    struct job_reader reader; // .resume NULL: no reader
+    bool parked;              // the reader waits for a resume
+    bool poked;               // something changed since the reader last looked
+    struct sbuf out;          // the answer's bytes...
+    size_t out_off;           // ...and how far the transport has read them (streaming)
+    int status;               // not streaming: the HTTP status of the body in out
 
-    struct job *next;               // queue link (scheduler.c)
+    struct job *next; // queue link (scheduler.c)
 };
 
 struct job *job_new(void);

@@ -14,7 +14,8 @@ static const struct {
     {"run", cmd_run, "generate greedily from a prompt"},
     {"bench", cmd_bench, "one benchmark measurement (docs/BENCH.md protocol), JSON record"},
     {"maskbench", cmd_maskbench, "constrained decoding's cost: token trie, masks, decode overhead with a schema"},
-    {"agentbench", cmd_agentbench, "a coding agent's conversation replayed through a running server: per-turn TTFT, cache"},
+    {"agentbench", cmd_agentbench,
+     "a coding agent's conversation replayed through a running server: per-turn TTFT, cache"},
     {"matrix", cmd_matrix, "engines x contexts x rounds: results folder with report.md and plots"},
     {"report", cmd_report, "rewrite report.md and plots of a results folder"},
     {"adapt-llama-bench", cmd_adapt_llama_bench, "map llama-bench -o json output onto bench records"},
@@ -24,7 +25,8 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "calla: a batch-1 greedy inference server for Qwen3.6-35B-A3B (MLX 4-bit)\n\nusage: calla <command> [flags]\n\n");
+    fprintf(f, "calla: a batch-1 greedy inference server for Qwen3.6-35B-A3B (MLX 4-bit)\n\nusage: calla <command> "
+               "[flags]\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`calla <command> --help` lists a command's flags.\n");

@@ -9,35 +9,62 @@
 // at sizes that run in milliseconds on a CPU.
 static const struct geometry geometries[] = {
     {
-        .name = "qwen3.6-35b-a3b", .is_test = false, .vocab = QWEN_VOCAB, .hidden = QWEN_HIDDEN,
-        .n_layers = QWEN_LAYERS, .n_heads = QWEN_HEADS, .n_kv_heads = QWEN_KV_HEADS,
-        .head_dim = QWEN_HEAD_DIM, .rope_dim = QWEN_ROPE_DIM, .lin_k_heads = QWEN_LIN_K_HEADS,
-        .lin_v_heads = QWEN_LIN_V_HEADS, .lin_k_dim = QWEN_LIN_K_DIM, .lin_v_dim = QWEN_LIN_V_DIM,
-        .conv_kernel = QWEN_CONV_KERNEL, .n_experts = QWEN_EXPERTS, .n_experts_used = QWEN_EXPERTS_USED,
-        .moe_inter = QWEN_MOE_INTER, .shared_inter = QWEN_SHARED_INTER, .attn_interval = QWEN_ATTN_INTERVAL,
-        .max_ctx = QWEN_MAX_CTX, .rope_theta = 10000000.0, .rms_eps = 1e-6,
+        .name = "qwen3.6-35b-a3b",
+        .is_test = false,
+        .vocab = QWEN_VOCAB,
+        .hidden = QWEN_HIDDEN,
+        .n_layers = QWEN_LAYERS,
+        .n_heads = QWEN_HEADS,
+        .n_kv_heads = QWEN_KV_HEADS,
+        .head_dim = QWEN_HEAD_DIM,
+        .rope_dim = QWEN_ROPE_DIM,
+        .lin_k_heads = QWEN_LIN_K_HEADS,
+        .lin_v_heads = QWEN_LIN_V_HEADS,
+        .lin_k_dim = QWEN_LIN_K_DIM,
+        .lin_v_dim = QWEN_LIN_V_DIM,
+        .conv_kernel = QWEN_CONV_KERNEL,
+        .n_experts = QWEN_EXPERTS,
+        .n_experts_used = QWEN_EXPERTS_USED,
+        .moe_inter = QWEN_MOE_INTER,
+        .shared_inter = QWEN_SHARED_INTER,
+        .attn_interval = QWEN_ATTN_INTERVAL,
+        .max_ctx = QWEN_MAX_CTX,
+        .rope_theta = 10000000.0,
+        .rms_eps = 1e-6,
     },
     {
         // hidden 128, 4 layers, GQA 2, 2 v heads per k head, 8 experts top-2
-        .name = "tiny", .is_test = true, .vocab = QWEN_VOCAB, .hidden = 128, .n_layers = 4,
-        .n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .rope_dim = 16, .lin_k_heads = 2,
-        .lin_v_heads = 4, .lin_k_dim = 32, .lin_v_dim = 32, .conv_kernel = 4, .n_experts = 8,
-        .n_experts_used = 2, .moe_inter = 64, .shared_inter = 64, .attn_interval = 4,
-        .max_ctx = QWEN_MAX_CTX, .rope_theta = 10000000.0, .rms_eps = 1e-6,
+        .name = "tiny",      .is_test = true,         .vocab = QWEN_VOCAB,
+        .hidden = 128,       .n_layers = 4,           .n_heads = 4,
+        .n_kv_heads = 2,     .head_dim = 64,          .rope_dim = 16,
+        .lin_k_heads = 2,    .lin_v_heads = 4,        .lin_k_dim = 32,
+        .lin_v_dim = 32,     .conv_kernel = 4,        .n_experts = 8,
+        .n_experts_used = 2, .moe_inter = 64,         .shared_inter = 64,
+        .attn_interval = 4,  .max_ctx = QWEN_MAX_CTX, .rope_theta = 10000000.0,
+        .rms_eps = 1e-6,
     },
     {
         // hidden 256, 8 layers, GQA 4, head_dim 128, 16 experts top-4
-        .name = "small", .is_test = true, .vocab = QWEN_VOCAB, .hidden = 256, .n_layers = 8,
-        .n_heads = 8, .n_kv_heads = 2, .head_dim = 128, .rope_dim = 32, .lin_k_heads = 4,
-        .lin_v_heads = 8, .lin_k_dim = 64, .lin_v_dim = 64, .conv_kernel = 4, .n_experts = 16,
-        .n_experts_used = 4, .moe_inter = 128, .shared_inter = 128, .attn_interval = 4,
-        .max_ctx = QWEN_MAX_CTX, .rope_theta = 10000000.0, .rms_eps = 1e-6,
+        .name = "small",     .is_test = true,         .vocab = QWEN_VOCAB,
+        .hidden = 256,       .n_layers = 8,           .n_heads = 8,
+        .n_kv_heads = 2,     .head_dim = 128,         .rope_dim = 32,
+        .lin_k_heads = 4,    .lin_v_heads = 8,        .lin_k_dim = 64,
+        .lin_v_dim = 64,     .conv_kernel = 4,        .n_experts = 16,
+        .n_experts_used = 4, .moe_inter = 128,        .shared_inter = 128,
+        .attn_interval = 4,  .max_ctx = QWEN_MAX_CTX, .rope_theta = 10000000.0,
+        .rms_eps = 1e-6,
     },
 };
 
-int geometry_count(void) { return (int)(sizeof geometries / sizeof geometries[0]); }
-const struct geometry *geometry_at(int i) { return &geometries[i]; }
-const struct geometry *geometry_real(void) { return &geometries[0]; }
+int geometry_count(void) {
+    return (int)(sizeof geometries / sizeof geometries[0]);
+}
+const struct geometry *geometry_at(int i) {
+    return &geometries[i];
+}
+const struct geometry *geometry_real(void) {
+    return &geometries[0];
+}
 
 const struct geometry *geometry_find(const char *name) {
     if (!strcmp(name, "full") || !strcmp(name, "qwen3.5-35b-a3b")) return geometry_real();
@@ -51,7 +78,7 @@ const struct geometry *geometry_find(const char *name) {
 struct spec_builder {
     struct tensor_spec *specs;
     int cap, n;
-    struct tensor_spec overflow;   // written when counting past cap
+    struct tensor_spec overflow; // written when counting past cap
 };
 
 static struct tensor_spec *spec_add(struct spec_builder *b, enum tensor_role role, const char *fmt, int layer) {
@@ -63,8 +90,8 @@ static struct tensor_spec *spec_add(struct spec_builder *b, enum tensor_role rol
     return s;
 }
 
-static void add_quant(struct spec_builder *b, const char *fmt, int layer, int n_mat, int rows, int cols,
-                      int bits, float gain, struct qtensor *dst) {
+static void add_quant(struct spec_builder *b, const char *fmt, int layer, int n_mat, int rows, int cols, int bits,
+                      float gain, struct qtensor *dst) {
     struct tensor_spec *s = spec_add(b, ROLE_QUANT, fmt, layer);
     s->bits = bits;
     s->gain = gain;
@@ -78,8 +105,8 @@ static void add_quant(struct spec_builder *b, const char *fmt, int layer, int n_
     s->qdst = dst;
 }
 
-static void add_plain(struct spec_builder *b, enum tensor_role role, const char *fmt, int layer, int ndim,
-                      int64_t d0, int64_t d1, int64_t d2, float **dst) {
+static void add_plain(struct spec_builder *b, enum tensor_role role, const char *fmt, int layer, int ndim, int64_t d0,
+                      int64_t d1, int64_t d2, float **dst) {
     struct tensor_spec *s = spec_add(b, role, fmt, layer);
     s->ndim = ndim;
     s->dims[0] = d0, s->dims[1] = d1, s->dims[2] = d2;
@@ -88,7 +115,7 @@ static void add_plain(struct spec_builder *b, enum tensor_role role, const char 
 
 int model_tensor_specs(const struct geometry *g, struct weights *w, struct tensor_spec *specs, int cap) {
     struct spec_builder b = {.specs = specs, .cap = cap};
-    static struct weights scratch;   // binding target when the caller does not bind
+    static struct weights scratch; // binding target when the caller does not bind
     struct weights *W = w ? w : &scratch;
     const int H = g->hidden;
 
@@ -98,17 +125,14 @@ int model_tensor_specs(const struct geometry *g, struct weights *w, struct tenso
     for (int i = 0; i < g->n_layers; i++) {
         struct layer_weights *L = &W->layers[i];
         add_plain(&b, ROLE_NORM, "model.layers.%d.input_layernorm.weight", i, 1, H, 0, 0, &L->input_norm);
-        add_plain(&b, ROLE_NORM, "model.layers.%d.post_attention_layernorm.weight", i, 1, H, 0, 0,
-                  &L->post_norm);
+        add_plain(&b, ROLE_NORM, "model.layers.%d.post_attention_layernorm.weight", i, 1, H, 0, 0, &L->post_norm);
         if (geom_is_attn(g, i)) {
             add_quant(&b, "model.layers.%d.self_attn.q_proj", i, 0, 2 * geom_q_dim(g), H, 4, 1.0f, &L->q_proj);
             add_quant(&b, "model.layers.%d.self_attn.k_proj", i, 0, geom_kv_dim(g), H, 4, 1.0f, &L->k_proj);
             add_quant(&b, "model.layers.%d.self_attn.v_proj", i, 0, geom_kv_dim(g), H, 4, 1.0f, &L->v_proj);
             add_quant(&b, "model.layers.%d.self_attn.o_proj", i, 0, H, geom_q_dim(g), 4, 1.0f, &L->o_proj);
-            add_plain(&b, ROLE_NORM, "model.layers.%d.self_attn.q_norm.weight", i, 1, g->head_dim, 0, 0,
-                      &L->q_norm);
-            add_plain(&b, ROLE_NORM, "model.layers.%d.self_attn.k_norm.weight", i, 1, g->head_dim, 0, 0,
-                      &L->k_norm);
+            add_plain(&b, ROLE_NORM, "model.layers.%d.self_attn.q_norm.weight", i, 1, g->head_dim, 0, 0, &L->q_norm);
+            add_plain(&b, ROLE_NORM, "model.layers.%d.self_attn.k_norm.weight", i, 1, g->head_dim, 0, 0, &L->k_norm);
         } else {
             const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g), HV = g->lin_v_heads;
             add_quant(&b, "model.layers.%d.linear_attn.in_proj_qkv", i, 0, C, H, 4, 1.0f, &L->in_qkv);
@@ -136,7 +160,9 @@ int model_tensor_specs(const struct geometry *g, struct weights *w, struct tenso
     return b.n;
 }
 
-int model_tensor_spec_count(const struct geometry *g) { return model_tensor_specs(g, NULL, NULL, 0); }
+int model_tensor_spec_count(const struct geometry *g) {
+    return model_tensor_specs(g, NULL, NULL, 0);
+}
 
 int64_t tensor_spec_elems(const struct tensor_spec *s) {
     int64_t n = 1;
@@ -156,7 +182,7 @@ struct model_size model_size_of(const struct geometry *g) {
             z.bytes += e * specs[i].bits / 8 + 2 * (e / QWEN_GROUP) * 2;
             z.n_tensors += 3;
         } else {
-            z.bytes += e * 2;   // bf16 as written by synth; real files may hold some as f32
+            z.bytes += e * 2; // bf16 as written by synth; real files may hold some as f32
             z.n_tensors += 1;
         }
     }

@@ -11,14 +11,18 @@
 #include <string.h>
 
 typedef void *nvml_device;
-typedef int nvml_return;   // 0: NVML_SUCCESS
+typedef int nvml_return; // 0: NVML_SUCCESS
 enum { NVML_SUCCESS = 0, NVML_ERROR_INSUFFICIENT_SIZE = 7 };
 enum { NVML_CLOCK_GRAPHICS = 0, NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
 enum { NVML_TEMPERATURE_GPU = 0 };
 
-struct nvml_memory { unsigned long long total, free, used; };
-struct nvml_utilization { unsigned gpu, memory; };
-struct nvml_process {   // nvmlProcessInfo_t (v2/v3 layout)
+struct nvml_memory {
+    unsigned long long total, free, used;
+};
+struct nvml_utilization {
+    unsigned gpu, memory;
+};
+struct nvml_process { // nvmlProcessInfo_t (v2/v3 layout)
     unsigned pid;
     unsigned long long used_gpu_memory;
     unsigned gpu_instance_id, compute_instance_id;
@@ -67,9 +71,9 @@ int nvml_open(char *msg, size_t msglen) {
             nv.init = (nvml_return(*)(void))sym("nvmlInit_v2", "nvmlInit");
             nv.error_string = (const char *(*)(nvml_return))sym("nvmlErrorString", NULL);
             nv.handle_by_index = (nvml_return(*)(unsigned, nvml_device *))sym("nvmlDeviceGetHandleByIndex_v2",
-                                                                                "nvmlDeviceGetHandleByIndex");
+                                                                              "nvmlDeviceGetHandleByIndex");
             nv.handle_by_pci = (nvml_return(*)(const char *, nvml_device *))sym("nvmlDeviceGetHandleByPciBusId_v2",
-                                                                                 "nvmlDeviceGetHandleByPciBusId");
+                                                                                "nvmlDeviceGetHandleByPciBusId");
             nv.name = (nvml_return(*)(nvml_device, char *, unsigned))sym("nvmlDeviceGetName", NULL);
             nv.uuid = (nvml_return(*)(nvml_device, char *, unsigned))sym("nvmlDeviceGetUUID", NULL);
             nv.driver = (nvml_return(*)(char *, unsigned))sym("nvmlSystemGetDriverVersion", NULL);
@@ -94,7 +98,8 @@ int nvml_open(char *msg, size_t msglen) {
                 if (r != NVML_SUCCESS)
                     snprintf(nv.why, sizeof nv.why, "nvmlInit failed: %s (code %d)",
                              nv.error_string ? nv.error_string(r) : "?", r);
-                else nv.ok = true;
+                else
+                    nv.ok = true;
             }
         }
     }
@@ -193,7 +198,10 @@ int nvml_other_processes(const char *pci_bus_id, long long self_pid, long long *
 }
 
 void nvml_reason_names(long long bits, char *buf, size_t len) {
-    static const struct { long long bit; const char *name; } names[] = {
+    static const struct {
+        long long bit;
+        const char *name;
+    } names[] = {
         {NVML_REASON_GPU_IDLE, "gpu_idle"},
         {NVML_REASON_APP_CLOCKS, "applications_clocks_setting"},
         {NVML_REASON_SW_POWER_CAP, "sw_power_cap"},
@@ -217,8 +225,10 @@ void nvml_reason_names(long long bits, char *buf, size_t len) {
             k += (size_t)w;
             bits &= ~names[i].bit;
         }
-    if (bits) snprintf(buf + k, len - k, "%sother_0x%llx", k ? "," : "", bits);
-    else if (!k) snprintf(buf, len, "none");
+    if (bits)
+        snprintf(buf + k, len - k, "%sother_0x%llx", k ? "," : "", bits);
+    else if (!k)
+        snprintf(buf, len, "none");
 }
 
 double nvml_peak_gbs(const struct nvml_sample *s) {

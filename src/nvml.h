@@ -31,16 +31,16 @@ struct nvml_sample {
     char name[96];
     char uuid[96];
     char driver[80];
-    int index;                 // NVML device index
+    int index; // NVML device index
     int temp_c;
     double power_w, power_limit_w;
     int sm_clock_mhz, mem_clock_mhz, sm_clock_max_mhz, mem_clock_max_mhz;
     int mem_bus_bits;
     int pstate;
     int util_gpu_pct, util_mem_pct;
-    long long throttle;        // reason bits (-1: unknown)
+    long long throttle; // reason bits (-1: unknown)
     long long mem_total, mem_used;
-    int n_processes;           // compute processes on the device (-1: unknown)
+    int n_processes; // compute processes on the device (-1: unknown)
 };
 
 // Opens NVML (once per process; later calls are cheap). 0, or -1 with the reason in msg.

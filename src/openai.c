@@ -28,7 +28,7 @@ json_t *openai_error_body(int status, const char *param, const char *msg) {
                        : status == 503               ? "server_busy"
                                                      : "server_error";
     const char *code = status == 401 ? "invalid_api_key" : status == 404 ? "not_found" : NULL;
-    char *clean = NULL;   // messages quote client text, perhaps cut mid-character: make it valid UTF-8
+    char *clean = NULL; // messages quote client text, perhaps cut mid-character: make it valid UTF-8
     size_t len;
     if (utf8_sanitize(msg, strlen(msg), &clean, &len)) clean = NULL;
     json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", clean ? clean : "invalid request", "type",
@@ -87,29 +87,38 @@ static const struct chatreq_field request_fields[] = {
     // accepted, no effect on the answer
     {"metadata", FOR_BOTH, FIELD_INERT, "metadata", NULL},
     {"safety_identifier", FOR_BOTH, FIELD_INERT, "string", NULL},
-    {"cache_prompt", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // the session cache always applies; same tokens either way
-    {"spaces_between_special_tokens", FOR_BOTH, FIELD_INERT, "boolean", NULL},   // special tokens never reach the text
+    {"cache_prompt", FOR_BOTH, FIELD_INERT, "boolean",
+     NULL}, // the session cache always applies; same tokens either way
+    {"spaces_between_special_tokens", FOR_BOTH, FIELD_INERT, "boolean", NULL}, // special tokens never reach the text
     // features Calla lacks: their "off" value only
     {"echo", FOR_BOTH, FIELD_OFF, "false", "echo is not supported (the answer never repeats the prompt)"},
     {"suffix", FOR_COMPLETIONS, FIELD_OFF, "\"\"", "suffix (fill-in-the-middle) is not supported"},
     {"store", FOR_BOTH, FIELD_OFF, "false", "store is not supported: Calla keeps no completions"},
-    {"service_tier", FOR_BOTH, FIELD_OFF, "\"auto\"|\"default\"", "service_tier must be \"auto\" or \"default\" (one tier)"},
+    {"service_tier", FOR_BOTH, FIELD_OFF, "\"auto\"|\"default\"",
+     "service_tier must be \"auto\" or \"default\" (one tier)"},
     {"audio", FOR_CHAT, FIELD_OFF, NULL, "audio output is not supported (text only)"},
     {"modalities", FOR_CHAT, FIELD_OFF, "[\"text\"]", "modalities must be [\"text\"] (text only)"},
     {"functions", FOR_CHAT, FIELD_OFF, NULL, "functions (deprecated) is not supported: use tools"},
     {"function_call", FOR_CHAT, FIELD_OFF, NULL, "function_call (deprecated) is not supported: use tool_choice"},
     {"web_search_options", FOR_CHAT, FIELD_OFF, NULL, "web search is not supported"},
-    {"verbosity", FOR_CHAT, FIELD_OFF, "\"medium\"", "verbosity must be \"medium\" (the model has no verbosity setting)"},
+    {"verbosity", FOR_CHAT, FIELD_OFF, "\"medium\"",
+     "verbosity must be \"medium\" (the model has no verbosity setting)"},
     {"grammar", FOR_BOTH, FIELD_OFF, NULL, "grammar (GBNF) is not supported: use response_format with a JSON schema"},
-    {"guided_regex", FOR_BOTH, FIELD_OFF, NULL, "guided_regex is not supported: use response_format with a JSON schema"},
+    {"guided_regex", FOR_BOTH, FIELD_OFF, NULL,
+     "guided_regex is not supported: use response_format with a JSON schema"},
     {"guided_choice", FOR_BOTH, FIELD_OFF, NULL, "guided_choice is not supported: use a JSON schema with an enum"},
-    {"guided_grammar", FOR_BOTH, FIELD_OFF, NULL, "guided_grammar is not supported: use response_format with a JSON schema"},
-    {"add_generation_prompt", FOR_CHAT, FIELD_OFF, "true", "add_generation_prompt must be true (the answer is a new assistant turn)"},
+    {"guided_grammar", FOR_BOTH, FIELD_OFF, NULL,
+     "guided_grammar is not supported: use response_format with a JSON schema"},
+    {"add_generation_prompt", FOR_CHAT, FIELD_OFF, "true",
+     "add_generation_prompt must be true (the answer is a new assistant turn)"},
     {"continue_final_message", FOR_CHAT, FIELD_OFF, "false", "continue_final_message is not supported"},
-    {"skip_special_tokens", FOR_BOTH, FIELD_OFF, "true", "skip_special_tokens must be true: special tokens never reach the text"},
-    {"include_stop_str_in_output", FOR_BOTH, FIELD_OFF, "false", "include_stop_str_in_output is not supported (a stop string is never returned)"},
+    {"skip_special_tokens", FOR_BOTH, FIELD_OFF, "true",
+     "skip_special_tokens must be true: special tokens never reach the text"},
+    {"include_stop_str_in_output", FOR_BOTH, FIELD_OFF, "false",
+     "include_stop_str_in_output is not supported (a stop string is never returned)"},
     {"min_tokens", FOR_BOTH, FIELD_OFF, "0", "min_tokens is not supported"},
-    {"stop_token_ids", FOR_BOTH, FIELD_OFF, "[]", "stop_token_ids is not supported (<|im_end|> and <|endoftext|> stop; see ignore_eos)"},
+    {"stop_token_ids", FOR_BOTH, FIELD_OFF, "[]",
+     "stop_token_ids is not supported (<|im_end|> and <|endoftext|> stop; see ignore_eos)"},
     {"use_beam_search", FOR_BOTH, FIELD_OFF, "false", "beam search is not supported"},
 };
 
@@ -125,7 +134,7 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
         if (top && !json_is_null(top)) {
             if (!chatreq_integral(top, &k) || k < 0 || k > MAX_TOP_LOGPROBS)
                 return req_fail(re, 400, "top_logprobs", "top_logprobs must be an integer between 0 and %d",
-                           MAX_TOP_LOGPROBS);
+                                MAX_TOP_LOGPROBS);
             if (!on) return req_fail(re, 400, "top_logprobs", "top_logprobs requires \"logprobs\": true");
         }
         if (on) r->logprobs = (int)k;
@@ -147,10 +156,10 @@ static int parse_logprobs(const json_t *body, bool chat, struct gen_request *r, 
 static int parse_schema(const json_t *body, struct gen_request *r, struct req_error *re) {
     const json_t *rf, *top = json_object_get(body, "json_schema"), *guided = json_object_get(body, "guided_json");
     if (chatreq_get_opt(body, "response_format", JSON_OBJECT, &rf, re)) return -1;
-    const char *from = NULL;   // the field the schema comes from
+    const char *from = NULL; // the field the schema comes from
     const json_t *schema = NULL;
-    bool any_object = false;   // json_object without a schema
-    json_t *parsed = NULL;     // guided_json given as a string
+    bool any_object = false; // json_object without a schema
+    json_t *parsed = NULL;   // guided_json given as a string
     if (rf) {
         const json_t *t = json_object_get(rf, "type");
         const char *type = json_is_string(t) ? json_string_value(t) : "";
@@ -158,13 +167,15 @@ static int parse_schema(const json_t *body, struct gen_request *r, struct req_er
             const json_t *js = json_object_get(rf, "json_schema");
             schema = json_object_get(js, "schema");
             if (!json_is_object(js) || !json_is_object(schema))
-                return req_fail(re, 400, "response_format",
-                                "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+                return req_fail(
+                    re, 400, "response_format",
+                    "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
             from = "response_format";
         } else if (!strcmp(type, "json_object")) {
             schema = json_object_get(rf, "schema");
             if (schema && !json_is_null(schema) && !json_is_object(schema))
-                return req_fail(re, 400, "response_format", "response_format json_object's schema must be a JSON Schema object");
+                return req_fail(re, 400, "response_format",
+                                "response_format json_object's schema must be a JSON Schema object");
             if (!json_is_object(schema)) schema = NULL, any_object = true;
             from = "response_format";
         } else if (strcmp(type, "text")) {
@@ -176,8 +187,7 @@ static int parse_schema(const json_t *body, struct gen_request *r, struct req_er
     const json_t *alt[] = {top, guided};
     for (int i = 0; i < 2; i++) {
         if (!alt[i] || json_is_null(alt[i])) continue;
-        if (from)
-            return req_fail(re, 400, names[i], "%s and %s both give a schema: give one", from, names[i]);
+        if (from) return req_fail(re, 400, names[i], "%s and %s both give a schema: give one", from, names[i]);
         from = names[i];
         if (i == 1 && json_is_string(alt[i])) {
             if (!(parsed = json_loadb(json_string_value(alt[i]), json_string_length(alt[i]), 0, NULL)))
@@ -214,7 +224,8 @@ static int parse_stream_options(const json_t *body, struct openai_resp *o, struc
             if (chatreq_get_bool(v, "include_usage", false, &o->include_usage, re)) return -1;
         } else if (!strcmp(key, "include_obfuscation")) {
             if (!json_is_null(x) && !json_is_false(x))
-                return req_fail(re, 400, "stream_options", "stream_options.include_obfuscation must be false (not supported)");
+                return req_fail(re, 400, "stream_options",
+                                "stream_options.include_obfuscation must be false (not supported)");
         } else {
             return req_fail(re, 400, "stream_options", "stream_options.%.*s is not a stream option (include_usage)",
                             chatreq_clip(key, 64), key);
@@ -233,8 +244,8 @@ static int parse_prediction(const struct openai_ctx *oc, const json_t *body, str
     const json_t *type = json_object_get(v, "type"), *content = json_object_get(v, "content");
     const char *key;
     const json_t *x;
-    json_object_foreach((json_t *)v, key, x) if (strcmp(key, "type") && strcmp(key, "content"))
-        return req_fail(re, 400, "prediction", "prediction takes only \"type\" and \"content\"");
+    json_object_foreach((json_t *)v, key, x) if (strcmp(key, "type") && strcmp(key, "content")) return req_fail(
+        re, 400, "prediction", "prediction takes only \"type\" and \"content\"");
     if (!json_is_string(type) || strcmp(json_string_value(type), "content"))
         return req_fail(re, 400, "prediction", "prediction must be {\"type\": \"content\", \"content\": ...}");
     struct sbuf b = {0};
@@ -247,7 +258,8 @@ static int parse_prediction(const struct openai_ctx *oc, const json_t *body, str
             const json_t *pt = json_object_get(part, "type"), *text = json_object_get(part, "text");
             if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") || !json_is_string(text)) {
                 sbuf_free(&b);
-                return req_fail(re, 400, "prediction", "prediction.content[%zu] must be {\"type\": \"text\", \"text\": ...}", i);
+                return req_fail(re, 400, "prediction",
+                                "prediction.content[%zu] must be {\"type\": \"text\", \"text\": ...}", i);
             }
             if (sbuf_add(&b, json_string_value(text), json_string_length(text))) goto oom;
         }
@@ -307,7 +319,8 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
     if (chatreq_check_fields(body, request_fields, sizeof request_fields / sizeof request_fields[0],
                              o->chat ? FOR_CHAT : FOR_COMPLETIONS, "Unrecognized request argument supplied: %.*s",
                              o->chat ? "%s is a completions parameter (/v1/completions)"
-                                     : "%s is a chat parameter (/v1/chat/completions)", re) ||
+                                     : "%s is a chat parameter (/v1/chat/completions)",
+                             re) ||
         chatreq_sampling(body, oc->allow_sampling, SAMPLE_ALL, 2, &r->sampling, re) ||
         parse_logprobs(body, o->chat, r, re) || chatreq_get_opt(body, "model", JSON_STRING, &v, re) ||
         chatreq_session(body, session, j, re) || parse_max_tokens(body, max_tokens, re) ||
@@ -318,7 +331,7 @@ static int parse_common(const struct openai_ctx *oc, const json_t *body, struct 
         parse_stream_options(body, o, re) || chatreq_stops(r, json_object_get(body, "stop"), "stop", MAX_STOPS, re) ||
         parse_prediction(oc, body, r, re) || parse_schema(body, r, re))
         return -1;
-    r->max_calls = parallel ? 0 : 1;   // parallel_tool_calls false: the answer ends after its first call
+    r->max_calls = parallel ? 0 : 1; // parallel_tool_calls false: the answer ends after its first call
     return 0;
 }
 
@@ -348,12 +361,15 @@ static int parse_completion(const struct openai_ctx *oc, const json_t *body, str
         long long id;
         if (!json_is_integer(t)) {
             if (json_is_string(t) || json_is_array(t))
-                return req_fail(re, 400, "prompt", "batched prompts are not supported (batch 1): give one string or one array of token ids");
+                return req_fail(
+                    re, 400, "prompt",
+                    "batched prompts are not supported (batch 1): give one string or one array of token ids");
             return req_fail(re, 400, "prompt", "prompt[%zu] must be an integer token id", i);
         }
         id = json_integer_value(t);
         if (id < 0 || id >= oc->vocab)
-            return req_fail(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id, oc->vocab - 1);
+            return req_fail(re, 400, "prompt", "prompt[%zu] = %lld is outside the vocabulary (0 to %d)", i, id,
+                            oc->vocab - 1);
         r->prompt[i] = (int32_t)id;
     }
     r->n_prompt = (int)n;
@@ -497,12 +513,12 @@ static json_t *completion_json(const struct openai_resp *o, const struct gen_end
     const char *finish = finish_reason(e->finish);
     json_t *choice;
     if (o->chat) {
-        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", o->content.p ? o->content.p : "",
-                                o->content.len);
+        json_t *msg =
+            json_pack("{s:s, s:s%}", "role", "assistant", "content", o->content.p ? o->content.p : "", o->content.len);
         if (o->j->req.reasoning)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(o->reasoning_text.p ? o->reasoning_text.p : "", o->reasoning_text.len));
-        if (o->calls) {   // as OpenAI: content null when the answer is only calls
+        if (o->calls) { // as OpenAI: content null when the answer is only calls
             json_object_set(msg, "tool_calls", o->calls);
             if (!o->content.len) json_object_set_new(msg, "content", json_null());
         }
@@ -556,8 +572,9 @@ static void stream_begin(struct openai_resp *o) {
         return;
     }
     json_t *c = chunk_new(o);
-    json_array_append_new(json_object_get(c, "choices"), json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta",
-                                                                   "role", "assistant", "content", "", "finish_reason"));
+    json_array_append_new(json_object_get(c, "choices"),
+                          json_pack("{s:i, s:{s:s, s:s}, s:n}", "index", 0, "delta", "role", "assistant", "content", "",
+                                    "finish_reason"));
     sse_json(o->j, c);
 }
 
@@ -566,14 +583,16 @@ static void stream_end(struct openai_resp *o, const struct gen_end *e) {
     if (e->finish) {
         json_t *c = chunk_new(o);
         json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", finish_reason(e->finish));
-        if (o->chat) json_object_set_new(choice, "delta", json_object());
-        else json_object_set_new(choice, "text", json_string(""));
+        if (o->chat)
+            json_object_set_new(choice, "delta", json_object());
+        else
+            json_object_set_new(choice, "text", json_string(""));
         json_object_set_new(choice, "logprobs", logprobs_pending(o));
         if (o->return_ids) json_object_set_new(choice, "token_ids", ids_json(e));
         json_array_append_new(json_object_get(c, "choices"), choice);
         json_object_set_new(c, "timings", timings_json(e));
         sse_json(o->j, c);
-        if (o->include_usage) {   // usage once, in a chunk of its own after the finish, as OpenAI
+        if (o->include_usage) { // usage once, in a chunk of its own after the finish, as OpenAI
             c = chunk_new(o);
             json_object_set_new(c, "usage", usage_json(e));
             sse_json(o->j, c);
@@ -617,7 +636,7 @@ static void on_tool_call(void *ctx, const char *name, const char *arguments) {
         json_decref(c);
         return;
     }
-    if (o->j->stream) {   // one delta per call, whole: no markup, arguments complete
+    if (o->j->stream) { // one delta per call, whole: no markup, arguments complete
         json_t *k = chunk_new(o), *d = json_deep_copy(c);
         json_object_set_new(d, "index", json_integer((json_int_t)json_array_size(o->calls)));
         json_array_append_new(json_object_get(k, "choices"),
@@ -635,8 +654,10 @@ static void on_end(void *ctx, const struct gen_end *e) {
     json_t *body = e->finish ? completion_json(o, e) : openai_error_body(e->status, NULL, e->message);
     char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    if (s) job_answer(o->j, e->finish ? 200 : e->status, s, strlen(s));
-    else job_answer(o->j, 500, "", 0);   // out of memory: an empty body (the transport answers for it)
+    if (s)
+        job_answer(o->j, e->finish ? 200 : e->status, s, strlen(s));
+    else
+        job_answer(o->j, 500, "", 0); // out of memory: an empty body (the transport answers for it)
     free(s);
 }
 
@@ -656,14 +677,22 @@ struct job *openai_job_new(const struct openai_ctx *oc, enum openai_endpoint ep)
         job_unref(j);
         return NULL;
     }
-    *o = (struct openai_resp){.j = j, .chat = ep == OPENAI_CHAT, .tok = oc->tok, .model_name = oc->model_name,
+    *o = (struct openai_resp){.j = j,
+                              .chat = ep == OPENAI_CHAT,
+                              .tok = oc->tok,
+                              .model_name = oc->model_name,
                               .created = (long long)time(NULL)};
-    j->sink = (struct gen_sink){.ctx = o, .progress = on_progress, .begin = on_begin, .logprobs = on_logprobs,
-                                .text = on_text, .tool_call = on_tool_call, .end = on_end};
+    j->sink = (struct gen_sink){.ctx = o,
+                                .progress = on_progress,
+                                .begin = on_begin,
+                                .logprobs = on_logprobs,
+                                .text = on_text,
+                                .tool_call = on_tool_call,
+                                .end = on_end};
     j->sink_free = resp_free;
     j->kind = o->chat ? "chat" : "completion";
     char hex[25];
-    random_hex(hex, 12);   // unique across restarts, unlike a counter
+    random_hex(hex, 12); // unique across restarts, unlike a counter
     snprintf(j->id, sizeof j->id, "%s-%s", o->chat ? "chatcmpl" : "cmpl", hex);
     return j;
 }

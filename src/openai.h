@@ -19,8 +19,8 @@
 #include <stdint.h>
 
 enum {
-    MAX_STOPS = 4,            // OpenAI's limit on `stop`
-    MAX_TOP_LOGPROBS = 20,    // OpenAI's limit on top_logprobs
+    MAX_STOPS = 4,         // OpenAI's limit on `stop`
+    MAX_TOP_LOGPROBS = 20, // OpenAI's limit on top_logprobs
 };
 _Static_assert((int)MAX_TOP_LOGPROBS <= (int)GEN_MAX_TOP, "a token's logprobs hold OpenAI's top_logprobs");
 
@@ -29,27 +29,27 @@ enum openai_endpoint { OPENAI_CHAT, OPENAI_COMPLETIONS };
 // What parsing a request needs from the server.
 struct openai_ctx {
     const struct tokenizer *tok;
-    int vocab;                       // token ids must be below it
-    long long context;               // prompt + max_tokens + 1 must fit
-    long long default_max_tokens;    // when the request gives none
+    int vocab;                    // token ids must be below it
+    long long context;            // prompt + max_tokens + 1 must fit
+    long long default_max_tokens; // when the request gives none
     const char *model_name;
-    bool allow_sampling;             // calla serve --allow-sampling: temperature & co. fill gen_request.sampling
+    bool allow_sampling; // calla serve --allow-sampling: temperature & co. fill gen_request.sampling
 };
 
 // The answer being built: the sink's context (job->sink.ctx).
 struct openai_resp {
-    struct job *j;                   // whose output channel the answer goes to (and whose request it answers)
-    bool chat;                       // chat.completion (else text_completion)
-    bool include_usage;              // streaming: a usage chunk after the finish
-    bool return_ids;                 // return_token_ids: the generated ids in the choice (as vLLM)
-    const struct tokenizer *tok;     // token text for logprobs
+    struct job *j;               // whose output channel the answer goes to (and whose request it answers)
+    bool chat;                   // chat.completion (else text_completion)
+    bool include_usage;          // streaming: a usage chunk after the finish
+    bool return_ids;             // return_token_ids: the generated ids in the choice (as vLLM)
+    const struct tokenizer *tok; // token text for logprobs
     const char *model_name;
     long long created;
     struct sbuf content, reasoning_text;
-    json_t *calls;                   // the calls found (OpenAI tool_calls), or NULL
-    struct token_lp *lps;            // [n_lps] per generated token, the closing stop token excluded
+    json_t *calls;        // the calls found (OpenAI tool_calls), or NULL
+    struct token_lp *lps; // [n_lps] per generated token, the closing stop token excluded
     int n_lps, lps_cap;
-    int lps_sent;                    // streaming: entries already sent
+    int lps_sent; // streaming: entries already sent
 };
 
 // A request body -> a job ready to queue, or NULL and re (a 4xx, or 500 when out of memory).

@@ -6,11 +6,11 @@
 #include <stdio.h>
 
 enum opt_type {
-    OPT_STR,    // const char *
-    OPT_INT,    // long long, within [min, max]
-    OPT_FLAG,   // bool, takes no value
-    OPT_STRS,   // struct opt_strs: a string flag that may be given up to OPT_STRS_MAX times
-    OPT_ONOFF,  // bool, takes "on" or "off"
+    OPT_STR,   // const char *
+    OPT_INT,   // long long, within [min, max]
+    OPT_FLAG,  // bool, takes no value
+    OPT_STRS,  // struct opt_strs: a string flag that may be given up to OPT_STRS_MAX times
+    OPT_ONOFF, // bool, takes "on" or "off"
 };
 
 enum { OPT_STRS_MAX = 64 };
@@ -21,10 +21,10 @@ struct opt_strs {
 };
 
 struct opt {
-    const char *name;     // without the leading "--"
+    const char *name; // without the leading "--"
     enum opt_type type;
     void *dst;
-    long long min, max;   // OPT_INT bounds, inclusive
+    long long min, max; // OPT_INT bounds, inclusive
     const char *help;
 };
 

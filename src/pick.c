@@ -5,9 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool allowed(const uint32_t *allow, int i) { return !allow || (allow[i >> 5] >> (i & 31) & 1u); }
-static bool seen(const uint32_t *s, int i) { return s && (s[i >> 5] >> (i & 31) & 1u); }
-static bool better(const float *x, int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); }
+static bool allowed(const uint32_t *allow, int i) {
+    return !allow || (allow[i >> 5] >> (i & 31) & 1u);
+}
+static bool seen(const uint32_t *s, int i) {
+    return s && (s[i >> 5] >> (i & 31) & 1u);
+}
+static bool better(const float *x, int a, int b) {
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
+}
 
 static int cmp_desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -24,7 +30,7 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
         if (!allowed(allow, i)) continue;
         const float l = x[i] - (seen(p->seen, i) ? s->presence_penalty : 0.0f);
         z[i] = s->temperature > 0 ? l / s->temperature : l;
-        if (best < 0 || z[i] > z[best]) best = i;   // lowest id on ties (ascending scan, strict >)
+        if (best < 0 || z[i] > z[best]) best = i; // lowest id on ties (ascending scan, strict >)
         zmax = fmaxf(zmax, z[i]);
         n++;
     }
@@ -34,7 +40,7 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
     float *sorted = NULL;
     if ((s->top_k > 0 && s->top_k < n) || s->top_p < 1.0f) {
         sorted = malloc(sizeof(float) * (size_t)n);
-        if (!sorted) return best;   // (only a threshold is lost: the caller's scratch holds z)
+        if (!sorted) return best; // (only a threshold is lost: the caller's scratch holds z)
         int k = 0;
         for (int i = 0; i < V; i++)
             if (z[i] > -INFINITY) sorted[k++] = z[i];
@@ -91,7 +97,7 @@ int pick_row(const float *x, int V, const struct engine_pick *p, const uint32_t 
     c->greedy_lp = x[g] - lse;
     c->chosen_lp = ch >= 0 ? x[ch] - lse : 0.0f;
     const int k = p->n_top < ENGINE_MAX_TOP ? p->n_top : ENGINE_MAX_TOP;
-    for (int i = 0; i < V && k > 0; i++) {   // insertion into a sorted list: most fail the first compare
+    for (int i = 0; i < V && k > 0; i++) { // insertion into a sorted list: most fail the first compare
         if (c->n_top == k && !better(x, i, c->top_id[k - 1])) continue;
         int at = c->n_top < k ? c->n_top++ : k - 1;
         while (at > 0 && better(x, i, c->top_id[at - 1])) {

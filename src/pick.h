@@ -13,7 +13,7 @@ int pick_row(const float *x, int V, const struct engine_pick *p, const uint32_t 
 
 // The draw of sampling step `step` of stream `seed`: U[0, 1) with 24 bits (host and device alike).
 static inline float pick_uniform(uint64_t seed, uint64_t step) {
-    uint64_t z = seed + (step + 1) * 0x9E3779B97F4A7C15ull;   // splitmix64
+    uint64_t z = seed + (step + 1) * 0x9E3779B97F4A7C15ull; // splitmix64
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;

@@ -20,22 +20,22 @@
 
 struct rstore_entry {
     char id[48];
-    char *response;                  // the response object, JSON text (malloc'd)
-    json_t *conv;                    // the conversation's messages, this response's output last
-    char *instructions;              // NULL: none
-    char *tools;                     // the template's tools as JSON text ("" none)
-    int32_t *tokens;                 // [n_tokens] the prompt, then the output
+    char *response;     // the response object, JSON text (malloc'd)
+    json_t *conv;       // the conversation's messages, this response's output last
+    char *instructions; // NULL: none
+    char *tools;        // the template's tools as JSON text ("" none)
+    int32_t *tokens;    // [n_tokens] the prompt, then the output
     int n_tokens;
-    bool continuable;                // the output ended its turn (<|im_end|>): tokens can be continued
-    char session[MAX_SESSION_ID + 1];   // the session key it was made with ("": none)
-    size_t bytes;                    // what it holds, about
-    uint64_t used;                   // LRU clock
+    bool continuable;                 // the output ended its turn (<|im_end|>): tokens can be continued
+    char session[MAX_SESSION_ID + 1]; // the session key it was made with ("": none)
+    size_t bytes;                     // what it holds, about
+    uint64_t used;                    // LRU clock
 };
 
 struct rstore {
     pthread_mutex_t mu;
-    struct rstore_entry **v;         // [n]
-    int n, max_entries;              // max_entries 0: nothing is kept
+    struct rstore_entry **v; // [n]
+    int n, max_entries;      // max_entries 0: nothing is kept
     size_t bytes, max_bytes;
     uint64_t clock;
 };

@@ -20,21 +20,21 @@
 
 // The answer being built: the sink's context (job->sink.ctx).
 struct responses_resp {
-    struct answer ans;               // the output items, in order (first: answer_attach)
+    struct answer ans; // the output items, in order (first: answer_attach)
     struct job *j;
-    struct rstore *store;            // where to keep it (store: true), or NULL
+    struct rstore *store; // where to keep it (store: true), or NULL
     const char *model_name;
     long long created;
-    bool started;                    // streaming: response.created sent
-    bool incomplete;                 // the end: max_output_tokens (the open item is incomplete)
-    int seq;                         // streaming: the next event's sequence_number
+    bool started;    // streaming: response.created sent
+    bool incomplete; // the end: max_output_tokens (the open item is incomplete)
+    int seq;         // streaming: the next event's sequence_number
     // Echoed in the response object (references), and what a continuation needs.
-    json_t *echo;                    // {"instructions", "max_output_tokens", "previous_response_id", "reasoning",
-                                     //  "text", "tool_choice", "tools", "parallel_tool_calls", "store", "metadata",
-                                     //  "user", "prompt_cache_key"}
-    json_t *conv;                    // the conversation's messages (the template's, no system message), or NULL
-    char *instructions;              // NULL: none
-    char *tools;                     // the template's tools as JSON text ("" none)
+    json_t *echo;       // {"instructions", "max_output_tokens", "previous_response_id", "reasoning",
+                        //  "text", "tool_choice", "tools", "parallel_tool_calls", "store", "metadata",
+                        //  "user", "prompt_cache_key"}
+    json_t *conv;       // the conversation's messages (the template's, no system message), or NULL
+    char *instructions; // NULL: none
+    char *tools;        // the template's tools as JSON text ("" none)
 };
 
 // A request body -> a job ready to queue, or NULL and re (a 4xx, 404 for an unknown

@@ -21,8 +21,12 @@ static const struct {
     [ST_F64] = {"F64", 8},
 };
 
-const char *st_dtype_name(enum st_dtype d) { return dtypes[d].name; }
-size_t st_dtype_size(enum st_dtype d) { return dtypes[d].size; }
+const char *st_dtype_name(enum st_dtype d) {
+    return dtypes[d].name;
+}
+size_t st_dtype_size(enum st_dtype d) {
+    return dtypes[d].size;
+}
 
 static int parse_dtype(const char *s, enum st_dtype *out) {
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
@@ -47,14 +51,14 @@ static void st_free_tensors(struct st_file *f) {
     f->n = 0;
 }
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        snprintf(err, errlen, __VA_ARGS__);                                                        \
-        goto fail;                                                                                 \
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        snprintf(err, errlen, __VA_ARGS__);                                                                            \
+        goto fail;                                                                                                     \
     } while (0)
 
-static int parse_tensor(const char *what, const char *key, json_t *v, uint64_t data_len, struct st_tensor *t,
-                        char *err, size_t errlen) {
+static int parse_tensor(const char *what, const char *key, json_t *v, uint64_t data_len, struct st_tensor *t, char *err,
+                        size_t errlen) {
     if (!json_is_object(v)) FAIL("%s: tensor %s: header entry is not an object", what, key);
     json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
            *off = json_object_get(v, "data_offsets");
@@ -79,7 +83,8 @@ static int parse_tensor(const char *what, const char *key, json_t *v, uint64_t d
         !json_is_integer(json_array_get(off, 1)))
         FAIL("%s: tensor %s: \"data_offsets\" must be [begin, end]", what, key);
     json_int_t b = json_integer_value(json_array_get(off, 0)), e = json_integer_value(json_array_get(off, 1));
-    if (b < 0 || e < b) FAIL("%s: tensor %s: data_offsets [%lld, %lld] are not ordered", what, key, (long long)b, (long long)e);
+    if (b < 0 || e < b)
+        FAIL("%s: tensor %s: data_offsets [%lld, %lld] are not ordered", what, key, (long long)b, (long long)e);
     if ((uint64_t)e > data_len)
         FAIL("%s: tensor %s: data_offsets end %lld lies past the data section (%llu bytes): truncated file?", what, key,
              (long long)e, (unsigned long long)data_len);
@@ -100,9 +105,11 @@ int st_parse(const uint8_t *buf, size_t len, const char *what, struct st_file *o
     if (len < 8) FAIL("%s: %zu bytes is too short for a safetensors file", what, len);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
-    if (hlen > ST_MAX_HEADER) FAIL("%s: header length %llu exceeds %d bytes", what, (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > ST_MAX_HEADER)
+        FAIL("%s: header length %llu exceeds %d bytes", what, (unsigned long long)hlen, ST_MAX_HEADER);
     if (hlen > len - 8)
-        FAIL("%s: header length %llu exceeds the file (%zu bytes): truncated file?", what, (unsigned long long)hlen, len);
+        FAIL("%s: header length %llu exceeds the file (%zu bytes): truncated file?", what, (unsigned long long)hlen,
+             len);
     json_error_t je;
     root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root) FAIL("%s: header is not valid JSON: %s (line %d)", what, je.text, je.line);

@@ -9,7 +9,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum st_dtype { ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_F16, ST_BF16, ST_U32, ST_I32, ST_F32, ST_U64, ST_I64, ST_F64 };
+enum st_dtype {
+    ST_BOOL,
+    ST_U8,
+    ST_I8,
+    ST_U16,
+    ST_I16,
+    ST_F16,
+    ST_BF16,
+    ST_U32,
+    ST_I32,
+    ST_F32,
+    ST_U64,
+    ST_I64,
+    ST_F64
+};
 
 enum { ST_MAX_DIMS = 8, ST_MAX_HEADER = 256 << 20 };
 
@@ -18,18 +32,18 @@ struct st_tensor {
     enum st_dtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    uint64_t begin, end;       // byte range within the data section
-    const uint8_t *data;       // points into the mapped file
+    uint64_t begin, end; // byte range within the data section
+    const uint8_t *data; // points into the mapped file
 };
 
 struct st_file {
     char *path;
-    uint8_t *map;              // whole file, read-only (NULL for a parsed buffer)
+    uint8_t *map; // whole file, read-only (NULL for a parsed buffer)
     size_t size;
-    size_t data_start;         // 8 + header length
+    size_t data_start; // 8 + header length
     int n;
-    struct st_tensor *t;       // sorted by begin
-    char *format;              // __metadata__.format, or NULL
+    struct st_tensor *t; // sorted by begin
+    char *format;        // __metadata__.format, or NULL
 };
 
 const char *st_dtype_name(enum st_dtype d);

@@ -45,13 +45,15 @@ struct run {
     struct job *j;
 };
 
-static bool run_cancelled(void *arg) { return job_cancelled(((struct run *)arg)->j); }
+static bool run_cancelled(void *arg) {
+    return job_cancelled(((struct run *)arg)->j);
+}
 
 // The running prefill's progress for /metrics (the job's sink gets it from generate).
 static void run_progress(void *arg, int done, int total) {
     struct sched *s = ((struct run *)arg)->s;
     pthread_mutex_lock(&s->mu);
-    s->prefill_done = done < total ? done : 0;   // the last chunk: none running
+    s->prefill_done = done < total ? done : 0; // the last chunk: none running
     s->prefill_total = done < total ? total : 0;
     pthread_mutex_unlock(&s->mu);
 }
@@ -90,23 +92,33 @@ static void run_job(struct sched *s, struct job *j) {
     } else {
         seq_reset(s->w);
     }
-    const int cached = pos;   // (hit may be another entry once the end state is stored)
+    const int cached = pos; // (hit may be another entry once the end state is stored)
     j->n_cached = cached;
     pthread_mutex_lock(&s->mu);
     if (s->full.n + s->bound.n > 0) {
-        if (hit) s->m.cache_hits++;
-        else s->m.cache_misses++;
+        if (hit)
+            s->m.cache_hits++;
+        else
+            s->m.cache_misses++;
     }
     s->m.cached_tokens += (unsigned long long)pos;
     s->m.prompt_tokens += (unsigned long long)n;
     pthread_mutex_unlock(&s->mu);
 
     struct run r = {s, j};
-    const struct gen_env env = {
-        .e = s->cfg.e, .s = s->w, .tok = s->cfg.tok, .trie = s->cfg.trie, .mask_mode = s->cfg.mask_mode,
-        .logits = s->cfg.logits, .vocab = s->cfg.vocab, .chunk = (int)s->cfg.prefill_chunk,
-        .cancelled = run_cancelled, .progress = run_progress, .snapshot = s->bound.n > 0 ? run_snapshot : NULL, .arg = &r,
-        .speculative = s->cfg.speculative};
+    const struct gen_env env = {.e = s->cfg.e,
+                                .s = s->w,
+                                .tok = s->cfg.tok,
+                                .trie = s->cfg.trie,
+                                .mask_mode = s->cfg.mask_mode,
+                                .logits = s->cfg.logits,
+                                .vocab = s->cfg.vocab,
+                                .chunk = (int)s->cfg.prefill_chunk,
+                                .cancelled = run_cancelled,
+                                .progress = run_progress,
+                                .snapshot = s->bound.n > 0 ? run_snapshot : NULL,
+                                .arg = &r,
+                                .speculative = s->cfg.speculative};
     struct gen_result res;
     const int rc = generate(&env, q, pos, next, &j->sink, &res);
     pthread_mutex_lock(&s->mu);
@@ -127,19 +139,25 @@ static void run_job(struct sched *s, struct job *j) {
             memcpy(all + n, res.ids, sizeof *res.ids * (size_t)(ng - 1));
             int e = 0;
             if (seq_pos(s->w) == m)
-                e = 2LL * m < s->cfg.context ? scache_store_copy(&s->full, s->w, all, m, res.greedy_next, err, sizeof err)
-                                             : scache_store_swap(&s->full, &s->w, all, m, res.greedy_next, err, sizeof err);
+                e = 2LL * m < s->cfg.context
+                        ? scache_store_copy(&s->full, s->w, all, m, res.greedy_next, err, sizeof err)
+                        : scache_store_swap(&s->full, &s->w, all, m, res.greedy_next, err, sizeof err);
             if (e) fprintf(stderr, "calla serve: session cache: %s\n", err);
             free(all);
         }
     }
 
-    struct gen_end end = {
-        .finish = rc == ENGINE_OK ? res.finish : GEN_FINISH_NONE, .ids = res.ids, .n_gen = ng, .n_prompt = n,
-        .stop = rc == ENGINE_OK && res.stop >= 0 ? q->stops[res.stop] : NULL,
-        .n_cached = cached, .queue_ms = 1e3 * (t0 - j->t_queued), .prefill_ms = 1e3 * (res.t_prefilled - t0),
-        .decode_ms = 1e3 * (res.t_end - res.t_prefilled), .prediction_accepted = res.extra_accepted,
-        .prediction_rejected = res.extra_drafted - res.extra_accepted};
+    struct gen_end end = {.finish = rc == ENGINE_OK ? res.finish : GEN_FINISH_NONE,
+                          .ids = res.ids,
+                          .n_gen = ng,
+                          .n_prompt = n,
+                          .stop = rc == ENGINE_OK && res.stop >= 0 ? q->stops[res.stop] : NULL,
+                          .n_cached = cached,
+                          .queue_ms = 1e3 * (t0 - j->t_queued),
+                          .prefill_ms = 1e3 * (res.t_prefilled - t0),
+                          .decode_ms = 1e3 * (res.t_end - res.t_prefilled),
+                          .prediction_accepted = res.extra_accepted,
+                          .prediction_rejected = res.extra_drafted - res.extra_accepted};
     char msg[300];
     if (rc == ENGINE_CANCELLED) {
         end.status = atomic_load(&s->abort) ? 503 : 499, end.message = "cancelled";
@@ -159,8 +177,9 @@ static void run_job(struct sched *s, struct job *j) {
 
     end_job(j, &end);
     if (!s->cfg.quiet)
-        fprintf(stderr, "calla serve: %s %s: prompt %d (cached %d), generated %d, prefill %.1f ms, decode %.1f ms, %s\n",
-                j->id, j->kind, n, end.n_cached, ng, end.prefill_ms, end.decode_ms,
+        fprintf(stderr,
+                "calla serve: %s %s: prompt %d (cached %d), generated %d, prefill %.1f ms, decode %.1f ms, %s\n", j->id,
+                j->kind, n, end.n_cached, ng, end.prefill_ms, end.decode_ms,
                 end.finish ? gen_finish_name(end.finish) : end.message);
     free(res.ids);
 }
@@ -183,8 +202,9 @@ static void *worker_main(void *arg) {
 
         job_set_state(j, JOB_RUNNING);
         if (atomic_load(&s->abort)) {
-            end_job(j, &(struct gen_end){.status = 503, .message = "the server is shutting down", .n_prompt = j->req.n_prompt});
-        } else if (job_cancelled(j)) {   // its client left while it waited: not even the cache is looked at
+            end_job(j, &(struct gen_end){
+                           .status = 503, .message = "the server is shutting down", .n_prompt = j->req.n_prompt});
+        } else if (job_cancelled(j)) { // its client left while it waited: not even the cache is looked at
             pthread_mutex_lock(&s->mu);
             s->m.cancelled++;
             pthread_mutex_unlock(&s->mu);
@@ -227,10 +247,12 @@ int sched_enqueue(struct sched *s, struct job *j, int fd, struct req_error *re) 
         return req_fail(re, 503, NULL, "the server is busy: %d requests are waiting (queue limit %lld); retry later", d,
                         s->cfg.queue);
     }
-    job_ref(j);   // the worker's reference
+    job_ref(j); // the worker's reference
     j->next = NULL;
-    if (s->tail) s->tail->next = j;
-    else s->head = j;
+    if (s->tail)
+        s->tail->next = j;
+    else
+        s->head = j;
     s->tail = j;
     s->depth++;
     pthread_cond_broadcast(&s->cv);
@@ -251,7 +273,9 @@ bool sched_idle(struct sched *s) {
     return idle;
 }
 
-void sched_abort(struct sched *s) { atomic_store(&s->abort, true); }
+void sched_abort(struct sched *s) {
+    atomic_store(&s->abort, true);
+}
 
 void sched_stop(struct sched *s) {
     pthread_mutex_lock(&s->mu);
@@ -265,7 +289,11 @@ void sched_stop(struct sched *s) {
 
 void sched_status(struct sched *s, struct sched_status *out) {
     pthread_mutex_lock(&s->mu);
-    *out = (struct sched_status){.depth = s->depth, .running = s->running != NULL, .draining = s->draining,
-                                 .prefill_done = s->prefill_done, .prefill_total = s->prefill_total, .m = s->m};
+    *out = (struct sched_status){.depth = s->depth,
+                                 .running = s->running != NULL,
+                                 .draining = s->draining,
+                                 .prefill_done = s->prefill_done,
+                                 .prefill_total = s->prefill_total,
+                                 .m = s->m};
     pthread_mutex_unlock(&s->mu);
 }

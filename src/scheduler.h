@@ -22,29 +22,29 @@ struct token_trie;
 struct sched_config {
     struct engine *e;
     const struct tokenizer *tok;
-    const struct token_trie *trie;   // constrained decoding's masks (tokmask.h)
-    float *logits;                   // [vocab] the worker's row of logits (engine_logits_alloc)
+    const struct token_trie *trie; // constrained decoding's masks (tokmask.h)
+    float *logits;                 // [vocab] the worker's row of logits (engine_logits_alloc)
     int vocab;
-    int mask_mode;                   // enum mask_mode
-    long long context;               // tokens per sequence
-    long long queue;                 // waiting jobs beyond the running one; past it: 503
-    long long prefill_chunk;         // prompt tokens per forward call (progress and cancellation between)
-    long long cache_entries;         // LRU of end-of-request states (0: off)
-    long long cache_boundaries;      // LRU of last-message-boundary snapshots (0: off)
-    bool quiet;                      // no per-job log line
-    bool speculative;                // speculative decoding where a request allows it (gen_env.speculative)
+    int mask_mode;              // enum mask_mode
+    long long context;          // tokens per sequence
+    long long queue;            // waiting jobs beyond the running one; past it: 503
+    long long prefill_chunk;    // prompt tokens per forward call (progress and cancellation between)
+    long long cache_entries;    // LRU of end-of-request states (0: off)
+    long long cache_boundaries; // LRU of last-message-boundary snapshots (0: off)
+    bool quiet;                 // no per-job log line
+    bool speculative;           // speculative decoding where a request allows it (gen_env.speculative)
 };
 
 // Counters for /metrics, under the scheduler's mutex.
 struct sched_metrics {
     unsigned long long prompt_tokens, generated_tokens, cached_tokens, cache_hits, cache_misses, cancelled;
-    unsigned long long draft_tokens, draft_accepted;   // speculative decoding: drafted, and of them accepted
+    unsigned long long draft_tokens, draft_accepted; // speculative decoding: drafted, and of them accepted
     double prefill_s, decode_s;
 };
 
 // A snapshot for /health and /metrics.
 struct sched_status {
-    int depth;                       // queued, not running
+    int depth; // queued, not running
     bool running, draining;
     int prefill_done, prefill_total; // the running job's prefill (0, 0 when none)
     struct sched_metrics m;
@@ -54,20 +54,20 @@ struct sched {
     struct sched_config cfg;
 
     // Worker-only state.
-    struct seq *w;                   // the working sequence
-    struct session_cache full;       // end-of-request states
-    struct session_cache bound;      // last-message-boundary snapshots
+    struct seq *w;              // the working sequence
+    struct session_cache full;  // end-of-request states
+    struct session_cache bound; // last-message-boundary snapshots
 
-    pthread_mutex_t mu;              // everything below
+    pthread_mutex_t mu; // everything below
     pthread_cond_t cv;
     struct job *head, *tail;
     int depth;
     struct job *running;
-    bool draining;                   // refuse new work
+    bool draining; // refuse new work
     bool stop_worker;
     struct sched_metrics m;
     int prefill_done, prefill_total;
-    atomic_bool abort;               // cancel everything now (read without the mutex)
+    atomic_bool abort; // cancel everything now (read without the mutex)
     pthread_t worker;
     bool have_worker;
 };

@@ -61,7 +61,8 @@ int score_read_tokens(const char *path, int vocab, int32_t **ids, int *n, char *
             break;
         }
         if (x < 0 || x >= vocab) {
-            snprintf(err, errlen, "%s: token %lld at index %d is outside the vocabulary (0..%d)", path, x, k, vocab - 1);
+            snprintf(err, errlen, "%s: token %lld at index %d is outside the vocabulary (0..%d)", path, x, k,
+                     vocab - 1);
             break;
         }
         if (k == QWEN_MAX_CTX) {
@@ -114,7 +115,7 @@ static float row_top_lse(const float *row, int V, int K, int32_t *ids, float *va
 
 struct row_cmp {
     double kl, nle_num, nle_den;
-    double tail;   // the reference's mass outside its stored ids
+    double tail; // the reference's mass outside its stored ids
     bool same, clear;
 };
 
@@ -146,7 +147,7 @@ static struct row_cmp compare_row(const float *row, float lse, const struct scor
         c.nle_num += d * d;
         c.nle_den += (double)rl[i] * rl[i];
     }
-    double tr = 1 - pr_sum, tt = 1 - pt_sum;   // the tail buckets
+    double tr = 1 - pr_sum, tt = 1 - pt_sum; // the tail buckets
     if (tr > 1e-12) c.kl += tr * (log(tr) - log(tt > 1e-30 ? tt : 1e-30));
     c.tail = tr;
     return c;
@@ -245,8 +246,8 @@ int score_check_reference(const struct score_run *ref, const int32_t *tokens, in
         return -1;
     }
     if (ref->n_tokens != n) {
-        snprintf(err, errlen, "reference scored %d tokens, this run %d (the sequences must be the same)",
-                 ref->n_tokens, n);
+        snprintf(err, errlen, "reference scored %d tokens, this run %d (the sequences must be the same)", ref->n_tokens,
+                 n);
         return -1;
     }
     for (int i = 0; i < n; i++)
@@ -258,8 +259,8 @@ int score_check_reference(const struct score_run *ref, const int32_t *tokens, in
     return 0;
 }
 
-int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct score_options *o,
-                   struct score_run *out, struct score_cmp *cmp, char *err, size_t errlen) {
+int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct score_options *o, struct score_run *out,
+                   struct score_cmp *cmp, char *err, size_t errlen) {
     const int V = engine_geometry(e)->vocab, K = o->top_k, P = n - 1;
     const int C = o->chunk > 0 ? o->chunk : SCORE_CHUNK_DEFAULT;
     if (check_length(n, "sequence", err, errlen)) return -1;
@@ -291,9 +292,9 @@ int score_sequence(struct engine *e, const int32_t *tokens, int n, const struct 
         goto out;
     }
     if (seq_new(e, n, &s, err, errlen)) goto out;
-    const int prefill_end = o->decode_from ? o->decode_from : P;   // positions before it: prefill
+    const int prefill_end = o->decode_from ? o->decode_from : P; // positions before it: prefill
     for (int p0 = 0, m; p0 < P; p0 += m) {
-        m = p0 >= prefill_end ? 1 : prefill_end - p0 < C ? prefill_end - p0 : C;   // 1: a decode step
+        m = p0 >= prefill_end ? 1 : prefill_end - p0 < C ? prefill_end - p0 : C; // 1: a decode step
         for (int i = 0; i < m; i++) rows[i] = i;
         struct forward_opts fo = {.logit_rows = rows, .n_logit_rows = m, .logits = logits};
         int32_t next;
@@ -362,9 +363,8 @@ static void write_comparison(FILE *f, const struct score_cmp *c, const char *ref
             "\"top1_agree_clear\": %.9g, \"top1_same_clear\": %d, \"nle_mean\": %.9g, \"nle_p99\": %.9g, "
             "\"nle_max\": %.9g, \"nle_all\": %.9g, \"ref_tail_max\": %.9g},\n",
             q ? q : "\"\"", c->positions, c->kl_mean, c->kl_p999, c->kl_max, (double)c->top1_same / c->positions,
-            c->top1_same, SCORE_CLEAR_MARGIN, c->n_clear,
-            c->n_clear ? (double)c->top1_same_clear / c->n_clear : 1.0, c->top1_same_clear, c->nle_mean, c->nle_p99,
-            c->nle_max, c->nle_all, c->tail_max);
+            c->top1_same, SCORE_CLEAR_MARGIN, c->n_clear, c->n_clear ? (double)c->top1_same_clear / c->n_clear : 1.0,
+            c->top1_same_clear, c->nle_mean, c->nle_p99, c->nle_max, c->nle_all, c->tail_max);
     free(q);
     json_decref(rp);
 }
@@ -459,8 +459,10 @@ static int get_array(json_t *o, const char *key, int n, int vocab, int32_t *ids,
             snprintf(err, errlen, "%s: \"%s\"[%d] is not a finite number", where, key, i);
             return -1;
         }
-        if (ids) ids[i] = (int32_t)json_integer_value(x);
-        else vals[i] = (float)json_number_value(x);
+        if (ids)
+            ids[i] = (int32_t)json_integer_value(x);
+        else
+            vals[i] = (float)json_number_value(x);
     }
     return 0;
 }
@@ -533,8 +535,8 @@ out:
 
 void score_print_summary(FILE *f, const struct score_run *r, const struct score_cmp *cmp) {
     struct score_totals t = score_totals_of(r);
-    fprintf(f, "positions %d  nll %.6f  perplexity %.4f  (backend %s, top-%d kept)\n", t.positions, t.nll,
-            t.perplexity, r->backend, r->top_k);
+    fprintf(f, "positions %d  nll %.6f  perplexity %.4f  (backend %s, top-%d kept)\n", t.positions, t.nll, t.perplexity,
+            r->backend, r->top_k);
     if (r->decode_from)
         fprintf(f, "tokens 0..%d fed as prefill; positions %d..%d scored by one-token decode steps\n",
                 r->decode_from - 1, r->decode_from, t.positions - 1);
@@ -593,7 +595,8 @@ int cmd_score(int argc, char **argv) {
         {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (fp32-level products; CALLA_EXACT=1)"},
     };
     const int nopt = sizeof opts / sizeof opts[0];
-    const char *summary = "teacher-forced scoring: log-probability of each next token, NLL, perplexity, KL vs a reference";
+    const char *summary =
+        "teacher-forced scoring: log-probability of each next token, NLL, perplexity, KL vs a reference";
     int b = opts_begin(argc, argv, "score", summary, opts, nopt);
     if (b) return b > 0 ? 0 : 2;
     char err[1536];
@@ -620,8 +623,11 @@ int cmd_score(int argc, char **argv) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;
     }
-    struct score_options so = {.top_k = (int)top_k, .chunk = (int)chunk, .full_logits = full,
-                              .decode_from = (int)decode_from, .ref = ref_path ? &ref : NULL};
+    struct score_options so = {.top_k = (int)top_k,
+                               .chunk = (int)chunk,
+                               .full_logits = full,
+                               .decode_from = (int)decode_from,
+                               .ref = ref_path ? &ref : NULL};
     if (score_sequence(e, ids, n, &so, &run, &cmp, err, sizeof err)) {
         fprintf(stderr, "calla score: %s\n", err);
         goto out;

@@ -39,29 +39,28 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const endpoint_names[EP_COUNT] = {"chat_completions", "completions", "messages", "count_tokens",
-                                                     "responses", "responses_by_id", "models", "health", "metrics",
-                                                     "page", "other"};
+static const char *const endpoint_names[EP_COUNT] = {
+    "chat_completions", "completions", "messages", "count_tokens", "responses", "responses_by_id",
+    "models",           "health",      "metrics",  "page",         "other"};
 static const int status_codes[] = {200, 400, 401, 403, 404, 405, 411, 413, 415, 500, 503};
 _Static_assert(sizeof status_codes / sizeof status_codes[0] == N_STATUS, "N_STATUS counts status_codes");
 
 // ---- HTTP: routes and responses ---------------------------------------------------------------
 
-
 // Per-request state, MHD's *con_cls.
 struct request {
     enum endpoint ep;
-    const char *item;       // /v1/models/{id}, /v1/responses/{id}: the id (in MHD's url), else NULL
-    const struct web_file *file;   // EP_PAGE: the file of the chat page
+    const char *item;            // /v1/models/{id}, /v1/responses/{id}: the id (in MHD's url), else NULL
+    const struct web_file *file; // EP_PAGE: the file of the chat page
     bool post;
     struct sbuf body;
     bool too_large;
-    size_t received;        // body bytes received so far (a chunked body has no declared length)
-    bool preflight;         // OPTIONS: a browser's CORS preflight
-    int refuse;             // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
-    const char *why;        // its message
-    struct job *job;        // once queued
-    bool looked;            // not streaming: the handler has looked at the job once (answer_whole)
+    size_t received; // body bytes received so far (a chunked body has no declared length)
+    bool preflight;  // OPTIONS: a browser's CORS preflight
+    int refuse;      // decided from the headers alone: 400/411 (framing), 403 (Host), 401 (key); 0: none
+    const char *why; // its message
+    struct job *job; // once queued
+    bool looked;     // not streaming: the handler has looked at the job once (answer_whole)
 };
 
 // The chat page's file at this URL path ("/" is index.html), or NULL.
@@ -73,7 +72,9 @@ static const struct web_file *web_find(const char *url) {
 }
 
 // Anthropic's endpoints answer in Anthropic's error shape, every other in OpenAI's.
-static bool is_anthropic(enum endpoint ep) { return ep == EP_MESSAGES || ep == EP_COUNT_TOKENS; }
+static bool is_anthropic(enum endpoint ep) {
+    return ep == EP_MESSAGES || ep == EP_COUNT_TOKENS;
+}
 
 // Endpoints that take a POST with a JSON body (the rest take GET and HEAD; EP_RESPONSE_ITEM DELETE too).
 static bool is_post(enum endpoint ep) {
@@ -125,13 +126,13 @@ static enum endpoint route(const char *url, const char **item, const struct web_
 // out of our sight, and accepts extensions and bare LFs in them.
 
 struct header_scan {
-    const char *next;       // where the next name must start (the layout); NULL: not known
-    const char *bad;        // the first problem found, or NULL
+    const char *next; // where the next name must start (the layout); NULL: not known
+    const char *bad;  // the first problem found, or NULL
     int n_length, n_te, n_host;
     const char *length, *te, *host;
 };
 
-static bool is_tchar(unsigned char ch) {   // RFC 9110 5.6.2
+static bool is_tchar(unsigned char ch) { // RFC 9110 5.6.2
     return (ch >= '0' && ch <= '9') || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z') ||
            (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
@@ -151,8 +152,8 @@ static bool is_tchar(unsigned char ch) {   // RFC 9110 5.6.2
 static bool layout_ok(struct header_scan *s, const char *key, size_t ks, const char *value, size_t vs) {
     if (!CHECK_LAYOUT) return true;
     if (s->next && key != s->next) return false;
-    const char *p = key + ks + 1;   // past the colon
-    if (value < p) return false;    // the name was moved: a folded line
+    const char *p = key + ks + 1; // past the colon
+    if (value < p) return false;  // the name was moved: a folded line
     while (p < value && (*p == ' ' || *p == '\t')) p++;
     if (p != value || value[vs] || value[vs + 1]) return false;
     s->next = value + vs + 2;
@@ -180,9 +181,12 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
             return MHD_NO;
         }
     }
-    if (!strcasecmp(key, "Content-Length")) s->n_length++, s->length = value;
-    else if (!strcasecmp(key, "Transfer-Encoding")) s->n_te++, s->te = value;
-    else if (!strcasecmp(key, "Host")) s->n_host++, s->host = value;
+    if (!strcasecmp(key, "Content-Length"))
+        s->n_length++, s->length = value;
+    else if (!strcasecmp(key, "Transfer-Encoding"))
+        s->n_te++, s->te = value;
+    else if (!strcasecmp(key, "Host"))
+        s->n_host++, s->host = value;
     return MHD_YES;
 }
 
@@ -203,7 +207,7 @@ static bool host_value_ok(const char *v) {
 static int check_framing(const struct server *sv, struct MHD_Connection *c, const char *version, const char **why) {
     struct header_scan s = {0};
     const size_t vl = version ? strlen(version) : 0;
-    if (CHECK_LAYOUT && vl) {   // the request line ends in CR LF too ("" when the request line had no version)
+    if (CHECK_LAYOUT && vl) { // the request line ends in CR LF too ("" when the request line had no version)
         if (version[vl] || version[vl + 1]) {
             *why = "malformed request line: it must end in CRLF";
             return 400;
@@ -211,7 +215,7 @@ static int check_framing(const struct server *sv, struct MHD_Connection *c, cons
         s.next = version + vl + 2;
     }
     MHD_get_connection_values_n(c, MHD_HEADER_KIND, scan_header, &s);
-    if (!s.bad && s.next && (s.next[0] || s.next[1]))   // the empty line that ends the block: CR LF
+    if (!s.bad && s.next && (s.next[0] || s.next[1])) // the empty line that ends the block: CR LF
         s.bad = "malformed header block: every line must end in CRLF, with no NUL and no folded (obs-fold) line";
     *why = s.bad;
     if (!*why && s.n_length && s.n_te) *why = "a request may not have both Content-Length and Transfer-Encoding";
@@ -250,10 +254,13 @@ static size_t values_bytes(struct MHD_Connection *c, enum MHD_ValueKind kind) {
 // (Past what fits in MHD's memory pool, --max-header + 20 KiB less its own buffers, MHD answers
 // 414/431 itself, in HTML: README, hardening.)
 static int header_limit(const struct server *sv, struct MHD_Connection *c, const char *url, char *msg, size_t cap) {
-    const size_t uri = strlen(url) + values_bytes(c, MHD_GET_ARGUMENT_KIND), all = uri + values_bytes(c, MHD_HEADER_KIND);
+    const size_t uri = strlen(url) + values_bytes(c, MHD_GET_ARGUMENT_KIND),
+                 all = uri + values_bytes(c, MHD_HEADER_KIND);
     const size_t max = (size_t)sv->cfg.max_header;
-    if (uri > max) snprintf(msg, cap, "the request URI (%zu bytes) exceeds the limit of %zu bytes", uri, max);
-    else if (all > max) snprintf(msg, cap, "the request's URI and headers (%zu bytes) exceed the limit of %zu bytes", all, max);
+    if (uri > max)
+        snprintf(msg, cap, "the request URI (%zu bytes) exceeds the limit of %zu bytes", uri, max);
+    else if (all > max)
+        snprintf(msg, cap, "the request's URI and headers (%zu bytes) exceed the limit of %zu bytes", all, max);
     return uri > max ? 414 : all > max ? 431 : 0;
 }
 
@@ -264,7 +271,7 @@ static bool host_allowed(const struct server *sv, const char *host) {
     if (!host) return true;
     const struct opt_strs *allow = &sv->cfg.allowed_hosts;
     if (!allow->n && !sv->loopback) return true;
-    size_t n = strlen(host);   // the name without ":port"
+    size_t n = strlen(host); // the name without ":port"
     const char *end = host[0] == '[' ? strchr(host, ']') : strchr(host, ':');
     if (end) n = (size_t)(end - host) + (host[0] == '[');
     static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
@@ -316,7 +323,10 @@ static void status_headers(struct MHD_Response *r, enum endpoint ep, int status)
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405)
-        MHD_add_response_header(r, "Allow", is_post(ep) ? "POST" : ep == EP_RESPONSE_ITEM ? "GET, HEAD, DELETE" : "GET, HEAD");
+        MHD_add_response_header(r, "Allow",
+                                is_post(ep)              ? "POST"
+                                : ep == EP_RESPONSE_ITEM ? "GET, HEAD, DELETE"
+                                                         : "GET, HEAD");
     // After a refusal the rest of what the client sent is not trusted to be the next request.
     if (status == 400 || status == 403 || status == 411 || status == 413 || status == 414 || status == 431 ||
         status == 505)
@@ -398,9 +408,11 @@ static enum MHD_Result refuse_body(struct server *sv, struct MHD_Connection *c, 
     json_decref(b);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (body && ci) {
-        int n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "%sConnection: close\r\n\r\n", status, MHD_get_reason_phrase_for((unsigned)status),
-                         strlen(body), status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
+        int n = snprintf(head, sizeof head,
+                         "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "%sConnection: close\r\n\r\n",
+                         status, MHD_get_reason_phrase_for((unsigned)status), strlen(body),
+                         status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
         if (write_all(ci->connect_fd, head, (size_t)n, 1000)) write_all(ci->connect_fd, body, strlen(body), 1000);
     }
     free(body);
@@ -426,28 +438,66 @@ static enum MHD_Result send_metrics(struct server *sv, struct MHD_Connection *c)
         for (int k = 0; k <= N_STATUS; k++)
             if (m.requests[e][k] || e == EP_CHAT || e == EP_COMPLETIONS || e == EP_MESSAGES || e == EP_RESPONSES) {
                 if (k == N_STATUS && !m.requests[e][k]) continue;
-                if (k == N_STATUS) OUT("calla_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n", endpoint_names[e], m.requests[e][k]);
-                else if (m.requests[e][k] || status_codes[k] == 200)
-                    OUT("calla_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", endpoint_names[e], status_codes[k],
+                if (k == N_STATUS)
+                    OUT("calla_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n", endpoint_names[e],
                         m.requests[e][k]);
+                else if (m.requests[e][k] || status_codes[k] == 200)
+                    OUT("calla_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", endpoint_names[e],
+                        status_codes[k], m.requests[e][k]);
             }
-    OUT("# HELP calla_prompt_tokens_total Prompt tokens of generation requests (cached included).\n# TYPE calla_prompt_tokens_total counter\ncalla_prompt_tokens_total %llu\n", g->prompt_tokens);
-    OUT("# HELP calla_generated_tokens_total Generated tokens.\n# TYPE calla_generated_tokens_total counter\ncalla_generated_tokens_total %llu\n", g->generated_tokens);
-    OUT("# HELP calla_prefill_seconds_total Time in prefill (to the first token).\n# TYPE calla_prefill_seconds_total counter\ncalla_prefill_seconds_total %.6f\n", g->prefill_s);
-    OUT("# HELP calla_decode_seconds_total Time in decode (after the first token).\n# TYPE calla_decode_seconds_total counter\ncalla_decode_seconds_total %.6f\n", g->decode_s);
-    OUT("# HELP calla_cache_hits_total Requests that continued from a session-cache entry.\n# TYPE calla_cache_hits_total counter\ncalla_cache_hits_total %llu\n", g->cache_hits);
-    OUT("# HELP calla_cache_misses_total Requests that found no session-cache entry.\n# TYPE calla_cache_misses_total counter\ncalla_cache_misses_total %llu\n", g->cache_misses);
-    OUT("# HELP calla_cached_tokens_total Prompt tokens taken from the session cache.\n# TYPE calla_cached_tokens_total counter\ncalla_cached_tokens_total %llu\n", g->cached_tokens);
-    OUT("# HELP calla_draft_tokens_total Draft tokens verified by speculative decoding.\n# TYPE calla_draft_tokens_total counter\ncalla_draft_tokens_total %llu\n", g->draft_tokens);
-    OUT("# HELP calla_draft_accepted_total Draft tokens that were the model's own and went into the output.\n# TYPE calla_draft_accepted_total counter\ncalla_draft_accepted_total %llu\n", g->draft_accepted);
-    OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE calla_cancelled_total counter\ncalla_cancelled_total %llu\n", g->cancelled);
-    OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth %d\n", depth);
-    OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running gauge\ncalla_requests_running %d\n", running);
-    OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n", pf_done);
-    OUT("# HELP calla_prefill_tokens_total Prompt tokens of the running request's prefill (0: none running).\n# TYPE calla_prefill_tokens_total gauge\ncalla_prefill_tokens_total %d\n", pf_total);
-    OUT("# HELP calla_connections_open Open HTTP connections.\n# TYPE calla_connections_open gauge\ncalla_connections_open %d\n", cs.open);
-    OUT("# HELP calla_connections_timed_out_total Connections closed for not sending a whole request within --request-timeout.\n# TYPE calla_connections_timed_out_total counter\ncalla_connections_timed_out_total %llu\n", cs.timed_out);
-    OUT("# HELP calla_connections_evicted_total Idle connections closed to make room (--max-connections, --max-connections-per-ip).\n# TYPE calla_connections_evicted_total counter\ncalla_connections_evicted_total %llu\n", cs.evicted);
+    OUT("# HELP calla_prompt_tokens_total Prompt tokens of generation requests (cached included).\n# TYPE "
+        "calla_prompt_tokens_total counter\ncalla_prompt_tokens_total %llu\n",
+        g->prompt_tokens);
+    OUT("# HELP calla_generated_tokens_total Generated tokens.\n# TYPE calla_generated_tokens_total "
+        "counter\ncalla_generated_tokens_total %llu\n",
+        g->generated_tokens);
+    OUT("# HELP calla_prefill_seconds_total Time in prefill (to the first token).\n# TYPE calla_prefill_seconds_total "
+        "counter\ncalla_prefill_seconds_total %.6f\n",
+        g->prefill_s);
+    OUT("# HELP calla_decode_seconds_total Time in decode (after the first token).\n# TYPE calla_decode_seconds_total "
+        "counter\ncalla_decode_seconds_total %.6f\n",
+        g->decode_s);
+    OUT("# HELP calla_cache_hits_total Requests that continued from a session-cache entry.\n# TYPE "
+        "calla_cache_hits_total counter\ncalla_cache_hits_total %llu\n",
+        g->cache_hits);
+    OUT("# HELP calla_cache_misses_total Requests that found no session-cache entry.\n# TYPE calla_cache_misses_total "
+        "counter\ncalla_cache_misses_total %llu\n",
+        g->cache_misses);
+    OUT("# HELP calla_cached_tokens_total Prompt tokens taken from the session cache.\n# TYPE "
+        "calla_cached_tokens_total counter\ncalla_cached_tokens_total %llu\n",
+        g->cached_tokens);
+    OUT("# HELP calla_draft_tokens_total Draft tokens verified by speculative decoding.\n# TYPE "
+        "calla_draft_tokens_total counter\ncalla_draft_tokens_total %llu\n",
+        g->draft_tokens);
+    OUT("# HELP calla_draft_accepted_total Draft tokens that were the model's own and went into the output.\n# TYPE "
+        "calla_draft_accepted_total counter\ncalla_draft_accepted_total %llu\n",
+        g->draft_accepted);
+    OUT("# HELP calla_cancelled_total Generations stopped because the client went away (or on shutdown).\n# TYPE "
+        "calla_cancelled_total counter\ncalla_cancelled_total %llu\n",
+        g->cancelled);
+    OUT("# HELP calla_queue_depth Requests waiting for the engine.\n# TYPE calla_queue_depth gauge\ncalla_queue_depth "
+        "%d\n",
+        depth);
+    OUT("# HELP calla_requests_running Requests being generated (0 or 1).\n# TYPE calla_requests_running "
+        "gauge\ncalla_requests_running %d\n",
+        running);
+    OUT("# HELP calla_prefill_tokens_done Prompt tokens of the running request's prefill done so far (0: none "
+        "running).\n# TYPE calla_prefill_tokens_done gauge\ncalla_prefill_tokens_done %d\n",
+        pf_done);
+    OUT("# HELP calla_prefill_tokens_total Prompt tokens of the running request's prefill (0: none running).\n# TYPE "
+        "calla_prefill_tokens_total gauge\ncalla_prefill_tokens_total %d\n",
+        pf_total);
+    OUT("# HELP calla_connections_open Open HTTP connections.\n# TYPE calla_connections_open "
+        "gauge\ncalla_connections_open %d\n",
+        cs.open);
+    OUT("# HELP calla_connections_timed_out_total Connections closed for not sending a whole request within "
+        "--request-timeout.\n# TYPE calla_connections_timed_out_total counter\ncalla_connections_timed_out_total "
+        "%llu\n",
+        cs.timed_out);
+    OUT("# HELP calla_connections_evicted_total Idle connections closed to make room (--max-connections, "
+        "--max-connections-per-ip).\n# TYPE calla_connections_evicted_total counter\ncalla_connections_evicted_total "
+        "%llu\n",
+        cs.evicted);
 #undef OUT
     enum MHD_Result r = b.p ? send_buf(sv, c, EP_METRICS, 200, "text/plain; version=0.0.4", b.p, b.len)
                             : send_error(sv, c, EP_METRICS, 500, NULL, "out of memory");
@@ -480,15 +530,19 @@ static const char sse_keepalive[] = ": keep-alive\n\n", sse_probe[] = ": are you
 
 // An answer on its way out through a content reader.
 struct relay {
-    struct job *j;      // a reference
-    double last;        // when bytes last went out (0: never)
+    struct job *j; // a reference
+    double last;   // when bytes last went out (0: never)
 };
 
-static void mhd_suspend(void *c) { MHD_suspend_connection(c); }
-static void mhd_resume(void *c) { MHD_resume_connection(c); }
+static void mhd_suspend(void *c) {
+    MHD_suspend_connection(c);
+}
+static void mhd_resume(void *c) {
+    MHD_resume_connection(c);
+}
 
 static ssize_t put_text(struct relay *rl, char *buf, size_t max, const char *text, size_t n) {
-    if (max < n) return 0;   // (MHD's block is SSE_BLOCK: never)
+    if (max < n) return 0; // (MHD's block is SSE_BLOCK: never)
     memcpy(buf, text, n);
     rl->last = now_s();
     return (ssize_t)n;
@@ -505,7 +559,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (v.cancelled) return MHD_CONTENT_READER_END_WITH_ERROR;   // the client is gone
+        if (v.cancelled) return MHD_CONTENT_READER_END_WITH_ERROR; // the client is gone
         const double idle = now_s() - rl->last;
         if (idle >= SSE_KEEPALIVE_S) return put_text(rl, buf, max, sse_keepalive, sizeof sse_keepalive - 1);
         if (v.peer_eof && idle >= PROBE_EVERY_S) return put_text(rl, buf, max, sse_probe, sizeof sse_probe - 1);
@@ -532,7 +586,7 @@ static ssize_t body_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void relay_free(void *cls) {
     struct relay *rl = cls;
-    job_abandon(rl->j);   // the response is gone: a job not done yet is cancelled
+    job_abandon(rl->j); // the response is gone: a job not done yet is cancelled
     job_unref(rl->j);
     free(rl);
 }
@@ -541,13 +595,14 @@ static void relay_free(void *cls) {
 static enum MHD_Result queue_relay(struct server *sv, struct MHD_Connection *c, enum endpoint ep, struct job *j,
                                    MHD_ContentReaderCallback read, const char *type, const char *session) {
     struct relay *rl = malloc(sizeof *rl);
-    struct MHD_Response *r = rl ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, read, rl, relay_free) : NULL;
+    struct MHD_Response *r =
+        rl ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, read, rl, relay_free) : NULL;
     if (!r) {
         free(rl);
         return MHD_NO;
     }
     job_ref(j);
-    *rl = (struct relay){.j = j, .last = read == sse_read ? now_s() : 0};   // a probe goes out at once
+    *rl = (struct relay){.j = j, .last = read == sse_read ? now_s() : 0}; // a probe goes out at once
     MHD_add_response_header(r, "Content-Type", type);
     if (read == sse_read) MHD_add_response_header(r, "Cache-Control", "no-cache");
     if (session) MHD_add_response_header(r, "X-Session-Id", session);
@@ -570,8 +625,8 @@ static enum MHD_Result answer_whole(struct server *sv, struct MHD_Connection *c,
     struct job *j = rq->job;
     for (;;) {
         const struct job_view v = job_look(j);
-        if (v.cancelled) return MHD_NO;   // the client is gone: close
-        if (v.done) {   // out and status are final
+        if (v.cancelled) return MHD_NO; // the client is gone: close
+        if (v.done) {                   // out and status are final
             if (!j->out.len) return send_error(sv, c, rq->ep, 500, NULL, "out of memory");
             return send_buf_session(sv, c, rq->ep, j->status, "application/json", j->out.p, j->out.len,
                                     j->status == 200 ? job_session(c, j) : NULL);
@@ -587,7 +642,7 @@ static enum MHD_Result answer_whole(struct server *sv, struct MHD_Connection *c,
             rq->looked = true;
             return MHD_YES;
         }
-        if (job_park(j)) return MHD_YES;   // resumed when there is news: MHD calls the handler again
+        if (job_park(j)) return MHD_YES; // resumed when there is news: MHD calls the handler again
     }
 }
 
@@ -603,10 +658,11 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
                           "X-Session-Id must be 1 to 128 visible ASCII characters (no spaces or control characters)");
     }
     const char *body = rq->body.p ? rq->body.p : "";
-    struct job *j = rq->ep == EP_MESSAGES    ? anthropic_parse_request(&sv->cc, body, rq->body.len, &re)
-                    : rq->ep == EP_RESPONSES ? responses_parse_request(&sv->cc, &sv->store, body, rq->body.len, &re)
-                                             : openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS,
-                                                                    body, rq->body.len, &re);
+    struct job *j = rq->ep == EP_MESSAGES ? anthropic_parse_request(&sv->cc, body, rq->body.len, &re)
+                    : rq->ep == EP_RESPONSES
+                        ? responses_parse_request(&sv->cc, &sv->store, body, rq->body.len, &re)
+                        : openai_parse_request(&sv->oc, rq->ep == EP_CHAT ? OPENAI_CHAT : OPENAI_COMPLETIONS, body,
+                                               rq->body.len, &re);
     sbuf_free(&rq->body);
     if (j) job_set_reader(j, &(struct job_reader){.suspend = mhd_suspend, .resume = mhd_resume, .arg = c});
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -614,7 +670,7 @@ static enum MHD_Result handle_generate(struct server *sv, struct MHD_Connection 
         job_unref(j);
         return send_error(sv, c, rq->ep, re.status, re.param, re.msg);
     }
-    rq->job = j;   // the request's reference; dropped when MHD completes the request
+    rq->job = j; // the request's reference; dropped when MHD completes the request
     const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (si && si->socket_context) conn_watch(&sv->conns, si->socket_context, j);
     pthread_mutex_lock(&sv->mu);
@@ -726,7 +782,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   void **con_cls) {
     struct server *sv = cls;
     struct request *rq = *con_cls;
-    if (!rq) {   // headers are in: route, check the method and the declared size
+    if (!rq) { // headers are in: route, check the method and the declared size
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
         rq->ep = route(url, &rq->item, &rq->file);
@@ -740,22 +796,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(sv, c, rq->ep, 505, NULL, msg);
         }
         int st = header_limit(sv, c, url, msg, sizeof msg);
-        if (st) return send_error(sv, c, rq->ep, st, NULL, msg);   // answered now and closed, like framing
+        if (st) return send_error(sv, c, rq->ep, st, NULL, msg); // answered now and closed, like framing
         if ((rq->refuse = check_framing(sv, c, version, &rq->why))) {
             // Refused with the request's body unread: MHD closes the connection after the answer
             // (Connection: close), so what follows is never parsed as another request.
         } else if (!host_allowed(sv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
             rq->refuse = 403, rq->why = "the Host header names no address this server answers to (see --allowed-host)";
-        else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight &&   // the page asks for the key itself;
-                                                                                  // a preflight carries no credentials
+        else if (rq->ep != EP_HEALTH && rq->ep != EP_PAGE && !rq->preflight && // the page asks for the key itself;
+                                                                               // a preflight carries no credentials
                  !auth_check(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) &&
-                 !(is_anthropic(rq->ep) &&   // Anthropic's clients send x-api-key
+                 !(is_anthropic(rq->ep) && // Anthropic's clients send x-api-key
                    auth_check_key(&sv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"))))
-            rq->refuse = 401, rq->why = is_anthropic(rq->ep)
-                                            ? "missing or incorrect API key: send the header \"x-api-key: KEY\" or "
-                                              "\"Authorization: Bearer KEY\""
-                                            : "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
-        if (rq->refuse == 400 || rq->refuse == 411)   // framing: answer now and close; the body is never read
+            rq->refuse = 401,
+            rq->why = is_anthropic(rq->ep)
+                          ? "missing or incorrect API key: send the header \"x-api-key: KEY\" or "
+                            "\"Authorization: Bearer KEY\""
+                          : "missing or incorrect API key: send the header \"Authorization: Bearer KEY\"";
+        if (rq->refuse == 400 || rq->refuse == 411) // framing: answer now and close; the body is never read
             return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->cfg.max_body) {
@@ -766,9 +823,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
-    if (*upload_data_size) {   // a piece of the body
+    if (*upload_data_size) { // a piece of the body
         rq->received += *upload_data_size;
-        if (rq->received > (size_t)sv->cfg.max_body) return refuse_body(sv, c, rq);   // chunked: not a byte more
+        if (rq->received > (size_t)sv->cfg.max_body) return refuse_body(sv, c, rq); // chunked: not a byte more
         // A refused request's body is read and dropped (its answer comes after it); out of memory: 413 after it.
         if (!rq->refuse && !rq->too_large && sbuf_add(&rq->body, upload_data, *upload_data_size)) {
             rq->too_large = true;
@@ -777,18 +834,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (rq->job) return answer_whole(sv, c, rq);   // resumed: the job has news
+    if (rq->job) return answer_whole(sv, c, rq); // resumed: the job has news
     struct conn *k = conn_of(c);
-    if (k) conn_busy(&sv->conns, k);   // the whole request is in: no deadline while it is answered
+    if (k) conn_busy(&sv->conns, k); // the whole request is in: no deadline while it is answered
     if (rq->refuse) return send_error(sv, c, rq->ep, rq->refuse, NULL, rq->why);
     if (rq->preflight) return send_preflight(sv, c, rq->ep);
     const bool gen = is_post(rq->ep), del = !strcmp(method, MHD_HTTP_METHOD_DELETE);
     if (rq->ep == EP_OTHER) return send_error(sv, c, rq->ep, 404, NULL, "no such endpoint");
-    if (gen != rq->post ||
-        (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD) && !(del && rq->ep == EP_RESPONSE_ITEM))) {
+    if (gen != rq->post || (!gen && strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD) &&
+                            !(del && rq->ep == EP_RESPONSE_ITEM))) {
         char msg[96];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method,
-                 gen ? "POST" : rq->ep == EP_RESPONSE_ITEM ? "GET or DELETE" : "GET");
+                 gen                          ? "POST"
+                 : rq->ep == EP_RESPONSE_ITEM ? "GET or DELETE"
+                                              : "GET");
         return send_error(sv, c, rq->ep, 405, NULL, msg);
     }
     if (rq->too_large) {
@@ -797,7 +856,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_error(sv, c, rq->ep, 413, NULL, msg);
     }
     if (gen && !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
-        return send_error(sv, c, rq->ep, 415, NULL, "the request body must be JSON with Content-Type: application/json");
+        return send_error(sv, c, rq->ep, 415, NULL,
+                          "the request body must be JSON with Content-Type: application/json");
     switch (rq->ep) {
     case EP_HEALTH: {
         struct sched_status st;
@@ -807,8 +867,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                    st.depth, "running", (int)st.running, "api_key_required", sv->auth.n > 0));
     }
     case EP_MODELS: {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
-                              (json_int_t)sv->started, "owned_by", "calla", "max_model_len", (json_int_t)sv->cfg.context);
+        json_t *m =
+            json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", sv->cfg.model_name, "object", "model", "created",
+                      (json_int_t)sv->started, "owned_by", "calla", "max_model_len", (json_int_t)sv->cfg.context);
         if (!rq->item) return send_json(sv, c, EP_MODELS, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
         if (!strcmp(rq->item, sv->cfg.model_name)) return send_json(sv, c, EP_MODELS, 200, m);
         json_decref(m);
@@ -831,14 +892,15 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     struct server *sv = cls;
     struct request *rq = *con_cls;
     struct conn *k = conn_of(c);
-    if (k) conn_idle(&sv->conns, k);   // a kept-alive connection: the next request's deadline starts now
+    if (k) conn_idle(&sv->conns, k); // a kept-alive connection: the next request's deadline starts now
     if (!rq) return;
     if (rq->job) {
         pthread_mutex_lock(&sv->mu);
         sv->open_jobs--;
         pthread_mutex_unlock(&sv->mu);
-        job_set_reader(rq->job, NULL);   // the connection may go now
-        job_release_fd(rq->job, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);   // MHD closes or reuses the socket after this
+        job_set_reader(rq->job, NULL); // the connection may go now
+        job_release_fd(rq->job,
+                       toe != MHD_REQUEST_TERMINATED_COMPLETED_OK); // MHD closes or reuses the socket after this
         job_unref(rq->job);
     }
     sbuf_free(&rq->body);
@@ -863,12 +925,10 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, char
 }
 
 static bool is_loopback(const struct sockaddr_storage *ss) {
-    if (ss->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET) return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
     if (ss->ss_family == AF_INET6) {
         const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
-        return IN6_IS_ADDR_LOOPBACK(a) ||
-               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
     return false;
 }
@@ -885,10 +945,25 @@ static int load_keys(struct auth *a, const struct server_config *cfg, char *err,
 
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg = {
-        .host = "127.0.0.1", .port = 8080, .context = QWEN_MAX_CTX, .queue = 16, .max_body = 8 << 20,
-        .max_header = 32 << 10, .max_connections = 16384, .http_threads = 4, .cache_entries = 2, .cache_boundaries = 2,
-        .default_max_tokens = 4096, .drain_seconds = 30, .timeout = 120, .request_timeout = 30, .max_per_ip = 32,
-        .prefill_chunk = QWEN_PREFILL_CHUNK, .device = -1, .store_entries = 256, .store_bytes = 64 << 20,
+        .host = "127.0.0.1",
+        .port = 8080,
+        .context = QWEN_MAX_CTX,
+        .queue = 16,
+        .max_body = 8 << 20,
+        .max_header = 32 << 10,
+        .max_connections = 16384,
+        .http_threads = 4,
+        .cache_entries = 2,
+        .cache_boundaries = 2,
+        .default_max_tokens = 4096,
+        .drain_seconds = 30,
+        .timeout = 120,
+        .request_timeout = 30,
+        .max_per_ip = 32,
+        .prefill_chunk = QWEN_PREFILL_CHUNK,
+        .device = -1,
+        .store_entries = 256,
+        .store_bytes = 64 << 20,
         .speculative = true,
     };
     const struct opt opts[] = {
@@ -897,45 +972,66 @@ int cmd_serve(int argc, char **argv) {
         {"port", OPT_INT, &cfg.port, 0, 65535, "TCP port (default 8080; 0: any free port, printed at start)"},
         {"backend", OPT_STR, &cfg.backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
         {"threads", OPT_INT, &cfg.threads, 0, 1024, "CPU backend threads (0: all cores)"},
-        {"device", OPT_INT, &cfg.device, 0, 255, "the GPU (CUDA backend; numbered within CUDA_VISIBLE_DEVICES; default 0); "
-                                                 "refused when missing or busy: one replica per GPU"},
+        {"device", OPT_INT, &cfg.device, 0, 255,
+         "the GPU (CUDA backend; numbered within CUDA_VISIBLE_DEVICES; default 0); "
+         "refused when missing or busy: one replica per GPU"},
         {"model-name", OPT_STR, &cfg.model_name, 0, 0, "model id in responses (default: the directory name)"},
-        {"context", OPT_INT, &cfg.context, 16, QWEN_MAX_CTX, "tokens per sequence: prompt + max_tokens + 1 must fit (default 262144)"},
-        {"queue", OPT_INT, &cfg.queue, 0, 4096, "requests that may wait behind the running one; past it 503 (default 16)"},
+        {"context", OPT_INT, &cfg.context, 16, QWEN_MAX_CTX,
+         "tokens per sequence: prompt + max_tokens + 1 must fit (default 262144)"},
+        {"queue", OPT_INT, &cfg.queue, 0, 4096,
+         "requests that may wait behind the running one; past it 503 (default 16)"},
         {"max-body", OPT_INT, &cfg.max_body, 1024, 1 << 30, "request body limit in bytes; past it 413 (default 8 MiB)"},
         {"max-header", OPT_INT, &cfg.max_header, 4096, 1 << 20, "request header limit in bytes (default 32 KiB)"},
-        {"max-connections", OPT_INT, &cfg.max_connections, 2, 65536, "open connections at once; past it the oldest idle one is "
-                                                                      "closed (default 16384; capped by the open-file limit)"},
-        {"http-threads", OPT_INT, &cfg.http_threads, 1, 64, "HTTP threads, each an event loop over its share of the "
-                                                            "connections (default 4)"},
-        {"cache-entries", OPT_INT, &cfg.cache_entries, 0, 64, "session cache: end-of-request states kept, LRU (default 2; 0: off)"},
-        {"cache-boundaries", OPT_INT, &cfg.cache_boundaries, 0, 64, "session cache: last-message snapshots kept, LRU (default 2; 0: off)"},
-        {"default-max-tokens", OPT_INT, &cfg.default_max_tokens, 1, QWEN_MAX_CTX, "max_tokens when a request gives none (default 4096)"},
-        {"drain-seconds", OPT_INT, &cfg.drain_seconds, 0, 3600, "on SIGTERM, time for queued requests to finish before aborting (default 30)"},
+        {"max-connections", OPT_INT, &cfg.max_connections, 2, 65536,
+         "open connections at once; past it the oldest idle one is "
+         "closed (default 16384; capped by the open-file limit)"},
+        {"http-threads", OPT_INT, &cfg.http_threads, 1, 64,
+         "HTTP threads, each an event loop over its share of the "
+         "connections (default 4)"},
+        {"cache-entries", OPT_INT, &cfg.cache_entries, 0, 64,
+         "session cache: end-of-request states kept, LRU (default 2; 0: off)"},
+        {"cache-boundaries", OPT_INT, &cfg.cache_boundaries, 0, 64,
+         "session cache: last-message snapshots kept, LRU (default 2; 0: off)"},
+        {"default-max-tokens", OPT_INT, &cfg.default_max_tokens, 1, QWEN_MAX_CTX,
+         "max_tokens when a request gives none (default 4096)"},
+        {"drain-seconds", OPT_INT, &cfg.drain_seconds, 0, 3600,
+         "on SIGTERM, time for queued requests to finish before aborting (default 30)"},
         {"timeout", OPT_INT, &cfg.timeout, 1, 3600, "idle connection timeout in seconds (default 120)"},
-        {"request-timeout", OPT_INT, &cfg.request_timeout, 1, 3600, "seconds a client has to send a whole request, headers "
-                                                                    "and body, from connecting or from its previous answer; "
-                                                                    "then the connection is closed (default 30)"},
+        {"request-timeout", OPT_INT, &cfg.request_timeout, 1, 3600,
+         "seconds a client has to send a whole request, headers "
+         "and body, from connecting or from its previous answer; "
+         "then the connection is closed (default 30)"},
         {"quiet", OPT_FLAG, &cfg.quiet, 0, 0, "no per-request log lines"},
-        {"allow-chunked", OPT_FLAG, &cfg.allow_chunked, 0, 0, "accept chunked request bodies (default: 411; libmicrohttpd "
-                                                               "parses their chunk lines leniently: docs/HTTP.md)"},
-        {"api-key", OPT_STRS, &cfg.api_keys, 0, 0, "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
+        {"allow-chunked", OPT_FLAG, &cfg.allow_chunked, 0, 0,
+         "accept chunked request bodies (default: 411; libmicrohttpd "
+         "parses their chunk lines leniently: docs/HTTP.md)"},
+        {"api-key", OPT_STRS, &cfg.api_keys, 0, 0,
+         "accept this key as \"Authorization: Bearer KEY\" (repeatable; none: no auth)"},
         {"api-key-file", OPT_STR, &cfg.api_key_file, 0, 0, "accept the keys in this file, one a line (# comments)"},
-        {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0, "accept this Host header name (repeatable; * any; default: "
-                                                              "loopback names when listening on loopback, else any)"},
-        {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0, "allow browser pages of this origin (repeatable; * any; "
-                                                          "default none: preflights get 403)"},
-        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 65536, "open connections from one address; past it its oldest "
-                                                                       "idle one is closed (default 32)"},
-        {"store-entries", OPT_INT, &cfg.store_entries, 0, 65536, "Responses API: stored responses kept for "
-                                                                 "previous_response_id and GET, LRU (default 256; 0: none)"},
-        {"store-bytes", OPT_INT, &cfg.store_bytes, 1 << 16, 1LL << 40, "Responses API: the bytes stored responses may hold "
-                                                                       "(default 64 MiB)"},
-        {"allow-sampling", OPT_FLAG, &cfg.allow_sampling, 0, 0, "accept temperature > 0, top_p, top_k, min_p, presence_penalty "
-                                                                 "and seed (default: greedy only, others a 400)"},
-        {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK, "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default 4096)"},
-        {"speculative", OPT_ONOFF, &cfg.speculative, 0, 0, "speculative decoding: drafts from the conversation, verified "
-                                                           "several tokens a forward; the same output (default on)"},
+        {"allowed-host", OPT_STRS, &cfg.allowed_hosts, 0, 0,
+         "accept this Host header name (repeatable; * any; default: "
+         "loopback names when listening on loopback, else any)"},
+        {"cors-origin", OPT_STRS, &cfg.cors_origins, 0, 0,
+         "allow browser pages of this origin (repeatable; * any; "
+         "default none: preflights get 403)"},
+        {"max-connections-per-ip", OPT_INT, &cfg.max_per_ip, 1, 65536,
+         "open connections from one address; past it its oldest "
+         "idle one is closed (default 32)"},
+        {"store-entries", OPT_INT, &cfg.store_entries, 0, 65536,
+         "Responses API: stored responses kept for "
+         "previous_response_id and GET, LRU (default 256; 0: none)"},
+        {"store-bytes", OPT_INT, &cfg.store_bytes, 1 << 16, 1LL << 40,
+         "Responses API: the bytes stored responses may hold "
+         "(default 64 MiB)"},
+        {"allow-sampling", OPT_FLAG, &cfg.allow_sampling, 0, 0,
+         "accept temperature > 0, top_p, top_k, min_p, presence_penalty "
+         "and seed (default: greedy only, others a 400)"},
+        {"prefill-chunk", OPT_INT, &cfg.prefill_chunk, 16, QWEN_PREFILL_CHUNK,
+         "prompt tokens per prefill step: progress (/metrics, SSE comments) and cancellation between steps (default "
+         "4096)"},
+        {"speculative", OPT_ONOFF, &cfg.speculative, 0, 0,
+         "speculative decoding: drafts from the conversation, verified "
+         "several tokens a forward; the same output (default on)"},
     };
     const int nopts = sizeof opts / sizeof opts[0];
     const char *summary = "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions, "
@@ -952,7 +1048,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: --device is for the CUDA backend (--backend %s has no devices)\n", cfg.backend);
         return 2;
     }
-    if (cfg.device >= 0 && !cfg.backend) cfg.backend = "cuda";   // a GPU was asked for: no quiet fall-back to the CPU
+    if (cfg.device >= 0 && !cfg.backend) cfg.backend = "cuda"; // a GPU was asked for: no quiet fall-back to the CPU
     char name[256];
     if (!cfg.model_name) {
         size_t l = strlen(cfg.model_dir);
@@ -962,7 +1058,7 @@ int cmd_serve(int argc, char **argv) {
         snprintf(name, sizeof name, "%.*s", (int)(l - b), cfg.model_dir + b);
         cfg.model_name = name;
     }
-    char *model_name = NULL;   // it goes into every JSON answer, which must be valid UTF-8
+    char *model_name = NULL; // it goes into every JSON answer, which must be valid UTF-8
     size_t mlen;
     if (utf8_sanitize(cfg.model_name, strlen(cfg.model_name), &model_name, &mlen)) {
         fprintf(stderr, "calla serve: out of memory\n");
@@ -979,11 +1075,14 @@ int cmd_serve(int argc, char **argv) {
             if (setrlimit(RLIMIT_NOFILE, &rl)) getrlimit(RLIMIT_NOFILE, &rl);
         }
         const long long room = 64 + 2 * cfg.http_threads;
-        if (rl.rlim_cur != RLIM_INFINITY && (unsigned long long)(cfg.max_connections + conn_headroom(cfg.max_connections) + room) > rl.rlim_cur) {
+        if (rl.rlim_cur != RLIM_INFINITY &&
+            (unsigned long long)(cfg.max_connections + conn_headroom(cfg.max_connections) + room) > rl.rlim_cur) {
             long long m = 2;
-            while (m < cfg.max_connections && (unsigned long long)(m + 1 + conn_headroom(m + 1) + room) <= rl.rlim_cur) m++;
-            fprintf(stderr, "calla serve: --max-connections %lld is more than the open-file limit (%llu) allows; using %lld "
-                            "(raise it with ulimit -n or LimitNOFILE=)\n",
+            while (m < cfg.max_connections && (unsigned long long)(m + 1 + conn_headroom(m + 1) + room) <= rl.rlim_cur)
+                m++;
+            fprintf(stderr,
+                    "calla serve: --max-connections %lld is more than the open-file limit (%llu) allows; using %lld "
+                    "(raise it with ulimit -n or LimitNOFILE=)\n",
                     cfg.max_connections, (unsigned long long)rl.rlim_cur, m);
             cfg.max_connections = m;
         }
@@ -995,13 +1094,13 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
 
-    static struct server S;   // MHD and the worker hold pointers into it until the end
+    static struct server S; // MHD and the worker hold pointers into it until the end
     struct server *sv = &S;
     memset(sv, 0, sizeof *sv);
     sv->cfg = cfg;
     pthread_mutex_init(&sv->mu, NULL);
     conn_table_init(&sv->conns, (int)cfg.max_connections, (int)cfg.max_per_ip, (double)cfg.request_timeout);
-    json_object_seed(0);   // before any thread makes a JSON object
+    json_object_seed(0); // before any thread makes a JSON object
     int rc = 1;
     if (rstore_init(&sv->store, (int)cfg.store_entries, (size_t)cfg.store_bytes)) {
         fprintf(stderr, "calla serve: out of memory (the response store)\n");
@@ -1015,21 +1114,29 @@ int cmd_serve(int argc, char **argv) {
     sv->loopback = is_loopback(&addr);
     sv->started = (long long)time(NULL);
     if (!sv->auth.n && !sv->loopback)
-        fprintf(stderr, "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
-                        "anyone who can reach it can use the model (set --api-key or --api-key-file)\n", cfg.host);
-    struct engine_options eo = {.backend = cfg.backend, .threads = (int)cfg.threads,
-                                .device = cfg.device >= 0 ? (int)cfg.device : 0, .gpu_exclusive = true};
+        fprintf(stderr,
+                "calla serve: WARNING: listening on %s, which is not a loopback address, without an API key: "
+                "anyone who can reach it can use the model (set --api-key or --api-key-file)\n",
+                cfg.host);
+    struct engine_options eo = {.backend = cfg.backend,
+                                .threads = (int)cfg.threads,
+                                .device = cfg.device >= 0 ? (int)cfg.device : 0,
+                                .gpu_exclusive = true};
     if (engine_open(cfg.model_dir, &eo, &sv->e, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
         const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
         if (cvd && (!cfg.backend || !strcmp(cfg.backend, "cuda")))
-            fprintf(stderr, "HINT: CUDA_VISIBLE_DEVICES=\"%s\": CUDA sees only the GPUs it lists, numbered from 0, "
-                            "and --device counts among them\n", cvd);
+            fprintf(stderr,
+                    "HINT: CUDA_VISIBLE_DEVICES=\"%s\": CUDA sees only the GPUs it lists, numbered from 0, "
+                    "and --device counts among them\n",
+                    cvd);
         goto out_engine;
     }
     sv->vocab = engine_geometry(sv->e)->vocab;
     if (tokenizer_load(cfg.model_dir, &sv->tok, err, sizeof err)) {
-        fprintf(stderr, "calla serve: %s\nHINT: the checkpoint directory needs a tokenizer.json (calla synth writes one)\n", err);
+        fprintf(stderr,
+                "calla serve: %s\nHINT: the checkpoint directory needs a tokenizer.json (calla synth writes one)\n",
+                err);
         goto out_engine;
     }
     // The token trie of constrained decoding, once per tokenizer (about 0.1 s and 10.5 MB for the real vocabulary).
@@ -1054,17 +1161,31 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "calla serve: token trie: %d nodes, %.1f MB, built in %.0f ms; masks: %s\n",
                 token_trie_nodes(sv->trie), token_trie_bytes(sv->trie) / 1e6, 1e3 * (now_s() - tt0),
                 mask_mode_name(sv->mask_mode));
-    sv->oc = (struct openai_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
-                                 .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name,
+    sv->oc = (struct openai_ctx){.tok = sv->tok,
+                                 .vocab = sv->vocab,
+                                 .context = cfg.context,
+                                 .default_max_tokens = cfg.default_max_tokens,
+                                 .model_name = cfg.model_name,
                                  .allow_sampling = cfg.allow_sampling};
-    sv->cc = (struct chatreq_ctx){.tok = sv->tok, .vocab = sv->vocab, .context = cfg.context,
-                                  .default_max_tokens = cfg.default_max_tokens, .model_name = cfg.model_name,
+    sv->cc = (struct chatreq_ctx){.tok = sv->tok,
+                                  .vocab = sv->vocab,
+                                  .context = cfg.context,
+                                  .default_max_tokens = cfg.default_max_tokens,
+                                  .model_name = cfg.model_name,
                                   .allow_sampling = cfg.allow_sampling};
-    const struct sched_config sc = {
-        .e = sv->e, .tok = sv->tok, .trie = sv->trie, .logits = sv->logits, .vocab = sv->vocab,
-        .mask_mode = sv->mask_mode, .context = cfg.context, .queue = cfg.queue, .prefill_chunk = cfg.prefill_chunk,
-        .cache_entries = cfg.cache_entries, .cache_boundaries = cfg.cache_boundaries, .quiet = cfg.quiet,
-        .speculative = cfg.speculative};
+    const struct sched_config sc = {.e = sv->e,
+                                    .tok = sv->tok,
+                                    .trie = sv->trie,
+                                    .logits = sv->logits,
+                                    .vocab = sv->vocab,
+                                    .mask_mode = sv->mask_mode,
+                                    .context = cfg.context,
+                                    .queue = cfg.queue,
+                                    .prefill_chunk = cfg.prefill_chunk,
+                                    .cache_entries = cfg.cache_entries,
+                                    .cache_boundaries = cfg.cache_boundaries,
+                                    .quiet = cfg.quiet,
+                                    .speculative = cfg.speculative};
     if (sched_init(&sv->sched, &sc, err, sizeof err)) {
         fprintf(stderr, "calla serve: %s\n", err);
         goto out_tok;
@@ -1092,17 +1213,16 @@ int cmd_serve(int argc, char **argv) {
     // per-address limit, which refuses a new connection rather than closing an idle one, is off.
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    sv->d = MHD_start_daemon(flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr,
-                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg.http_threads,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                             (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT,
-                             (unsigned)(cfg.max_connections + conn_headroom((int)cfg.max_connections)),
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg.timeout,
-                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
-#if MHD_VERSION >= 0x00097701   // 1.0: bare LF, obs-fold, NUL, Content-Length with chunked refused by MHD
-                             MHD_OPTION_CLIENT_DISCIPLINE_LVL, 1,
+    sv->d = MHD_start_daemon(
+        flags, (uint16_t)cfg.port, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)cfg.http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)cfg.max_header + SSE_BLOCK + 16384, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(cfg.max_connections + conn_headroom((int)cfg.max_connections)), MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg.timeout, MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
+#if MHD_VERSION >= 0x00097701 // 1.0: bare LF, obs-fold, NUL, Content-Length with chunked refused by MHD
+        MHD_OPTION_CLIENT_DISCIPLINE_LVL, 1,
 #endif
-                             MHD_OPTION_END);
+        MHD_OPTION_END);
     if (!sv->d) {
         fprintf(stderr, "calla serve: cannot listen on %s:%lld: %s\n", cfg.host, cfg.port, strerror(errno));
         goto out_worker;
@@ -1111,7 +1231,8 @@ int cmd_serve(int argc, char **argv) {
     char gpu_name[32] = "";
     if (strcmp(engine_backend(sv->e), "cpu")) snprintf(gpu_name, sizeof gpu_name, " on GPU %d", eo.device);
     fprintf(stderr,
-            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s%s, context %lld, queue %lld, cache %lld+%lld)\n",
+            "calla serve: listening on http://%s%s%s:%u (model %s, backend %s%s, context %lld, queue %lld, cache "
+            "%lld+%lld)\n",
             addr.ss_family == AF_INET6 ? "[" : "", cfg.host, addr.ss_family == AF_INET6 ? "]" : "",
             di ? di->port : (unsigned)cfg.port, cfg.model_name, engine_backend(sv->e), gpu_name, cfg.context, cfg.queue,
             cfg.cache_entries, cfg.cache_boundaries);
@@ -1124,7 +1245,8 @@ int cmd_serve(int argc, char **argv) {
     // --drain-seconds; then abort what is left (a second signal aborts at once).
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "calla serve: %s: draining (up to %lld s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg.drain_seconds);
+    fprintf(stderr, "calla serve: %s: draining (up to %lld s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            cfg.drain_seconds);
     sched_drain(&sv->sched);
     const double deadline = now_s() + (double)cfg.drain_seconds;
     for (;;) {
@@ -1153,7 +1275,7 @@ out_worker:
         if (!open) break;
         nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     }
-    if (sv->d) MHD_stop_daemon(sv->d);   // closes every connection; their jobs are all done, none is suspended
+    if (sv->d) MHD_stop_daemon(sv->d); // closes every connection; their jobs are all done, none is suspended
     if (!rc) fprintf(stderr, "calla serve: stopped\n");
 out_cache:
     sched_free(&sv->sched);
@@ -1165,9 +1287,8 @@ out_engine:
     engine_close(sv->e);
     rstore_free(&sv->store);
     auth_free(&sv->auth);
-    conn_table_free(&sv->conns);   // after MHD: no connection is listed any more
+    conn_table_free(&sv->conns); // after MHD: no connection is listed any more
     pthread_mutex_destroy(&sv->mu);
     free(model_name);
     return rc;
 }
-

@@ -67,8 +67,8 @@ static int set_tokens(struct cache_entry *en, const int32_t *p, int n, char *err
     return 0;
 }
 
-int scache_store_copy(struct session_cache *c, const struct seq *src, const int32_t *p, int n, int32_t next,
-                      char *err, size_t errlen) {
+int scache_store_copy(struct session_cache *c, const struct seq *src, const int32_t *p, int n, int32_t next, char *err,
+                      size_t errlen) {
     if (c->n == 0 || n < 1) return 0;
     struct cache_entry *en = scache_find(c, p, n);
     if (en) {
@@ -76,7 +76,7 @@ int scache_store_copy(struct session_cache *c, const struct seq *src, const int3
         return 0;
     }
     en = victim(c);
-    en->used = 0;   // empty until the copy succeeds: its state must match its tokens
+    en->used = 0; // empty until the copy succeeds: its state must match its tokens
     if (en->s && seq_capacity(en->s) < n) {
         seq_free(en->s);
         en->s = NULL;

@@ -15,18 +15,18 @@
 #include <stdint.h>
 
 struct cache_entry {
-    struct seq *s;      // state after consuming tokens[0..n); NULL until first use
-    int32_t *tokens;    // [n]
+    struct seq *s;   // state after consuming tokens[0..n); NULL until first use
+    int32_t *tokens; // [n]
     int n, tokens_cap;
-    int32_t next;       // argmax after tokens[0..n): the first token to generate when n == prompt
-    uint64_t used;      // LRU clock; 0 = empty slot
+    int32_t next;  // argmax after tokens[0..n): the first token to generate when n == prompt
+    uint64_t used; // LRU clock; 0 = empty slot
 };
 
 struct session_cache {
     struct engine *e;
-    int ctx;                    // capacity of working sequences (swap-in entries need it)
-    int n;                      // slots (0: cache off)
-    struct cache_entry *ent;    // [n]
+    int ctx;                 // capacity of working sequences (swap-in entries need it)
+    int n;                   // slots (0: cache off)
+    struct cache_entry *ent; // [n]
     uint64_t clock;
 };
 
@@ -39,10 +39,10 @@ struct cache_entry *scache_lookup(struct session_cache *c, const int32_t *p, int
 struct cache_entry *scache_find(struct session_cache *c, const int32_t *p, int n);
 // Stores a copy of src (which has consumed exactly p[0..n), with greedy next token `next`) in
 // the least recently used slot.  An entry with the same tokens is refreshed instead.
-int scache_store_copy(struct session_cache *c, const struct seq *src, const int32_t *p, int n, int32_t next,
-                      char *err, size_t errlen);
+int scache_store_copy(struct session_cache *c, const struct seq *src, const int32_t *p, int n, int32_t next, char *err,
+                      size_t errlen);
 // Same, without copying state: *w (capacity ctx) moves into the cache and *w is replaced by the
 // evicted slot's sequence (reallocated to capacity ctx when smaller).  On failure *w is unchanged
 // or a fresh sequence; nothing is cached.
-int scache_store_swap(struct session_cache *c, struct seq **w, const int32_t *p, int n, int32_t next,
-                      char *err, size_t errlen);
+int scache_store_swap(struct session_cache *c, struct seq **w, const int32_t *p, int n, int32_t next, char *err,
+                      size_t errlen);

@@ -51,11 +51,11 @@ struct stored {
     int64_t shape[3];
     int64_t nbytes;
     const struct tensor_spec *spec;
-    int part;                // 0 weight, 1 scales, 2 biases; -1 plain
+    int part; // 0 weight, 1 scales, 2 biases; -1 plain
     int shard;
-    uint64_t offset;         // within the shard's data section
+    uint64_t offset; // within the shard's data section
     uint64_t key;
-    float gain;              // ROLE_QUANT: the spec's gain, or the profile's (synth_gain)
+    float gain; // ROLE_QUANT: the spec's gain, or the profile's (synth_gain)
 };
 
 struct shard {
@@ -68,7 +68,7 @@ struct job {
     struct stored *t;
     int n_t;
     struct shard *sh;
-    int next;                // next tensor chunk to take (under lock)
+    int next; // next tensor chunk to take (under lock)
     int64_t next_off;
     pthread_mutex_t lock;
     int failed;
@@ -90,12 +90,17 @@ static float quant_scale(const struct stored *t, uint64_t i) {
     return bf16_to_f32(f32_to_bf16((float)(base * (0.5 + synth_unit(synth_rand(t->key ^ 1, i))))));
 }
 
-const char *synth_profile_name(enum synth_profile p) { return p == SYNTH_PROFILE_UNIFORM ? "uniform" : "trained"; }
+const char *synth_profile_name(enum synth_profile p) {
+    return p == SYNTH_PROFILE_UNIFORM ? "uniform" : "trained";
+}
 
 int synth_profile_parse(const char *name, enum synth_profile *p) {
-    if (!strcmp(name, "trained")) *p = SYNTH_PROFILE_TRAINED;
-    else if (!strcmp(name, "uniform")) *p = SYNTH_PROFILE_UNIFORM;
-    else return -1;
+    if (!strcmp(name, "trained"))
+        *p = SYNTH_PROFILE_TRAINED;
+    else if (!strcmp(name, "uniform"))
+        *p = SYNTH_PROFILE_UNIFORM;
+    else
+        return -1;
     return 0;
 }
 
@@ -122,10 +127,10 @@ int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t e
 static float synth_gain(enum synth_profile p, const struct geometry *g, const struct tensor_spec *s) {
     if (p == SYNTH_PROFILE_UNIFORM) return s->gain;
     if (ends_with(s->name, ".mlp.gate")) return SYNTH_ROUTER_GAIN_TRAINED;
-    if (!strcmp(s->name, "model.embed_tokens")) return s->gain * sqrtf((float)g->hidden);   // rows of rms ~1
+    if (!strcmp(s->name, "model.embed_tokens")) return s->gain * sqrtf((float)g->hidden); // rows of rms ~1
     if (ends_with(s->name, ".self_attn.o_proj") || ends_with(s->name, ".linear_attn.out_proj") ||
         ends_with(s->name, ".mlp.switch_mlp.down_proj") || ends_with(s->name, ".mlp.shared_expert.down_proj"))
-        return s->gain / sqrtf(2.0f * (float)g->n_layers);   // 2 residual writes per layer
+        return s->gain / sqrtf(2.0f * (float)g->n_layers); // 2 residual writes per layer
     return s->gain;
 }
 
@@ -133,11 +138,16 @@ static float plain_value(const struct stored *t, uint64_t i) {
     float u = synth_unit(synth_rand(t->key, i));
     switch (t->spec->role) {
     case ROLE_NORM:
-    case ROLE_GATED_NORM: return 1.0f + 0.8f * (u - 0.5f);
-    case ROLE_CONV: return 1.2f * (u - 0.5f);
-    case ROLE_A_LOG: return logf(0.02f) + u * (logf(1.5f) - logf(0.02f));
-    case ROLE_DT_BIAS: return 2.0f * u - 1.5f;
-    case ROLE_QUANT: break;
+    case ROLE_GATED_NORM:
+        return 1.0f + 0.8f * (u - 0.5f);
+    case ROLE_CONV:
+        return 1.2f * (u - 0.5f);
+    case ROLE_A_LOG:
+        return logf(0.02f) + u * (logf(1.5f) - logf(0.02f));
+    case ROLE_DT_BIAS:
+        return 2.0f * u - 1.5f;
+    case ROLE_QUANT:
+        break;
     }
     return 0;
 }
@@ -196,7 +206,8 @@ static void *worker(void *arg) {
         const struct shard *sh = &j->sh[t->shard];
         int64_t done = 0;
         while (done < n) {
-            ssize_t w = pwrite(sh->fd, buf + done, (size_t)(n - done), (off_t)(sh->data_start + t->offset + off + done));
+            ssize_t w =
+                pwrite(sh->fd, buf + done, (size_t)(n - done), (off_t)(sh->data_start + t->offset + off + done));
             if (w <= 0) {
                 pthread_mutex_lock(&j->lock);
                 j->failed = 1;
@@ -211,24 +222,41 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static int dtype_rank(enum st_dtype d) { return d == ST_U32 ? 0 : d == ST_F32 ? 1 : 2; }
+static int dtype_rank(enum st_dtype d) {
+    return d == ST_U32 ? 0 : d == ST_F32 ? 1 : 2;
+}
 
 static json_t *make_config(const struct geometry *g, const struct tensor_spec *specs, int n) {
     json_t *tc = json_object();
     json_object_set_new(tc, "model_type", json_string("qwen3_5_moe_text"));
     if (g->is_test) json_object_set_new(tc, "calla_test_geometry", json_string(g->name));
-    struct { const char *k; long long v; } ints[] = {
-        {"vocab_size", g->vocab}, {"hidden_size", g->hidden}, {"num_hidden_layers", g->n_layers},
-        {"num_attention_heads", g->n_heads}, {"num_key_value_heads", g->n_kv_heads}, {"head_dim", g->head_dim},
-        {"linear_num_key_heads", g->lin_k_heads}, {"linear_num_value_heads", g->lin_v_heads},
-        {"linear_key_head_dim", g->lin_k_dim}, {"linear_value_head_dim", g->lin_v_dim},
-        {"linear_conv_kernel_dim", g->conv_kernel}, {"num_experts", g->n_experts},
-        {"num_experts_per_tok", g->n_experts_used}, {"moe_intermediate_size", g->moe_inter},
-        {"shared_expert_intermediate_size", g->shared_inter}, {"max_position_embeddings", g->max_ctx},
-        {"full_attention_interval", g->attn_interval}, {"mtp_num_hidden_layers", 1},
-        {"eos_token_id", TOKEN_ENDOFTEXT}, {"bos_token_id", TOKEN_ENDOFTEXT},
+    struct {
+        const char *k;
+        long long v;
+    } ints[] = {
+        {"vocab_size", g->vocab},
+        {"hidden_size", g->hidden},
+        {"num_hidden_layers", g->n_layers},
+        {"num_attention_heads", g->n_heads},
+        {"num_key_value_heads", g->n_kv_heads},
+        {"head_dim", g->head_dim},
+        {"linear_num_key_heads", g->lin_k_heads},
+        {"linear_num_value_heads", g->lin_v_heads},
+        {"linear_key_head_dim", g->lin_k_dim},
+        {"linear_value_head_dim", g->lin_v_dim},
+        {"linear_conv_kernel_dim", g->conv_kernel},
+        {"num_experts", g->n_experts},
+        {"num_experts_per_tok", g->n_experts_used},
+        {"moe_intermediate_size", g->moe_inter},
+        {"shared_expert_intermediate_size", g->shared_inter},
+        {"max_position_embeddings", g->max_ctx},
+        {"full_attention_interval", g->attn_interval},
+        {"mtp_num_hidden_layers", 1},
+        {"eos_token_id", TOKEN_ENDOFTEXT},
+        {"bos_token_id", TOKEN_ENDOFTEXT},
     };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) json_object_set_new(tc, ints[i].k, json_integer(ints[i].v));
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        json_object_set_new(tc, ints[i].k, json_integer(ints[i].v));
     json_object_set_new(tc, "rms_norm_eps", json_real(g->rms_eps));
     json_object_set_new(tc, "hidden_act", json_string("silu"));
     json_object_set_new(tc, "attn_output_gate", json_true());
@@ -311,7 +339,8 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
                 snprintf(x->name, sizeof x->name, CKPT_PREFIX "%s.%s", s->name, sfx[p]);
                 x->part = p;
                 x->dtype = p == 0 ? ST_U32 : ST_BF16;
-                x->shape[s->ndim - 1] = p == 0 ? s->dims[s->ndim - 1] * s->bits / 32 : s->dims[s->ndim - 1] / QWEN_GROUP;
+                x->shape[s->ndim - 1] =
+                    p == 0 ? s->dims[s->ndim - 1] * s->bits / 32 : s->dims[s->ndim - 1] / QWEN_GROUP;
             } else {
                 snprintf(x->name, sizeof x->name, CKPT_PREFIX "%s", s->name);
                 x->part = -1;
@@ -319,7 +348,7 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
             }
             x->nbytes = (int64_t)st_dtype_size(x->dtype);
             for (int d = 0; d < x->ndim; d++) x->nbytes *= x->shape[d];
-            x->key = name_key(o->seed, s->name);   // the module name: scales and biases share it
+            x->key = name_key(o->seed, s->name); // the module name: scales and biases share it
             x->gain = synth_gain(o->profile, g, s);
         }
     }
@@ -352,8 +381,9 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
                 json_t *shape = json_array();
                 for (int d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
                 json_object_set_new(hdr, t[i].name,
-                                    json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t[i].dtype), "shape", shape,
-                                              "data_offsets", (json_int_t)off, (json_int_t)(off + (uint64_t)t[i].nbytes)));
+                                    json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t[i].dtype), "shape",
+                                              shape, "data_offsets", (json_int_t)off,
+                                              (json_int_t)(off + (uint64_t)t[i].nbytes)));
                 json_object_set_new(wm, t[i].name, json_string(sh[s].file));
                 off += (uint64_t)t[i].nbytes;
             }
@@ -386,8 +416,9 @@ int synth_write(const struct synth_options *o, char *err, size_t errlen) {
         total += (int64_t)off;
     }
     struct model_size ms = model_size_of(g);
-    json_object_set_new(index, "metadata", json_pack("{s:I, s:I}", "total_size", (json_int_t)total,
-                                                     "total_parameters", (json_int_t)ms.params));
+    json_object_set_new(
+        index, "metadata",
+        json_pack("{s:I, s:I}", "total_size", (json_int_t)total, "total_parameters", (json_int_t)ms.params));
     json_object_set_new(index, "weight_map", wm);
 
     // Tensor data, in parallel.
@@ -445,28 +476,101 @@ out:
 // has no such gap.
 
 static const char *const added_names[TOKEN_ADDED_COUNT] = {
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<tts_text_bos_single>", "<|audio_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
 };
 
 // The Qwen3.5 split regex (docs/MODEL.md §6), in tokenizer.json's (Oniguruma) form.
-static const char qwen35_regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
-    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char qwen35_regex[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+                                   "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 // Words whose every prefix becomes a token (a merge chain per word), so the synthetic
 // vocabulary has real multi-step merges.  A leading space is GPT-2's "Ġ".
 static const char *const synth_words[] = {
-    " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", "The", " a", " and", " of",
-    " to", " in", " is", " that", " it", " for", " you", " with", " on", " as", " are", " this", " be",
-    "Hello", " world", " Hello", ",", ".", "\n", "\n\n", "  ", "    ", "ing", "ed", "er", " what",
-    " is", " your", " name", " model", " answer", " question", " think", " user", " assistant",
-    " system", " antidisestablishmentarianism", " internationalization", "你好", "世界", " こんにちは",
+    " the",
+    " quick",
+    " brown",
+    " fox",
+    " jumps",
+    " over",
+    " lazy",
+    " dog",
+    "The",
+    " a",
+    " and",
+    " of",
+    " to",
+    " in",
+    " is",
+    " that",
+    " it",
+    " for",
+    " you",
+    " with",
+    " on",
+    " as",
+    " are",
+    " this",
+    " be",
+    "Hello",
+    " world",
+    " Hello",
+    ",",
+    ".",
+    "\n",
+    "\n\n",
+    "  ",
+    "    ",
+    "ing",
+    "ed",
+    "er",
+    " what",
+    " is",
+    " your",
+    " name",
+    " model",
+    " answer",
+    " question",
+    " think",
+    " user",
+    " assistant",
+    " system",
+    " antidisestablishmentarianism",
+    " internationalization",
+    "你好",
+    "世界",
+    " こんにちは",
 };
 
 static json_t *synthetic_tokenizer_json(void) {
@@ -504,30 +608,31 @@ static json_t *synthetic_tokenizer_json(void) {
     for (int i = 0; i < TOKEN_ADDED_COUNT; i++) {
         const char *name = added_names[i];
         int special = strcmp(name, "<think>") && strcmp(name, "</think>") && strcmp(name, "<tool_call>") &&
-                      strcmp(name, "</tool_call>") && strcmp(name, "<tool_response>") && strcmp(name, "</tool_response>");
+                      strcmp(name, "</tool_call>") && strcmp(name, "<tool_response>") &&
+                      strcmp(name, "</tool_response>");
         json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", TOKEN_ADDED_FIRST + i,
                                                "content", name, "single_word", 0, "lstrip", 0, "rstrip", 0,
                                                "normalized", 0, "special", special));
     }
     json_t *bytelevel = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
                                   "use_regex", 0);
-    return json_pack(
-        "{s:s, s:n, s:n, s:o, s:{s:s}, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, O]}, s:O, s:o,"
-        " s:{s:s, s:n, s:n, s:s, s:s, s:b, s:b, s:b, s:o, s:o}}",
-        "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "NFC", "pre_tokenizer",
-        "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", qwen35_regex, "behavior", "Isolated",
-        "invert", 0, bytelevel, "post_processor", bytelevel, "decoder", bytelevel, "model", "type", "BPE", "dropout",
-        "unk_token", "continuing_subword_prefix", "", "end_of_word_suffix", "", "fuse_unk", 0, "byte_fallback", 0,
-        "ignore_merges", 0, "vocab", vocab, "merges", merges);
+    return json_pack("{s:s, s:n, s:n, s:o, s:{s:s}, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, O]}, s:O, s:o,"
+                     " s:{s:s, s:n, s:n, s:s, s:s, s:b, s:b, s:b, s:o, s:o}}",
+                     "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "NFC",
+                     "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex",
+                     qwen35_regex, "behavior", "Isolated", "invert", 0, bytelevel, "post_processor", bytelevel,
+                     "decoder", bytelevel, "model", "type", "BPE", "dropout", "unk_token", "continuing_subword_prefix",
+                     "", "end_of_word_suffix", "", "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 0, "vocab",
+                     vocab, "merges", merges);
 }
 
 static int write_config(const char *out_dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
     json_t *cfg = json_pack("{s:b, s:b, s:n, s:s, s:s, s:n, s:s, s:i, s:s, s:b}", "add_bos_token", 0,
-                            "add_prefix_space", 0, "bos_token", "eos_token", "<|im_end|>", "pad_token",
-                            "<|endoftext|>", "unk_token", "errors", "replace", "model_max_length", 262144,
-                            "tokenizer_class", "Qwen2Tokenizer", "split_special_tokens", 0);
+                            "add_prefix_space", 0, "bos_token", "eos_token", "<|im_end|>", "pad_token", "<|endoftext|>",
+                            "unk_token", "errors", "replace", "model_max_length", 262144, "tokenizer_class",
+                            "Qwen2Tokenizer", "split_special_tokens", 0);
     int rc = cfg ? json_dump_file(cfg, path, JSON_INDENT(2)) : -1;
     json_decref(cfg);
     if (rc) snprintf(err, errlen, "%s: cannot write", path);

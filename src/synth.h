@@ -31,13 +31,13 @@ int synth_profile_of(const char *dir, enum synth_profile *p, char *err, size_t e
 
 struct synth_options {
     const struct geometry *g;
-    enum synth_profile profile;   // 0: trained
+    enum synth_profile profile; // 0: trained
     uint64_t seed;
     const char *out_dir;
-    int64_t max_shard_bytes;   // 5 GiB like mlx-lm; smaller to test sharding
-    int threads;               // 0: all cores
-    bool aligned;              // pad each header to 8 bytes (every tensor naturally aligned); default:
-                               // MLX's unpadded header, data at an odd offset (synth.c)
+    int64_t max_shard_bytes; // 5 GiB like mlx-lm; smaller to test sharding
+    int threads;             // 0: all cores
+    bool aligned;            // pad each header to 8 bytes (every tensor naturally aligned); default:
+                             // MLX's unpadded header, data at an odd offset (synth.c)
 };
 
 int synth_write(const struct synth_options *o, char *err, size_t errlen);
@@ -60,6 +60,10 @@ static inline uint64_t synth_mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 // Element i of the stream identified by key.
-static inline uint64_t synth_rand(uint64_t key, uint64_t i) { return synth_mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull); }
+static inline uint64_t synth_rand(uint64_t key, uint64_t i) {
+    return synth_mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
+}
 // Uniform in [0, 1) with 24 bits.
-static inline float synth_unit(uint64_t r) { return (float)(r >> 40) * (1.0f / 16777216.0f); }
+static inline float synth_unit(uint64_t r) {
+    return (float)(r >> 40) * (1.0f / 16777216.0f);
+}

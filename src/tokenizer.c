@@ -22,10 +22,10 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        if (err && errlen) snprintf(err, errlen, __VA_ARGS__);                                     \
-        goto fail;                                                                                 \
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        if (err && errlen) snprintf(err, errlen, __VA_ARGS__);                                                         \
+        goto fail;                                                                                                     \
     } while (0)
 
 struct added_token {
@@ -35,22 +35,22 @@ struct added_token {
 };
 
 struct merge_slot {
-    uint64_t key;     // (left << 32) | right; 0 marks an empty slot (id pair (0,0) is stored +1)
-    int32_t rank;     // position in the merges list: lower merges first
+    uint64_t key; // (left << 32) | right; 0 marks an empty slot (id pair (0,0) is stored +1)
+    int32_t rank; // position in the merges list: lower merges first
     int32_t new_id;
 };
 
 struct tokenizer {
-    int32_t n_vocab;          // largest id + 1
-    char *tok_bytes;          // all token bytes, back to back
-    uint64_t *tok_off;        // [n_vocab + 1]; token i is tok_bytes[tok_off[i] .. tok_off[i+1])
-    uint8_t *tok_flags;       // [n_vocab]; TOK_USED, TOK_ADDED, TOK_SPECIAL
-    int32_t *vocab_slots;     // [vocab_cap] ids, -1 empty
+    int32_t n_vocab;      // largest id + 1
+    char *tok_bytes;      // all token bytes, back to back
+    uint64_t *tok_off;    // [n_vocab + 1]; token i is tok_bytes[tok_off[i] .. tok_off[i+1])
+    uint8_t *tok_flags;   // [n_vocab]; TOK_USED, TOK_ADDED, TOK_SPECIAL
+    int32_t *vocab_slots; // [vocab_cap] ids, -1 empty
     uint32_t vocab_cap;
     struct merge_slot *merges;
     uint32_t merge_cap;
     int32_t n_merges;
-    int32_t byte_id[256];     // the single-byte tokens, -1 if missing
+    int32_t byte_id[256]; // the single-byte tokens, -1 if missing
     struct added_token *added;
     size_t n_added;
     uint8_t added_first[256]; // 1 if some added token starts with this byte
@@ -72,19 +72,43 @@ enum { U8_OK, U8_BAD, U8_SHORT };
 static int utf8_classify(const unsigned char *s, size_t n, size_t *len) {
     unsigned c = s[0], lo = 0x80, hi = 0xBF;
     size_t need;
-    if (c < 0x80) { *len = 1; return U8_OK; }
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c == 0xE0) { need = 2; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) need = 2;
-    else if (c == 0xED) { need = 2; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) need = 2;
-    else if (c == 0xF0) { need = 3; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) need = 3;
-    else if (c == 0xF4) { need = 3; hi = 0x8F; }
-    else { *len = 1; return U8_BAD; }
+    if (c < 0x80) {
+        *len = 1;
+        return U8_OK;
+    }
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 1;
+    else if (c == 0xE0) {
+        need = 2;
+        lo = 0xA0;
+    } else if (c >= 0xE1 && c <= 0xEC)
+        need = 2;
+    else if (c == 0xED) {
+        need = 2;
+        hi = 0x9F;
+    } else if (c >= 0xEE && c <= 0xEF)
+        need = 2;
+    else if (c == 0xF0) {
+        need = 3;
+        lo = 0x90;
+    } else if (c >= 0xF1 && c <= 0xF3)
+        need = 3;
+    else if (c == 0xF4) {
+        need = 3;
+        hi = 0x8F;
+    } else {
+        *len = 1;
+        return U8_BAD;
+    }
     for (size_t i = 1; i <= need; i++) {
-        if (i >= n) { *len = i; return U8_SHORT; }
-        if (s[i] < lo || s[i] > hi) { *len = i; return U8_BAD; }
+        if (i >= n) {
+            *len = i;
+            return U8_SHORT;
+        }
+        if (s[i] < lo || s[i] > hi) {
+            *len = i;
+            return U8_BAD;
+        }
         lo = 0x80, hi = 0xBF;
     }
     *len = need + 1;
@@ -96,10 +120,13 @@ static int utf8_classify(const unsigned char *s, size_t n, size_t *len) {
 static int utf8_lossy(struct sbuf *b, const unsigned char *s, size_t n, int hold, size_t *used) {
     size_t i = 0;
     while (i < n) {
-        size_t run = i;  // copy ASCII and valid runs in one go
+        size_t run = i; // copy ASCII and valid runs in one go
         for (;;) {
             if (run >= n) break;
-            if (s[run] < 0x80) { run++; continue; }
+            if (s[run] < 0x80) {
+                run++;
+                continue;
+            }
             size_t l;
             if (utf8_classify(s + run, n - run, &l) != U8_OK) break;
             run += l;
@@ -179,8 +206,7 @@ int32_t tokenizer_token_id(const struct tokenizer *t, const char *s, size_t len)
     for (uint32_t h = (uint32_t)fnv1a64(FNV1A64_INIT, s, len) & mask;; h = (h + 1) & mask) {
         int32_t id = t->vocab_slots[h];
         if (id < 0) return -1;
-        if (t->tok_off[id + 1] - t->tok_off[id] == len && !memcmp(t->tok_bytes + t->tok_off[id], s, len))
-            return id;
+        if (t->tok_off[id + 1] - t->tok_off[id] == len && !memcmp(t->tok_bytes + t->tok_off[id], s, len)) return id;
     }
 }
 
@@ -198,8 +224,12 @@ static void vocab_insert(struct tokenizer *t, int32_t id) {
     }
 }
 
-static inline uint64_t merge_key(int32_t l, int32_t r) { return ((uint64_t)(uint32_t)l << 32 | (uint32_t)r) + 1; }
-static inline uint32_t merge_hash(uint64_t key, uint32_t mask) { return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & mask; }
+static inline uint64_t merge_key(int32_t l, int32_t r) {
+    return ((uint64_t)(uint32_t)l << 32 | (uint32_t)r) + 1;
+}
+static inline uint32_t merge_hash(uint64_t key, uint32_t mask) {
+    return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+}
 
 static const struct merge_slot *merge_get(const struct tokenizer *t, int32_t l, int32_t r) {
     uint64_t key = merge_key(l, r);
@@ -322,7 +352,8 @@ static void rx_put_ranges(struct sbuf *o, int mask) {
         for (i++; i < n && all[i].lo <= hi + 1; i++)
             if (all[i].hi > hi) hi = all[i].hi;
         char item[40];
-        int l = lo == hi ? snprintf(item, sizeof item, "\\x{%X}", lo) : snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", lo, hi);
+        int l = lo == hi ? snprintf(item, sizeof item, "\\x{%X}", lo)
+                         : snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", lo, hi);
         sbuf_add(o, item, (size_t)l);
     }
 }
@@ -334,28 +365,28 @@ static char *expand_unicode_classes(const char *rx) {
     for (const char *s = rx; *s;) {
         size_t ul;
         int u = rx_uclass(s, &ul);
-        if (u) {  // outside a class
+        if (u) { // outside a class
             sbuf_add(&o, "[", 1), rx_put_ranges(&o, u), sbuf_add(&o, "]", 1);
             s += ul;
-        } else if (s[0] == '\\' && s[1] == 'S') {   // not white space
+        } else if (s[0] == '\\' && s[1] == 'S') { // not white space
             sbuf_add(&o, "[^", 2), rx_put_ranges(&o, UCLASS_S), sbuf_add(&o, "]", 1);
             s += 2;
         } else if (*s == '\\' && s[1]) {
             sbuf_add(&o, s, 2);
             s += 2;
-        } else if (*s == '[') {  // a class: copy it without its \p{L|M|N}, then their ranges before ']'
+        } else if (*s == '[') { // a class: copy it without its \p{L|M|N}, then their ranges before ']'
             const char *c = s + 1;
             int mask = 0;
             sbuf_add(&o, "[", 1);
             if (*c == '^') sbuf_add(&o, "^", 1), c++;
-            if (*c == ']') sbuf_add(&o, "]", 1), c++;   // a leading ']' is literal
+            if (*c == ']') sbuf_add(&o, "]", 1), c++; // a leading ']' is literal
             while (*c && *c != ']') {
                 size_t cl;
                 int cu = rx_uclass(c, &cl);
                 if (cu) {
                     mask |= cu;
                     c += cl;
-                } else if (*c == '[' && c[1] == ':') {   // [:alpha:] and the like
+                } else if (*c == '[' && c[1] == ':') { // [:alpha:] and the like
                     const char *e = strstr(c + 2, ":]");
                     size_t l = e ? (size_t)(e + 2 - c) : 1;
                     sbuf_add(&o, c, l);
@@ -438,9 +469,12 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
     if ((cs && *cs) || (ew && *ew)) FAIL("%s: subword prefixes/suffixes are not supported", path);
 
     json_t *norm = json_object_get(root, "normalizer");
-    if (json_is_null(norm) || !norm) t->normalize_nfc = 0;
-    else if (jstr(norm, "type") && !strcmp(jstr(norm, "type"), "NFC")) t->normalize_nfc = 1;
-    else FAIL("%s: normalizer must be NFC or null", path);
+    if (json_is_null(norm) || !norm)
+        t->normalize_nfc = 0;
+    else if (jstr(norm, "type") && !strcmp(jstr(norm, "type"), "NFC"))
+        t->normalize_nfc = 1;
+    else
+        FAIL("%s: normalizer must be NFC or null", path);
 
     const char *rx = find_split_regex(json_object_get(root, "pre_tokenizer"), err, errlen);
     if (!rx) goto fail;
@@ -468,7 +502,8 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
     json_array_foreach(added, i, a) {
         json_t *id = json_object_get(a, "id");
         const char *content = jstr(a, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) || !content || !*content)
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) || !content ||
+            !*content)
             FAIL("%s: added_tokens[%zu] needs an id and a content", path, i);
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
         total += json_string_length(json_object_get(a, "content"));
@@ -549,7 +584,8 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
             scratch_cap = 2 * (la + lb);
             if (!(scratch = malloc(scratch_cap))) FAIL("%s: out of memory", path);
         }
-        long na = bytelevel_decode(u2b, sa, la, scratch), nb = na < 0 ? -1 : bytelevel_decode(u2b, sb, lb, scratch + na);
+        long na = bytelevel_decode(u2b, sa, la, scratch),
+             nb = na < 0 ? -1 : bytelevel_decode(u2b, sb, lb, scratch + na);
         if (nb < 0) FAIL("%s: merges[%zu] is not byte-level text", path, i);
         int32_t l = tokenizer_token_id(t, scratch, (size_t)na), r = tokenizer_token_id(t, scratch + na, (size_t)nb);
         int32_t lr = tokenizer_token_id(t, scratch, (size_t)(na + nb));
@@ -578,9 +614,10 @@ int tokenizer_load_file(const char *path, struct tokenizer **out, char *err, siz
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        FAIL("%s: pre-tokenizer regex (its Unicode classes spelled out) at offset %zu: %s", path, (size_t)eoff, (char *)msg);
+        FAIL("%s: pre-tokenizer regex (its Unicode classes spelled out) at offset %zu: %s", path, (size_t)eoff,
+             (char *)msg);
     }
-    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // without JIT, pcre2_match interprets
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); // without JIT, pcre2_match interprets
 
     {
         // tokenizer_config.json beside tokenizer.json (optional): eos_token.
@@ -630,8 +667,12 @@ void tokenizer_free(struct tokenizer *t) {
     free(t);
 }
 
-int32_t tokenizer_vocab_size(const struct tokenizer *t) { return t->n_vocab; }
-int32_t tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
+int32_t tokenizer_vocab_size(const struct tokenizer *t) {
+    return t->n_vocab;
+}
+int32_t tokenizer_eos_id(const struct tokenizer *t) {
+    return t->eos_id;
+}
 
 const char *tokenizer_token_bytes(const struct tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_vocab || !(t->tok_flags[id] & TOK_USED)) return NULL;
@@ -648,8 +689,8 @@ int tokenizer_is_special(const struct tokenizer *t, int32_t id) {
 
 struct sym {
     int32_t id;
-    int32_t prev, next;  // -1 at the ends
-    int32_t len;         // 0 once merged into its left neighbour
+    int32_t prev, next; // -1 at the ends
+    int32_t len;        // 0 once merged into its left neighbour
 };
 
 struct cand {
@@ -754,7 +795,7 @@ static int bpe_piece(struct encoder *e, const unsigned char *s, size_t n) {
     int32_t m = 0;
     for (size_t i = 0; i < n; i++) {
         int32_t id = t->byte_id[s[i]];
-        if (id < 0) continue;  // HF drops characters missing from the vocabulary (no unk token)
+        if (id < 0) continue; // HF drops characters missing from the vocabulary (no unk token)
         sy[m] = (struct sym){id, m - 1, m + 1, 1};
         m++;
     }
@@ -805,9 +846,9 @@ static int split_pieces(const struct tokenizer *t, pcre2_match_data *md, pcre2_m
             pcre2_get_error_message(rc, msg, sizeof msg);
             FAIL("pre-tokenizer regex failed at byte %zu: %s", at, (char *)msg);
         }
-        if (ms > at && piece(arg, s + at, ms - at)) FAIL("out of memory");  // text between matches
+        if (ms > at && piece(arg, s + at, ms - at)) FAIL("out of memory"); // text between matches
         if (me > ms && piece(arg, s + ms, me - ms)) FAIL("out of memory");
-        if (me == ms && ms < len) {  // an empty match: step over one character
+        if (me == ms && ms < len) { // an empty match: step over one character
             size_t l;
             utf8_classify(s + ms, len - ms, &l);
             if (piece(arg, s + ms, l)) FAIL("out of memory");
@@ -820,7 +861,9 @@ fail:
     return -1;
 }
 
-static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_piece(e, s, n); }
+static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) {
+    return bpe_piece(e, s, n);
+}
 
 // Code points that utf8proc must not normalise with their neighbours, so that the result is HF's
 // NFC (tools/gen/make_nfc_sweep.py, tests/data/tokenizer/nfc.txt):
@@ -830,14 +873,17 @@ static int bpe_piece_cb(void *e, const unsigned char *s, size_t n) { return bpe_
 //  - U+11A7: utf8proc 2.8 composes a Hangul LV syllable + U+11A7 (TBase, not a trailing
 //    consonant) into the LV syllable and so deletes the U+11A7; in true NFC it stays.
 static bool nfc_wall(uint32_t cp) {
-    if (cp < nfc_unicode9_unknown[0][0]) return false;   // Latin through Thaana: no walls
+    if (cp < nfc_unicode9_unknown[0][0]) return false; // Latin through Thaana: no walls
     if (cp == 0x11A7) return true;
     size_t lo = 0, hi = sizeof nfc_unicode9_unknown / sizeof nfc_unicode9_unknown[0];
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < nfc_unicode9_unknown[mid][0]) hi = mid;
-        else if (cp > nfc_unicode9_unknown[mid][1]) lo = mid + 1;
-        else return true;
+        if (cp < nfc_unicode9_unknown[mid][0])
+            hi = mid;
+        else if (cp > nfc_unicode9_unknown[mid][1])
+            lo = mid + 1;
+        else
+            return true;
     }
     return false;
 }
@@ -860,7 +906,7 @@ static utf8proc_ssize_t normalize_nfc(const unsigned char *s, size_t len, utf8pr
                 continue;
             }
         }
-        if (i == len && run == 0) return utf8proc_map(s, (utf8proc_ssize_t)len, out, nfc);  // no wall: the common case
+        if (i == len && run == 0) return utf8proc_map(s, (utf8proc_ssize_t)len, out, nfc); // no wall: the common case
         utf8proc_uint8_t *part = NULL;
         utf8proc_ssize_t r = 0;
         if (i > run && (r = utf8proc_map(s + run, (utf8proc_ssize_t)(i - run), &part, nfc)) < 0) {
@@ -879,7 +925,7 @@ static utf8proc_ssize_t normalize_nfc(const unsigned char *s, size_t len, utf8pr
         if (r) memcpy(buf + n, part, (size_t)r), n += (size_t)r;
         free(part);
         if (i == len) break;
-        memcpy(buf + n, s + i, (size_t)l), n += (size_t)l;   // the wall itself
+        memcpy(buf + n, s + i, (size_t)l), n += (size_t)l; // the wall itself
         i += (size_t)l, run = i;
     }
     buf[n] = 0;
@@ -888,8 +934,8 @@ static utf8proc_ssize_t normalize_nfc(const unsigned char *s, size_t len, utf8pr
 }
 
 // Normalises one segment (between added tokens), splits it with the regex, BPEs each piece.
-static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_context *mc, const char *seg,
-                          size_t len, char *err, size_t errlen) {
+static int encode_segment(struct encoder *e, pcre2_match_data *md, pcre2_match_context *mc, const char *seg, size_t len,
+                          char *err, size_t errlen) {
     const struct tokenizer *t = e->t;
     utf8proc_uint8_t *norm = NULL;
     const unsigned char *s = (const unsigned char *)seg;
@@ -922,8 +968,8 @@ static int piece_end_cb(void *arg, const unsigned char *p, size_t n) {
     return 0;
 }
 
-int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
-                          size_t *n, char *err, size_t errlen) {
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap, size_t *n,
+                          char *err, size_t errlen) {
     struct piece_ends pe = {.ends = ends, .cap = cap, .base = (const unsigned char *)text};
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
     int rc = -1;
@@ -956,7 +1002,7 @@ int tokenizer_encode_markup(const struct tokenizer *t, const char *text, size_t 
     pcre2_set_depth_limit(mc, UINT32_MAX);
     if (len > 64 && !(e.cache = calloc(CACHE_SLOTS, sizeof *e.cache))) FAIL("out of memory");
     if (utf8_sanitize(text, len, &clean, &clen)) FAIL("out of memory");
-    if (markup && clen != len) FAIL("the text is not valid UTF-8");   // the mask's offsets would not hold
+    if (markup && clen != len) FAIL("the text is not valid UTF-8"); // the mask's offsets would not hold
 
     // Added tokens first: at each position the longest added token wins.
     size_t seg = 0, i = 0;
@@ -985,7 +1031,7 @@ int tokenizer_encode_markup(const struct tokenizer *t, const char *text, size_t 
     free(clean);
     free(e.syms), free(e.heap), free(e.cache);
     pcre2_match_data_free(md), pcre2_match_context_free(mc), pcre2_jit_stack_free(js);
-    if (!*ids) *ids = malloc(sizeof **ids);  // an empty result is still a valid pointer
+    if (!*ids) *ids = malloc(sizeof **ids); // an empty result is still a valid pointer
     return 0;
 fail:
     free(clean);
@@ -997,8 +1043,8 @@ fail:
 // ---------------------------------------------------------------------------------------------
 // Decoding
 
-int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out,
-                     size_t *len, char *err, size_t errlen) {
+int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out, size_t *len,
+                     char *err, size_t errlen) {
     struct sbuf raw = {0}, b = {0};
     *out = NULL, *len = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1031,7 +1077,7 @@ static int stream_emit(struct tokenizer_stream *s, const char *add, size_t add_l
     int rc = -1;
     if (sbuf_add(&in, s->pend, s->n_pend) || sbuf_add(&in, add, add_len)) goto done;
     if (utf8_lossy(&out, (const unsigned char *)in.p, in.len, !final, &used)) goto done;
-    s->n_pend = in.len - used;  // at most 3 bytes: an incomplete sequence
+    s->n_pend = in.len - used; // at most 3 bytes: an incomplete sequence
     memcpy(s->pend, in.p + used, s->n_pend);
     rc = 0;
 done:

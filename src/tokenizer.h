@@ -20,16 +20,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"   // TOKEN_ENDOFTEXT, TOKEN_IM_START, TOKEN_IM_END
+#include "model.h" // TOKEN_ENDOFTEXT, TOKEN_IM_START, TOKEN_IM_END
 
 struct tokenizer;
 
 // Qwen3.5/3.6 ids (docs/MODEL.md §6).
 enum {
-    TOKEN_THINK = 248068,      // <think>
-    TOKEN_THINK_END = 248069,  // </think>
+    TOKEN_THINK = 248068,     // <think>
+    TOKEN_THINK_END = 248069, // </think>
     TOKEN_ADDED_FIRST = 248044,
-    TOKEN_ADDED_COUNT = 33,    // 248044..248076
+    TOKEN_ADDED_COUNT = 33, // 248044..248076
 };
 
 // Loads dir/tokenizer.json (and reads dir/tokenizer_config.json when present).
@@ -40,8 +40,8 @@ void tokenizer_free(struct tokenizer *t);
 
 // Encodes len bytes of text (any bytes; added tokens in the text are recognised).  *ids is
 // malloc'd (free it); *n is its length.
-int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
-                     size_t *n, char *err, size_t errlen);
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, char *err,
+                     size_t errlen);
 
 // The same, with added tokens recognised only where markup[i] is nonzero for every byte of them
 // (the chat template's own markup); elsewhere (message text) they are plain text.  markup NULL:
@@ -51,8 +51,8 @@ int tokenizer_encode_markup(const struct tokenizer *t, const char *text, size_t 
 
 // One-shot decode into a malloc'd, NUL-terminated UTF-8 string (*len excludes the NUL).
 // skip_special drops added tokens marked special.  Ids outside the vocabulary are an error.
-int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special,
-                     char **out, size_t *len, char *err, size_t errlen);
+int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out, size_t *len,
+                     char *err, size_t errlen);
 
 // Number of id slots (largest id + 1); some slots below it may be unused.
 int32_t tokenizer_vocab_size(const struct tokenizer *t);
@@ -71,23 +71,23 @@ int32_t tokenizer_eos_id(const struct tokenizer *t);
 struct tokenizer_stream {
     const struct tokenizer *t;
     int skip_special;
-    unsigned char pend[4];  // an incomplete UTF-8 sequence carried to the next push
+    unsigned char pend[4]; // an incomplete UTF-8 sequence carried to the next push
     size_t n_pend;
-    char *buf;              // output of the last push/flush, owned by the stream
+    char *buf; // output of the last push/flush, owned by the stream
     size_t cap;
 };
 void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *t, int skip_special);
 // *text stays valid until the next call on s; it is NUL-terminated.
-int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **text, size_t *len,
-                          char *err, size_t errlen);
+int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **text, size_t *len, char *err,
+                          size_t errlen);
 // Ends the stream: a held incomplete sequence comes out as U+FFFD.  The stream can be reused.
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **text, size_t *len);
 void tokenizer_stream_free(struct tokenizer_stream *s);
 
 // The pre-tokenizer alone (step 4, no added tokens, no NFC) on valid UTF-8: the end offset of
 // each piece into ends[0..cap), *n their count (which may exceed cap).  For tests.
-int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap,
-                          size_t *n, char *err, size_t errlen);
+int tokenizer_pretokenize(const struct tokenizer *t, const char *text, size_t len, size_t *ends, size_t cap, size_t *n,
+                          char *err, size_t errlen);
 
 // Replaces invalid UTF-8 in src with U+FFFD (maximal subparts, as Python and Rust do) into a
 // malloc'd NUL-terminated string.  Exposed for tests.

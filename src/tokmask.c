@@ -16,18 +16,18 @@
 // contiguous in nodes[] and in byte order; the tokens of a subtree are contiguous in ids[]
 // (sorted by bytes), those that end at the node first.
 struct tnode {
-    uint32_t child;     // first child
-    uint32_t tok;       // first token (in ids[]) that ends here
+    uint32_t child; // first child
+    uint32_t tok;   // first token (in ids[]) that ends here
     uint16_t n_child;
-    uint16_t n_tok;     // tokens whose bytes end here (1, or more for duplicates, or 0)
-    uint8_t byte;       // the edge into this node
-    uint8_t cls;        // CONSTRAIN_CLASS_* bits holding every byte from this edge down
+    uint16_t n_tok; // tokens whose bytes end here (1, or more for duplicates, or 0)
+    uint8_t byte;   // the edge into this node
+    uint8_t cls;    // CONSTRAIN_CLASS_* bits holding every byte from this edge down
 };
 
 struct token_trie {
-    struct tnode *nodes;   // [n_nodes], nodes[0] the root (the empty prefix)
+    struct tnode *nodes; // [n_nodes], nodes[0] the root (the empty prefix)
     int n_nodes, cap;
-    int32_t *ids;          // [n_ids] token ids by bytes
+    int32_t *ids; // [n_ids] token ids by bytes
     int n_ids, vocab, max_len;
     uint8_t byte_cls[256]; // the classes byte b belongs to
     // Per class: the tokens made only of that class's bytes (allowed as a whole when a state
@@ -67,17 +67,17 @@ static int node_alloc(struct token_trie *t, int n) {
 // Fills node's tokens and children from e[lo, hi), the entries that share its depth bytes.
 static int build(struct token_trie *t, const struct entry *e, int node, int lo, int hi, int depth) {
     int i = lo;
-    while (i < hi && (int)e[i].n == depth) i++;   // shorter entries sort first
+    while (i < hi && (int)e[i].n == depth) i++; // shorter entries sort first
     t->nodes[node].tok = (uint32_t)lo;
     t->nodes[node].n_tok = (uint16_t)(i - lo);
-    t->nodes[node].cls = 0xff;   // nothing below a leaf
+    t->nodes[node].cls = 0xff; // nothing below a leaf
     int nc = 0;
     for (int j = i; j < hi; nc++) {
         const unsigned char b = e[j].b[depth];
         while (j < hi && e[j].b[depth] == b) j++;
     }
     if (!nc) return 0;
-    int first = node_alloc(t, nc);   // may move nodes[]: index, never a pointer, across calls
+    int first = node_alloc(t, nc); // may move nodes[]: index, never a pointer, across calls
     if (first < 0) return -1;
     t->nodes[node].child = (uint32_t)first;
     t->nodes[node].n_child = (uint16_t)nc;
@@ -127,7 +127,7 @@ int token_trie_build(const struct tokenizer *tok, int vocab, struct token_trie *
         }
     }
     if (node_alloc(t, 1) < 0 || build(t, e, 0, 0, t->n_ids, 0)) goto oom;
-    struct tnode *fit = realloc(t->nodes, sizeof *fit * (size_t)t->n_nodes);   // the doubling's slack back
+    struct tnode *fit = realloc(t->nodes, sizeof *fit * (size_t)t->n_nodes); // the doubling's slack back
     if (fit) t->nodes = fit, t->cap = t->n_nodes;
     free(e);
     *out = t;
@@ -151,17 +151,21 @@ size_t token_trie_bytes(const struct token_trie *t) {
     return sizeof *t + sizeof *t->nodes * (size_t)t->cap + sizeof *t->ids * (size_t)(t->n_ids + 1) +
            CONSTRAIN_N_CLASSES * token_mask_words(t->vocab) * sizeof(uint64_t);
 }
-int token_trie_nodes(const struct token_trie *t) { return t->n_nodes; }
-int token_trie_vocab(const struct token_trie *t) { return t->vocab; }
+int token_trie_nodes(const struct token_trie *t) {
+    return t->n_nodes;
+}
+int token_trie_vocab(const struct token_trie *t) {
+    return t->vocab;
+}
 
 // ---- masks ---------------------------------------------------------------------------------------
 
 struct token_walker {
     const struct token_trie *t;
     const struct cschema *c;
-    struct cstate **st;    // [max_len + 1] the state after depth bytes (made when first needed)
+    struct cstate **st; // [max_len + 1] the state after depth bytes (made when first needed)
     uint64_t *mask;
-    int limit;             // mark only tokens after which the document can end within this many bytes
+    int limit; // mark only tokens after which the document can end within this many bytes
     long visited;
     bool oom;
 };
@@ -199,8 +203,8 @@ static void walk(struct token_walker *w, const struct tnode *nd, int depth, cons
     const struct tnode *end = t->nodes + nd->child + nd->n_child;
     for (const struct tnode *ch = t->nodes + nd->child; ch < end; ch++) {
         w->visited++;
-        if (cls && (t->byte_cls[ch->byte] & cls)) {   // s stands still: no copy, no feed
-            if (path_plain && (ch->cls & cls)) continue;   // the whole subtree is plain: decided at the root
+        if (cls && (t->byte_cls[ch->byte] & cls)) {      // s stands still: no copy, no feed
+            if (path_plain && (ch->cls & cls)) continue; // the whole subtree is plain: decided at the root
             if (s_fits) mark(w->mask, t, ch);
             if (ch->n_child) walk(w, ch, depth + 1, s, cls, path_plain, s_fits);
             continue;
@@ -230,8 +234,10 @@ long token_mask_within(struct token_walker *w, const struct cstate *s, int limit
     const size_t words = token_mask_words(t->vocab);
     const int cls = cstate_fixed_class(s);
     const bool s_fits = limit == NO_LIMIT || cstate_distance(s) <= limit;
-    if (cls && s_fits) memcpy(mask, t->plain[cls], words * sizeof *mask);
-    else memset(mask, 0, words * sizeof *mask);
+    if (cls && s_fits)
+        memcpy(mask, t->plain[cls], words * sizeof *mask);
+    else
+        memset(mask, 0, words * sizeof *mask);
     w->mask = mask;
     w->limit = limit;
     w->visited = 0;
@@ -249,7 +255,7 @@ void token_mask_naive_within(const struct token_trie *t, const struct tokenizer 
     memset(mask, 0, token_mask_words(t->vocab) * sizeof *mask);
     struct cstate *tmp = cstate_new(NULL);
     if (!tmp) return;
-    for (int32_t id = 0; id < t->vocab; id++) {   // as constrained_allows and constrained_fits decided, token by token
+    for (int32_t id = 0; id < t->vocab; id++) { // as constrained_allows and constrained_fits decided, token by token
         size_t n;
         const char *b = tokenizer_token_bytes(tok, id, &n);
         if (chat_is_stop(id) || tokenizer_is_special(tok, id) || !b || !n) continue;
@@ -278,7 +284,7 @@ int32_t token_mask_argmax(const uint64_t *mask, const float *logits, int vocab) 
     const size_t words = token_mask_words(vocab), full = (size_t)vocab / 64;
     for (size_t wi = 0; wi < words;) {
         uint64_t m = mask[wi];
-        if (m == ~0ULL && wi < full) {   // a run of whole words (inside a string: most of the vocabulary)
+        if (m == ~0ULL && wi < full) { // a run of whole words (inside a string: most of the vocabulary)
             size_t we = wi + 1;
             while (we < full && mask[we] == ~0ULL) we++;
             const float *l = logits + wi * 64;
@@ -286,7 +292,7 @@ int32_t token_mask_argmax(const uint64_t *mask, const float *logits, int vocab) 
             const float mx = run_max(l, n);
             if (best < 0 || mx > bv) {
                 size_t i = 0;
-                while (i < n - 1 && !(l[i] == mx)) i++;   // its first (lowest id)
+                while (i < n - 1 && !(l[i] == mx)) i++; // its first (lowest id)
                 best = (int32_t)(wi * 64 + i), bv = l[i];
             }
             wi = we;
@@ -310,7 +316,9 @@ int mask_mode_parse(const char *s) {
     return -1;
 }
 
-const char *mask_mode_name(enum mask_mode m) { return m == MASK_OFF ? "off" : m == MASK_SYNC ? "sync" : "overlap"; }
+const char *mask_mode_name(enum mask_mode m) {
+    return m == MASK_OFF ? "off" : m == MASK_SYNC ? "sync" : "overlap";
+}
 
 static void *mask_thread(void *arg) {
     struct constrained *c = arg;
@@ -318,7 +326,7 @@ static void *mask_thread(void *arg) {
     for (;;) {
         while (!c->pending && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
         if (c->quit) break;
-        pthread_mutex_unlock(&c->mu);   // ms and mask_next are this thread's until done
+        pthread_mutex_unlock(&c->mu); // ms and mask_next are this thread's until done
         const double t0 = now_s();
         token_mask(c->w, c->ms, c->mask_next);
         const double dt = now_s() - t0;
@@ -389,7 +397,7 @@ void constrained_restart(struct constrained *c) {
 void constrained_prepare(struct constrained *c) {
     if (c->mode != MASK_OVERLAP || c->mask_ok) return;
     pthread_mutex_lock(&c->mu);
-    while (c->pending) pthread_cond_wait(&c->cv, &c->mu);   // (a prepare twice: the last one counts)
+    while (c->pending) pthread_cond_wait(&c->cv, &c->mu); // (a prepare twice: the last one counts)
     cstate_copy(c->ms, c->s);
     c->pending = true;
     c->done = false;
@@ -432,7 +440,7 @@ static bool constrained_allows(struct constrained *c, int32_t id) {
     if (id < 0 || id >= c->vocab) return false;
     if (c->mask_ok && !(c->mask[id >> 6] >> (id & 63) & 1)) return false;
     if (chat_is_stop(id)) return cstate_done(c->s);
-    if (tokenizer_is_special(c->tok, id)) return false;   // <tool_call> and the like are text here
+    if (tokenizer_is_special(c->tok, id)) return false; // <tool_call> and the like are text here
     size_t n;
     const char *b = tokenizer_token_bytes(c->tok, id, &n);
     if (!b || !n) return false;
@@ -440,26 +448,30 @@ static bool constrained_allows(struct constrained *c, int32_t id) {
     return cstate_feed(c->tmp, b, n);
 }
 
-static const float *sort_logits;   // qsort's comparator reads it; one thread sorts at a time (the worker)
+static const float *sort_logits; // qsort's comparator reads it; one thread sorts at a time (the worker)
 
 static int by_logit(const void *a, const void *b) {
     float x = sort_logits[*(const int32_t *)a], y = sort_logits[*(const int32_t *)b];
-    return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
+    return x > y   ? -1
+           : x < y ? 1
+                   : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
 }
 
 // a ranks after b in the sorted order (lower logit; the larger id on ties).
-static bool after(const float *l, int32_t a, int32_t b) { return l[a] < l[b] || (l[a] == l[b] && a > b); }
+static bool after(const float *l, int32_t a, int32_t b) {
+    return l[a] < l[b] || (l[a] == l[b] && a > b);
+}
 
 // order[0..k) = the first k ids of the sorted order (by_logit), by a heap of the best k so far
 // rather than a sort of all: what the closing step reads, when no token fits (constrained_closest).
 static void top_k(const float *l, int vocab, int k, int32_t *order) {
-    int n = 0;   // order[0..n) is a heap whose root ranks last
+    int n = 0; // order[0..n) is a heap whose root ranks last
     for (int32_t id = 0; id < vocab; id++) {
         if (n == k && !after(l, order[0], id)) continue;
         int i;
-        if (n < k) {   // sift up from the end
+        if (n < k) { // sift up from the end
             for (i = n++; i > 0 && after(l, id, order[(i - 1) / 2]); i = (i - 1) / 2) order[i] = order[(i - 1) / 2];
-        } else {       // replace the root, sift down
+        } else { // replace the root, sift down
             for (i = 0;;) {
                 int c = 2 * i + 1;
                 if (c >= n) break;
@@ -484,9 +496,12 @@ static int32_t constrained_closest(struct constrained *c) {
     int best = 1 << 30;
     for (int i = 0; i < CLOSE_TRIES + 257; i++) {
         int32_t id;
-        if (i < CLOSE_TRIES) id = i < c->vocab ? c->order[i] : -1;
-        else if (i == CLOSE_TRIES) id = chat_stop_ids[0];
-        else id = tokenizer_token_id(c->tok, &(char){(char)(i - CLOSE_TRIES - 1)}, 1);
+        if (i < CLOSE_TRIES)
+            id = i < c->vocab ? c->order[i] : -1;
+        else if (i == CLOSE_TRIES)
+            id = chat_stop_ids[0];
+        else
+            id = tokenizer_token_id(c->tok, &(char){(char)(i - CLOSE_TRIES - 1)}, 1);
         if (!constrained_allows(c, id)) continue;
         int d = chat_is_stop(id) ? -1 : cstate_distance(c->tmp);
         if (d < best) best = d, pick = id;
@@ -513,15 +528,16 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
     char forced[128];
     for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
         int32_t id = tokenizer_token_id(c->tok, forced, len);
-        if (constrained_allows(c, id)) pick = id;   // it must come anyway
+        if (constrained_allows(c, id)) pick = id; // it must come anyway
     }
     if (pick < 0 && constrained_fits(c, greedy, budget)) pick = greedy, c->n_greedy++;
     bool none_fits = false;
     if (pick < 0 && c->mode != MASK_OFF) {
         mask_now(c);
         int32_t best = token_mask_argmax(c->mask, logits, c->vocab);
-        if (best >= 0 && constrained_fits(c, best, budget)) pick = best;
-        else if (best >= 0) {   // near the budget's end: the tokens that leave room to close, walked the same way
+        if (best >= 0 && constrained_fits(c, best, budget))
+            pick = best;
+        else if (best >= 0) { // near the budget's end: the tokens that leave room to close, walked the same way
             const double t0 = now_s();
             token_mask_within(c->w, c->s, budget - 2, c->fit);
             c->mask_s += now_s() - t0, c->wait_s += now_s() - t0;
@@ -530,10 +546,10 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
             none_fits = best < 0;
         }
     }
-    if (pick < 0 && none_fits) {   // the mask says no token fits: the closing step, from the top ids only
+    if (pick < 0 && none_fits) { // the mask says no token fits: the closing step, from the top ids only
         top_k(logits, c->vocab, CLOSE_TRIES < c->vocab ? CLOSE_TRIES : c->vocab, c->order);
         pick = constrained_closest(c);
-        if (pick < 0) pick = -2;   // (none at all: the stop token below)
+        if (pick < 0) pick = -2; // (none at all: the stop token below)
     }
     if (pick == -1) {
         for (int i = 0; i < c->vocab; i++) c->order[i] = i;
@@ -543,7 +559,7 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
             if (constrained_fits(c, c->order[i], budget)) pick = c->order[i];
         if (pick < 0) pick = constrained_closest(c);
     }
-    c->mask_ok = false;   // s moves on
+    c->mask_ok = false; // s moves on
     if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
     size_t n;
     const char *b = tokenizer_token_bytes(c->tok, pick, &n);
@@ -565,14 +581,14 @@ int32_t constrained_pick_choice(struct constrained *c, const struct engine_choic
     char forced[128];
     for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
         int32_t id = tokenizer_token_id(c->tok, forced, len);
-        if (constrained_allows(c, id)) pick = id;   // it must come anyway
+        if (constrained_allows(c, id)) pick = id; // it must come anyway
     }
     if (pick < 0 && !sampled && constrained_fits(c, ch->greedy, budget)) pick = ch->greedy, c->n_greedy++;
     if (pick < 0 && c->mode != MASK_OFF && ch->chosen >= 0) {
-        mask_now(c);   // (the choice was made under it; constrained_allows reads it)
+        mask_now(c); // (the choice was made under it; constrained_allows reads it)
         if (constrained_fits(c, ch->chosen, budget)) pick = ch->chosen;
     }
-    if (pick < 0) {   // the rest as from the logits, the ids that fit the budget first
+    if (pick < 0) { // the rest as from the logits, the ids that fit the budget first
         const float *l = row(arg);
         if (!l) {
             c->mask_ok = false;
@@ -581,7 +597,7 @@ int32_t constrained_pick_choice(struct constrained *c, const struct engine_choic
         return constrained_pick(c, l, ch->greedy, budget);
     }
     c->n_picks++;
-    c->mask_ok = false;   // s moves on
+    c->mask_ok = false; // s moves on
     if (chat_is_stop(pick)) return chat_stop_ids[0];
     size_t n;
     const char *b = tokenizer_token_bytes(c->tok, pick, &n);

@@ -35,10 +35,12 @@ struct token_walker;
 // document is done) and ids without bytes.  0, or -1 with a message.
 int token_trie_build(const struct tokenizer *tok, int vocab, struct token_trie **out, char *err, size_t errlen);
 void token_trie_free(struct token_trie *t);
-size_t token_trie_bytes(const struct token_trie *t);   // memory held
+size_t token_trie_bytes(const struct token_trie *t); // memory held
 int token_trie_nodes(const struct token_trie *t);
 int token_trie_vocab(const struct token_trie *t);
-static inline size_t token_mask_words(int vocab) { return ((size_t)vocab + 63) / 64; }
+static inline size_t token_mask_words(int vocab) {
+    return ((size_t)vocab + 63) / 64;
+}
 
 struct token_walker *token_walker_new(const struct token_trie *t, const struct cschema *c);
 void token_walker_free(struct token_walker *w);
@@ -61,9 +63,9 @@ int32_t token_mask_argmax(const uint64_t *mask, const float *logits, int vocab);
 // ---- the constrained decoder ------------------------------------------------------------------
 
 enum mask_mode {
-    MASK_OFF,       // no trie: each candidate through the matcher, all logits sorted when the greedy token fails
-    MASK_SYNC,      // the trie's mask, computed when the greedy token fails
-    MASK_OVERLAP,   // the trie's mask of the next step on a helper thread during the forward
+    MASK_OFF,     // no trie: each candidate through the matcher, all logits sorted when the greedy token fails
+    MASK_SYNC,    // the trie's mask, computed when the greedy token fails
+    MASK_OVERLAP, // the trie's mask of the next step on a helper thread during the forward
 };
 // "off", "sync", "overlap"; -1 for anything else.
 int mask_mode_parse(const char *s);
@@ -71,14 +73,14 @@ const char *mask_mode_name(enum mask_mode m);
 
 struct constrained {
     const struct tokenizer *tok;
-    struct cstate *s, *tmp;   // the document so far; a scratch copy for trying a token
-    struct cstate *s0;        // the empty document (constrained_restart)
-    int32_t *order;           // [vocab] token ids by logit, most likely first
+    struct cstate *s, *tmp; // the document so far; a scratch copy for trying a token
+    struct cstate *s0;      // the empty document (constrained_restart)
+    int32_t *order;         // [vocab] token ids by logit, most likely first
     int vocab;
     enum mask_mode mode;
     struct token_walker *w;
-    uint64_t *mask;           // the tokens allowed after s (when mask_ok)
-    uint64_t *fit;            // scratch: those of them that leave room to close the document
+    uint64_t *mask; // the tokens allowed after s (when mask_ok)
+    uint64_t *fit;  // scratch: those of them that leave room to close the document
     bool mask_ok;
     // MASK_OVERLAP: the helper thread computes the mask of ms into mask_next.
     pthread_t th;

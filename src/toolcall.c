@@ -9,9 +9,13 @@
 
 // ---- tojson: Python's json.dumps(x, ensure_ascii=False) ----------------------------------------
 
-static void tput(struct sbuf *b, const char *s, size_t n) { sbuf_add(b, s, n); }   // failures: b->oom
+static void tput(struct sbuf *b, const char *s, size_t n) {
+    sbuf_add(b, s, n);
+} // failures: b->oom
 
-static void tputs(struct sbuf *b, const char *s) { sbuf_adds(b, s); }
+static void tputs(struct sbuf *b, const char *s) {
+    sbuf_adds(b, s);
+}
 
 static void dump_string(struct sbuf *b, const char *s, size_t n) {
     tputs(b, "\"");
@@ -19,13 +23,27 @@ static void dump_string(struct sbuf *b, const char *s, size_t n) {
         unsigned char c = (unsigned char)s[i];
         char esc[8];
         switch (c) {
-        case '"': tputs(b, "\\\""); break;
-        case '\\': tputs(b, "\\\\"); break;
-        case '\n': tputs(b, "\\n"); break;
-        case '\r': tputs(b, "\\r"); break;
-        case '\t': tputs(b, "\\t"); break;
-        case '\b': tputs(b, "\\b"); break;
-        case '\f': tputs(b, "\\f"); break;
+        case '"':
+            tputs(b, "\\\"");
+            break;
+        case '\\':
+            tputs(b, "\\\\");
+            break;
+        case '\n':
+            tputs(b, "\\n");
+            break;
+        case '\r':
+            tputs(b, "\\r");
+            break;
+        case '\t':
+            tputs(b, "\\t");
+            break;
+        case '\b':
+            tputs(b, "\\b");
+            break;
+        case '\f':
+            tputs(b, "\\f");
+            break;
         default:
             if (c < 0x20) {
                 snprintf(esc, sizeof esc, "\\u%04x", c);
@@ -50,7 +68,7 @@ static void dump_real(struct sbuf *b, double d) {
         tputs(b, d > 0 ? "Infinity" : "-Infinity");
         return;
     }
-    for (int prec = 1; prec <= 17; prec++) {   // 17 significant digits always read back
+    for (int prec = 1; prec <= 17; prec++) { // 17 significant digits always read back
         snprintf(s, sizeof s, "%.*e", prec - 1, d);
         if (strtod(s, NULL) == d) break;
     }
@@ -73,17 +91,19 @@ static void dump_real(struct sbuf *b, double d) {
         for (int i = 0; i < -exp10 - 1; i++) tputs(b, "0");
         tput(b, digits, (size_t)nd);
     } else {
-        int ip = exp10 + 1;   // digits before the point
+        int ip = exp10 + 1; // digits before the point
         for (int i = 0; i < ip; i++) tput(b, i < nd ? digits + i : "0", 1);
         tputs(b, ".");
-        if (nd > ip) tput(b, digits + ip, (size_t)(nd - ip));
-        else tputs(b, "0");
+        if (nd > ip)
+            tput(b, digits + ip, (size_t)(nd - ip));
+        else
+            tputs(b, "0");
     }
 }
 
 static void dump(struct sbuf *b, const json_t *v, int depth) {
     char s[32];
-    if (depth > 512) {   // the request parser limits nesting long before this
+    if (depth > 512) { // the request parser limits nesting long before this
         b->oom = true;
         return;
     }
@@ -114,15 +134,25 @@ static void dump(struct sbuf *b, const json_t *v, int depth) {
         tputs(b, "]");
         break;
     }
-    case JSON_STRING: dump_string(b, json_string_value(v), json_string_length(v)); break;
+    case JSON_STRING:
+        dump_string(b, json_string_value(v), json_string_length(v));
+        break;
     case JSON_INTEGER:
         snprintf(s, sizeof s, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
         tputs(b, s);
         break;
-    case JSON_REAL: dump_real(b, json_real_value(v)); break;
-    case JSON_TRUE: tputs(b, "true"); break;
-    case JSON_FALSE: tputs(b, "false"); break;
-    case JSON_NULL: tputs(b, "null"); break;
+    case JSON_REAL:
+        dump_real(b, json_real_value(v));
+        break;
+    case JSON_TRUE:
+        tputs(b, "true");
+        break;
+    case JSON_FALSE:
+        tputs(b, "false");
+        break;
+    case JSON_NULL:
+        tputs(b, "null");
+        break;
     }
 }
 
@@ -156,7 +186,7 @@ static int type_class(const char *t, bool *any_text) {
 // const, anyOf, type), so both read a schema that has several of them the same way.  Strings of
 // enums and consts go into texts; any_text: some string is allowed whatever it is.
 static int schema_class(const json_t *s, const json_t *root, int depth, bool *any_text, json_t *texts) {
-    if (depth > 32 || !json_is_object(s)) return V_OTHER;   // true (any value); too deep for constrain.c too
+    if (depth > 32 || !json_is_object(s)) return V_OTHER; // true (any value); too deep for constrain.c too
     const json_t *ref = json_object_get(s, "$ref"), *en = json_object_get(s, "enum"), *co = json_object_get(s, "const");
     const json_t *any = json_object_get(s, "anyOf"), *type = json_object_get(s, "type"), *x;
     int c = 0;
@@ -164,8 +194,10 @@ static int schema_class(const json_t *s, const json_t *root, int depth, bool *an
     if (ref) {
         const char *r = json_string_value(ref), *name = NULL, *section = NULL;
         if (r && !strcmp(r, "#")) return schema_class(root, root, depth + 1, any_text, texts);
-        if (r && !strncmp(r, "#/$defs/", 8)) name = r + 8, section = "$defs";
-        else if (r && !strncmp(r, "#/definitions/", 14)) name = r + 14, section = "definitions";
+        if (r && !strncmp(r, "#/$defs/", 8))
+            name = r + 8, section = "$defs";
+        else if (r && !strncmp(r, "#/definitions/", 14))
+            name = r + 14, section = "definitions";
         const json_t *def = name ? json_object_get(json_object_get(root, section), name) : NULL;
         return def ? schema_class(def, root, depth + 1, any_text, texts) : V_OTHER;
     }
@@ -189,8 +221,10 @@ enum tool_value tool_value_form(const json_t *schema, const json_t *root, json_t
     bool any_text = false;
     json_t *t = json_array();
     const int c = t ? schema_class(schema, root, 0, &any_text, t) : V_OTHER;
-    enum tool_value form = c == V_TEXT ? TOOL_VALUE_TEXT : c == (V_TEXT | V_NULL) ? TOOL_VALUE_TEXT_OR_NULL : TOOL_VALUE_JSON;
-    if (form == TOOL_VALUE_TEXT_OR_NULL && !any_text) {   // the string "null" and null: which is meant?
+    enum tool_value form = c == V_TEXT              ? TOOL_VALUE_TEXT
+                           : c == (V_TEXT | V_NULL) ? TOOL_VALUE_TEXT_OR_NULL
+                                                    : TOOL_VALUE_JSON;
+    if (form == TOOL_VALUE_TEXT_OR_NULL && !any_text) { // the string "null" and null: which is meant?
         size_t i;
         const json_t *x;
         json_array_foreach(t, i, x) if (!strcmp(json_string_value(x), "null")) form = TOOL_VALUE_JSON;
@@ -249,9 +283,12 @@ static json_t *typed_value(const json_t *fn, const char *pname, const char *v, s
     const json_t *schema = json_object_get(json_object_get(params, "properties"), pname);
     if (!schema) return json_stringn(v, n);
     switch (tool_value_form(schema, params, NULL)) {
-    case TOOL_VALUE_TEXT: return json_stringn(v, n);
-    case TOOL_VALUE_TEXT_OR_NULL: return n == 4 && !memcmp(v, "null", 4) ? json_null() : json_stringn(v, n);
-    case TOOL_VALUE_JSON: break;
+    case TOOL_VALUE_TEXT:
+        return json_stringn(v, n);
+    case TOOL_VALUE_TEXT_OR_NULL:
+        return n == 4 && !memcmp(v, "null", 4) ? json_null() : json_stringn(v, n);
+    case TOOL_VALUE_JSON:
+        break;
     }
     json_t *x = json_loadb(v, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     return x ? x : json_stringn(v, n);
@@ -282,9 +319,9 @@ int tool_call_parse(const json_t *tools, const char *s, size_t n, char **name, c
         memcpy(pname, p, (size_t)(pg - p));
         pname[pg - p] = 0;
         const char *v = pg + 1, *ve = close;
-        if (v < ve && *v == '\n') v++;                 // the template's newline after the tag...
-        if (ve > v && ve[-1] == '\n') ve--;            // ...and before the closing one
-        if (json_object_get(args, pname)) goto bad;   // given twice: which one is meant?
+        if (v < ve && *v == '\n') v++;              // the template's newline after the tag...
+        if (ve > v && ve[-1] == '\n') ve--;         // ...and before the closing one
+        if (json_object_get(args, pname)) goto bad; // given twice: which one is meant?
         json_t *x = typed_value(fn, pname, v, (size_t)(ve - v));
         if (!x || json_object_set_new(args, pname, x)) goto bad;
         p = close + 12;
@@ -319,8 +356,8 @@ bad:
 
 enum { ST_HEAD, ST_PARAMS, ST_VALUE, ST_TAIL, ST_DEAD };
 
-static const char PARAM_OPEN[] = "<parameter=", PARAM_CLOSE[] = "</parameter>", FN_OPEN[] = "<function=",
-                  FN_CLOSE[] = "</function>";
+static const char PARAM_OPEN[] = "<parameter=", PARAM_CLOSE[] = "</parameter>",
+                  FN_OPEN[] = "<function=", FN_CLOSE[] = "</function>";
 
 static void st_reset(struct tool_stream *st) {
     json_decref(st->names);
@@ -340,14 +377,18 @@ static int st_emit_json(struct tool_parser *p, json_t *v, bool quotes) {
     json_decref(v);
     if (!d) return -1;
     size_t n = strlen(d);
-    if (quotes) st_emit(p, d, n);
-    else st_emit(p, d + 1, n - 2);
+    if (quotes)
+        st_emit(p, d, n);
+    else
+        st_emit(p, d + 1, n - 2);
     free(d);
     return 0;
 }
 
 // Is s[0..n) a prefix of lit (n may exceed it: then no)?
-static bool prefix_of(const char *s, size_t n, const char *lit) { return n <= strlen(lit) && !memcmp(s, lit, n); }
+static bool prefix_of(const char *s, size_t n, const char *lit) {
+    return n <= strlen(lit) && !memcmp(s, lit, n);
+}
 
 // Bytes at the end of s[0..n) that may be the start of the value's end ("\n</parameter>", or
 // "</parameter>"), or an unfinished UTF-8 sequence.
@@ -358,7 +399,7 @@ static size_t value_holdback(const char *s, size_t n) {
             hold = k;
             break;
         }
-    for (size_t i = 1; i <= 3 && i <= n - hold; i++) {   // the last lead byte and what it still needs
+    for (size_t i = 1; i <= 3 && i <= n - hold; i++) { // the last lead byte and what it still needs
         unsigned char c = (unsigned char)s[n - hold - i];
         if ((c & 0xc0) == 0x80) continue;
         size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
@@ -383,7 +424,8 @@ static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) 
                 if (final) st->state = ST_DEAD;
                 return;
             }
-            if (gt == name || !(st->fn = find_tool(p->tools, name, (size_t)(gt - name))) || !(st->names = json_object())) {
+            if (gt == name || !(st->fn = find_tool(p->tools, name, (size_t)(gt - name))) ||
+                !(st->names = json_object())) {
                 st->state = ST_DEAD;
                 return;
             }
@@ -417,7 +459,7 @@ static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) 
             memcpy(st->pname, pn, (size_t)(pg - pn));
             st->pname[pg - pn] = 0;
             if (json_object_get(st->names, st->pname) || json_object_set_new(st->names, st->pname, json_true())) {
-                st->state = ST_DEAD;   // given twice, or a name that is not UTF-8
+                st->state = ST_DEAD; // given twice, or a name that is not UTF-8
                 return;
             }
             st->text = value_is_text(st->fn, st->pname);
@@ -432,7 +474,7 @@ static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) 
             st->state = ST_VALUE;
         } else if (st->state == ST_VALUE) {
             const char *v = s + st->at;
-            if (!st->lead && n > st->at) {   // the template's newline after the tag is not the value's
+            if (!st->lead && n > st->at) { // the template's newline after the tag is not the value's
                 st->lead = true;
                 if (*v == '\n') st->sent = st->at + 1;
             }
@@ -440,7 +482,8 @@ static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) 
             if (!close) {
                 st->look = n >= sizeof PARAM_CLOSE ? n - (sizeof PARAM_CLOSE - 2) : 0;
                 if (st->look < st->at) st->look = st->at;
-                if (final) st->state = ST_DEAD;
+                if (final)
+                    st->state = ST_DEAD;
                 else if (st->text && st->lead && n > st->sent) {
                     size_t k = n - st->sent - value_holdback(s + st->sent, n - st->sent);
                     if (k && st_emit_json(p, json_stringn(s + st->sent, k), false)) st->state = ST_DEAD;
@@ -448,21 +491,22 @@ static void st_scan(struct tool_parser *p, const char *s, size_t n, bool final) 
                 }
                 return;
             }
-            const char *vs = v < close && *v == '\n' ? v + 1 : v, *ve = close;   // tool_call_parse's trims
+            const char *vs = v < close && *v == '\n' ? v + 1 : v, *ve = close; // tool_call_parse's trims
             if (ve > vs && ve[-1] == '\n') ve--;
             if (st->text) {
-                if (s + st->sent < ve && st_emit_json(p, json_stringn(s + st->sent, (size_t)(ve - s - st->sent)), false)) {
+                if (s + st->sent < ve &&
+                    st_emit_json(p, json_stringn(s + st->sent, (size_t)(ve - s - st->sent)), false)) {
                     st->state = ST_DEAD;
                     return;
                 }
                 st_emit(p, "\"", 1);
             } else if (st_emit_json(p, typed_value(st->fn, st->pname, vs, (size_t)(ve - vs)), true)) {
-                st->state = ST_DEAD;   // (typed_value: JSON when the text parses as JSON, else a string)
+                st->state = ST_DEAD; // (typed_value: JSON when the text parses as JSON, else a string)
                 return;
             }
             st->at = (size_t)(close - s) + sizeof PARAM_CLOSE - 1;
             st->state = ST_PARAMS;
-        } else {   // ST_TAIL (whitespace until the block's end, checked by the parse) or ST_DEAD
+        } else { // ST_TAIL (whitespace until the block's end, checked by the parse) or ST_DEAD
             return;
         }
     }
@@ -506,7 +550,7 @@ static void flush_text(struct tool_parser *p) {
     size_t upto = open ? (size_t)(open - p->buf.p) : p->buf.len;
     size_t keep = open ? 0 : open_prefix(p->buf.p, p->buf.len);
     size_t text = upto - keep, ws = text;
-    while (ws > 0 && isspace((unsigned char)p->buf.p[ws - 1])) ws--;   // whitespace before a call is dropped
+    while (ws > 0 && isspace((unsigned char)p->buf.p[ws - 1])) ws--; // whitespace before a call is dropped
     content(p, p->buf.p, ws);
     if (open) {
         buf_drop(p, upto + CALL_OPEN_LEN);
@@ -532,7 +576,7 @@ static void end_call(struct tool_parser *p, const char *close) {
         const size_t al = strlen(args);
         if (st->begun && st->state == ST_TAIL && st->out.len + 1 == al && !memcmp(st->out.p, args, al - 1)) {
             st_emit(p, "}", 1);
-        } else {   // (never: the scan applies the parse's rules) stream the whole arguments anew
+        } else { // (never: the scan applies the parse's rules) stream the whole arguments anew
             p->mismatches++;
             call_abort(p);
             if (p->stream.begin) p->stream.begin(p->sink.arg, name);
@@ -542,7 +586,7 @@ static void end_call(struct tool_parser *p, const char *close) {
         p->sink.call(p->sink.arg, name, args);
         p->n_calls++;
         free(name), free(args);
-    } else {   // malformed: the whole block as text
+    } else { // malformed: the whole block as text
         call_abort(p);
         content(p, CALL_OPEN, CALL_OPEN_LEN);
         content(p, p->buf.p, n + CALL_CLOSE_LEN);
@@ -571,13 +615,13 @@ void tool_parser_feed(struct tool_parser *p, const char *s, size_t n) {
 }
 
 void tool_parser_finish(struct tool_parser *p) {
-    if (p->in_call) {   // never closed: the model stopped mid-call
+    if (p->in_call) { // never closed: the model stopped mid-call
         call_abort(p);
         content(p, CALL_OPEN, CALL_OPEN_LEN);
         content(p, p->buf.p, p->buf.len);
-    } else if (!p->n_calls) {   // held whitespace and a partial "<tool_c" are text after all
+    } else if (!p->n_calls) { // held whitespace and a partial "<tool_c" are text after all
         content(p, p->buf.p, p->buf.len);
-    } else {   // after calls, trailing whitespace is dropped
+    } else { // after calls, trailing whitespace is dropped
         size_t b = p->buf.len;
         while (b > 0 && isspace((unsigned char)p->buf.p[b - 1])) b--;
         content(p, p->buf.p, b);

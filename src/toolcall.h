@@ -49,7 +49,6 @@ enum tool_value { TOOL_VALUE_JSON, TOOL_VALUE_TEXT, TOOL_VALUE_TEXT_OR_NULL };
 // string is (set to NULL for TOOL_VALUE_JSON; the caller decrefs it).
 enum tool_value tool_value_form(const json_t *schema, const json_t *root, json_t **texts);
 
-
 struct tool_sink {
     void (*content)(void *arg, const char *s, size_t n);
     // name and arguments (a JSON object as text) are valid during the call only.
@@ -70,29 +69,29 @@ struct tool_stream_sink {
 
 // Where the streaming of the call being read stands (toolcall.c: the scanner).
 struct tool_stream {
-    int state;                // enum in toolcall.c
-    bool begun;               // begin sent
-    size_t at;                // where the scan resumes in the call's text (a value: where it starts)
-    size_t sent;              // a string value: its bytes sent so far end here
-    size_t look;              // a value: "</parameter>" is not before here
-    bool text;                // the value is a string: streamed as it comes
-    bool lead;                // the value's first byte has been seen (a leading newline dropped)
-    const json_t *fn;         // the function called (its "function" object)
-    json_t *names;            // the parameters so far (a repeated one makes the call malformed)
-    char pname[256];          // the parameter being read
-    struct sbuf out;          // the arguments sent so far
+    int state;        // enum in toolcall.c
+    bool begun;       // begin sent
+    size_t at;        // where the scan resumes in the call's text (a value: where it starts)
+    size_t sent;      // a string value: its bytes sent so far end here
+    size_t look;      // a value: "</parameter>" is not before here
+    bool text;        // the value is a string: streamed as it comes
+    bool lead;        // the value's first byte has been seen (a leading newline dropped)
+    const json_t *fn; // the function called (its "function" object)
+    json_t *names;    // the parameters so far (a repeated one makes the call malformed)
+    char pname[256];  // the parameter being read
+    struct sbuf out;  // the arguments sent so far
 };
 
 struct tool_parser {
-    const json_t *tools;      // the request's "tools" array (borrowed)
+    const json_t *tools; // the request's "tools" array (borrowed)
     struct tool_sink sink;
     struct tool_stream_sink stream;
-    struct sbuf buf;          // held-back text, or the call being read
-    bool in_call;             // buf holds text after "<tool_call>"
-    bool after_call;          // a call just ended: leading whitespace is dropped
-    int n_calls;              // calls handed over so far
-    struct tool_stream st;    // the call being read, streamed
-    int mismatches;           // calls whose streamed arguments were not the final ones (a bug: tests check 0)
+    struct sbuf buf;       // held-back text, or the call being read
+    bool in_call;          // buf holds text after "<tool_call>"
+    bool after_call;       // a call just ended: leading whitespace is dropped
+    int n_calls;           // calls handed over so far
+    struct tool_stream st; // the call being read, streamed
+    int mismatches;        // calls whose streamed arguments were not the final ones (a bug: tests check 0)
 };
 
 void tool_parser_init(struct tool_parser *p, const json_t *tools, struct tool_sink sink);

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 struct ucd_range {
-    uint32_t lo, hi;   // inclusive
+    uint32_t lo, hi; // inclusive
 };
 
 #define UCD_VERSION "16.0.0"

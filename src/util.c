@@ -37,7 +37,9 @@ int sbuf_add(struct sbuf *b, const void *s, size_t n) {
     return 0;
 }
 
-int sbuf_adds(struct sbuf *b, const char *s) { return sbuf_add(b, s, strlen(s)); }
+int sbuf_adds(struct sbuf *b, const char *s) {
+    return sbuf_add(b, s, strlen(s));
+}
 
 void sbuf_free(struct sbuf *b) {
     free(b->p);
@@ -53,9 +55,10 @@ uint64_t fnv1a64(uint64_t h, const void *p, size_t n) {
 void random_hex(char *out, int nbytes) {
     unsigned char b[32];
     if (nbytes > 32) nbytes = 32;
-    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {   // no entropy source: time and address
+    if (getrandom(b, (size_t)nbytes, 0) != nbytes) { // no entropy source: time and address
         unsigned long long x = (unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)out;
-        for (int i = 0; i < nbytes; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
+        for (int i = 0; i < nbytes; i++)
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL, b[i] = (unsigned char)(x >> 56);
     }
     for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
 }

@@ -5,9 +5,9 @@
 #include <stddef.h>
 
 struct web_file {
-    const char *path;            // its URL path: "/" + the file's name under src/web/
-    const unsigned char *data;   // its bytes, exactly as in src/web/
+    const char *path;          // its URL path: "/" + the file's name under src/web/
+    const unsigned char *data; // its bytes, exactly as in src/web/
     size_t len;
 };
 
-extern const struct web_file web_files[];   // ends with an entry whose path is NULL
+extern const struct web_file web_files[]; // ends with an entry whose path is NULL

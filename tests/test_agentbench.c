@@ -12,8 +12,10 @@ int main(int argc, char **argv) {
     snprintf(bin, sizeof bin, "%s", argv[0]);
     for (int k = 0; k < 2; k++) {
         char *slash = strrchr(bin, '/');
-        if (slash) *slash = 0;
-        else snprintf(bin, sizeof bin, "%s", k ? "." : "..");
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(bin, sizeof bin, "%s", k ? "." : "..");
     }
     snprintf(cmd, sizeof cmd, "python3 tests/test_agentbench.py --bin %s/calla", bin);
     fprintf(stderr, "%s\n", cmd);

@@ -27,7 +27,8 @@ static struct tokenizer *tok;
 static char tok_dir[] = "/tmp/calla_anthropic_XXXXXX";
 
 static struct chatreq_ctx ctx(void) {
-    return (struct chatreq_ctx){.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
+    return (struct chatreq_ctx){
+        .tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
 }
 
 static struct job *parse_with(const char *body, bool allow_sampling, struct req_error *re) {
@@ -37,7 +38,9 @@ static struct job *parse_with(const char *body, bool allow_sampling, struct req_
     return anthropic_parse_request(&c, body, strlen(body), re);
 }
 
-static struct job *parse(const char *body, struct req_error *re) { return parse_with(body, false, re); }
+static struct job *parse(const char *body, struct req_error *re) {
+    return parse_with(body, false, re);
+}
 
 static struct job *parse_openai(const char *body) {
     struct openai_ctx oc = {.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
@@ -52,7 +55,8 @@ static void expect_same_prompt(const char *anthropic_body, const char *openai_bo
     struct job *a = parse(anthropic_body, &re);
     if (!a) fail_msg("%s: %s", anthropic_body, re.msg);
     struct job *o = parse_openai(openai_body);
-    if (a->req.n_prompt != o->req.n_prompt || memcmp(a->req.prompt, o->req.prompt, sizeof *a->req.prompt * (size_t)a->req.n_prompt))
+    if (a->req.n_prompt != o->req.n_prompt ||
+        memcmp(a->req.prompt, o->req.prompt, sizeof *a->req.prompt * (size_t)a->req.n_prompt))
         fail_msg("%s: %d tokens, the OpenAI body %d", anthropic_body, a->req.n_prompt, o->req.n_prompt);
     assert_int_equal(a->req.boundary, o->req.boundary);
     assert_int_equal(a->req.reasoning, o->req.reasoning);
@@ -61,35 +65,42 @@ static void expect_same_prompt(const char *anthropic_body, const char *openai_bo
     job_unref(a), job_unref(o);
 }
 
-#define TOOL_A "{\"name\": \"get_weather\", \"description\": \"Weather\", \"input_schema\": {\"type\": \"object\", " \
-               "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}"
-#define TOOL_O "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather\", " \
-               "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, " \
-               "\"required\": [\"city\"]}}}"
+#define TOOL_A                                                                                                         \
+    "{\"name\": \"get_weather\", \"description\": \"Weather\", \"input_schema\": {\"type\": \"object\", "              \
+    "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}"
+#define TOOL_O                                                                                                         \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather\", "                \
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "                      \
+    "\"required\": [\"city\"]}}}"
 #define OFF "\"chat_template_kwargs\": {\"enable_thinking\": false}"
 
 static void test_translation(void **state) {
     expect_same_prompt("{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}",
                        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], " OFF "}");
-    expect_same_prompt("{\"max_tokens\": 4, \"system\": [{\"type\": \"text\", \"text\": \"Be \"}, {\"type\": \"text\", "
-                       "\"text\": \"brief.\", \"cache_control\": {\"type\": \"ephemeral\"}}], \"messages\": [{\"role\": "
-                       "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}]}",
-                       "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
-                       "\"ab\"}], " OFF "}");
+    expect_same_prompt(
+        "{\"max_tokens\": 4, \"system\": [{\"type\": \"text\", \"text\": \"Be \"}, {\"type\": \"text\", "
+        "\"text\": \"brief.\", \"cache_control\": {\"type\": \"ephemeral\"}}], \"messages\": [{\"role\": "
+        "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}]}",
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+        "\"ab\"}], " OFF "}");
     // A tool loop: thinking and a call, the result with an error, text after it; thinking on with a budget.
     expect_same_prompt(
         "{\"max_tokens\": 40, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 16}, \"tools\": [" TOOL_A "], "
         "\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": ["
-        "{\"type\": \"thinking\", \"thinking\": \"need it\", \"signature\": \"s\"}, {\"type\": \"text\", \"text\": \"Checking.\"},"
+        "{\"type\": \"thinking\", \"thinking\": \"need it\", \"signature\": \"s\"}, {\"type\": \"text\", \"text\": "
+        "\"Checking.\"},"
         " {\"type\": \"tool_use\", \"id\": \"toolu_1\", \"name\": \"get_weather\", \"input\": {\"city\": \"Bern\"}}]}, "
-        "{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"toolu_1\", \"is_error\": true, "
+        "{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"toolu_1\", \"is_error\": "
+        "true, "
         "\"content\": [{\"type\": \"text\", \"text\": \"down\"}]}, {\"type\": \"text\", \"text\": \"Retry?\"}]}]}",
         "{\"tools\": [" TOOL_O "], \"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": "
-        "\"assistant\", \"content\": \"Checking.\", \"reasoning_content\": \"need it\", \"tool_calls\": [{\"id\": \"toolu_1\", "
+        "\"assistant\", \"content\": \"Checking.\", \"reasoning_content\": \"need it\", \"tool_calls\": [{\"id\": "
+        "\"toolu_1\", "
         "\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}}]}, "
         "{\"role\": \"tool\", \"content\": \"Error: down\"}, {\"role\": \"user\", \"content\": \"Retry?\"}]}");
     // tool_choice any / tool / none.
-    expect_same_prompt("{\"max_tokens\": 40, \"tools\": [" TOOL_A "], \"tool_choice\": {\"type\": \"any\"}, \"messages\": "
+    expect_same_prompt("{\"max_tokens\": 40, \"tools\": [" TOOL_A
+                       "], \"tool_choice\": {\"type\": \"any\"}, \"messages\": "
                        "[{\"role\": \"user\", \"content\": \"x\"}]}",
                        "{\"tools\": [" TOOL_O "], \"tool_choice\": \"required\", \"messages\": [{\"role\": \"user\", "
                        "\"content\": \"x\"}], " OFF "}");
@@ -97,16 +108,18 @@ static void test_translation(void **state) {
                        "\"get_weather\"}, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
                        "{\"tools\": [" TOOL_O "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
                        "\"get_weather\"}}, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " OFF "}");
-    expect_same_prompt("{\"max_tokens\": 4, \"tools\": [" TOOL_A "], \"tool_choice\": {\"type\": \"none\"}, \"messages\": "
+    expect_same_prompt("{\"max_tokens\": 4, \"tools\": [" TOOL_A
+                       "], \"tool_choice\": {\"type\": \"none\"}, \"messages\": "
                        "[{\"role\": \"user\", \"content\": \"x\"}]}",
                        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " OFF "}");
 
     // The rest of the request: budget, one call, stops, session key, count_tokens.
     struct req_error re;
-    const char *body = "{\"max_tokens\": 40, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 16}, \"stop_sequences\": "
-                       "[\"END\", \"\\n\\n\"], \"metadata\": {\"user_id\": \"u-1\"}, \"tools\": [" TOOL_A "], \"tool_choice\": "
-                       "{\"type\": \"auto\", \"disable_parallel_tool_use\": true}, \"temperature\": 0, \"top_k\": 1, "
-                       "\"stream\": true, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
+    const char *body =
+        "{\"max_tokens\": 40, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 16}, \"stop_sequences\": "
+        "[\"END\", \"\\n\\n\"], \"metadata\": {\"user_id\": \"u-1\"}, \"tools\": [" TOOL_A "], \"tool_choice\": "
+        "{\"type\": \"auto\", \"disable_parallel_tool_use\": true}, \"temperature\": 0, \"top_k\": 1, "
+        "\"stream\": true, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
     struct job *j = parse(body, &re);
     if (!j) fail_msg("%s", re.msg);
     assert_true(j->req.reasoning);
@@ -124,7 +137,8 @@ static void test_translation(void **state) {
     assert_int_equal(anthropic_count_tokens(&c, body, strlen(body), &n, &re), 0);
     assert_int_equal(n, j->req.n_prompt);
     job_unref(j);
-    const char *no_max = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";   // count_tokens needs no max_tokens
+    const char *no_max =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}"; // count_tokens needs no max_tokens
     assert_int_equal(anthropic_count_tokens(&c, no_max, strlen(no_max), &n, &re), 0);
     assert_true(n > 0);
 }
@@ -138,11 +152,14 @@ static void expect_bad_with(const char *body, bool allow_sampling, const char *p
     if (!strstr(re.msg, needle)) fail_msg("\"%s\" lacks \"%s\"", re.msg, needle);
     json_t *e = anthropic_error_body(re.status, re.msg);
     assert_string_equal(json_string_value(json_object_get(e, "type")), "error");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")),
+                        "invalid_request_error");
     json_decref(e);
 }
 
-static void expect_bad(const char *body, const char *param, const char *needle) { expect_bad_with(body, false, param, needle); }
+static void expect_bad(const char *body, const char *param, const char *needle) {
+    expect_bad_with(body, false, param, needle);
+}
 
 static void test_bad_requests(void **state) {
 #define U "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]"
@@ -150,8 +167,8 @@ static void test_bad_requests(void **state) {
     expect_bad("{\"max_tokens\": 1.5, " U "}", "max_tokens", "integer");
     expect_bad("{\"max_tokens\": 4, \"temperature\": 0.5, " U "}", "temperature", "greedy");
     expect_bad("{\"max_tokens\": 4, \"top_p\": 0.9, " U "}", "top_p", "greedy");
-    expect_bad("{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\"}]}]}", "messages",
-               "video");
+    expect_bad("{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\"}]}]}",
+               "messages", "video");
     expect_bad("{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"document\"}]}]}",
                "messages", "text only");
     expect_bad("{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": []}]}", "messages", "non-empty");
@@ -160,11 +177,13 @@ static void test_bad_requests(void **state) {
                "messages", "server_tool_use");
     expect_bad("{\"max_tokens\": 4, \"tools\": [{\"type\": \"bash_20250124\", \"name\": \"bash\"}], " U "}", "tools",
                "server tool");
-    expect_bad("{\"max_tokens\": 4, \"tools\": [{\"name\": \"f\", \"input_schema\": []}], " U "}", "tools", "input_schema");
+    expect_bad("{\"max_tokens\": 4, \"tools\": [{\"name\": \"f\", \"input_schema\": []}], " U "}", "tools",
+               "input_schema");
     expect_bad("{\"max_tokens\": 4, \"tools\": [" TOOL_A ", " TOOL_A "], " U "}", "tools", "twice");
     expect_bad("{\"max_tokens\": 4, \"tool_choice\": {\"type\": \"any\"}, " U "}", "tool_choice", "needs tools");
     expect_bad("{\"max_tokens\": 4, \"tools\": [" TOOL_A "], \"tool_choice\": {\"type\": \"auto\", "
-               "\"disable_parallel_tool_use\": 1}, " U "}", "tool_choice", "boolean");
+               "\"disable_parallel_tool_use\": 1}, " U "}",
+               "tool_choice", "boolean");
     expect_bad("{\"max_tokens\": 4, \"thinking\": {\"type\": \"disabled\", \"budget_tokens\": 3}, " U "}", "thinking",
                "enabled");
     expect_bad("{\"max_tokens\": 4, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 8}, " U "}", "thinking",
@@ -174,15 +193,20 @@ static void test_bad_requests(void **state) {
     expect_bad("{\"max_tokens\": 4, \"tools\": [" TOOL_A "], \"tool_choice\": {\"type\": \"any\"}, \"output_config\": "
                "{\"format\": {\"type\": \"json_schema\", \"schema\": {\"type\": \"object\"}}}, " U "}",
                "output_config", "cannot be combined");
-    expect_bad("{\"max_tokens\": 4090, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "max_tokens", "context");
+    expect_bad("{\"max_tokens\": 4090, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "max_tokens",
+               "context");
 #undef U
     // Statuses and Anthropic's error types.
-    static const struct { int status; const char *type; } st[] = {
-        {400, "invalid_request_error"}, {401, "authentication_error"}, {403, "permission_error"},
-        {404, "not_found_error"},       {405, "invalid_request_error"}, {413, "request_too_large"},
-        {429, "rate_limit_error"},      {500, "api_error"},             {503, "overloaded_error"}};
+    static const struct {
+        int status;
+        const char *type;
+    } st[] = {{400, "invalid_request_error"}, {401, "authentication_error"},
+              {403, "permission_error"},      {404, "not_found_error"},
+              {405, "invalid_request_error"}, {413, "request_too_large"},
+              {429, "rate_limit_error"},      {500, "api_error"},
+              {503, "overloaded_error"}};
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
-        json_t *e = anthropic_error_body(st[i].status, "m\xff");   // a message cut mid-character stays valid JSON
+        json_t *e = anthropic_error_body(st[i].status, "m\xff"); // a message cut mid-character stays valid JSON
         char *s = json_dumps(e, 0);
         assert_non_null(s);
         assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")), st[i].type);
@@ -199,7 +223,7 @@ static void test_bad_requests(void **state) {
 static void test_fields_and_sampling(void **state) {
 #define U "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]"
     expect_bad("{\"max_tokens\": 4, \"temprature\": 0, " U "}", NULL, "temprature: Extra inputs are not permitted");
-    expect_bad("{\"max_tokens\": 4, \"min_p\": 0.1, " U "}", NULL, "min_p: Extra inputs");   // not Anthropic's
+    expect_bad("{\"max_tokens\": 4, \"min_p\": 0.1, " U "}", NULL, "min_p: Extra inputs"); // not Anthropic's
     expect_bad("{\"max_tokens\": 4, \"service_tier\": 1, " U "}", "service_tier", "a string");
     expect_bad("{\"max_tokens\": 4, \"temperature\": 0.7, " U "}", "temperature", "--allow-sampling");
     expect_bad("{\"max_tokens\": 4, \"top_k\": 40, " U "}", "top_k", "--allow-sampling");
@@ -217,7 +241,8 @@ static void test_fields_and_sampling(void **state) {
         assert_false(j->req.sampling.on);
         job_unref(j);
     }
-    struct job *j = parse_with("{\"max_tokens\": 4, \"temperature\": 0.7, \"top_p\": 0.9, \"top_k\": 20, " U "}", true, &re);
+    struct job *j =
+        parse_with("{\"max_tokens\": 4, \"temperature\": 0.7, \"top_p\": 0.9, \"top_k\": 20, " U "}", true, &re);
     if (!j) fail_msg("%s", re.msg);
     const struct gen_sampling *s = &j->req.sampling;
     assert_true(s->on && s->temperature == 0.7f && s->top_p == 0.9f && s->top_k == 20 && s->min_p == 0 && !s->has_seed);
@@ -233,8 +258,9 @@ static void test_fields_and_sampling(void **state) {
 
 static void test_sink(void **state) {
     static const char reasoning[] = "The user wants the weather.";
-    static const char answer[] = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZ\xc3\xbcrich \"centre\"\n"
-                                 "</parameter>\n</function>\n</tool_call>";
+    static const char answer[] =
+        "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZ\xc3\xbcrich \"centre\"\n"
+        "</parameter>\n</function>\n</tool_call>";
     const struct chatreq_ctx c = ctx();
     json_t *whole_content = NULL;
     const size_t n = sizeof answer - 1;
@@ -255,11 +281,12 @@ static void test_sink(void **state) {
             gen_text_push(&t, answer, cut, false);
             gen_text_push(&t, answer + cut, n - cut, true);
             const int32_t ids[3] = {1, 2, 3};
-            j->sink.end(j->sink.ctx, &(struct gen_end){.finish = GEN_FINISH_TOOL_CALLS, .ids = ids, .n_gen = 3,
-                                                       .n_prompt = 10, .n_cached = 4});
+            j->sink.end(j->sink.ctx,
+                        &(struct gen_end){
+                            .finish = GEN_FINISH_TOOL_CALLS, .ids = ids, .n_gen = 3, .n_prompt = 10, .n_cached = 4});
             gen_text_free(&t);
             json_t *content;
-            if (stream) {   // rebuild the blocks from the events, as a client does
+            if (stream) { // rebuild the blocks from the events, as a client does
                 json_t *ev = sse_events(j);
                 assert_non_null(ev);
                 content = json_array();
@@ -288,7 +315,9 @@ static void test_sink(void **state) {
                         assert_int_equal(idx, open);
                         json_t *delta = json_object_get(d, "delta"), *b = json_array_get(content, (size_t)idx);
                         const char *dt = json_string_value(json_object_get(delta, "type"));
-                        const char *field = !strcmp(dt, "text_delta") ? "text" : !strcmp(dt, "thinking_delta") ? "thinking" : NULL;
+                        const char *field = !strcmp(dt, "text_delta")       ? "text"
+                                            : !strcmp(dt, "thinking_delta") ? "thinking"
+                                                                            : NULL;
                         if (field) {
                             char *s;
                             assert_true(asprintf(&s, "%s%s", json_string_value(json_object_get(b, field)),
@@ -307,13 +336,15 @@ static void test_sink(void **state) {
                         assert_int_equal(idx, open);
                         json_t *b = json_array_get(content, (size_t)idx);
                         if (!strcmp(json_string_value(json_object_get(b, "type")), "tool_use"))
-                            json_object_set_new(b, "input", json_loads(json_string_value(json_array_get(partial, (size_t)idx)),
-                                                                       0, NULL));
+                            json_object_set_new(
+                                b, "input",
+                                json_loads(json_string_value(json_array_get(partial, (size_t)idx)), 0, NULL));
                         open = -1;
                     } else if (!strcmp(name, "message_delta")) {
-                        assert_string_equal(json_string_value(json_object_get(json_object_get(d, "delta"), "stop_reason")),
-                                            "tool_use");
-                        assert_int_equal(json_integer_value(json_object_get(json_object_get(d, "usage"), "output_tokens")), 3);
+                        assert_string_equal(
+                            json_string_value(json_object_get(json_object_get(d, "delta"), "stop_reason")), "tool_use");
+                        assert_int_equal(
+                            json_integer_value(json_object_get(json_object_get(d, "usage"), "output_tokens")), 3);
                     }
                     last = name;
                 }
@@ -335,10 +366,12 @@ static void test_sink(void **state) {
             json_object_del(b2, "id");
             assert_int_equal(json_array_size(content), 3);
             assert_string_equal(json_string_value(json_object_get(json_array_get(content, 0), "thinking")), reasoning);
-            assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "text")), "Let me check.");
+            assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "text")),
+                                "Let me check.");
             assert_string_equal(json_string_value(json_object_get(json_object_get(b2, "input"), "city")),
                                 "Z\xc3\xbcrich \"centre\"");
-            if (!whole_content) whole_content = json_incref(content);
+            if (!whole_content)
+                whole_content = json_incref(content);
             else if (!json_equal(whole_content, content)) {
                 char *a = json_dumps(whole_content, 0), *b = json_dumps(content, 0);
                 fail_msg("cut %zu, stream %d:\n%s\n%s", cut, stream, a, b);
@@ -351,7 +384,8 @@ static void test_sink(void **state) {
 
 static int setup(void **state) {
     char err[256];
-    if (!mkdtemp(tok_dir) || synth_write_small_tokenizer(tok_dir, err, sizeof err) || tokenizer_load(tok_dir, &tok, err, sizeof err)) {
+    if (!mkdtemp(tok_dir) || synth_write_small_tokenizer(tok_dir, err, sizeof err) ||
+        tokenizer_load(tok_dir, &tok, err, sizeof err)) {
         fprintf(stderr, "tokenizer: %s\n", err);
         return -1;
     }

@@ -24,8 +24,8 @@
 #include "harness/report.h"
 #include "synth.h"
 
-static char g_tmp[1024];      // per-run scratch folder
-static char g_model[1100];    // tiny checkpoint inside it
+static char g_tmp[1024];   // per-run scratch folder
+static char g_model[1100]; // tiny checkpoint inside it
 
 static int setup_all(void **state) {
     const char *t = getenv("TMPDIR");
@@ -34,8 +34,8 @@ static int setup_all(void **state) {
     char cmd[2200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", g_tmp, g_tmp);
     if (system(cmd)) return -1;
-    struct synth_options so = {.g = geometry_find("tiny"), .seed = 1, .out_dir = g_model,
-                               .max_shard_bytes = (int64_t)5 << 30};
+    struct synth_options so = {
+        .g = geometry_find("tiny"), .seed = 1, .out_dir = g_model, .max_shard_bytes = (int64_t)5 << 30};
     char err[512];
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "synth: %s\n", err);
@@ -72,7 +72,7 @@ static void test_models(void **state) {
     assert_true(fabs(b64.total / 1e9 - 3.14) < 0.03);
     assert_true(fabs(b256.total / 1e9 - 7.16) < 0.05);
     assert_int_equal(model_state_sizes(g).kv_bytes_per_token, 10 * 2 * 2 * 256 * 2);
-    assert_true(b4.experts < b4.dense);   // 8 of 256 experts
+    assert_true(b4.experts < b4.dense); // 8 of 256 experts
     // ~4.9-5.0 GFLOP per token plus 81,920 N^2 of attention
     double per_token = bench_prefill_flop(g, 2) - bench_prefill_flop(g, 1) - 81920.0 * 3;
     assert_true(per_token > 4.8e9 && per_token < 5.1e9);
@@ -100,7 +100,7 @@ static void test_record(void **state) {
     if (bench_record_check(r, err, sizeof err)) fail_msg("record: %s", err);
     assert_string_equal(json_str(r, "label"), "t");
     assert_string_equal(json_str(r, "engine.backend"), "cpu");
-    assert_string_equal(json_str(r, "engine.mode"), "exact");   // the CPU backend: exact always
+    assert_string_equal(json_str(r, "engine.mode"), "exact"); // the CPU backend: exact always
     assert_int_equal((int)json_num(r, "prompt.tokens"), 32);
     assert_true(json_is_true(json_object_get(json_object_get(r, "warmup"), "tokens_match")));
     assert_true(json_is_boolean(json_object_get(json_object_get(r, "engine"), "dirty")));
@@ -124,10 +124,19 @@ static void test_record(void **state) {
 static void test_speculative(void **state) {
     char err[512];
     json_t *r;
-    const struct { const char *draft; double p; } runs[] = {{"oracle", 1}, {"oracle", 0}, {"oracle", 0.5}, {"lookup", 0}};
+    const struct {
+        const char *draft;
+        double p;
+    } runs[] = {{"oracle", 1}, {"oracle", 0}, {"oracle", 0.5}, {"lookup", 0}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        struct bench_options o = {.model_dir = g_model, .context = 32, .decode = 12, .backend = "cpu",
-                                  .draft = runs[i].draft, .accept = runs[i].p, .draft_len = 4, .draft_seed = 1};
+        struct bench_options o = {.model_dir = g_model,
+                                  .context = 32,
+                                  .decode = 12,
+                                  .backend = "cpu",
+                                  .draft = runs[i].draft,
+                                  .accept = runs[i].p,
+                                  .draft_len = 4,
+                                  .draft_seed = 1};
         if (bench_run(&o, &r, err, sizeof err)) fail_msg("bench_run %s: %s", runs[i].draft, err);
         if (bench_record_check(r, err, sizeof err)) fail_msg("record %s: %s", runs[i].draft, err);
         json_t *sp = json_object_get(r, "speculative");
@@ -143,7 +152,7 @@ static void test_speculative(void **state) {
         } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0) {
             assert_true(drafted > 0);
             assert_int_equal((int)accepted, 0);
-            assert_int_equal((int)json_num(r, "speculative.verifications"), 11);   // one token a step; the last plain
+            assert_int_equal((int)json_num(r, "speculative.verifications"), 11); // one token a step; the last plain
         } else if (!strcmp(runs[i].draft, "oracle")) {
             assert_true(accepted > 0 && accepted < drafted);
             assert_true(fabs(json_num(r, "speculative.accept_p") - 0.5) < 1e-9);
@@ -153,14 +162,20 @@ static void test_speculative(void **state) {
         json_decref(r);
     }
     // A record without the pass has no "speculative"; a broken one is refused.
-    struct bench_options o = {.model_dir = g_model, .context = 16, .decode = 2, .backend = "cpu", .draft = "oracle",
-                              .accept = 1, .draft_len = 2, .draft_seed = 1};
+    struct bench_options o = {.model_dir = g_model,
+                              .context = 16,
+                              .decode = 2,
+                              .backend = "cpu",
+                              .draft = "oracle",
+                              .accept = 1,
+                              .draft_len = 2,
+                              .draft_seed = 1};
     if (bench_run(&o, &r, err, sizeof err)) fail_msg("bench_run: %s", err);
     json_object_del(json_object_get(r, "speculative"), "acceptance");
     assert_int_equal(bench_record_check(r, err, sizeof err), -1);
     assert_non_null(strstr(err, "speculative.acceptance"));
     json_decref(r);
-    o.draft_len = 8;   // the CPU backend verifies 8 tokens: drafts of at most 7
+    o.draft_len = 8; // the CPU backend verifies 8 tokens: drafts of at most 7
     assert_int_equal(bench_run(&o, &r, err, sizeof err), -1);
     assert_non_null(strstr(err, "--draft-len 8"));
     o.draft_len = 2, o.accept = 1.5;
@@ -204,7 +219,7 @@ static void test_adapter(void **state) {
     assert_true(json_is_null(json_object_get(json_object_get(r, "memory"), "device_peak_bytes")));
     assert_non_null(json_str(r, "memory.device_reason"));
     json_decref(r);
-    assert_int_equal(bench_adapt_llama_bench(in, 4096, NULL, &r, err, sizeof err), -1);   // no such test
+    assert_int_equal(bench_adapt_llama_bench(in, 4096, NULL, &r, err, sizeof err), -1); // no such test
 }
 
 static void test_matrix(void **state) {
@@ -217,9 +232,26 @@ static void test_matrix(void **state) {
     snprintf(out, sizeof out, "%s/results", g_tmp);
     snprintf(ref, sizeof ref, "bench/reference/lily_m5.json");
     bool have_ref = !access(ref, R_OK);
-    char *argv[] = {"matrix", "--model", g_model, "--engines", "cpu", "--contexts", "64,128", "--decode", "4",
-                    "--rounds", "2", "--cooldown-min-s", "0", "--out", out, "--calla", calla,
-                    have_ref ? "--reference" : "--no-reference", have_ref ? ref : NULL, NULL};
+    char *argv[] = {"matrix",
+                    "--model",
+                    g_model,
+                    "--engines",
+                    "cpu",
+                    "--contexts",
+                    "64,128",
+                    "--decode",
+                    "4",
+                    "--rounds",
+                    "2",
+                    "--cooldown-min-s",
+                    "0",
+                    "--out",
+                    out,
+                    "--calla",
+                    calla,
+                    have_ref ? "--reference" : "--no-reference",
+                    have_ref ? ref : NULL,
+                    NULL};
     int argc = have_ref ? 19 : 18;
     assert_int_equal(cmd_matrix(argc, argv), 0);
 
@@ -253,12 +285,23 @@ static void test_matrix(void **state) {
     snprintf(path, sizeof path, "%s/report.md", out);
     char *md = slurp(path);
     assert_non_null(md);
-    static const char *sections[] = {"## Run", "## Identity", "## Determinism", "## Sweep", "### calla-cpu",
+    static const char *sections[] = {"## Run",
+                                     "## Identity",
+                                     "## Determinism",
+                                     "## Sweep",
+                                     "### calla-cpu",
                                      "| Prompt tokens | Prefill time | Prefill tok/s | Decode tok/s | Decode ms/token",
-                                     "## Ratios", "#### calla-cpu / calla-cpu [results]",
-                                     "## Decode ms/token against context", "Per 1K tokens of context",
-                                     "## Prefill scaling per context doubling", "## Step drift", "## Memory",
-                                     "## Telemetry", "decode_ms.svg", "prefill_tps.svg", "identical",
+                                     "## Ratios",
+                                     "#### calla-cpu / calla-cpu [results]",
+                                     "## Decode ms/token against context",
+                                     "Per 1K tokens of context",
+                                     "## Prefill scaling per context doubling",
+                                     "## Step drift",
+                                     "## Memory",
+                                     "## Telemetry",
+                                     "decode_ms.svg",
+                                     "prefill_tps.svg",
+                                     "identical",
                                      "| calla cpu, exact |"};
     for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++)
         if (!strstr(md, sections[i])) fail_msg("report.md lacks \"%s\"", sections[i]);
@@ -289,9 +332,9 @@ static void test_matrix_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_models),  cmocka_unit_test(test_limit),   cmocka_unit_test(test_record),
-        cmocka_unit_test(test_speculative),
-        cmocka_unit_test(test_adapter), cmocka_unit_test(test_matrix), cmocka_unit_test(test_matrix_refusals),
+        cmocka_unit_test(test_models),          cmocka_unit_test(test_limit),   cmocka_unit_test(test_record),
+        cmocka_unit_test(test_speculative),     cmocka_unit_test(test_adapter), cmocka_unit_test(test_matrix),
+        cmocka_unit_test(test_matrix_refusals),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

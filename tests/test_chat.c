@@ -13,7 +13,8 @@
 
 #include "chat.h"
 
-#define MSG(r, c, rs) {.role = r, .content = c, .reasoning = rs}
+#define MSG(r, c, rs)                                                                                                  \
+    { .role = r, .content = c, .reasoning = rs }
 
 static void expect_render(const struct chat_message *m, size_t n, const struct chat_options *o, const char *want,
                           size_t want_boundary) {
@@ -32,7 +33,7 @@ static void test_single_turn(void **state) {
     size_t b = strlen("<|im_start|>system\nYou are helpful.<|im_end|>\n");
     char want[512];
     snprintf(want, sizeof want, "%s<|im_start|>assistant\n<think>\n", head);
-    expect_render(m, 2, NULL, want, b);                           // defaults: thinking on
+    expect_render(m, 2, NULL, want, b); // defaults: thinking on
     struct chat_options off = {.enable_thinking = 0, .add_generation_prompt = 1};
     snprintf(want, sizeof want, "%s<|im_start|>assistant\n<think>\n\n</think>\n\n", head);
     expect_render(m, 2, &off, want, b);
@@ -44,9 +45,9 @@ static void test_single_turn(void **state) {
 static void test_multi_turn(void **state) {
     struct chat_message m[] = {
         MSG("user", "Hi", NULL),
-        MSG("assistant", "<think>\nthe user greets\n</think>\n\nHello!", NULL),  // reasoning inline
+        MSG("assistant", "<think>\nthe user greets\n</think>\n\nHello!", NULL), // reasoning inline
         MSG("user", "Name?", NULL),
-        MSG("assistant", "Calla.", "  asked for a name "),                     // reasoning given apart
+        MSG("assistant", "Calla.", "  asked for a name "), // reasoning given apart
         MSG("user", "Bye", NULL),
     };
     const char *dropped =
@@ -55,10 +56,11 @@ static void test_multi_turn(void **state) {
     size_t b = strlen(dropped) - strlen("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n");
     expect_render(m, 5, NULL, dropped, b);
     struct chat_options keep = {.enable_thinking = 1, .preserve_thinking = 1, .add_generation_prompt = 1};
-    const char *kept =
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nthe user greets\n</think>\n\nHello!<|im_end|>\n"
-        "<|im_start|>user\nName?<|im_end|>\n<|im_start|>assistant\n<think>\nasked for a name\n</think>\n\nCalla.<|im_end|>\n"
-        "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    const char *kept = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nthe user "
+                       "greets\n</think>\n\nHello!<|im_end|>\n"
+                       "<|im_start|>user\nName?<|im_end|>\n<|im_start|>assistant\n<think>\nasked for a "
+                       "name\n</think>\n\nCalla.<|im_end|>\n"
+                       "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n";
     b = strlen(kept) - strlen("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n");
     expect_render(m, 5, &keep, kept, b);
 }
@@ -74,7 +76,8 @@ static void test_tool_loop(void **state) {
     const char *want =
         "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nneed the tool\n</think>\n\n"
         "<tool_call>\n<function=weather>\n</function>\n</tool_call><|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\n{\"t\": 21}\n</tool_response>\n<tool_response>\n{\"h\": 40}\n</tool_response>"
+        "<|im_start|>user\n<tool_response>\n{\"t\": 21}\n</tool_response>\n<tool_response>\n{\"h\": "
+        "40}\n</tool_response>"
         "<|im_end|>\n<|im_start|>assistant\n<think>\n";
     expect_render(m, 4, NULL, want, strstr(want, "\n<tool_response>\n{\"h\"") - want);
 }
@@ -98,7 +101,7 @@ static void test_after_turn(void **state) {
     char *whole, *head, *tail, err[256];
     size_t wl, hl, tl, b;
     assert_int_equal(chat_render(m, 7, &keep, &whole, &wl, NULL, err, sizeof err), 0);
-    for (size_t k = 3; k <= 6; k += 3) {   // after each assistant turn
+    for (size_t k = 3; k <= 6; k += 3) { // after each assistant turn
         assert_int_equal(chat_render(m, k, &hist, &head, &hl, NULL, err, sizeof err), 0);
         assert_int_equal(chat_render(m + k, 7 - k, &cont, &tail, &tl, &b, err, sizeof err), 0);
         assert_true(hl > 0 && head[hl - 1] == '\n');
@@ -142,7 +145,7 @@ static void test_stop_ids(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_turn), cmocka_unit_test(test_multi_turn), cmocka_unit_test(test_tool_loop),
-        cmocka_unit_test(test_errors),      cmocka_unit_test(test_stop_ids),    cmocka_unit_test(test_after_turn),
+        cmocka_unit_test(test_errors),      cmocka_unit_test(test_stop_ids),   cmocka_unit_test(test_after_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,7 +74,9 @@ static void save_json(const char *dir, const char *name, json_t *j) {
     json_decref(j);
 }
 
-static json_t *text_config(json_t *cfg) { return json_object_get(cfg, "text_config"); }
+static json_t *text_config(json_t *cfg) {
+    return json_object_get(cfg, "text_config");
+}
 
 static const char *SHARD = "model-00001-of-00001.safetensors";
 
@@ -131,11 +133,13 @@ static void test_accepts_every_test_geometry(void **state) {
         assert_string_equal(m.g.name, g->name);
         assert_int_equal(m.n_text_tensors, model_size_of(g).n_tensors);
         assert_int_equal(m.file_bytes, model_size_of(g).bytes + 2 * (g->n_layers - g->n_layers / g->attn_interval) *
-                                                               g->lin_v_heads);   // A_log is stored as F32
+                                                                    g->lin_v_heads); // A_log is stored as F32
         // Bound pointers cover every layer of the right kind.
         for (int l = 0; l < g->n_layers; l++) {
-            if (geom_is_attn(g, l)) assert_non_null(m.w.layers[l].q_proj.w);
-            else assert_non_null(m.w.layers[l].in_qkv.w);
+            if (geom_is_attn(g, l))
+                assert_non_null(m.w.layers[l].q_proj.w);
+            else
+                assert_non_null(m.w.layers[l].in_qkv.w);
             assert_int_equal(m.w.layers[l].router.bits, 8);
             assert_int_equal(m.w.layers[l].ex_down.n_mat, g->n_experts);
         }
@@ -154,10 +158,10 @@ static void test_real_geometry_tensor_count(void **state) {
 static void test_sharded(void **state) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/sharded", base);
-    make_synth(dir, "tiny", 1, 4 << 20);   // 4 MiB shards
+    make_synth(dir, "tiny", 1, 4 << 20); // 4 MiB shards
     struct model m;
     expect_accepted(dir, &m);
-    assert_true(m.n_shards >= 4);   // the 16 MB embedding and lm_head each stand alone
+    assert_true(m.n_shards >= 4); // the 16 MB embedding and lm_head each stand alone
     checkpoint_close(&m);
 }
 
@@ -173,9 +177,10 @@ static void test_synth_deterministic(void **state) {
     snprintf(b, sizeof b, "%s/det-b", base);
     snprintf(c, sizeof c, "%s/det-c", base);
     make_synth(a, "tiny", 42, (int64_t)5 << 30);
-    struct synth_options o = {.g = geometry_find("tiny"), .seed = 42, .out_dir = b, .max_shard_bytes = (int64_t)5 << 30, .threads = 1};
+    struct synth_options o = {
+        .g = geometry_find("tiny"), .seed = 42, .out_dir = b, .max_shard_bytes = (int64_t)5 << 30, .threads = 1};
     char err[256];
-    assert_int_equal(synth_write(&o, err, sizeof err), 0);   // one thread: same bytes
+    assert_int_equal(synth_write(&o, err, sizeof err), 0); // one thread: same bytes
     make_synth(c, "tiny", 43, (int64_t)5 << 30);
     const char *files[] = {SHARD, "config.json", "model.safetensors.index.json"};
     for (int i = 0; i < 3; i++) {
@@ -197,8 +202,12 @@ static void test_synth_profiles(void **state) {
     snprintf(u2, sizeof u2, "%s/prof-u2", base);
     snprintf(tr, sizeof tr, "%s/prof-tr", base);
     make_synth_profile(u1, "tiny", 9, (int64_t)5 << 30, SYNTH_PROFILE_UNIFORM);
-    struct synth_options o = {.g = geometry_find("tiny"), .profile = SYNTH_PROFILE_UNIFORM, .seed = 9, .out_dir = u2,
-                              .max_shard_bytes = (int64_t)5 << 30, .threads = 1};
+    struct synth_options o = {.g = geometry_find("tiny"),
+                              .profile = SYNTH_PROFILE_UNIFORM,
+                              .seed = 9,
+                              .out_dir = u2,
+                              .max_shard_bytes = (int64_t)5 << 30,
+                              .threads = 1};
     char err[256];
     assert_int_equal(synth_write(&o, err, sizeof err), 0);
     make_synth_profile(tr, "tiny", 9, (int64_t)5 << 30, SYNTH_PROFILE_TRAINED);
@@ -208,7 +217,7 @@ static void test_synth_profiles(void **state) {
         snprintf(fb, sizeof fb, "%s/%s", u2, same[i]);
         assert_true(files_equal(fa, fb));
     }
-    for (int i = 1; i < 3; i++) {   // layout and validation inputs do not depend on the profile
+    for (int i = 1; i < 3; i++) { // layout and validation inputs do not depend on the profile
         snprintf(fa, sizeof fa, "%s/%s", u1, same[i]);
         snprintf(fb, sizeof fb, "%s/%s", tr, same[i]);
         assert_true(files_equal(fa, fb));
@@ -224,11 +233,15 @@ static void test_synth_profiles(void **state) {
         if (!strcmp(name, "__metadata__")) continue;
         size_t b = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 0));
         size_t e = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 1));
-        static const char *const scaled[] = {".mlp.gate.", "embed_tokens.", ".self_attn.o_proj.",
-                                             ".linear_attn.out_proj.", ".switch_mlp.down_proj.", ".shared_expert.down_proj."};
+        static const char *const scaled[] = {".mlp.gate.",
+                                             "embed_tokens.",
+                                             ".self_attn.o_proj.",
+                                             ".linear_attn.out_proj.",
+                                             ".switch_mlp.down_proj.",
+                                             ".shared_expert.down_proj."};
         bool expected = false;
         for (int k = 0; k < 6; k++) expected |= strstr(name, scaled[k]) != NULL;
-        expected &= !strstr(name, ".weight");   // the codes are the same
+        expected &= !strstr(name, ".weight"); // the codes are the same
         bool differs = memcmp(du + b, dt + b, e - b) != 0;
         if (differs != expected) fail_msg("%s: %s between the profiles", name, differs ? "differs" : "is the same");
         n_diff += differs;
@@ -259,12 +272,15 @@ static void test_ignores_vision_and_mtp(void **state) {
     data = realloc(data, len + 16);
     memset(data + len, 0, 16);
     json_object_set_new(h, "vision_tower.blocks.0.attn.qkv.weight",
-                        json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets", (json_int_t)len, (json_int_t)len + 8));
+                        json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets", (json_int_t)len,
+                                  (json_int_t)len + 8));
     json_object_set_new(h, "mtp.fc.weight",
-                        json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets", (json_int_t)len + 8, (json_int_t)len + 16));
+                        json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets",
+                                  (json_int_t)len + 8, (json_int_t)len + 16));
     write_shard(dir, h, data, len + 16, 0);
     json_t *idx = load_json(dir, "model.safetensors.index.json");
-    json_object_set_new(json_object_get(idx, "weight_map"), "vision_tower.blocks.0.attn.qkv.weight", json_string(SHARD));
+    json_object_set_new(json_object_get(idx, "weight_map"), "vision_tower.blocks.0.attn.qkv.weight",
+                        json_string(SHARD));
     json_object_set_new(json_object_get(idx, "weight_map"), "mtp.fc.weight", json_string(SHARD));
     save_json(dir, "model.safetensors.index.json", idx);
     json_decref(h);
@@ -277,15 +293,16 @@ static void test_ignores_vision_and_mtp(void **state) {
 
 static void make_synth_aligned(const char *dir, uint64_t seed) {
     char err[512];
-    struct synth_options o = {.g = geometry_find("tiny"), .seed = seed, .out_dir = dir,
-                              .max_shard_bytes = (int64_t)5 << 30, .aligned = true};
+    struct synth_options o = {
+        .g = geometry_find("tiny"), .seed = seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30, .aligned = true};
     if (synth_write(&o, err, sizeof err)) fail_msg("synth: %s", err);
 }
 
 // True when [p, p + bytes) lies in one of m's mapped shards (bound in place, not copied).
 static bool in_shard(const struct model *m, const void *p, size_t bytes) {
     for (int i = 0; i < m->n_shards; i++)
-        if ((const uint8_t *)p >= m->shards[i].map && (const uint8_t *)p + bytes <= m->shards[i].map + m->shards[i].size)
+        if ((const uint8_t *)p >= m->shards[i].map &&
+            (const uint8_t *)p + bytes <= m->shards[i].map + m->shards[i].size)
             return true;
     return false;
 }
@@ -306,7 +323,7 @@ static void test_unaligned_data(void **state) {
     struct tensor_spec specs[n];
     model_tensor_specs(&m.g, NULL, specs, n);
     for (int i = 0; i < n; i++) n_quant += specs[i].role == ROLE_QUANT;
-    assert_int_equal(m.n_unaligned, 3 * n_quant);   // every quantized matrix's three arrays
+    assert_int_equal(m.n_unaligned, 3 * n_quant); // every quantized matrix's three arrays
     assert_int_equal(ref.n_unaligned, 0);
     assert_int_equal(m.owned_bytes, ref.owned_bytes);
     const size_t bytes = (size_t)ref.w.embed.rows * qt_words_per_row(&ref.w.embed) * 4;
@@ -452,7 +469,9 @@ static void edit_header(const char *dir, void (*edit)(json_t *h, size_t *len)) {
     free(data);
 }
 
-static void drop_tensor(json_t *h, size_t *len) { json_object_del(h, "language_model.model.layers.1.linear_attn.A_log"); }
+static void drop_tensor(json_t *h, size_t *len) {
+    json_object_del(h, "language_model.model.layers.1.linear_attn.A_log");
+}
 static void test_missing_tensor(void **state) {
     char dir[512];
     fresh(dir, sizeof dir, "missing");
@@ -470,8 +489,9 @@ static void append_tensor(const char *dir, const char *name) {
     json_t *h = read_shard(dir, &data, &len);
     data = realloc(data, len + 8);
     memset(data + len, 0, 8);
-    json_object_set_new(h, name, json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets",
-                                           (json_int_t)len, (json_int_t)len + 8));
+    json_object_set_new(h, name,
+                        json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets", (json_int_t)len,
+                                  (json_int_t)len + 8));
     write_shard(dir, h, data, len + 8, 0);
     json_decref(h);
     free(data);
@@ -490,7 +510,7 @@ static void test_extra_tensor(void **state) {
 static void test_extra_layer(void **state) {
     char dir[512];
     fresh(dir, sizeof dir, "extralayer");
-    append_tensor(dir, "language_model.model.layers.4.input_layernorm.weight");   // tiny has 4 layers
+    append_tensor(dir, "language_model.model.layers.4.input_layernorm.weight"); // tiny has 4 layers
     expect_refused(dir, "language_model.model.layers.4.input_layernorm.weight", "is not part of");
 }
 
@@ -540,7 +560,9 @@ static void test_bits_from_shapes(void **state) {
     expect_refused(dir, "layers.0.mlp.gate.weight", "4 bits per weight");
 }
 
-static void nothing(json_t *h, size_t *len) { *len -= 1000; }
+static void nothing(json_t *h, size_t *len) {
+    *len -= 1000;
+}
 static void test_truncated_shard(void **state) {
     char dir[512];
     fresh(dir, sizeof dir, "truncated");
@@ -631,7 +653,7 @@ static void release_and_compare(const char *dir) {
 static void test_release_pages(void **state) {
     char dir[512];
     fresh(dir, sizeof dir, "release");
-    release_and_compare(dir);   // unaligned (the synthetic default)
+    release_and_compare(dir); // unaligned (the synthetic default)
     snprintf(dir, sizeof dir, "%s/release-aligned", base);
     make_synth_aligned(dir, 7);
     release_and_compare(dir);

@@ -56,8 +56,10 @@ int main(int argc, char **argv) {
     snprintf(bin_dir, sizeof bin_dir, "%s", argv[0]);
     for (int k = 0; k < 2; k++) {
         char *slash = strrchr(bin_dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(bin_dir, sizeof bin_dir, "%s", k ? "." : "..");
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(bin_dir, sizeof bin_dir, "%s", k ? "." : "..");
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster),

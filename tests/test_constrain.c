@@ -64,7 +64,8 @@ static void expect_bound(const struct cschema *c, const char *pre, char ch, int 
             if (json_is_real(x) && !isfinite(json_real_value(x))) fail_msg("%s is not finite", doc);
             json_decref(v);
         } else if (k != strlen(pre) + (size_t)max) {
-            fail_msg("%s: taken up to byte %zu, want a refusal at digit %d (byte %zu)", doc, k, max + 1, strlen(pre) + (size_t)max);
+            fail_msg("%s: taken up to byte %zu, want a refusal at digit %d (byte %zu)", doc, k, max + 1,
+                     strlen(pre) + (size_t)max);
         }
         free(doc);
     }
@@ -102,7 +103,7 @@ static void test_integer_bounds(void **state) {
 
 static void test_number_bounds(void **state) {
     struct cschema *c = compile_text("{\"type\": \"number\"}");
-    expect_bound(c, "", '8', 18, "", JSON_INTEGER);              // no point: jansson's integer
+    expect_bound(c, "", '8', 18, "", JSON_INTEGER); // no point: jansson's integer
     expect_bound(c, "-", '8', 18, ".5", JSON_REAL);
     expect_bound(c, "0.", '3', 18, "", JSON_REAL);
     expect_bound(c, "-0.1", '0', 17, "", JSON_REAL);
@@ -121,7 +122,7 @@ static void test_number_bounds(void **state) {
         json_decref(v);
     }
     bool done;
-    assert_int_equal(accepted(c, "1e400", &done), 4);   // the 1e400 that jansson refuses
+    assert_int_equal(accepted(c, "1e400", &done), 4); // the 1e400 that jansson refuses
     constrain_free(c);
     // json_object (any JSON below the object): numbers there too.
     c = compile_text(NULL);
@@ -158,7 +159,9 @@ static void test_tool_call_bounds(void **state) {
 }
 
 // The next of a seeded stream (*x counts; synth.h's counter-based generator).
-static uint64_t rng_next(uint64_t *x) { return synth_rand(29, (*x)++); }
+static uint64_t rng_next(uint64_t *x) {
+    return synth_rand(29, (*x)++);
+}
 
 // Random walks over the bytes of numbers (digits mostly: long numbers are the point), each
 // stopped at a random complete point: jansson must read every one, typed and finite.
@@ -184,7 +187,7 @@ static void test_random_numbers(void **state) {
                 doc[n++] = ch;
             }
             doc[n] = 0;
-            if (!cstate_done(s)) continue;   // ran out of tries mid-number: nothing to read back
+            if (!cstate_done(s)) continue; // ran out of tries mid-number: nothing to read back
             json_t *v = json_loads(doc, JSON_DECODE_ANY, NULL);
             if (!v) fail_msg("%s: the matcher completes %s, jansson refuses it", schemas[si], doc);
             if (si == 0 && !json_is_integer(v)) fail_msg("%s read back as type %d", doc, json_typeof(v));

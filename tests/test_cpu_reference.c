@@ -19,10 +19,10 @@
 #include "engine.h"
 #include "synth.h"
 
-static char dirs[2][256];   // tiny, small
+static char dirs[2][256]; // tiny, small
 
 struct run {
-    int T, chunk, every, decode;   // prefill T tokens in chunks; logits of rows every `every` and the last
+    int T, chunk, every, decode; // prefill T tokens in chunks; logits of rows every `every` and the last
 };
 
 // Logits of the run (prefill rows, then one row per decode step) into a new buffer; *n floats.
@@ -105,7 +105,9 @@ static int setup(void **state) {
     for (int i = 0; i < 2; i++) {
         snprintf(dirs[i], sizeof dirs[i], "%s/calla-cpuref-%s-%d", t && *t ? t : "/tmp", names[i], (int)getpid());
         char err[512];
-        struct synth_options so = {.g = geometry_find(names[i]), .seed = 11 + (uint64_t)i, .out_dir = dirs[i],
+        struct synth_options so = {.g = geometry_find(names[i]),
+                                   .seed = 11 + (uint64_t)i,
+                                   .out_dir = dirs[i],
                                    .max_shard_bytes = (int64_t)5 << 30};
         if (synth_write(&so, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);

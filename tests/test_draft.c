@@ -39,8 +39,8 @@ static void test_latest_and_longest(void **state) {
     // Only "2" matches: the latest occurrence (8), then what followed it.
     const int32_t h2[] = {5, 1, 2, 9, 7, 2, 8, 3, 2, 6, 4, 2};
     init(&d, h2, 12, 4);
-    expect_draft(&d, 8, (int32_t[]){6, 4, 2, 6}, 4);   // ...and past the end, the repetition of period 3
-    expect_draft(&d, 2, (int32_t[]){6, 4}, 2);         // at most limit
+    expect_draft(&d, 8, (int32_t[]){6, 4, 2, 6}, 4); // ...and past the end, the repetition of period 3
+    expect_draft(&d, 2, (int32_t[]){6, 4}, 2);       // at most limit
     assert_int_equal(draft_propose(&d, 0, (int32_t[1]){0}), 0);
     draft_free(&d);
     // Nothing earlier: no draft; a push that makes a match: one.
@@ -49,7 +49,7 @@ static void test_latest_and_longest(void **state) {
     assert_int_equal(draft_push(&d, 2), 0);
     expect_draft(&d, 8, (int32_t[]){3, 2, 3, 2}, 4);
     draft_free(&d);
-    init(&d, NULL, 0, 4);   // an empty history
+    init(&d, NULL, 0, 4); // an empty history
     assert_int_equal(draft_propose(&d, 8, (int32_t[8]){0}), 0);
     draft_free(&d);
 }
@@ -63,10 +63,10 @@ static void test_extra_source_and_cursor(void **state) {
     p.gate = 0, p.n_max = 3;
     assert_int_equal(draft_init(&d, (int32_t[]){40, 41, 0, 1}, 4, 4, &p), 0);
     assert_int_equal(draft_add_source(&d, pred, 13), 0);
-    expect_draft(&d, 8, (int32_t[]){2, 70, 9, 1}, 4);   // "0 1" in the prediction
+    expect_draft(&d, 8, (int32_t[]){2, 70, 9, 1}, 4); // "0 1" in the prediction
     assert_int_equal(d.last_src, 1);
-    draft_result(&d, 4, 4);   // all right: the copy goes on at prediction[6]
-    for (int i = 2; i <= 6; i++) draft_push(&d, pred[i]);   // the four and the next token, 2
+    draft_result(&d, 4, 4);                               // all right: the copy goes on at prediction[6]
+    for (int i = 2; i <= 6; i++) draft_push(&d, pred[i]); // the four and the next token, 2
     // "9 1 2" ends at 6 and at 10: the copy's place (6), not the latest (10).
     expect_draft(&d, 8, (int32_t[]){71, 9, 1, 2}, 4);
     draft_result(&d, 4, 0);
@@ -76,35 +76,35 @@ static void test_extra_source_and_cursor(void **state) {
     assert_int_equal(draft_add_source(&d, (int32_t[]){7, 3, 6}, 3), 0);
     expect_draft(&d, 8, (int32_t[]){6}, 1);
     assert_int_equal(d.last_src, 1);
-    draft_push(&d, 9);   // "... 3 9": not in the prediction, and "9" not in the history before
+    draft_push(&d, 9); // "... 3 9": not in the prediction, and "9" not in the history before
     assert_int_equal(draft_propose(&d, 8, (int32_t[8]){0}), 0);
-    draft_push(&d, 8);   // "8" ends at 1 in the history: 5 3 9 8 5 ...
+    draft_push(&d, 8); // "8" ends at 1 in the history: 5 3 9 8 5 ...
     expect_draft(&d, 8, (int32_t[]){5, 3, 9, 8}, 4);
     assert_int_equal(d.last_src, 0);
     draft_free(&d);
     int32_t one = 1;
     init(&d, &one, 1, 4);
     for (int i = 1; i < DRAFT_SOURCES; i++) assert_int_equal(draft_add_source(&d, &one, 1), 0);
-    assert_int_equal(draft_add_source(&d, &one, 1), -1);   // DRAFT_SOURCES taken
+    assert_int_equal(draft_add_source(&d, &one, 1), -1); // DRAFT_SOURCES taken
     draft_free(&d);
 }
 
 static void test_adaptive_length(void **state) {
     struct drafter d;
     int32_t h[64];
-    for (int i = 0; i < 64; i++) h[i] = i % 4;   // drafts of any length
+    for (int i = 0; i < 64; i++) h[i] = i % 4; // drafts of any length
     init(&d, h, 64, 7);
     int32_t out[DRAFT_LEN_MAX];
-    assert_int_equal(draft_propose(&d, 16, out), 4);   // len_init
+    assert_int_equal(draft_propose(&d, 16, out), 4); // len_init
     draft_result(&d, 4, 4);
-    assert_int_equal(draft_propose(&d, 16, out), 5);   // whole: one more
+    assert_int_equal(draft_propose(&d, 16, out), 5); // whole: one more
     draft_result(&d, 5, 2);
-    assert_int_equal(draft_propose(&d, 16, out), 4);   // partly: one fewer
+    assert_int_equal(draft_propose(&d, 16, out), 4); // partly: one fewer
     for (int i = 0; i < 8; i++) draft_result(&d, 4, 0);
-    assert_int_equal(d.len, 1);                        // never under 1
+    assert_int_equal(d.len, 1); // never under 1
     for (int i = 0; i < 12; i++) draft_result(&d, d.len, d.len);
-    assert_int_equal(d.len, 7);                        // never over len_max
-    assert_int_equal(draft_propose(&d, 3, out), 3);    // nor over the caller's limit
+    assert_int_equal(d.len, 7);                     // never over len_max
+    assert_int_equal(draft_propose(&d, 3, out), 3); // nor over the caller's limit
     assert_int_equal(draft_accepted((int32_t[]){1, 2, 3}, 3, (int32_t[]){1, 2, 4, 5}), 2);
     assert_int_equal(draft_accepted((int32_t[]){1, 2, 3}, 3, (int32_t[]){1, 2, 3, 5}), 3);
     assert_int_equal(draft_accepted((int32_t[]){1}, 1, (int32_t[]){0, 1}), 0);
@@ -128,14 +128,14 @@ static void test_gate(void **state) {
     struct drafter d;
     int32_t h[40], out[DRAFT_LEN_MAX];
     for (int i = 0; i < 40; i++) h[i] = i % 4;
-    assert_int_equal(draft_init(&d, h, 40, 4, NULL), 0);   // the default: gate 0.5, weight 0.5
+    assert_int_equal(draft_init(&d, h, 40, 4, NULL), 0); // the default: gate 0.5, weight 0.5
     assert_int_equal(draft_propose(&d, 8, out), 4);
-    draft_result(&d, 4, 0);   // rate 0.5: still at the gate
+    draft_result(&d, 4, 0); // rate 0.5: still at the gate
     assert_int_equal(draft_propose(&d, 8, out), 3);
-    draft_result(&d, 3, 0);   // 0.25: under it
+    draft_result(&d, 3, 0); // 0.25: under it
     assert_int_equal(draft_propose(&d, 8, out), 0);
-    assert_int_equal(d.shadow, 0);   // what it would have drafted first (h continues 0 1 2 3)
-    draft_push(&d, 0);                // right: 0.625
+    assert_int_equal(d.shadow, 0); // what it would have drafted first (h continues 0 1 2 3)
+    draft_push(&d, 0);             // right: 0.625
     assert_true(d.rate >= d.gate);
     assert_int_equal(draft_propose(&d, 8, out), 2);
     assert_int_equal(out[0], 1);
@@ -145,7 +145,7 @@ static void test_gate(void **state) {
 // ---- the synthetic edit task ---------------------------------------------------------------------
 
 static uint64_t rng = 88172645463325252ull;
-static uint32_t next_rand(void) {   // xorshift64
+static uint32_t next_rand(void) { // xorshift64
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (uint32_t)(rng >> 32);
 }
@@ -154,7 +154,9 @@ static uint32_t next_rand(void) {   // xorshift64
 // ones (names).
 static int32_t code_token(void) {
     const uint32_t r = next_rand() % 100;
-    return r < 40 ? (int32_t)(r % 12) : r < 80 ? 12 + (int32_t)(next_rand() % 200) : 212 + (int32_t)(next_rand() % 5000);
+    return r < 40   ? (int32_t)(r % 12)
+           : r < 80 ? 12 + (int32_t)(next_rand() % 200)
+                    : 212 + (int32_t)(next_rand() % 5000);
 }
 
 struct stream {
@@ -166,7 +168,7 @@ static void put(struct stream *s, int32_t t) {
     s->v[s->n++] = t;
 }
 
-enum { LINES = 160, NL = 11 };   // token 11: the newline
+enum { LINES = 160, NL = 11 }; // token 11: the newline
 
 // A file of lines: a third of them one of a few common lines ("}", "return 0;"), the rest 3 to 12
 // tokens of code_token. line[i] is where line i starts.
@@ -188,8 +190,8 @@ static void make_file(struct stream *f, int *line) {
 
 // The cost of a verification of T tokens in decode steps: 1 + beta (T - 1).
 struct replay {
-    double steps;   // decode steps plain decoding takes for the continuation
-    double cost;    // what it costs with the drafter
+    double steps; // decode steps plain decoding takes for the continuation
+    double cost;  // what it costs with the drafter
     long long drafted, accepted;
 };
 
@@ -234,15 +236,16 @@ static void test_edit_task(void **state) {
         }
         if (i % 15 == 14) put(&edited, 7000 + i), put(&edited, NL);
     }
-    for (int j = 0; j < 20; j++) put(&prompt, 8000 + j);   // "rewrite this file:"
+    for (int j = 0; j < 20; j++) put(&prompt, 8000 + j); // "rewrite this file:"
     for (int j = 0; j < file.n; j++) put(&prompt, file.v[j]);
     const struct replay e7 = replay(&prompt, &edited, 7, 0.1), e3 = replay(&prompt, &edited, 3, 0.3);
     // Text that copies nothing: another file of the same kind.
     make_file(&other, line);
     const struct replay n7 = replay(&prompt, &other, 7, 0.1), n3 = replay(&prompt, &other, 3, 0.3);
     print_message("edit task (%d tokens): drafts %lld, accepted %lld (%.0f%%): %.2fx at beta 0.1 (D <= 7), %.2fx at "
-                  "beta 0.3 (D <= 3)\n", edited.n, e7.drafted, e7.accepted, 100.0 * e7.accepted / e7.drafted,
-                  e7.steps / e7.cost, e3.steps / e3.cost);
+                  "beta 0.3 (D <= 3)\n",
+                  edited.n, e7.drafted, e7.accepted, 100.0 * e7.accepted / e7.drafted, e7.steps / e7.cost,
+                  e3.steps / e3.cost);
     print_message("no copy (%d tokens): drafts %lld, accepted %lld: %.3fx at beta 0.1, %.3fx at beta 0.3\n", other.n,
                   n7.drafted, n7.accepted, n7.steps / n7.cost, n3.steps / n3.cost);
     assert_true(e7.accepted >= 0.8 * e7.drafted);

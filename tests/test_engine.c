@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"   // the layer probe test moves a sequence's position as engine_forward does
+#include "backend.h" // the layer probe test moves a sequence's position as engine_forward does
 #include "engine.h"
 #include "synth.h"
 #include "tiny_engine.h"
@@ -54,7 +54,7 @@ static void test_decode_equals_prefill(void **state) {
     for (int k = 0; k < K; k++) forward(s1, &t[N + k], 1, 0, 0, la, &a);
     forward(s2, t, N + K, 0, N + K - 1, lb, &b);
     assert_int_equal(a, b);
-    assert_memory_equal(la, lb, sizeof(float) * V);   // same ops per token: bit-identical
+    assert_memory_equal(la, lb, sizeof(float) * V); // same ops per token: bit-identical
     assert_int_equal(seq_pos(s1), N + K);
     seq_free(s1);
     seq_free(s2);
@@ -67,7 +67,7 @@ static void test_chunked_equals_unchunked(void **state) {
     prompt(t, N, 11);
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
     struct seq *s1 = new_seq(N), *s2 = new_seq(N);
-    forward(s1, t, N, 7, N - 1, la, &a);   // chunks of 7: 7,7,7,7,7,2
+    forward(s1, t, N, 7, N - 1, la, &a); // chunks of 7: 7,7,7,7,7,2
     forward(s2, t, N, 0, N - 1, lb, &b);
     assert_int_equal(a, b);
     assert_memory_equal(la, lb, sizeof(float) * V);
@@ -95,7 +95,7 @@ static void test_progress_per_chunk(void **state) {
     struct forward_opts o = {.chunk = 10, .progress = log_progress, .progress_arg = &l};
     char err[256];
     if (engine_forward(eng, s, t, N, &o, &a, err, sizeof err)) fail_msg("forward: %s", err);
-    assert_int_equal(l.calls, 4);   // 10, 20, 30, 37
+    assert_int_equal(l.calls, 4); // 10, 20, 30, 37
     assert_int_equal(l.done[0], 10);
     assert_int_equal(l.done[2], 30);
     assert_int_equal(l.done[3], N);
@@ -113,7 +113,7 @@ static void test_snapshot_continues_identically(void **state) {
     forward(s1, t + 20, N - 20, 0, 0, NULL, &a);
     forward(snap, t + 20, N - 20, 0, 0, NULL, &b);
     assert_int_equal(a, b);
-    for (int k = 0; k < K; k++) {   // greedy continuation from both
+    for (int k = 0; k < K; k++) { // greedy continuation from both
         forward(s1, &a, 1, 0, 0, NULL, &a);
         forward(snap, &b, 1, 0, 0, NULL, &b);
         assert_int_equal(a, b);
@@ -157,16 +157,16 @@ static void test_bad_input_refused_state_unchanged(void **state) {
     struct seq *s = new_seq(N), *ref = new_seq(N);
     forward(s, t, 10, 0, 0, NULL, &a);
     forward(ref, t, 10, 0, 0, NULL, &b);
-    int32_t bad[2] = {t[10], V};   // id past the vocabulary
+    int32_t bad[2] = {t[10], V}; // id past the vocabulary
     assert_int_equal(engine_forward(eng, s, bad, 2, NULL, &a, err, sizeof err), ENGINE_ERROR);
     assert_non_null(strstr(err, "outside the vocabulary"));
     int32_t neg = -1;
     assert_int_equal(engine_forward(eng, s, &neg, 1, NULL, &a, err, sizeof err), ENGINE_ERROR);
-    assert_int_equal(engine_forward(eng, s, t, N, NULL, &a, err, sizeof err), ENGINE_ERROR);   // 10 + 37 > 37
+    assert_int_equal(engine_forward(eng, s, t, N, NULL, &a, err, sizeof err), ENGINE_ERROR); // 10 + 37 > 37
     assert_non_null(strstr(err, "capacity"));
     assert_int_equal(engine_forward(eng, s, t, 0, NULL, &a, err, sizeof err), ENGINE_ERROR);
     assert_int_equal(seq_pos(s), 10);
-    forward(s, t + 10, N - 10, 0, 0, NULL, &a);   // still continues exactly like the untouched twin
+    forward(s, t + 10, N - 10, 0, 0, NULL, &a); // still continues exactly like the untouched twin
     forward(ref, t + 10, N - 10, 0, 0, NULL, &b);
     assert_int_equal(a, b);
     struct seq *x;
@@ -199,10 +199,10 @@ static void test_out_of_memory_is_an_error(void **state) {
     assert_non_null(strstr(err, "out of memory"));
     assert_int_equal(seq_pos(s), 0);
     seq_reset(s);
-    assert_int_equal(engine_forward(lim, s, t, 8, NULL, &a, err, sizeof err), ENGINE_OK);   // small steps still run
+    assert_int_equal(engine_forward(lim, s, t, 8, NULL, &a, err, sizeof err), ENGINE_OK); // small steps still run
     seq_free(s);
     engine_close(lim);
-    assert_int_equal(engine_open(dir, &eo, &plain, err, sizeof err), 0);   // and clears the limit
+    assert_int_equal(engine_open(dir, &eo, &plain, err, sizeof err), 0); // and clears the limit
     assert_int_equal(seq_new(plain, LONG, &s, err, sizeof err), 0);
     assert_int_equal(engine_forward(plain, s, t, 8, NULL, &b, err, sizeof err), ENGINE_OK);
     assert_int_equal(a, b);
@@ -217,8 +217,8 @@ static void test_out_of_memory_is_an_error(void **state) {
 static void test_unaligned_equals_aligned(void **state) {
     char adir[300], err[512];
     snprintf(adir, sizeof adir, "%s-aligned", dir);
-    struct synth_options so = {.g = geometry_find("tiny"), .seed = 5, .out_dir = adir,
-                               .max_shard_bytes = (int64_t)5 << 30, .aligned = true};
+    struct synth_options so = {
+        .g = geometry_find("tiny"), .seed = 5, .out_dir = adir, .max_shard_bytes = (int64_t)5 << 30, .aligned = true};
     struct engine_options eo = {.backend = "cpu"};
     struct engine *al;
     if (synth_write(&so, err, sizeof err) || engine_open(adir, &eo, &al, err, sizeof err)) fail_msg("%s", err);
@@ -226,7 +226,7 @@ static void test_unaligned_equals_aligned(void **state) {
     assert_true(mu->n_unaligned > 0);
     assert_int_equal(ma->n_unaligned, 0);
     assert_int_equal(mu->owned_bytes, ma->owned_bytes);
-    assert_true(mu->owned_bytes * 20 < mu->file_bytes);   // the fp32 vectors only
+    assert_true(mu->owned_bytes * 20 < mu->file_bytes); // the fp32 vectors only
     const uint8_t *w = mu->w.lm_head.w, *lo = mu->shards[0].map;
     assert_true(mu->n_shards == 1 && w >= lo && w < lo + mu->shards[0].size && (uintptr_t)w % 2 == 1);
 
@@ -304,7 +304,7 @@ static void test_layer_probe_chain_equals_forward(void **state) {
         assert_int_equal(engine_layer_probe(eng, s3, l, y, N, y, NULL, err, sizeof err), ENGINE_OK);
         for (int i = 0; i < N * E; i++) assert_true(isfinite(rl[i]));
     }
-    assert_memory_equal(x, y, sizeof(float) * N * H);   // the router logits' copy changes nothing
+    assert_memory_equal(x, y, sizeof(float) * N * H); // the router logits' copy changes nothing
     assert_int_equal(seq_pos(s1), 0);
     forward(s2, t, N, 0, N - 1, lb, &b);
     head(x + (size_t)(N - 1) * H, la);
@@ -348,7 +348,9 @@ static int setup(void **state) {
     return 0;
 }
 
-static int teardown(void **state) { return tiny_engine_close(dir, eng); }
+static int teardown(void **state) {
+    return tiny_engine_close(dir, eng);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {

@@ -33,7 +33,7 @@
 // 1.6e-2 at 63 (top-1 the same at all four), against HF's chunked and its recurrent delta rule
 // alike; a flipped near-tie among the prompt's 2,560 routing decisions would do this, but that
 // is not proven (bench/NOTES.md), so the tolerance stays and that fixture fails it on the CPU.
-#define TOL_F32 1e-4
+#define TOL_F32      1e-4
 #define TOL_F32_FULL 5e-4
 // bf16 KV: K and V rounded to 8 mantissa bits in a quarter of the layers; measured 6e-5 .. 1.3e-3
 // at the test geometries. At the full shape (random weights) the 8-of-256 routing over 40 layers
@@ -41,7 +41,7 @@
 // by a normalised error of 6.2e-2 on average and 1.9e-1 at worst over 96 rows (measured on the
 // H200 machine, tests/gpu/test_cuda_e2e.c, 2026-11-29), so 2.5e-1 there; the tight full-shape
 // check is the fp32-KV one above.
-#define TOL_BF16_KV 1e-2
+#define TOL_BF16_KV      1e-2
 #define TOL_BF16_KV_FULL 2.5e-1
 // A reference decision is "clear" when top1 - top2 exceeds a fraction of the row rms: MARGIN_RMS,
 // or the mode's normalised-error tolerance when that is larger (an engine allowed to differ from
@@ -49,8 +49,8 @@
 // 5% apart either way). Greedy decisions are checked teacher-forced: every step gets the
 // reference's own prefix, and each clear step must pick the reference's token; at least MIN_GEN
 // clear steps (4 at the full shape, where few margins are clear) must have been checked.
-#define MARGIN_RMS 1e-2
-#define MIN_GEN 16
+#define MARGIN_RMS   1e-2
+#define MIN_GEN      16
 #define MIN_GEN_FULL 4
 
 static const char *tmpdir(void) {
@@ -75,7 +75,8 @@ static int checkpoint_for(const struct golden *gd, char *dir, size_t n) {
             return -1;
         }
         if (have != want) {
-            fprintf(stderr, "%s is a %s-profile checkpoint, the fixture was made from a %s one (calla synth --profile)\n",
+            fprintf(stderr,
+                    "%s is a %s-profile checkpoint, the fixture was made from a %s one (calla synth --profile)\n",
                     model, synth_profile_name(have), synth_profile_name(want));
             return -1;
         }
@@ -84,7 +85,8 @@ static int checkpoint_for(const struct golden *gd, char *dir, size_t n) {
     snprintf(dir, n, "%s/calla-test-%s-%llu-%d", tmpdir(), gd->geometry, (unsigned long long)gd->seed, (int)getpid());
     const struct geometry *g = geometry_find(gd->geometry);
     if (!g) return -1;
-    struct synth_options so = {.g = g, .profile = want, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
+    struct synth_options so = {
+        .g = g, .profile = want, .seed = gd->seed, .out_dir = dir, .max_shard_bytes = (int64_t)5 << 30};
     if (synth_write(&so, err, sizeof err)) {
         fprintf(stderr, "synth: %s\n", err);
         return -1;
@@ -115,7 +117,7 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
     if (engine_open(dir, &eo, &e, err, sizeof err)) fail_msg("engine_open: %s", err);
     const struct geometry *g = engine_geometry(e);
     const int V = g->vocab;
-    const double clear = tol > MARGIN_RMS ? tol : MARGIN_RMS;   // margin / rms above which a decision is clear
+    const double clear = tol > MARGIN_RMS ? tol : MARGIN_RMS; // margin / rms above which a decision is clear
     struct seq *s;
     assert_int_equal(seq_new(e, (int)(gd->n_prompt + gd->n_gen + 1), &s, err, sizeof err), 0);
     int rows[64];
@@ -157,7 +159,8 @@ static double check_one(const struct golden *gd, const char *dir, bool kv_f32, d
                          gd->gen_margin[k]);
         }
         int32_t fed = gd->gen[k];
-        if (k + 1 < gd->n_gen && engine_forward(e, s, &fed, 1, NULL, &tok, err, sizeof err)) fail_msg("decode: %s", err);
+        if (k + 1 < gd->n_gen && engine_forward(e, s, &fed, 1, NULL, &tok, err, sizeof err))
+            fail_msg("decode: %s", err);
     }
     printf("  %-6s greedy steps (teacher-forced): %u of %u pick the reference's token; all %u clear ones do\n",
            gd->geometry, same, gd->n_gen, checked);
@@ -182,7 +185,8 @@ static void test_fixture(void **state) {
     assert_non_null(g);
     // The fp32 KV cache exists on the CPU only (the reference mode); CUDA always runs bf16 KV.
     const char *backend = getenv("CALLA_BACKEND");
-    if (fp32_ref && !(backend && !strcmp(backend, "cuda"))) check_one(&gd, dir, true, g->is_test ? TOL_F32 : TOL_F32_FULL);
+    if (fp32_ref && !(backend && !strcmp(backend, "cuda")))
+        check_one(&gd, dir, true, g->is_test ? TOL_F32 : TOL_F32_FULL);
     check_one(&gd, dir, false, g->is_test ? TOL_BF16_KV : TOL_BF16_KV_FULL);
     remove_dir(dir);
 }

@@ -30,7 +30,8 @@ static char tok_dir[] = "/tmp/calla_responses_XXXXXX";
 static struct rstore store;
 
 static struct chatreq_ctx ctx(void) {
-    return (struct chatreq_ctx){.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
+    return (struct chatreq_ctx){
+        .tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
 }
 
 static struct job *parse_with(const char *body, bool allow_sampling, struct req_error *re) {
@@ -40,7 +41,9 @@ static struct job *parse_with(const char *body, bool allow_sampling, struct req_
     return responses_parse_request(&c, &store, body, strlen(body), re);
 }
 
-static struct job *parse(const char *body, struct req_error *re) { return parse_with(body, false, re); }
+static struct job *parse(const char *body, struct req_error *re) {
+    return parse_with(body, false, re);
+}
 
 static void expect_same_prompt(const char *responses_body, const char *openai_body) {
     struct req_error re;
@@ -49,7 +52,8 @@ static void expect_same_prompt(const char *responses_body, const char *openai_bo
     struct openai_ctx oc = {.tok = tok, .vocab = 248320, .context = 4096, .default_max_tokens = 8, .model_name = "m"};
     struct job *o = openai_parse_request(&oc, OPENAI_CHAT, openai_body, strlen(openai_body), &re);
     if (!o) fail_msg("openai: %s", re.msg);
-    if (a->req.n_prompt != o->req.n_prompt || memcmp(a->req.prompt, o->req.prompt, sizeof *a->req.prompt * (size_t)a->req.n_prompt))
+    if (a->req.n_prompt != o->req.n_prompt ||
+        memcmp(a->req.prompt, o->req.prompt, sizeof *a->req.prompt * (size_t)a->req.n_prompt))
         fail_msg("%s: %d tokens, the OpenAI body %d", responses_body, a->req.n_prompt, o->req.n_prompt);
     assert_int_equal(a->req.boundary, o->req.boundary);
     assert_int_equal(a->req.reasoning, o->req.reasoning);
@@ -57,12 +61,14 @@ static void expect_same_prompt(const char *responses_body, const char *openai_bo
     job_unref(a), job_unref(o);
 }
 
-#define TOOL_R "{\"type\": \"function\", \"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": " \
-               "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}"
-#define TOOL_O "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", " \
-               "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}"
+#define TOOL_R                                                                                                         \
+    "{\"type\": \"function\", \"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": "      \
+    "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}"
+#define TOOL_O                                                                                                         \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "       \
+    "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}"
 #define NONE "\"reasoning\": {\"effort\": \"none\"}"
-#define OFF "\"chat_template_kwargs\": {\"enable_thinking\": false}"
+#define OFF  "\"chat_template_kwargs\": {\"enable_thinking\": false}"
 
 static void test_translation(void **state) {
     expect_same_prompt("{\"input\": \"Hi\"}", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}");
@@ -70,38 +76,48 @@ static void test_translation(void **state) {
                        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], " OFF "}");
     // Instructions and the developer messages before the conversation: one system message; a later
     // developer message is given as a user message.
-    expect_same_prompt("{\"instructions\": \"Be brief.\", \"input\": [{\"role\": \"developer\", \"content\": [{\"type\": "
-                       "\"input_text\", \"text\": \"No tools.\"}]}, {\"type\": \"message\", \"role\": \"user\", \"content\": "
-                       "\"Hi\"}, {\"role\": \"developer\", \"content\": \"Later.\"}]}",
-                       "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\\n\\nNo tools.\"}, {\"role\": \"user\", "
-                       "\"content\": \"Hi\"}, {\"role\": \"user\", \"content\": \"Later.\"}]}");
+    expect_same_prompt(
+        "{\"instructions\": \"Be brief.\", \"input\": [{\"role\": \"developer\", \"content\": [{\"type\": "
+        "\"input_text\", \"text\": \"No tools.\"}]}, {\"type\": \"message\", \"role\": \"user\", \"content\": "
+        "\"Hi\"}, {\"role\": \"developer\", \"content\": \"Later.\"}]}",
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\\n\\nNo tools.\"}, {\"role\": \"user\", "
+        "\"content\": \"Hi\"}, {\"role\": \"user\", \"content\": \"Later.\"}]}");
     // A Codex-like tool loop: reasoning, a message and a call make one assistant turn.
     expect_same_prompt(
-        "{\"tools\": [" TOOL_R "], \"input\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"type\": \"reasoning\", "
+        "{\"tools\": [" TOOL_R
+        "], \"input\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"type\": \"reasoning\", "
         "\"id\": \"rs_1\", \"summary\": [], \"content\": [{\"type\": \"reasoning_text\", \"text\": \"need it\"}]}, "
-        "{\"type\": \"message\", \"role\": \"assistant\", \"content\": [{\"type\": \"output_text\", \"text\": \"Checking.\", "
+        "{\"type\": \"message\", \"role\": \"assistant\", \"content\": [{\"type\": \"output_text\", \"text\": "
+        "\"Checking.\", "
         "\"annotations\": []}]}, {\"type\": \"function_call\", \"call_id\": \"call_1\", \"name\": \"get_weather\", "
-        "\"arguments\": \"{\\\"city\\\": \\\"Bern\\\"}\"}, {\"type\": \"function_call_output\", \"call_id\": \"call_1\", "
+        "\"arguments\": \"{\\\"city\\\": \\\"Bern\\\"}\"}, {\"type\": \"function_call_output\", \"call_id\": "
+        "\"call_1\", "
         "\"output\": \"21 C\"}]}",
-        "{\"tools\": [" TOOL_O "], \"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", "
-        "\"content\": \"Checking.\", \"reasoning_content\": \"need it\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": "
+        "{\"tools\": [" TOOL_O
+        "], \"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", "
+        "\"content\": \"Checking.\", \"reasoning_content\": \"need it\", \"tool_calls\": [{\"id\": \"call_1\", "
+        "\"type\": "
         "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Bern\\\"}\"}}]}, "
         "{\"role\": \"tool\", \"content\": \"21 C\"}]}");
-    expect_same_prompt("{\"tools\": [" TOOL_R "], \"tool_choice\": {\"type\": \"function\", \"name\": \"get_weather\"}, "
+    expect_same_prompt("{\"tools\": [" TOOL_R
+                       "], \"tool_choice\": {\"type\": \"function\", \"name\": \"get_weather\"}, "
                        "\"input\": \"x\", " NONE "}",
                        "{\"tools\": [" TOOL_O "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
                        "\"get_weather\"}}, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " OFF "}");
-    expect_same_prompt("{\"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"n\", \"schema\": {\"type\": "
-                       "\"object\"}}}, \"input\": \"x\"}",
-                       "{\"response_format\": {\"type\": \"json_object\"}, \"messages\": [{\"role\": \"user\", \"content\": "
-                       "\"x\"}]}");
+    expect_same_prompt(
+        "{\"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"n\", \"schema\": {\"type\": "
+        "\"object\"}}}, \"input\": \"x\"}",
+        "{\"response_format\": {\"type\": \"json_object\"}, \"messages\": [{\"role\": \"user\", \"content\": "
+        "\"x\"}]}");
     struct req_error re;
-    struct job *j = parse("{\"input\": \"x\", \"tools\": [" TOOL_R "], \"parallel_tool_calls\": false, \"max_output_tokens\": "
-                          "5, \"prompt_cache_key\": \"conv-1\", \"user\": \"u\", \"stream\": true}", &re);
+    struct job *j =
+        parse("{\"input\": \"x\", \"tools\": [" TOOL_R "], \"parallel_tool_calls\": false, \"max_output_tokens\": "
+              "5, \"prompt_cache_key\": \"conv-1\", \"user\": \"u\", \"stream\": true}",
+              &re);
     if (!j) fail_msg("%s", re.msg);
     assert_int_equal(j->req.max_calls, 1);
     assert_int_equal(j->req.max_tokens, 5);
-    assert_string_equal(j->session, "conv-1");   // prompt_cache_key before user
+    assert_string_equal(j->session, "conv-1"); // prompt_cache_key before user
     assert_true(j->stream);
     assert_int_equal(strncmp(j->id, "resp_", 5), 0);
     job_unref(j);
@@ -120,17 +136,19 @@ static void expect_bad(const char *body, int status, const char *param, const ch
 // pass.  Sampling: greedy values only, unless the server samples: then temperature and top_p.
 static void test_fields_and_sampling(void **state) {
     expect_bad("{\"input\": \"x\", \"temprature\": 0}", 400, NULL, "Unknown parameter: 'temprature'");
-    expect_bad("{\"input\": \"x\", \"seed\": 5}", 400, NULL, "Unknown parameter: 'seed'");   // not the Responses API's
+    expect_bad("{\"input\": \"x\", \"seed\": 5}", 400, NULL, "Unknown parameter: 'seed'"); // not the Responses API's
     expect_bad("{\"input\": \"x\", \"background\": true}", 400, "background", "not supported");
     expect_bad("{\"input\": \"x\", \"prompt\": {\"id\": \"p\"}}", 400, "prompt", "not supported");
     expect_bad("{\"input\": \"x\", \"safety_identifier\": 3}", 400, "safety_identifier", "a string");
     expect_bad("{\"input\": \"x\", \"top_p\": 0.9}", 400, "top_p", "--allow-sampling");
     struct req_error re;
-    struct job *j = parse("{\"input\": \"x\", \"background\": false, \"service_tier\": \"auto\", \"safety_identifier\": \"u\", "
-                          "\"conversation\": null, \"reasoning\": {\"effort\": \"minimal\"}}", &re);
+    struct job *j =
+        parse("{\"input\": \"x\", \"background\": false, \"service_tier\": \"auto\", \"safety_identifier\": \"u\", "
+              "\"conversation\": null, \"reasoning\": {\"effort\": \"minimal\"}}",
+              &re);
     if (!j) fail_msg("%s", re.msg);
     assert_false(j->req.sampling.on);
-    assert_false(j->req.reasoning);   // minimal: thinking off, as the chat API's reasoning_effort
+    assert_false(j->req.reasoning); // minimal: thinking off, as the chat API's reasoning_effort
     job_unref(j);
     j = parse_with("{\"input\": \"x\", \"temperature\": 1.2, \"top_p\": 0.5}", true, &re);
     if (!j) fail_msg("%s", re.msg);
@@ -147,20 +165,27 @@ static void test_bad_requests(void **state) {
     expect_bad("{}", 400, "input", "required");
     expect_bad("{\"input\": \"x\", \"temperature\": 0.7}", 400, "temperature", "greedy");
     expect_bad("{\"input\": [{\"type\": \"computer_call\"}]}", 400, "input", "computer_call");
-    expect_bad("{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_file\"}]}]}", 400, "input", "text only");
-    expect_bad("{\"input\": [{\"type\": \"function_call\", \"call_id\": \"c\", \"name\": \"f\", \"arguments\": \"[1]\"}]}", 400,
-               "input", "JSON object");
+    expect_bad("{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_file\"}]}]}", 400, "input",
+               "text only");
+    expect_bad(
+        "{\"input\": [{\"type\": \"function_call\", \"call_id\": \"c\", \"name\": \"f\", \"arguments\": \"[1]\"}]}",
+        400, "input", "JSON object");
     expect_bad("{\"input\": [{\"role\": \"assistant\", \"content\": \"x\"}]}", 400, "input", "user query");
     expect_bad("{\"input\": \"x\", \"tools\": [{\"type\": \"file_search\"}]}", 400, "tools", "function tools");
-    expect_bad("{\"input\": \"x\", \"tools\": [" TOOL_R "], \"tool_choice\": \"required\", \"parallel_tool_calls\": true}",
+    expect_bad("{\"input\": \"x\", \"tools\": [" TOOL_R
+               "], \"tool_choice\": \"required\", \"parallel_tool_calls\": true}",
                400, "parallel_tool_calls", "exactly one call");
-    expect_bad("{\"input\": \"x\", \"tools\": [" TOOL_R "], \"tool_choice\": {\"type\": \"function\", \"name\": \"nope\"}}",
+    expect_bad("{\"input\": \"x\", \"tools\": [" TOOL_R
+               "], \"tool_choice\": {\"type\": \"function\", \"name\": \"nope\"}}",
                400, "tool_choice", "no tool named");
     expect_bad("{\"input\": \"x\", \"reasoning\": {\"effort\": \"extreme\"}}", 400, "reasoning", "reasoning.effort");
-    expect_bad("{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_schema\", \"schema\": {\"type\": \"object\", "
-               "\"minProperties\": 1}}}}", 400, "text", "minProperties");
+    expect_bad(
+        "{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_schema\", \"schema\": {\"type\": \"object\", "
+        "\"minProperties\": 1}}}}",
+        400, "text", "minProperties");
     expect_bad("{\"input\": \"x\", \"truncation\": \"auto\"}", 400, "truncation", "never cut");
-    expect_bad("{\"input\": \"x\", \"previous_response_id\": \"resp_unknown\"}", 404, "previous_response_id", "no stored");
+    expect_bad("{\"input\": \"x\", \"previous_response_id\": \"resp_unknown\"}", 404, "previous_response_id",
+               "no stored");
     expect_bad("{\"input\": \"x\", \"max_output_tokens\": 4090}", 400, "max_output_tokens", "context");
     expect_bad("{\"input\": \"x\", \"user\": 3, \"prompt_cache_key\": \"k\"}", 400, "user", "string");
 }
@@ -175,7 +200,8 @@ static json_t *events_of(const struct job *j) {
     json_t *e;
     json_array_foreach(ev, i, e) {
         json_t *d = json_object_get(e, "data");
-        assert_string_equal(json_string_value(json_object_get(e, "event")), json_string_value(json_object_get(d, "type")));
+        assert_string_equal(json_string_value(json_object_get(e, "event")),
+                            json_string_value(json_object_get(d, "type")));
         json_array_append(out, d);
     }
     json_decref(ev);
@@ -196,8 +222,8 @@ static void run_sink(struct job *j, const char *reasoning, const char *answer, s
     gen_text_push(&t, answer + cut, strlen(answer) - cut, true);
     const int32_t ids[4] = {11, TOKEN_THINK_END, 12, ended ? TOKEN_IM_END : 13};
     const enum gen_finish f = gen_text_calls(&t) ? GEN_FINISH_TOOL_CALLS : ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
-    j->sink.end(j->sink.ctx, &(struct gen_end){.finish = f, .ids = ids, .n_gen = 4, .n_prompt = j->req.n_prompt,
-                                               .n_cached = 2});
+    j->sink.end(j->sink.ctx,
+                &(struct gen_end){.finish = f, .ids = ids, .n_gen = 4, .n_prompt = j->req.n_prompt, .n_cached = 2});
     gen_text_free(&t);
 }
 
@@ -230,8 +256,10 @@ static void test_sink(void **state) {
             if (stream) {
                 json_t *ev = events_of(j);
                 const size_t ne = json_array_size(ev);
-                assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 0), "type")), "response.created");
-                assert_string_equal(json_string_value(json_object_get(json_array_get(ev, ne - 1), "type")), "response.completed");
+                assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 0), "type")),
+                                    "response.created");
+                assert_string_equal(json_string_value(json_object_get(json_array_get(ev, ne - 1), "type")),
+                                    "response.completed");
                 struct sbuf args = {0};
                 int added = 0, done = 0;
                 for (size_t i = 0; i < ne; i++) {
@@ -257,14 +285,18 @@ static void test_sink(void **state) {
             }
             assert_non_null(resp);
             assert_string_equal(json_string_value(json_object_get(resp, "status")), "completed");
-            assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(resp, "usage"),
-                                                                                "input_tokens_details"), "cached_tokens")), 2);
+            assert_int_equal(
+                json_integer_value(json_object_get(
+                    json_object_get(json_object_get(resp, "usage"), "input_tokens_details"), "cached_tokens")),
+                2);
             json_t *out = output_of(resp);
             assert_int_equal(json_array_size(out), 3);
             assert_string_equal(json_string_value(json_object_get(json_array_get(out, 2), "arguments")),
                                 "{\"city\":\"Bern \\\\ \\\"x\\\"\"}");
-            if (!want) want = json_incref(out);
-            else if (!json_equal(want, out)) fail_msg("cut %zu stream %d: another output", cut, stream);
+            if (!want)
+                want = json_incref(out);
+            else if (!json_equal(want, out))
+                fail_msg("cut %zu stream %d: another output", cut, stream);
             // Stored: GET gives the response as sent.
             char *got = rstore_get_response(&store, j->id);
             assert_non_null(got);
@@ -279,33 +311,39 @@ static void test_sink(void **state) {
 
 static void test_continuation(void **state) {
     struct req_error re;
-    struct job *a = parse("{\"input\": \"One.\", \"instructions\": \"Be brief.\", \"reasoning\": {\"effort\": \"none\"}}", &re);
+    struct job *a =
+        parse("{\"input\": \"One.\", \"instructions\": \"Be brief.\", \"reasoning\": {\"effort\": \"none\"}}", &re);
     if (!a) fail_msg("%s", re.msg);
-    run_sink(a, "", "Sure.", 0, true);   // ended its turn: continuable by tokens
+    run_sink(a, "", "Sure.", 0, true); // ended its turn: continuable by tokens
     char body[512];
-    snprintf(body, sizeof body, "{\"input\": \"Two.\", \"instructions\": \"Be brief.\", \"previous_response_id\": \"%s\", "
-                                "\"reasoning\": {\"effort\": \"none\"}}", a->id);
+    snprintf(body, sizeof body,
+             "{\"input\": \"Two.\", \"instructions\": \"Be brief.\", \"previous_response_id\": \"%s\", "
+             "\"reasoning\": {\"effort\": \"none\"}}",
+             a->id);
     struct job *b = parse(body, &re);
     if (!b) fail_msg("%s", re.msg);
-    const int stored = a->req.n_prompt + 4;   // the prompt and the 4 generated ids
+    const int stored = a->req.n_prompt + 4; // the prompt and the 4 generated ids
     assert_true(b->req.n_prompt > stored);
     assert_memory_equal(b->req.prompt, a->req.prompt, sizeof *a->req.prompt * (size_t)a->req.n_prompt);
     assert_int_equal(b->req.prompt[stored - 1], TOKEN_IM_END);
     assert_true(b->req.boundary > stored);
-    assert_string_equal(b->session, a->id);   // no key given: the response continued
+    assert_string_equal(b->session, a->id); // no key given: the response continued
     // Other instructions: the whole conversation rendered anew, as the same items sent in full would be.
-    snprintf(body, sizeof body, "{\"input\": \"Two.\", \"instructions\": \"Be long.\", \"previous_response_id\": \"%s\", "
-                                "\"reasoning\": {\"effort\": \"none\"}}", a->id);
+    snprintf(body, sizeof body,
+             "{\"input\": \"Two.\", \"instructions\": \"Be long.\", \"previous_response_id\": \"%s\", "
+             "\"reasoning\": {\"effort\": \"none\"}}",
+             a->id);
     struct job *c = parse(body, &re);
     if (!c) fail_msg("%s", re.msg);
-    expect_same_prompt(body, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be long.\"}, {\"role\": \"user\", "
-                             "\"content\": \"One.\"}, {\"role\": \"assistant\", \"content\": \"Sure.\"}, {\"role\": \"user\", "
-                             "\"content\": \"Two.\"}], " OFF "}");
+    expect_same_prompt(
+        body, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be long.\"}, {\"role\": \"user\", "
+              "\"content\": \"One.\"}, {\"role\": \"assistant\", \"content\": \"Sure.\"}, {\"role\": \"user\", "
+              "\"content\": \"Two.\"}], " OFF "}");
     // Not ended (max_output_tokens): rendered anew as well.
     struct job *d = parse("{\"input\": \"One.\", \"reasoning\": {\"effort\": \"none\"}}", &re);
     run_sink(d, "", "Cut", 0, false);
-    snprintf(body, sizeof body, "{\"input\": \"Two.\", \"previous_response_id\": \"%s\", \"reasoning\": {\"effort\": \"none\"}}",
-             d->id);
+    snprintf(body, sizeof body,
+             "{\"input\": \"Two.\", \"previous_response_id\": \"%s\", \"reasoning\": {\"effort\": \"none\"}}", d->id);
     expect_same_prompt(body, "{\"messages\": [{\"role\": \"user\", \"content\": \"One.\"}, {\"role\": \"assistant\", "
                              "\"content\": \"Cut\"}, {\"role\": \"user\", \"content\": \"Two.\"}], " OFF "}");
     // store false: nothing kept.
@@ -332,7 +370,7 @@ static void test_store_bounds(void **state) {
     assert_int_equal(rstore_put(&s, entry("a", 1)), 0);
     assert_int_equal(rstore_put(&s, entry("b", 1)), 0);
     assert_int_equal(rstore_put(&s, entry("c", 1)), 0);
-    free(rstore_get_response(&s, "a"));   // a is used: b is the oldest
+    free(rstore_get_response(&s, "a")); // a is used: b is the oldest
     assert_int_equal(rstore_put(&s, entry("d", 1)), 0);
     char *r;
     assert_null(rstore_get_response(&s, "b"));
@@ -358,7 +396,8 @@ static void test_store_bounds(void **state) {
 
 static int setup(void **state) {
     char err[256];
-    if (!mkdtemp(tok_dir) || synth_write_small_tokenizer(tok_dir, err, sizeof err) || tokenizer_load(tok_dir, &tok, err, sizeof err)) {
+    if (!mkdtemp(tok_dir) || synth_write_small_tokenizer(tok_dir, err, sizeof err) ||
+        tokenizer_load(tok_dir, &tok, err, sizeof err)) {
         fprintf(stderr, "tokenizer: %s\n", err);
         return -1;
     }
@@ -375,12 +414,9 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_translation),
-        cmocka_unit_test(test_bad_requests),
-        cmocka_unit_test(test_fields_and_sampling),
-        cmocka_unit_test(test_sink),
-        cmocka_unit_test(test_continuation),
-        cmocka_unit_test(test_store_bounds),
+        cmocka_unit_test(test_translation),         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_fields_and_sampling), cmocka_unit_test(test_sink),
+        cmocka_unit_test(test_continuation),        cmocka_unit_test(test_store_bounds),
     };
     return cmocka_run_group_tests_name("responses", tests, setup, teardown);
 }

@@ -63,13 +63,13 @@ static void test_pick_limits(void **state) {
         const int best = row(x);
         struct engine_choice c;
         assert_int_equal(pick_row(x, V, &(struct engine_pick){.n_top = -1}, NULL, NULL, &c), 0);
-        assert_int_equal(c.chosen, best);   // greedy: the argmax
+        assert_int_equal(c.chosen, best); // greedy: the argmax
         assert_int_equal(c.greedy, best);
         for (uint64_t step = 0; step < 50; step++) {
             const struct engine_sampling k1 = {.temperature = 1, .top_p = 1, .top_k = 1, .seed = 7 + (uint64_t)r};
             const struct engine_sampling cold = {.temperature = 1e-3f, .top_p = 1, .seed = 7 + (uint64_t)r};
-            assert_int_equal(draw(x, V, &k1, step, NULL, NULL), best);     // top_k 1: the argmax, whatever the draw
-            assert_int_equal(draw(x, V, &cold, step, NULL, NULL), best);   // temperature -> 0: the argmax
+            assert_int_equal(draw(x, V, &k1, step, NULL, NULL), best);   // top_k 1: the argmax, whatever the draw
+            assert_int_equal(draw(x, V, &cold, step, NULL, NULL), best); // temperature -> 0: the argmax
         }
     }
 }
@@ -97,11 +97,11 @@ static void test_pick_distribution(void **state) {
 
 // top_p, min_p, top_k and the mask keep exactly the ids they should; every kept id is drawn.
 static void test_pick_cuts(void **state) {
-    const float x[6] = {0.0f, 1.0f, 2.0f, 0.5f, -1.0f, 1.5f};   // by probability: 2, 5, 1, 3, 0, 4
+    const float x[6] = {0.0f, 1.0f, 2.0f, 0.5f, -1.0f, 1.5f}; // by probability: 2, 5, 1, 3, 0, 4
     const int n = 6;
     const struct {
         struct engine_sampling s;
-        unsigned kept;   // bit i: id i may be drawn
+        unsigned kept; // bit i: id i may be drawn
     } cases[] = {
         {{.temperature = 1, .top_p = 1, .top_k = 2}, 1u << 2 | 1u << 5},
         {{.temperature = 1, .top_p = 1, .top_k = 3}, 1u << 2 | 1u << 5 | 1u << 1},
@@ -118,7 +118,8 @@ static void test_pick_cuts(void **state) {
         unsigned seen_ids = 0;
         for (int step = 0; step < 4000; step++) {
             const int32_t id = draw(x, n, &s, (uint64_t)step, NULL, NULL);
-            if (!(cases[c].kept >> id & 1)) fail_msg("case %zu: drew %d, outside the kept set %#x", c, id, cases[c].kept);
+            if (!(cases[c].kept >> id & 1))
+                fail_msg("case %zu: drew %d, outside the kept set %#x", c, id, cases[c].kept);
             seen_ids |= 1u << id;
         }
         assert_int_equal(seen_ids, cases[c].kept);
@@ -142,10 +143,11 @@ static void test_pick_penalty_and_seed(void **state) {
     const struct engine_sampling none = {.temperature = 1e-3f, .top_p = 1, .seed = 1};
     for (int step = 0; step < 20; step++) {
         assert_int_not_equal(draw(x, V, &pen, (uint64_t)step, NULL, seen), best);
-        assert_int_equal(draw(x, V, &none, (uint64_t)step, NULL, seen), best);   // no penalty: seen changes nothing
+        assert_int_equal(draw(x, V, &none, (uint64_t)step, NULL, seen), best); // no penalty: seen changes nothing
     }
     // A draw is a function of (seed, step): the same pair, the same id; two seeds, two streams.
-    const struct engine_sampling a = {.temperature = 1.5f, .top_p = 1, .seed = 1}, b = {.temperature = 1.5f, .top_p = 1, .seed = 2};
+    const struct engine_sampling a = {.temperature = 1.5f, .top_p = 1, .seed = 1},
+                                 b = {.temperature = 1.5f, .top_p = 1, .seed = 2};
     int differ = 0;
     for (uint64_t step = 0; step < 64; step++) {
         assert_int_equal(draw(x, V, &a, step, NULL, NULL), draw(x, V, &a, step, NULL, NULL));
@@ -159,8 +161,12 @@ static void test_pick_penalty_and_seed(void **state) {
 static struct engine *eng;
 static char dir[256];
 
-static int setup(void **state) { return tiny_engine_open("sampling", 3, dir, sizeof dir, &eng); }
-static int teardown(void **state) { return tiny_engine_close(dir, eng); }
+static int setup(void **state) {
+    return tiny_engine_open("sampling", 3, dir, sizeof dir, &eng);
+}
+static int teardown(void **state) {
+    return tiny_engine_close(dir, eng);
+}
 
 enum { N_GEN = 16 };
 static const int32_t prompt[] = {11, 2024, 7, 31337, 5, 900};
@@ -186,7 +192,10 @@ static void gen(const struct gen_sampling *s, bool logprobs, int32_t *out, struc
     const int vocab = engine_geometry(eng)->vocab;
     float *logits = engine_logits_alloc(eng, (size_t)vocab);
     assert_non_null(logits);
-    struct gen_request r = {.prompt = (int32_t *)prompt, .n_prompt = N_PROMPT, .max_tokens = N_GEN, .ignore_stop = true,
+    struct gen_request r = {.prompt = (int32_t *)prompt,
+                            .n_prompt = N_PROMPT,
+                            .max_tokens = N_GEN,
+                            .ignore_stop = true,
                             .logprobs = logprobs ? 2 : -1};
     if (s) r.sampling = *s;
     const struct gen_env env = {.e = eng, .s = sq, .logits = logits, .vocab = vocab};
@@ -201,7 +210,9 @@ static void gen(const struct gen_sampling *s, bool logprobs, int32_t *out, struc
     seq_free(sq);
 }
 
-static bool same(const int32_t *a, const int32_t *b) { return !memcmp(a, b, sizeof *a * N_GEN); }
+static bool same(const int32_t *a, const int32_t *b) {
+    return !memcmp(a, b, sizeof *a * N_GEN);
+}
 
 // The greedy output, made once.
 static const int32_t *greedy_ids(void) {
@@ -218,20 +229,20 @@ static void test_generate_sampled(void **state) {
     const struct gen_sampling s = {.on = true, .temperature = 1.0f, .top_p = 1, .seed = 42, .has_seed = true};
     gen(&s, false, a, NULL);
     gen(&s, false, b, NULL);
-    assert_true(same(a, b));        // the same seed: the same tokens
-    assert_false(same(a, greedy));  // and drawn, not the argmax
+    assert_true(same(a, b));       // the same seed: the same tokens
+    assert_false(same(a, greedy)); // and drawn, not the argmax
     struct gen_sampling s2 = s;
     s2.seed = 43;
     gen(&s2, false, c, NULL);
-    assert_false(same(a, c));       // another seed: other tokens
+    assert_false(same(a, c)); // another seed: other tokens
     struct gen_sampling cold = s;
     cold.temperature = 1e-4f;
     gen(&cold, false, t0, NULL);
-    assert_true(same(t0, greedy));  // temperature -> 0: greedy
+    assert_true(same(t0, greedy)); // temperature -> 0: greedy
     struct gen_sampling top1 = s;
     top1.top_k = 1;
     gen(&top1, false, k1, NULL);
-    assert_true(same(k1, greedy));  // top_k 1: greedy
+    assert_true(same(k1, greedy)); // top_k 1: greedy
     // With logprobs the engine reports the row besides the draw: the same tokens, and the ids the
     // logprobs name are the drawn ones.
     struct lp_sink lps = {0};
@@ -272,7 +283,8 @@ static void by_hand(const struct engine_sampling *s, float penalty, int32_t *out
         }
         out[i] = best;
         seen[best >> 5] |= 1u << (best & 31);
-        if (i + 1 < N_GEN) assert_int_equal(engine_forward(eng, sq, &out[i], 1, &fo, &next, err, sizeof err), ENGINE_OK);
+        if (i + 1 < N_GEN)
+            assert_int_equal(engine_forward(eng, sq, &out[i], 1, &fo, &next, err, sizeof err), ENGINE_OK);
     }
     free(x), free(scratch), free(seen);
     seq_free(sq);
@@ -281,7 +293,8 @@ static void by_hand(const struct engine_sampling *s, float penalty, int32_t *out
 // Token i is the draw of step i of the request's seed, from the row after the tokens before it.
 static void test_generate_is_the_draw(void **state) {
     const struct engine_sampling es = {.temperature = 0.8f, .top_p = 0.95f, .top_k = 50, .seed = 7};
-    const struct gen_sampling s = {.on = true, .temperature = 0.8f, .top_p = 0.95f, .top_k = 50, .seed = 7, .has_seed = true};
+    const struct gen_sampling s = {
+        .on = true, .temperature = 0.8f, .top_p = 0.95f, .top_k = 50, .seed = 7, .has_seed = true};
     int32_t ref[N_GEN], got[N_GEN];
     by_hand(&es, 0, ref);
     gen(&s, false, got, NULL);
@@ -298,8 +311,8 @@ static void test_generate_presence_penalty(void **state) {
     int32_t ref[N_GEN], pen[N_GEN];
     by_hand(NULL, penalty, ref);
     if (same(ref, greedy_ids())) fail_msg("the penalty changes nothing here: the test says nothing (another prompt)");
-    const struct gen_sampling s = {.on = true, .temperature = 1, .top_p = 1, .top_k = 1, .presence_penalty = penalty,
-                                   .seed = 1};
+    const struct gen_sampling s = {
+        .on = true, .temperature = 1, .top_p = 1, .top_k = 1, .presence_penalty = penalty, .seed = 1};
     gen(&s, false, pen, NULL);
     for (int i = 0; i < N_GEN; i++) assert_int_equal(pen[i], ref[i]);
 }

@@ -24,7 +24,7 @@ static int V;
 
 enum { N = 40 };
 
-static void prompt(int32_t *t, int n) {   // the bench rule (docs/BENCH.md)
+static void prompt(int32_t *t, int n) { // the bench rule (docs/BENCH.md)
     for (int i = 0; i < n; i++) t[i] = (int32_t)(((uint64_t)i * 2654435761u & 0xffffffffu) % (uint32_t)V);
 }
 
@@ -165,7 +165,8 @@ static void test_decode_from_equals_prefill(void **state) {
 static void scored_reference(const int32_t *t, int n, bool full, struct score_run *a, struct score_run *ref) {
     char err[512];
     score(t, n, 16, 0, full, NULL, a, NULL);
-    if (score_write_json(ref_path, a, NULL, NULL, dir, err, sizeof err) || score_read_json(ref_path, ref, err, sizeof err))
+    if (score_write_json(ref_path, a, NULL, NULL, dir, err, sizeof err) ||
+        score_read_json(ref_path, ref, err, sizeof err))
         fail_msg("%s", err);
 }
 
@@ -178,22 +179,26 @@ static void self_comparison(int n, bool full) {
     scored_reference(t, n, full, &a, &ref);
     assert_int_equal(ref.n_tokens, n);
     assert_int_equal(!!ref.full, full);
-    assert_memory_equal(ref.top_logits, a.top_logits, sizeof(float) * 16 * (size_t)(n - 1));   // %.9g round-trips
+    assert_memory_equal(ref.top_logits, a.top_logits, sizeof(float) * 16 * (size_t)(n - 1)); // %.9g round-trips
     score(t, n, 16, 0, false, &ref, &b, &c);
     assert_int_equal(c.positions, n - 1);
     assert_true(c.kl_mean == 0 && c.kl_p999 == 0 && c.kl_max == 0);
     assert_int_equal(c.top1_same, n - 1);
     assert_int_equal(c.top1_same_clear, c.n_clear);
     assert_true(c.nle_max == 0 && c.nle_all == 0);
-    assert_true(full ? c.tail_max == 0 : c.tail_max > 0 && c.tail_max < 1);   // a random model's rows are flat
+    assert_true(full ? c.tail_max == 0 : c.tail_max > 0 && c.tail_max < 1); // a random model's rows are flat
     score_run_free(&a);
     score_run_free(&b);
     score_run_free(&ref);
     score_cmp_free(&c);
 }
 
-static void test_self_comparison(void **state) { self_comparison(N, false); }
-static void test_self_comparison_full_rows(void **state) { self_comparison(6, true); }
+static void test_self_comparison(void **state) {
+    self_comparison(N, false);
+}
+static void test_self_comparison_full_rows(void **state) {
+    self_comparison(6, true);
+}
 
 // A reference whose top two are swapped at every third position, and whose logits are shifted at
 // one position, is told apart: agreement drops by exactly those positions, KL and error rise.
@@ -215,7 +220,7 @@ static void test_perturbed_reference_detected(void **state) {
     assert_true(c.kl_max > 1e-3);
     assert_true(c.kl_mean > 0);
     assert_true(c.nle_max > 1e-3);
-    assert_true(c.kl[1] == 0);   // an untouched position
+    assert_true(c.kl[1] == 0); // an untouched position
     score_run_free(&a);
     score_run_free(&b);
     score_run_free(&ref);
@@ -229,9 +234,9 @@ static void test_command_and_bad_input(void **state) {
     prompt(t, N);
     write_tokens(tok_path, t, N);
     assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--json", ref_path, NULL), 0);
-    assert_int_equal(cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--reference", ref_path, "--top-k",
-                         "4", NULL),
-                     0);
+    assert_int_equal(
+        cli("--model", dir, "--tokens", tok_path, "--backend", "cpu", "--reference", ref_path, "--top-k", "4", NULL),
+        0);
     assert_int_equal(cli("--model", dir, "--tokens", "/nonexistent/tokens", "--backend", "cpu", NULL), 2);
     assert_int_equal(cli("--model", dir, "--text", "/nonexistent/text", "--backend", "cpu", NULL), 2);
     assert_int_equal(cli("--model", dir, "--backend", "cpu", NULL), 2);
@@ -253,7 +258,7 @@ static void test_command_and_bad_input(void **state) {
     write_text(tmp_path, "1 2 248320");
     assert_int_equal(score_read_tokens(tmp_path, V, &ids, &n, err, sizeof err), -1);
     assert_non_null(strstr(err, "outside the vocabulary"));
-    FILE *f = fopen(tmp_path, "w");   // one token more than the context
+    FILE *f = fopen(tmp_path, "w"); // one token more than the context
     for (int i = 0; i <= QWEN_MAX_CTX; i++) fputs("1 ", f);
     fclose(f);
     assert_int_equal(score_read_tokens(tmp_path, V, &ids, &n, err, sizeof err), -1);
@@ -276,7 +281,7 @@ static void test_command_and_bad_input(void **state) {
         write_text(tmp_path, bad_refs[i]);
         struct score_run r;
         int rc = score_read_json(tmp_path, &r, err, sizeof err);
-        if (rc == 0) {   // the last one is well-formed: it fails only against another sequence
+        if (rc == 0) { // the last one is well-formed: it fails only against another sequence
             assert_int_equal(score_check_reference(&r, t, N, V, err, sizeof err), -1);
             score_run_free(&r);
         }

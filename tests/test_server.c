@@ -94,11 +94,11 @@ static void test_channel_stop_across_pieces(void **state) {
     struct text_side x;
     text_side_init(&x, stops, 2, false);
     assert_false(gen_text_push(&x.t, "hello E", 7, false));
-    assert_string_equal(x.out.answer.p, "hello ");   // "E" is held: it may start "END"
+    assert_string_equal(x.out.answer.p, "hello "); // "E" is held: it may start "END"
     assert_false(gen_text_push(&x.t, "Nx", 2, false));
-    assert_string_equal(x.out.answer.p, "hello EN");   // "ENx" cannot be "END"; "x" may start "xyz"
+    assert_string_equal(x.out.answer.p, "hello EN"); // "ENx" cannot be "END"; "x" may start "xyz"
     assert_true(gen_text_push(&x.t, "yz tail", 7, false));
-    assert_string_equal(x.out.answer.p, "hello EN");   // cut before the stop string
+    assert_string_equal(x.out.answer.p, "hello EN"); // cut before the stop string
     text_side_free(&x);
 }
 
@@ -113,12 +113,12 @@ static void test_channel_earliest_stop_wins(void **state) {
 
 static void test_channel_flush_and_newlines(void **state) {
     struct text_side x;
-    text_side_init(&x, NULL, 0, true);   // the output opens in the reasoning channel
+    text_side_init(&x, NULL, 0, true); // the output opens in the reasoning channel
     gen_text_push(&x.t, "\n\nthink", 7, false);
     gen_text_push(&x.t, "ing\n", 4, false);
-    assert_string_equal(x.out.reasoning.p, "thinking");   // the newline is held...
+    assert_string_equal(x.out.reasoning.p, "thinking"); // the newline is held...
     gen_text_push(&x.t, "\nmore\n", 6, true);
-    assert_string_equal(x.out.reasoning.p, "thinking\n\nmore");   // ...and dropped at the end
+    assert_string_equal(x.out.reasoning.p, "thinking\n\nmore"); // ...and dropped at the end
     assert_null(x.out.answer.p);
     text_side_free(&x);
 }
@@ -140,8 +140,8 @@ static void test_channel_stream_equals_total(void **state) {
     while (p && (p = strstr(p, "data: "))) {
         json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
         assert_non_null(c);
-        const char *s = json_string_value(json_object_get(
-            json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta"), "content"));
+        const char *s = json_string_value(
+            json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta"), "content"));
         if (s) sbuf_add(&cat, s, strlen(s));
         json_decref(c);
         p += 6;
@@ -153,12 +153,12 @@ static void test_channel_stream_equals_total(void **state) {
 }
 
 static void test_channel_utf8_holdback(void **state) {
-    const char *stops[] = {"\xc3\xa9t\xc3\xa9"};   // "été"
+    const char *stops[] = {"\xc3\xa9t\xc3\xa9"}; // "été"
     struct job *j = stream_job(stops, 1);
     const struct openai_resp *o = j->sink.ctx;
     struct gen_text t;
     gen_text_init(&t, &j->req, &j->sink);
-    assert_false(gen_text_push(&t, "caf\xc3\xa9", 5, false));   // "café": "é" may start the stop
+    assert_false(gen_text_push(&t, "caf\xc3\xa9", 5, false)); // "café": "é" may start the stop
     assert_string_equal(o->content.p, "caf");
     assert_false(gen_text_push(&t, "!", 1, true));
     assert_string_equal(o->content.p, "caf\xc3\xa9!");
@@ -181,12 +181,19 @@ static int greedy(const char *json, const char **param) {
 static void test_greedy_table(void **state) {
     const char *p;
     assert_int_equal(greedy("{\"temperature\": 0, \"top_p\": 1, \"n\": 1, \"top_k\": -1, \"seed\": null, "
-                            "\"logit_bias\": {}, \"logprobs\": false, \"presence_penalty\": 0.0}", &p), 0);
+                            "\"logit_bias\": {}, \"logprobs\": false, \"presence_penalty\": 0.0}",
+                            &p),
+                     0);
     static const char *const bad[][2] = {
-        {"{\"temperature\": 0.1}", "temperature"}, {"{\"top_p\": 0.5}", "top_p"},   {"{\"top_k\": 2}", "top_k"},
-        {"{\"n\": 3}", "n"},                       {"{\"seed\": 0}", "seed"},         {"{\"min_p\": 0.1}", "min_p"},
+        {"{\"temperature\": 0.1}", "temperature"},
+        {"{\"top_p\": 0.5}", "top_p"},
+        {"{\"top_k\": 2}", "top_k"},
+        {"{\"n\": 3}", "n"},
+        {"{\"seed\": 0}", "seed"},
+        {"{\"min_p\": 0.1}", "min_p"},
         {"{\"logit_bias\": {\"5\": 1}}", "logit_bias"},
-        {"{\"frequency_penalty\": -1}", "frequency_penalty"}, {"{\"temperature\": \"0\"}", "temperature"},
+        {"{\"frequency_penalty\": -1}", "frequency_penalty"},
+        {"{\"temperature\": \"0\"}", "temperature"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(greedy(bad[i][0], &p), -1);
@@ -206,14 +213,14 @@ static void test_logprobs_of(void **state) {
     assert_int_equal(t.id, 1);
     assert_true(fabs(t.lp - (3.0 - lse)) < 1e-5);
     assert_int_equal(t.n_top, 3);
-    assert_int_equal(t.top_id[0], 1);   // ties: the lower id first
+    assert_int_equal(t.top_id[0], 1); // ties: the lower id first
     assert_int_equal(t.top_id[1], 3);
     assert_int_equal(t.top_id[2], 2);
     assert_true(fabs(t.top_lp[2] - (2.0 - lse)) < 1e-5);
     gen_logprobs(logits, 5, 4, 0, &t);
     assert_int_equal(t.n_top, 0);
     assert_true(fabs(t.lp - (-1.0 - lse)) < 1e-5);
-    gen_logprobs(logits, 5, 0, 20, &t);   // k above the vocabulary
+    gen_logprobs(logits, 5, 0, 20, &t); // k above the vocabulary
     assert_int_equal(t.n_top, 5);
     assert_int_equal(t.top_id[4], 4);
 }
@@ -223,7 +230,7 @@ static void test_logprobs_of(void **state) {
 static void test_auth_keys(void **state) {
     struct auth a = {0};
     char err[256];
-    assert_true(auth_check(&a, NULL));   // no keys: open
+    assert_true(auth_check(&a, NULL)); // no keys: open
     assert_int_equal(auth_add_key(&a, "sk-abc", err, sizeof err), 0);
     assert_int_equal(auth_add_key(&a, "second", err, sizeof err), 0);
     assert_int_equal(auth_add_key(&a, "", err, sizeof err), -1);
@@ -303,9 +310,9 @@ static void test_session_cache(void **state) {
     assert_int_equal(seq_capacity(w), CTX);
     assert_int_equal(scache_lookup(&c, a, 6)->n, 6);
     assert_int_equal(engine_forward(eng, w, b, 3, NULL, &next, err, sizeof err), ENGINE_OK);
-    assert_int_equal(scache_lookup(&c, a, 4)->n, 4);   // touch A4: A6 is now the oldest
+    assert_int_equal(scache_lookup(&c, a, 4)->n, 4); // touch A4: A6 is now the oldest
     assert_int_equal(scache_store_copy(&c, w, b, 3, next, err, sizeof err), 0);
-    assert_int_equal(scache_lookup(&c, a, 6)->n, 4);   // A6 was evicted
+    assert_int_equal(scache_lookup(&c, a, 6)->n, 4); // A6 was evicted
     assert_non_null(scache_lookup(&c, b, 3));
     // A duplicate refreshes, it does not take a slot.
     assert_int_equal(scache_store_copy(&c, w, b, 3, next, err, sizeof err), 0);
@@ -330,8 +337,8 @@ static void test_cache_off(void **state) {
 static void test_loopback(void **state) {
     char cmd[2 * PATH_MAX + 256];
     const char *quick = getenv("CALLA_SERVER_QUICK"), *soak = getenv("CALLA_SERVER_SOAK");
-    snprintf(cmd, sizeof cmd, "python3 tests/test_server.py --bin %s/calla --model %s%s --soak %s", bin_dir,
-             model_dir, quick && *quick && strcmp(quick, "0") ? " --quick" : "", soak && *soak ? soak : "500");
+    snprintf(cmd, sizeof cmd, "python3 tests/test_server.py --bin %s/calla --model %s%s --soak %s", bin_dir, model_dir,
+             quick && *quick && strcmp(quick, "0") ? " --quick" : "", soak && *soak ? soak : "500");
     fprintf(stderr, "%s\n", cmd);
     int rc = system(cmd);
     assert_int_equal(rc, 0);
@@ -403,8 +410,10 @@ int main(int argc, char **argv) {
     snprintf(bin_dir, sizeof bin_dir, "%s", argv[0]);
     for (int k = 0; k < 2; k++) {
         char *slash = strrchr(bin_dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(bin_dir, sizeof bin_dir, "%s", k ? "." : "..");
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(bin_dir, sizeof bin_dir, "%s", k ? "." : "..");
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_channel_stop_across_pieces),

@@ -147,22 +147,22 @@ static void test_verify_refusals(void **state) {
     prompt(t, 16, 9);
     struct seq *s = new_seq(12), *c = new_seq(12);
     forward_rows(s, t, 4, NULL, &a);
-    assert_int_equal(engine_verify(eng, s, t, 1, all, err, sizeof err), ENGINE_ERROR);   // nothing to verify
-    assert_int_equal(engine_verify(eng, s, t, 9, all, err, sizeof err), ENGINE_ERROR);   // past verify_max
+    assert_int_equal(engine_verify(eng, s, t, 1, all, err, sizeof err), ENGINE_ERROR); // nothing to verify
+    assert_int_equal(engine_verify(eng, s, t, 9, all, err, sizeof err), ENGINE_ERROR); // past verify_max
     assert_non_null(strstr(err, "2 to 8"));
-    assert_int_equal(engine_verify_keep(eng, s, 1, err, sizeof err), ENGINE_ERROR);    // no verification
+    assert_int_equal(engine_verify_keep(eng, s, 1, err, sizeof err), ENGINE_ERROR); // no verification
     assert_int_equal(seq_pos(s), 4);
     int32_t bad[2] = {t[0], V};
     assert_int_equal(engine_verify(eng, s, bad, 2, all, err, sizeof err), ENGINE_ERROR);
-    assert_int_equal(engine_verify(eng, s, t, 8, all, err, sizeof err), ENGINE_OK);   // 4 + 8 = 12: fits
-    assert_int_equal(engine_forward(eng, s, t, 1, NULL, &a, err, sizeof err), ENGINE_ERROR);   // unsettled
+    assert_int_equal(engine_verify(eng, s, t, 8, all, err, sizeof err), ENGINE_OK);          // 4 + 8 = 12: fits
+    assert_int_equal(engine_forward(eng, s, t, 1, NULL, &a, err, sizeof err), ENGINE_ERROR); // unsettled
     assert_int_equal(engine_verify(eng, s, t, 2, all, err, sizeof err), ENGINE_ERROR);
     assert_int_equal(seq_copy(c, s, err, sizeof err), -1);
     assert_int_equal(engine_verify_keep(eng, s, 0, err, sizeof err), ENGINE_ERROR);
     assert_int_equal(engine_verify_keep(eng, s, 9, err, sizeof err), ENGINE_ERROR);
     assert_int_equal(engine_verify_keep(eng, s, 2, err, sizeof err), ENGINE_OK);
     assert_int_equal(seq_pos(s), 6);
-    assert_int_equal(engine_verify(eng, s, t, 7, all, err, sizeof err), ENGINE_ERROR);   // 6 + 7 > 12
+    assert_int_equal(engine_verify(eng, s, t, 7, all, err, sizeof err), ENGINE_ERROR); // 6 + 7 > 12
     assert_non_null(strstr(err, "capacity"));
     seq_free(s);
     seq_free(c);
@@ -177,34 +177,47 @@ struct outcome {
     int rc, n, stop, drafted, accepted, pos;
     enum gen_finish finish;
     int32_t ids[MAXN + 1];
-    float *after;   // [V] the logits of forwarding the last generated token from the end state
+    float *after; // [V] the logits of forwarding the last generated token from the end state
     struct sbuf text;
 };
 
 struct counter {
-    int tokens, cancel_after;   // cancel once this many tokens are out (0: never)
+    int tokens, cancel_after; // cancel once this many tokens are out (0: never)
 };
-static void count_token(void *ctx, int32_t id) { ((struct counter *)ctx)->tokens++; }
+static void count_token(void *ctx, int32_t id) {
+    ((struct counter *)ctx)->tokens++;
+}
 static bool counter_cancelled(void *arg) {
     const struct counter *c = arg;
     return c->cancel_after && c->tokens >= c->cancel_after;
 }
-static void keep_text(void *ctx, enum gen_channel ch, const char *s, size_t n) { sbuf_add(ctx, s, n); }
+static void keep_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    sbuf_add(ctx, s, n);
+}
 
 struct sink_ctx {
     struct counter c;
     struct sbuf text;
 };
-static void sink_token(void *ctx, int32_t id) { count_token(&((struct sink_ctx *)ctx)->c, id); }
-static void sink_text(void *ctx, enum gen_channel ch, const char *s, size_t n) { keep_text(&((struct sink_ctx *)ctx)->text, ch, s, n); }
+static void sink_token(void *ctx, int32_t id) {
+    count_token(&((struct sink_ctx *)ctx)->c, id);
+}
+static void sink_text(void *ctx, enum gen_channel ch, const char *s, size_t n) {
+    keep_text(&((struct sink_ctx *)ctx)->text, ch, s, n);
+}
 
 static void generate_once(const struct gen_request *req, bool speculative, const struct tokenizer *tok,
                           int cancel_after, struct outcome *o) {
     struct seq *s = new_seq(CAP);
     struct sink_ctx k = {.c = {.cancel_after = cancel_after}};
     const struct gen_sink sink = {.ctx = &k, .token = sink_token, .text = sink_text};
-    const struct gen_env env = {.e = eng, .s = s, .tok = tok, .vocab = V, .speculative = speculative,
-                                .cancelled = counter_cancelled, .arg = &k.c};
+    const struct gen_env env = {.e = eng,
+                                .s = s,
+                                .tok = tok,
+                                .vocab = V,
+                                .speculative = speculative,
+                                .cancelled = counter_cancelled,
+                                .arg = &k.c};
     struct gen_result res;
     memset(o, 0, sizeof *o);
     o->rc = generate(&env, req, 0, NULL, &sink, &res);
@@ -213,7 +226,7 @@ static void generate_once(const struct gen_request *req, bool speculative, const
     assert_true(res.n <= MAXN);
     if (res.n) memcpy(o->ids, res.ids, sizeof *res.ids * (size_t)res.n);
     o->text = k.text;
-    if (o->rc == ENGINE_OK && res.n) {   // the end state continues as the twin's
+    if (o->rc == ENGINE_OK && res.n) { // the end state continues as the twin's
         int32_t nx;
         o->after = malloc(sizeof(float) * V);
         forward_rows(s, &res.ids[res.n - 1], 1, o->after, &nx);
@@ -241,7 +254,7 @@ static int expect_same(const char *what, const struct gen_request *req, const st
     assert_int_equal(a.drafted, 0);
     if (a.rc == ENGINE_OK) {
         if (a.pos != b.pos) fail_msg("%s: end state at %d, plain %d", what, b.pos, a.pos);
-        assert_int_equal(a.pos, req->n_prompt + a.n - 1);   // every generated token but the last
+        assert_int_equal(a.pos, req->n_prompt + a.n - 1); // every generated token but the last
         if (a.n && memcmp(a.after, b.after, sizeof(float) * V)) fail_msg("%s: the end states differ", what);
     }
     if (a.text.len != b.text.len || (a.text.len && memcmp(a.text.p, b.text.p, a.text.len)))
@@ -265,7 +278,8 @@ static void continuation(const struct gen_request *req, const struct tokenizer *
 
 // A request on prompt p [n] that runs to max_tokens.
 static struct gen_request request(int32_t *p, int n, int max_tokens) {
-    return (struct gen_request){.prompt = p, .n_prompt = n, .max_tokens = max_tokens, .logprobs = -1, .ignore_stop = true};
+    return (struct gen_request){
+        .prompt = p, .n_prompt = n, .max_tokens = max_tokens, .logprobs = -1, .ignore_stop = true};
 }
 
 // Prompts alone: a repetitive one and a hash one. This model (random weights) repeats neither its
@@ -291,7 +305,7 @@ static void test_generate_request_draft(void **state) {
     assert_int_equal(nc, 40);
     r.draft = cont, r.n_draft = nc;
     int drafted, acc = expect_same("own continuation", &r, NULL, 0, &drafted);
-    assert_true(acc >= 28);   // the first draft comes after the first token; a few tokens are bonus ones
+    assert_true(acc >= 28); // the first draft comes after the first token; a few tokens are bonus ones
     assert_int_equal(acc, drafted);
     int32_t bad[MAXN];
     memcpy(bad, cont, sizeof bad[0] * (size_t)nc);
@@ -299,7 +313,7 @@ static void test_generate_request_draft(void **state) {
     r.draft = bad;
     acc = expect_same("corrupted continuation", &r, NULL, 0, &drafted);
     assert_true(acc > 0 && acc < drafted);
-    bad[5] = V;   // an id outside the vocabulary: the draft is dropped, the request still served
+    bad[5] = V; // an id outside the vocabulary: the draft is dropped, the request still served
     r.draft = bad;
     acc = expect_same("draft with a bad id", &r, NULL, 0, &drafted);
     assert_int_equal(acc, 0);
@@ -328,7 +342,7 @@ static void test_generate_reasoning_budget(void **state) {
     struct gen_request r = request(p, P, 30);
     r.reasoning = true;
     continuation(&r, synth_tok, cont, &nc);
-    r.reasoning_budget = 3;   // the first draft (4 tokens, after the first token) holds the forced place
+    r.reasoning_budget = 3; // the first draft (4 tokens, after the first token) holds the forced place
     r.draft = cont, r.n_draft = nc;
     const int acc = expect_same("reasoning budget", &r, synth_tok, 0, NULL);
     assert_true(acc > 0);
@@ -422,14 +436,10 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rows_equal_steps),
-        cmocka_unit_test(test_verify_keep_every_keep),
-        cmocka_unit_test(test_verify_refusals),
-        cmocka_unit_test(test_generate_prompt_only),
-        cmocka_unit_test(test_generate_request_draft),
-        cmocka_unit_test(test_generate_reasoning_budget),
-        cmocka_unit_test(test_generate_stop_string),
-        cmocka_unit_test(test_generate_logprobs_plain),
+        cmocka_unit_test(test_rows_equal_steps),       cmocka_unit_test(test_verify_keep_every_keep),
+        cmocka_unit_test(test_verify_refusals),        cmocka_unit_test(test_generate_prompt_only),
+        cmocka_unit_test(test_generate_request_draft), cmocka_unit_test(test_generate_reasoning_budget),
+        cmocka_unit_test(test_generate_stop_string),   cmocka_unit_test(test_generate_logprobs_plain),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

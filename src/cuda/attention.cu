@@ -18,7 +18,7 @@ static __global__ void attn_prep_kernel(const float *qg, const float *k, const f
                                         double theta, float eps) {
     __shared__ float buf[AT_MAXD];
     __shared__ float sh[32];
-    const int t = blockIdx.x, h = blockIdx.y, p = (d_pos ? *d_pos : p0) + t;   // (written before the step)
+    const int t = blockIdx.x, h = blockIdx.y, p = (d_pos ? *d_pos : p0) + t; // (written before the step)
     // RoPE's cos / sin of this thread's columns before the wait: they depend on the position only
     constexpr int PER = AT_MAXD / AT_PREP_THREADS;
     const int half = rope_dim / 2;
@@ -38,7 +38,7 @@ static __global__ void attn_prep_kernel(const float *qg, const float *k, const f
     const int j = h - n_heads;
     const float *src = is_q ? qg + ((size_t)t * n_heads + h) * 2 * D : k + ((size_t)t * n_kv + j) * D;
     const float *nw = is_q ? q_norm : k_norm;
-    float vv[PER];   // the raw v of this thread's columns (kv heads), read with the input
+    float vv[PER]; // the raw v of this thread's columns (kv heads), read with the input
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int d = threadIdx.x + i * AT_PREP_THREADS;
@@ -60,7 +60,8 @@ static __global__ void attn_prep_kernel(const float *qg, const float *k, const f
             const float c = rc[i], s = rs[i], a = buf[m], b = buf[m + half];
             out = d < half ? a * c - b * s : a * s + b * c;
         }
-        if (is_q) q[((size_t)t * n_heads + h) * D + d] = out;
+        if (is_q)
+            q[((size_t)t * n_heads + h) * D + d] = out;
         else {
             const size_t at = ((size_t)j * cap + p) * D + d;
             kc[at] = f2bf16(out);
@@ -75,8 +76,8 @@ extern "C" int k_attn_prep(const float *qg, const float *k, const float *v, cons
     if (T <= 0) return 0;
     if (D > AT_MAXD) return (int)cudaErrorInvalidValue;
     dim3 grid(T, n_heads + n_kv);
-    attn_prep_kernel<<<grid, AT_PREP_THREADS, 0, (cudaStream_t)stream>>>(qg, k, v, q_norm, k_norm, q, kc, vc, p0, nullptr, cap,
-                                                             n_heads, n_kv, D, rope_dim, theta, eps);
+    attn_prep_kernel<<<grid, AT_PREP_THREADS, 0, (cudaStream_t)stream>>>(
+        qg, k, v, q_norm, k_norm, q, kc, vc, p0, nullptr, cap, n_heads, n_kv, D, rope_dim, theta, eps);
     return launch_status();
 }
 
@@ -102,14 +103,15 @@ static __device__ __forceinline__ void dec_split(int n_keys, int ns_max, int *n,
 // DC_GROUPS groups of threads sum their share of the splits per column d (independent loads), and
 // the groups' sums are added in a fixed order.
 enum { DC_GROUPS = 4, DC_THREADS = DC_GROUPS * AT_MAXD };
-static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const float *part, const float *qg, float *o,
-                                                                        int n_heads, int D, int stride, const int *d_pos) {
+static __global__ void __launch_bounds__(DC_THREADS)
+    dec_combine_kernel(const float *part, const float *qg, float *o, int n_heads, int D, int stride, const int *d_pos) {
     __shared__ float ws[AT_MAX_SPLITS];
     __shared__ float sh[32];
     __shared__ float acc_g[DC_GROUPS][AT_MAXD];
     pdl_wait();
-    const int tok = blockIdx.y;   // token tok of the step's T: its own position, q, partials and output
-    part += (size_t)tok * n_heads * stride * (D + 2), qg += (size_t)tok * n_heads * 2 * D, o += (size_t)tok * n_heads * D;
+    const int tok = blockIdx.y; // token tok of the step's T: its own position, q, partials and output
+    part += (size_t)tok * n_heads * stride * (D + 2), qg += (size_t)tok * n_heads * 2 * D,
+        o += (size_t)tok * n_heads * D;
     int n_split, len;
     dec_split(d_pos[tok] + 1, stride, &n_split, &len);
     const int h = blockIdx.x, g = threadIdx.x / AT_MAXD, d = threadIdx.x % AT_MAXD;
@@ -126,7 +128,7 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
         ws[s] = w;
         l += pp[(size_t)s * (D + 2) + 1] * w;
     }
-    const float L = block_sum(l, sh);   // (its barriers also publish ws)
+    const float L = block_sum(l, sh); // (its barriers also publish ws)
     if (d < D) {
         float acc = 0;
 #pragma unroll 8
@@ -151,7 +153,9 @@ static __global__ void __launch_bounds__(DC_THREADS) dec_combine_kernel(const fl
 // to the tensor cores as hi + lo bf16 (fp32-level error, as in prefill). Keys before the current
 // position are requested before waiting on the predecessor (earlier steps wrote them).
 enum { DT_WARPS = 4, DT_THREADS = DT_WARPS * WARP_SIZE, DT_BN = 64 };
-static size_t dec_tc_smem(int D) { return (size_t)(2 * 16 + 4 * DT_BN) * D * sizeof(uint16_t); }
+static size_t dec_tc_smem(int D) {
+    return (size_t)(2 * 16 + 4 * DT_BN) * D * sizeof(uint16_t);
+}
 
 template <int D>
 static __global__ void __launch_bounds__(DT_THREADS, 1)
@@ -159,8 +163,8 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
                        int n_heads, int n_kv) {
     constexpr int CH = D / 8;
     extern __shared__ __align__(16) uint16_t dt_smem[];
-    uint16_t *Qh = dt_smem, *Ql = Qh + 16 * D, *Kb = Ql + 16 * D, *Vb = Kb + 2 * DT_BN * D;   // K, V: [2][64][D]
-    const int G = n_heads / n_kv, kvh = blockIdx.y, tok = blockIdx.z;   // token tok of the step's T, at d_pos[tok]
+    uint16_t *Qh = dt_smem, *Ql = Qh + 16 * D, *Kb = Ql + 16 * D, *Vb = Kb + 2 * DT_BN * D; // K, V: [2][64][D]
+    const int G = n_heads / n_kv, kvh = blockIdx.y, tok = blockIdx.z; // token tok of the step's T, at d_pos[tok]
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
     q += (size_t)tok * n_heads * D, part += (size_t)tok * n_heads * gridDim.x * (D + 2);
     // This kernel runs only once its predecessor (attn_prep) has passed its own wait, so everything
@@ -187,17 +191,17 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
         }
         cp_async_commit();
     };
-    const int fresh = max(kb, min(ke, p0));   // tile 0's keys from here to ke are this step's
+    const int fresh = max(kb, min(ke, p0)); // tile 0's keys from here to ke are this step's
     if (n_tiles) load_tile(0, fresh);
     pdl_wait();
     pdl_trigger();
     const int nf = n_tiles ? min(ke, kb + DT_BN) - fresh : 0;
-    for (int i = tid; i < nf * CH; i += DT_THREADS) {   // this step's keys in tile 0, written by attn_prep
+    for (int i = tid; i < nf * CH; i += DT_THREADS) { // this step's keys in tile 0, written by attn_prep
         const int key = fresh + i / CH, r = key - kb, c = i % CH;
         *(uint4 *)(Kb + r * D + swz(r, c) * 8) = *(const uint4 *)(kbase + (size_t)key * D + c * 8);
         *(uint4 *)(Vb + r * D + swz(r, c) * 8) = *(const uint4 *)(vbase + (size_t)key * D + c * 8);
     }
-    for (int i = tid; i < 16 * CH; i += DT_THREADS) {   // Q rows -> hi/lo bf16
+    for (int i = tid; i < 16 * CH; i += DT_THREADS) { // Q rows -> hi/lo bf16
         const int r = i / CH, c = i % CH;
         float v[8] = {};
         if (r < G) {
@@ -209,10 +213,12 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 8; e++) split_bf16(v[e], &hi[e], &lo[e]);
         const int at = r * D + swz(r, c) * 8;
-        *(uint4 *)(Qh + at) = make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
-        *(uint4 *)(Ql + at) = make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
+        *(uint4 *)(Qh + at) =
+            make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
+        *(uint4 *)(Ql + at) =
+            make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
     }
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f; // 1/sqrt(D) * log2(e)
     float acc[D / 8][4] = {};
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
     for (int j = 0; j < n_tiles; j++) {
@@ -246,8 +252,10 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
                 const int key = kb + j * DT_BN + warp * 16 + ni * 8 + 2 * c4 + (e & 1);
                 const float v = key < ke ? s[ni][e] * sl2 : -INFINITY;
                 s[ni][e] = v;
-                if (e < 2) mx_a = fmaxf(mx_a, v);
-                else mx_b = fmaxf(mx_b, v);
+                if (e < 2)
+                    mx_a = fmaxf(mx_a, v);
+                else
+                    mx_b = fmaxf(mx_b, v);
             }
 #pragma unroll
         for (int off = 1; off < 4; off <<= 1) {
@@ -268,8 +276,10 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
                 const float mn = e < 2 ? mn_a : mn_b;
                 const float p = s[ni][e] == -INFINITY ? 0.0f : exp2f(s[ni][e] - mn);
                 s[ni][e] = p;
-                if (e < 2) rs_a += p;
-                else rs_b += p;
+                if (e < 2)
+                    rs_a += p;
+                else
+                    rs_b += p;
             }
         l_a = l_a * corr_a + rs_a;
         l_b = l_b * corr_b + rs_b;
@@ -300,7 +310,7 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
             mma_bf16(acc[2 * p + 1], ph, b[2], b[3]);
             mma_bf16(acc[2 * p + 1], pl, b[2], b[3]);
         }
-        __syncthreads();   // every warp is done with stage j & 1 before it is loaded again
+        __syncthreads(); // every warp is done with stage j & 1 before it is loaded again
     }
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
@@ -332,7 +342,7 @@ static __global__ void __launch_bounds__(DT_THREADS, 1)
             L += sp[1] * wt[w];
         }
         float *pp = part + ((size_t)(kvh * G + r) * gridDim.x + blockIdx.x) * (D + 2);
-        if (lane == 0) pp[0] = M * 0.6931471805599453f, pp[1] = L;   // natural-log units, as the split kernels
+        if (lane == 0) pp[0] = M * 0.6931471805599453f, pp[1] = L; // natural-log units, as the split kernels
         for (int d = lane; d < D; d += WARP_SIZE) {
             float o = 0;
 #pragma unroll
@@ -365,7 +375,7 @@ extern "C" int k_dec_attn_splits(int cap, int n_heads, int n_kv, int D, int most
         int dev = 0, sms = 1;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        const int fit = sms / n_kv;   // one block an SM
+        const int fit = sms / n_kv; // one block an SM
         if (n > fit) n = fit;
     }
     return n < 1 ? 1 : n;
@@ -378,15 +388,22 @@ extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *
     if (G > AT_MAXWARPS || AT_MAXWARPS % G || n_heads % n_kv || ns_max < 1 || ns_max > AT_MAX_SPLITS || T < 1)
         return (int)cudaErrorInvalidValue;
     int rc;
-    switch (D) {   // (G <= 16 = AT_MAXWARPS: the query heads of a kv head fill one 16-row tile)
-    case 256: rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
-    case 128: rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
-    case 64: rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l); break;
-    default: return (int)cudaErrorInvalidValue;
+    switch (D) { // (G <= 16 = AT_MAXWARPS: the query heads of a kv head fill one 16-row tile)
+    case 256:
+        rc = dec_tc_launch<256>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l);
+        break;
+    case 128:
+        rc = dec_tc_launch<128>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l);
+        break;
+    case 64:
+        rc = dec_tc_launch<64>(q, kc, vc, part, d_pos, T, ns_max, cap, n_heads, n_kv, l);
+        break;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
     if (rc) return rc;
-    return launch_k(dec_combine_kernel, dim3(n_heads, T), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads, D,
-                    ns_max, d_pos);
+    return launch_k(dec_combine_kernel, dim3(n_heads, T), dim3(DC_THREADS), 0, l, (const float *)part, qg, o, n_heads,
+                    D, ns_max, d_pos);
 }
 
 // ---- prefill: FlashAttention on the tensor cores (the kernel: flash.cuh) --------------------------
@@ -396,7 +413,7 @@ extern "C" int k_dec_attention(const float *q, const float *qg, const uint16_t *
 template <int D, bool EXACT, typename OT>
 static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
                         const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    static bool raised;   // the dynamic shared-memory limit, once per kernel
+    static bool raised; // the dynamic shared-memory limit, once per kernel
     const size_t smem = flash_smem_bytes(D, EXACT);
     if (!raised) {
         cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, OT>,
@@ -416,10 +433,11 @@ static int flash_launch(dim3 grid, cudaStream_t st, const float *q, const float 
 template <typename OT>
 static int flash_ws_launch(dim3 grid, cudaStream_t st, const float *q, const float *qg, const uint16_t *kc,
                            const uint16_t *vc, OT *o, int T, int p0, int cap, int n_heads, int n_kv) {
-    static bool raised;   // one per output type
+    static bool raised; // one per output type
     const size_t smem = flash_wg_smem_bytes();
     if (!raised) {
-        cudaError_t e = cudaFuncSetAttribute(flash_ws_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e =
+            cudaFuncSetAttribute(flash_ws_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         raised = true;
     }
@@ -434,29 +452,36 @@ extern "C" int k_flash_attention(const float *q, const float *qg, const uint16_t
                                  void *stream) {
     if (T <= 0) return 0;
     if (n_kv <= 0 || n_heads % n_kv || FA_BM % (n_heads / n_kv) || p0 + T > cap) return (int)cudaErrorInvalidValue;
-    if (ob && (exact || (uintptr_t)ob % 4)) return (int)cudaErrorInvalidValue;   // pairs stored as 4 bytes
+    if (ob && (exact || (uintptr_t)ob % 4)) return (int)cudaErrorInvalidValue; // pairs stored as 4 bytes
     dim3 grid(CEIL_DIV(T, FA_BM / (n_heads / n_kv)), n_kv);
     cudaStream_t st = (cudaStream_t)stream;
     if (exact) {
         switch (D) {
-        case 256: return flash_launch<256, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-        case 128: return flash_launch<128, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-        case 64: return flash_launch<64, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-        default: return (int)cudaErrorInvalidValue;
+        case 256:
+            return flash_launch<256, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 128:
+            return flash_launch<128, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        case 64:
+            return flash_launch<64, true>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
+        default:
+            return (int)cudaErrorInvalidValue;
         }
     }
     // fast: this model's head dimension on warpgroup products, the test geometries' on mma.sync
-#define FA_FAST(d)                                                                                             \
-    (ob ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)                       \
+#define FA_FAST(d)                                                                                                     \
+    (ob ? flash_launch<d, false>(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)                               \
         : flash_launch<d, false>(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv))
     switch (D) {
     case FW_D:
         if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
         return ob ? flash_ws_launch(grid, st, q, qg, kc, vc, ob, T, p0, cap, n_heads, n_kv)
                   : flash_ws_launch(grid, st, q, qg, kc, vc, o, T, p0, cap, n_heads, n_kv);
-    case 128: return FA_FAST(128);
-    case 64: return FA_FAST(64);
-    default: return (int)cudaErrorInvalidValue;
+    case 128:
+        return FA_FAST(128);
+    case 64:
+        return FA_FAST(64);
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 #undef FA_FAST
 }

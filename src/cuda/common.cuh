@@ -6,13 +6,15 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define WARP_SIZE 32   // warpSize is not a compile-time constant
-#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define QGROUP 64      // quantization group (QWEN_GROUP)
+#define WARP_SIZE      32 // warpSize is not a compile-time constant
+#define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+#define QGROUP         64 // quantization group (QWEN_GROUP)
 
-static __device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static __device__ __forceinline__ float bf16f(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
 
-static __device__ __forceinline__ uint16_t f2bf16(float f) {   // round to nearest even, as f32_to_bf16
+static __device__ __forceinline__ uint16_t f2bf16(float f) { // round to nearest even, as f32_to_bf16
     uint32_t u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
@@ -31,8 +33,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 // Block-wide reduction of v by warp (a warp_sum or warp_max) with identity id; every thread gets
 // the result. sh: >= 32 floats of shared memory.
-template <float (*WARP)(float)>
-static __device__ __forceinline__ float block_reduce(float v, float *sh, float id) {
+template <float (*WARP)(float)> static __device__ __forceinline__ float block_reduce(float v, float *sh, float id) {
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, nw = CEIL_DIV(blockDim.x, WARP_SIZE);
     v = WARP(v);
     __syncthreads();
@@ -41,7 +42,9 @@ static __device__ __forceinline__ float block_reduce(float v, float *sh, float i
     float t = lane < nw ? sh[lane] : id;
     return WARP(t);
 }
-static __device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<warp_sum>(v, sh, 0.0f); }
+static __device__ __forceinline__ float block_sum(float v, float *sh) {
+    return block_reduce<warp_sum>(v, sh, 0.0f);
+}
 // Two block sums at once (a and b each exactly as block_sum would give), with one pair of barriers.
 // sh: >= 64 floats.
 static __device__ __forceinline__ float2 block_sum2(float a, float b, float *sh) {
@@ -52,11 +55,19 @@ static __device__ __forceinline__ float2 block_sum2(float a, float b, float *sh)
     __syncthreads();
     return make_float2(warp_sum(lane < nw ? sh[lane] : 0.0f), warp_sum(lane < nw ? sh[WARP_SIZE + lane] : 0.0f));
 }
-static __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<warp_max>(v, sh, -INFINITY); }
+static __device__ __forceinline__ float block_max(float v, float *sh) {
+    return block_reduce<warp_max>(v, sh, -INFINITY);
+}
 
-static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }   // torch threshold 20
+static __device__ __forceinline__ float silu_f(float x) {
+    return x / (1.0f + expf(-x));
+}
+static __device__ __forceinline__ float sigmoid_f(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static __device__ __forceinline__ float softplus_f(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+} // torch threshold 20
 
 // out[k] = dequant(E[row, k]) for k < E.cols, by the threads of one block (an embedding row, §2.1).
 // Element k of a row (codes w, scales s, biases b of that row; per codes a word): s q + b in fp32.
@@ -73,9 +84,11 @@ static __device__ __forceinline__ void dequant_row(const struct dqt &E, size_t r
     for (int k = threadIdx.x; k < K; k += blockDim.x) out[k] = dequant_at(w, s, b, k, E.bits, per, mask);
 }
 
-static inline int launch_status(void) { return (int)cudaGetLastError(); }
+static inline int launch_status(void) {
+    return (int)cudaGetLastError();
+}
 
-enum { RT_MAXE = 1024 };   // most experts route_block handles
+enum { RT_MAXE = 1024 }; // most experts route_block handles
 
 // MoE routing of one token by one block (docs/MODEL.md §2.6): softmax over the E logits into p (shared,
 // >= E floats), then the top k (ties: lower id) by rank: expert e is chosen when fewer than k
@@ -96,7 +109,7 @@ static __device__ void route_block(const float *x, int E, int k, float *p, int *
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         const float pe = p[e];
-        int rank = 0;   // no early exit: the comparisons are independent and pipeline
+        int rank = 0; // no early exit: the comparisons are independent and pipeline
 #pragma unroll 16
         for (int j = 0; j < E; j++) {
             const float pj = p[j];
@@ -114,7 +127,7 @@ static __device__ void route_block(const float *x, int E, int k, float *p, int *
     __syncthreads();
 }
 
-enum { RW_MAXE = 256 };   // most experts route_warp handles (8 a lane)
+enum { RW_MAXE = 256 }; // most experts route_warp handles (8 a lane)
 
 // The same routing by one warp (E <= RW_MAXE), a few microseconds sooner than route_block: lane l
 // holds experts l, l + 32, ...; the top k by k rounds of a warp-wide max over 64-bit keys
@@ -144,11 +157,12 @@ static __device__ __forceinline__ void route_warp_of(const float *x, int E, int 
         sum += v[j];
     }
     sum = warp_sum(sum);
-    unsigned long long key[N];   // 0: padding or taken
+    unsigned long long key[N]; // 0: padding or taken
 #pragma unroll
     for (int j = 0; j < N; j++) {
         const uint32_t e = lane + WARP_SIZE * j;
-        key[j] = FULL || e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e) : 0ull;
+        key[j] = FULL || e < (uint32_t)E ? ((unsigned long long)__float_as_uint(v[j] / sum) << 32) | (0xFFFFFFFFu - e)
+                                         : 0ull;
     }
     // descending (Batcher's odd-even merge sort of 8)
     constexpr int net[19][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 2}, {1, 3}, {4, 6}, {5, 7}, {1, 2}, {5, 6},
@@ -166,8 +180,8 @@ static __device__ __forceinline__ void route_warp_of(const float *x, int E, int 
         const unsigned long long mine = key[0];
         const uint32_t hi = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32));
         const uint32_t lo = __reduce_max_sync(0xffffffffu, (uint32_t)(mine >> 32) == hi ? (uint32_t)mine : 0u);
-        const unsigned long long b = (unsigned long long)hi << 32 | lo;   // the warp's largest key
-        const bool won = mine == b;   // one lane: the ids in the low words differ
+        const unsigned long long b = (unsigned long long)hi << 32 | lo; // the warp's largest key
+        const bool won = mine == b;                                     // one lane: the ids in the low words differ
 #pragma unroll
         for (int j = 0; j + 1 < N; j++) key[j] = won ? key[j + 1] : key[j];
         key[N - 1] = won ? 0ull : key[N - 1];
@@ -179,15 +193,21 @@ static __device__ __forceinline__ void route_warp_of(const float *x, int E, int 
 }
 // Out of line: inlined, its registers pushed the gate/up kernel's spills from 24 to 40 bytes of stack.
 static __device__ __noinline__ void route_warp(const float *x, int E, int k, int *ids, float *w) {
-    if (E == RW_MAXE) route_warp_of<true>(x, E, k, ids, w);
-    else route_warp_of<false>(x, E, k, ids, w);
+    if (E == RW_MAXE)
+        route_warp_of<true>(x, E, k, ids, w);
+    else
+        route_warp_of<false>(x, E, k, ids, w);
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while its
 // predecessor finishes; it must wait before reading what the predecessor wrote. Both are no-ops
 // for a kernel launched without the attribute.
-static __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-static __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+static __device__ __forceinline__ void pdl_wait(void) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pdl_trigger(void) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
 
 // A decode kernel's launch on l's stream, with programmatic dependent launch where l asks for it.
 // Returns 0 or the CUDA error of the launch.

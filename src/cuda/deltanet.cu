@@ -29,17 +29,16 @@ static __global__ void gdn_conv_state_kernel(const float *xin, float *state, int
 // 128-thread block as its second warp_sum adds them, (w0 + w2) + (w1 + w3), with 0 for the warps a
 // head of DK < 128 leaves empty there (adding +0 to a sum of squares changes no bit): every DK sums
 // in the order of one 128-thread block_sum.
-enum { GC_TT = 32 };   // tokens a block: one a lane after the transposed reduction
+enum { GC_TT = 32 }; // tokens a block: one a lane after the transposed reduction
 
 // p[i]: this lane's value for token i. Returns, on lane l, the sum over the warp's lanes for token
 // l, in warp_sum's order: at the step of stride o a lane keeps the half of its open tokens on its
 // side of o and trades the other half with lane ^ o, so it adds the same pairs warp_sum adds (each
 // pair's sum is commutative), 31 shuffles for 32 tokens instead of 160.
-template <int O>
-static __device__ __forceinline__ void transposed_step(float (&p)[GC_TT], int lane) {
+template <int O> static __device__ __forceinline__ void transposed_step(float (&p)[GC_TT], int lane) {
     const bool hi = lane & O;
 #pragma unroll
-    for (int j = 0; j < O; j++) {   // p[j], p[j + O]: open tokens base + j, base + O + j
+    for (int j = 0; j < O; j++) { // p[j], p[j + O]: open tokens base + j, base + O + j
         const float send = hi ? p[j] : p[j + O], keep = hi ? p[j + O] : p[j];
         p[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
@@ -62,19 +61,19 @@ static __global__ void __launch_bounds__(DK)
                          const float *__restrict__ conv_w, float *__restrict__ y, int T, int C, int Hk) {
     static_assert(DK % WARP_SIZE == 0 && DK <= 128, "a 128-thread block's sum order");
     constexpr int NW = DK / WARP_SIZE, NX = GC_TT + KW - 1;
-    __shared__ float part[4][GC_TT];   // warp sums, 0 in the rows of warps that a DK < 128 leaves empty
-    __shared__ float rs[GC_TT];        // each token's scale
+    __shared__ float part[4][GC_TT]; // warp sums, 0 in the rows of warps that a DK < 128 leaves empty
+    __shared__ float rs[GC_TT];      // each token's scale
     const int c = blockIdx.x * DK + threadIdx.x, t0 = blockIdx.y * GC_TT, cc = c < C ? c : C - 1;
-    float w[KW], xe[NX];   // xe[i]: row t0 + i of [state (KW - 1 rows) | xin]
+    float w[KW], xe[NX]; // xe[i]: row t0 + i of [state (KW - 1 rows) | xin]
 #pragma unroll
     for (int j = 0; j < KW; j++) w[j] = conv_w[(size_t)cc * KW + j];
 #pragma unroll
-    for (int i = 0; i < KW - 1; i++)   // the first tile's halo is the state; a later tile's, xin rows
+    for (int i = 0; i < KW - 1; i++) // the first tile's halo is the state; a later tile's, xin rows
         xe[i] = t0 == 0 ? state[(size_t)i * C + cc] : xin[(size_t)(t0 + i - (KW - 1)) * C + cc];
 #pragma unroll
-    for (int i = KW - 1; i < NX; i++)   // rows past T (the last tile's tail): row T - 1 again, not stored
+    for (int i = KW - 1; i < NX; i++) // rows past T (the last tile's tail): row T - 1 again, not stored
         xe[i] = xin[(size_t)min(t0 + i - (KW - 1), T - 1) * C + cc];
-    __syncthreads();   // keeps ptxas from spreading the loads through the compute: all NX in flight at once
+    __syncthreads(); // keeps ptxas from spreading the loads through the compute: all NX in flight at once
     float v[GC_TT];
 #pragma unroll
     for (int i = 0; i < GC_TT; i++) {
@@ -83,11 +82,11 @@ static __global__ void __launch_bounds__(DK)
         for (int j = 0; j < KW; j++) s = fmaf(w[j], xe[i + j], s);
         v[i] = silu_f(s);
     }
-    if (blockIdx.x < 2 * Hk) {   // block-uniform; such a slice is whole (2 * Hk * DK <= C)
+    if (blockIdx.x < 2 * Hk) { // block-uniform; such a slice is whole (2 * Hk * DK <= C)
         const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
         float p[GC_TT];
 #pragma unroll
-        for (int i = 0; i < GC_TT; i++) p[i] = __fmul_rn(v[i], v[i]);   // rounded alone, as fma(x, x, 0)
+        for (int i = 0; i < GC_TT; i++) p[i] = __fmul_rn(v[i], v[i]); // rounded alone, as fma(x, x, 0)
         part[wid][lane] = warp_sum_transposed(p);
 #pragma unroll
         for (int k = NW; k < 4; k++)
@@ -119,25 +118,27 @@ static __global__ void __launch_bounds__(DK)
 template <int DK>
 static void gdn_conv_norm(const float *xin, const float *state, const float *conv_w, float *y, int T, int C, int Hk,
                           cudaStream_t st) {
-    gdn_conv_norm_kernel<DK, 4><<<dim3(CEIL_DIV(C, DK), CEIL_DIV(T, GC_TT)), DK, 0, st>>>(xin, state, conv_w, y, T,
-                                                                                           C, Hk);
+    gdn_conv_norm_kernel<DK, 4>
+        <<<dim3(CEIL_DIV(C, DK), CEIL_DIV(T, GC_TT)), DK, 0, st>>>(xin, state, conv_w, y, T, C, Hk);
 }
 
 extern "C" int k_gdn_conv(const float *xin, float *state, const float *conv_w, float *y, int T, int C, int KW, int Hk,
                           int Dk, void *stream) {
     if (T <= 0) return 0;
-    if (KW != 4 || (Dk != 32 && Dk != 64 && Dk != 128)) return (int)cudaErrorInvalidValue;   // every geometry's
+    if (KW != 4 || (Dk != 32 && Dk != 64 && Dk != 128)) return (int)cudaErrorInvalidValue; // every geometry's
     cudaStream_t st = (cudaStream_t)stream;
     // reads the state before gdn_conv_state_kernel overwrites it
-    if (Dk == 128) gdn_conv_norm<128>(xin, state, conv_w, y, T, C, Hk, st);
-    else if (Dk == 64) gdn_conv_norm<64>(xin, state, conv_w, y, T, C, Hk, st);
-    else gdn_conv_norm<32>(xin, state, conv_w, y, T, C, Hk, st);
+    if (Dk == 128)
+        gdn_conv_norm<128>(xin, state, conv_w, y, T, C, Hk, st);
+    else if (Dk == 64)
+        gdn_conv_norm<64>(xin, state, conv_w, y, T, C, Hk, st);
+    else
+        gdn_conv_norm<32>(xin, state, conv_w, y, T, C, Hk, st);
     gdn_conv_state_kernel<<<CEIL_DIV(C, 256), 256, 0, st>>>(xin, state, T, C, KW);
     return launch_status();
 }
 
 // ---- the delta rule --------------------------------------------------------------------------
-
 
 // grid (Hv, Dv / RC_COLS), one warp: lane = part * RC_COLS + col owns rows
 // [part * DK / RC_PARTS, ..) of column dv = blockIdx.y * RC_COLS + col of head h's state, in
@@ -214,10 +215,17 @@ extern "C" int k_gdn_recurrent(const float *y, const float *b, const float *a, c
     const int C = 2 * Hk * Dk + Hv * Dv;
     dim3 grid(Hv, Dv / RC_COLS);
     switch (Dk) {
-    case 128: gdn_recurrent_kernel<128><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv); break;
-    case 64: gdn_recurrent_kernel<64><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv); break;
-    case 32: gdn_recurrent_kernel<32><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv); break;
-    default: return (int)cudaErrorInvalidValue;
+    case 128:
+        gdn_recurrent_kernel<128><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv);
+        break;
+    case 64:
+        gdn_recurrent_kernel<64><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv);
+        break;
+    case 32:
+        gdn_recurrent_kernel<32><<<grid, WARP_SIZE, 0, st>>>(y, b, a, A_log, dt_bias, S, o, T, C, Hk, Hv, Dv);
+        break;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
     int rc = launch_status();
     if (rc) return rc;
@@ -245,8 +253,8 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     float *Sh = S + (size_t)h * DK * Dv + (size_t)part * DP * Dv + col;
     float st[DP];
 #pragma unroll
-    for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];   // this step's own state: no wait needed
-    const float A = A_log[h], dtb = dt_bias[h], nw = norm_w[col];   // weights: no wait needed
+    for (int i = 0; i < DP; i++) st[i] = Sh[(size_t)i * Dv];      // this step's own state: no wait needed
+    const float A = A_log[h], dtb = dt_bias[h], nw = norm_w[col]; // weights: no wait needed
     pdl_wait();
     pdl_trigger();
     // Every input of the step in one round trip (q, k, v, b, a, z), before the first barrier.
@@ -287,7 +295,7 @@ static __global__ void __launch_bounds__(GD_PARTS *GD_MAXDV)
     __syncthreads();
     out = 0;
 #pragma unroll
-    for (int p = 0; p < GD_PARTS; p++) out += red[p][col];   // every part has the column's output
+    for (int p = 0; p < GD_PARTS; p++) out += red[p][col]; // every part has the column's output
     const float ss = block_sum(part == 0 ? out * out : 0.0f, sh);
     if (part == 0) {
         const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
@@ -303,9 +311,16 @@ extern "C" int k_dv_gdn(const float *y, const float *b, const float *a, const fl
     if (Dv % WARP_SIZE || Dv > GD_MAXDV || Hv % Hk || Dk > GD_PARTS * Dv) return (int)cudaErrorInvalidValue;
     const dim3 grid(Hv), block(GD_PARTS * Dv);
     switch (Dk) {
-    case 128: return launch_k(dv_gdn_kernel<128>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
-    case 64: return launch_k(dv_gdn_kernel<64>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
-    case 32: return launch_k(dv_gdn_kernel<32>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv, Dv);
-    default: return (int)cudaErrorInvalidValue;
+    case 128:
+        return launch_k(dv_gdn_kernel<128>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv,
+                        Dv);
+    case 64:
+        return launch_k(dv_gdn_kernel<64>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv,
+                        Dv);
+    case 32:
+        return launch_k(dv_gdn_kernel<32>, grid, block, 0, l, y, b, a, A_log, dt_bias, S, z, norm_w, eps, o, Hk, Hv,
+                        Dv);
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 }

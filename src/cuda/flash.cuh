@@ -49,7 +49,7 @@ static __device__ __forceinline__ void fa_q_load(const float *q, int t, int h, i
     }
 }
 
-struct fa_rows {   // the online softmax's running max m and sum l (of the fp32 P) of rows a and b
+struct fa_rows { // the online softmax's running max m and sum l (of the fp32 P) of rows a and b
     float m_a, m_b, l_a, l_b;
 };
 
@@ -65,15 +65,17 @@ static __device__ __forceinline__ void fa_softmax(float (&s)[N], int key0, int c
         const int e = i % 4, key = key0 + (i / 4) * 8 + 2 * c4 + (e & 1);
         const float v = key <= (e < 2 ? lim_a : lim_b) ? s[i] * sl2 : -INFINITY;
         s[i] = v;
-        if (e < 2) mx_a = fmaxf(mx_a, v);
-        else mx_b = fmaxf(mx_b, v);
+        if (e < 2)
+            mx_a = fmaxf(mx_a, v);
+        else
+            mx_b = fmaxf(mx_b, v);
     }
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
         mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
         mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
     }
-    const float mn_a = fmaxf(r.m_a, mx_a), mn_b = fmaxf(r.m_b, mx_b);   // finite: key 0 is in every row
+    const float mn_a = fmaxf(r.m_a, mx_a), mn_b = fmaxf(r.m_b, mx_b); // finite: key 0 is in every row
     corr_a = exp2f(r.m_a - mn_a);
     corr_b = exp2f(r.m_b - mn_b);
     r.m_a = mn_a;
@@ -83,8 +85,10 @@ static __device__ __forceinline__ void fa_softmax(float (&s)[N], int key0, int c
     for (int i = 0; i < N; i++) {
         const float p = exp2f(s[i] - (i % 4 < 2 ? mn_a : mn_b));
         s[i] = p;
-        if (i % 4 < 2) rs_a += p;
-        else rs_b += p;
+        if (i % 4 < 2)
+            rs_a += p;
+        else
+            rs_b += p;
     }
     r.l_a = r.l_a * corr_a + rs_a;
     r.l_b = r.l_b * corr_b + rs_b;
@@ -92,8 +96,7 @@ static __device__ __forceinline__ void fa_softmax(float (&s)[N], int key0, int c
 
 // acc *= corr per row, skipped where no row of the warp moved its max (a product by exactly 1
 // changes nothing; once the maxima settle, most tiles of a long row skip its D / 2 multiplies).
-template <int N>
-static __device__ __forceinline__ void fa_rescale(float (&acc)[N], float corr_a, float corr_b) {
+template <int N> static __device__ __forceinline__ void fa_rescale(float (&acc)[N], float corr_a, float corr_b) {
     if (!__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) return;
 #pragma unroll
     for (int i = 0; i < N; i++) acc[i] *= i % 4 < 2 ? corr_a : corr_b;
@@ -127,7 +130,7 @@ static __device__ __forceinline__ void fa_store(const float (&acc)[D / 2], fa_ro
             if constexpr (sizeof(OT) == 4) {
                 dst[d] = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
                 dst[d + 1] = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
-            } else {   // columns d, d + 1 in one 4-byte store (d even; the caller checks ob's alignment)
+            } else { // columns d, d + 1 in one 4-byte store (d even; the caller checks ob's alignment)
                 const float v0 = acc[4 * dn + 2 * half] * inv * sigmoid_f(gate[d]);
                 const float v1 = acc[4 * dn + 2 * half + 1] * inv * sigmoid_f(gate[d + 1]);
                 *(uint32_t *)(dst + d) = pack2(f2bf16(v0), f2bf16(v1));
@@ -142,17 +145,17 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_attention_kernel(const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, OT *o, int T,
                            int p0, int cap, int n_heads, int n_kv) {
     static_assert(!EXACT || sizeof(OT) == 4, "the exact mode stores fp32 (the exact o_proj reads it)");
-    constexpr int CH = D / 8;   // 16-byte chunks per row
+    constexpr int CH = D / 8; // 16-byte chunks per row
     FA_DYNAMIC_SMEM(fa_smem);
     // Ql: EXACT only; Vs: one stage (EXACT) or two
     uint16_t *Qh = fa_smem, *Ql = Qh + FA_BM * D, *Ks = Qh + (EXACT ? 2 : 1) * FA_BM * D, *Vs = Ks + 2 * FA_BN * D;
     const int G = n_heads / n_kv, TPB = FA_BM / G;
-    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
+    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB; // longest rows first
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, c4 = lane % 4;
-    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;   // keys this block needs
+    const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1; // keys this block needs
     const int n_tiles = CEIL_DIV(n_keys, FA_BN);
     const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
-    auto load_tile = [&](uint16_t *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
+    auto load_tile = [&](uint16_t *dst, const uint16_t *src, int j) { // keys past n_keys: zeros
         for (int i = tid; i < FA_BN * CH; i += FA_THREADS) {
             const int r = i / CH, c = i % CH, key = j * FA_BN + r;
             const bool ok = key < n_keys;
@@ -163,7 +166,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
     cp_async_commit();
     load_tile(Vs, vbase, 0);
     cp_async_commit();
-    for (int i = tid; i < FA_BM * CH; i += FA_THREADS) {   // Q rows -> bf16 (EXACT: hi and lo)
+    for (int i = tid; i < FA_BM * CH; i += FA_THREADS) { // Q rows -> bf16 (EXACT: hi and lo)
         const int r = i / CH, c = i % CH;
         float v[8];
         fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
@@ -177,16 +180,16 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             *(uint4 *)(Ql + at) =
                 make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
         } else {
-            *(uint4 *)(Qh + at) = make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]),
-                                             bf16x2_rn(v[6], v[7]));
+            *(uint4 *)(Qh + at) =
+                make_uint4(bf16x2_rn(v[0], v[1]), bf16x2_rn(v[2], v[3]), bf16x2_rn(v[4], v[5]), bf16x2_rn(v[6], v[7]));
         }
     }
     // This thread's two rows (g and g + 8 of the warp's 16) and their causal limits; rows past
     // the chunk take the last token's limit (computed, never stored).
     const int ra = warp * 16 + g, rb = ra + 8;
     const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
-    float acc[D / 2] = {};   // acc[4 dn + e]: output columns 8 dn + 2 c4 + (e & 1)
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f; // 1/sqrt(D) * log2(e)
+    float acc[D / 2] = {};                                    // acc[4 dn + e]: output columns 8 dn + 2 c4 + (e & 1)
     fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
     for (int j = 0; j < n_tiles; j++) {
         const bool more = j + 1 < n_tiles;
@@ -195,14 +198,14 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             if (more) {
                 load_tile(Ks + ((j + 1) & 1) * FA_BN * D, kbase, j + 1);
                 cp_async_commit();
-                cp_async_wait<2>();   // K(j) landed; V(j) and K(j + 1) may fly
+                cp_async_wait<2>(); // K(j) landed; V(j) and K(j + 1) may fly
             } else {
                 cp_async_wait<1>();
             }
             __syncthreads();
         } else {
-            cp_async_wait<1>();   // K(j) landed; V(j) may fly
-            __syncthreads();      // ... and every warp is done with tile j - 1's K and V stages
+            cp_async_wait<1>(); // K(j) landed; V(j) may fly
+            __syncthreads();    // ... and every warp is done with tile j - 1's K and V stages
             if (more) {
                 load_tile(Ks + ((j + 1) & 1) * FA_BN * D, kbase, j + 1);
                 cp_async_commit();
@@ -228,22 +231,26 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
                 if constexpr (EXACT) mma_bf16(&s[8 * p + 4], al, b[2], b[3]);
             }
         }
-        float corr_a, corr_b;   // fp32 P; the fast mode's products see bf16(P)
+        float corr_a, corr_b; // fp32 P; the fast mode's products see bf16(P)
         fa_softmax(s, j * FA_BN, c4, lim_a, lim_b, sl2, rows, corr_a, corr_b);
         fa_rescale(acc, corr_a, corr_b);
         if constexpr (EXACT) {
-            if (more) cp_async_wait<1>();   // V(j) landed; K(j + 1) may fly
-            else cp_async_wait<0>();
+            if (more)
+                cp_async_wait<1>(); // V(j) landed; K(j + 1) may fly
+            else
+                cp_async_wait<0>();
         } else {
-            if (more) cp_async_wait<2>();   // V(j) landed; K(j + 1) and V(j + 1) may fly
-            else cp_async_wait<0>();
+            if (more)
+                cp_async_wait<2>(); // V(j) landed; K(j + 1) and V(j + 1) may fly
+            else
+                cp_async_wait<0>();
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; kk++) {
             uint32_t ph[4], pl[4];
 #pragma unroll
-            for (int r = 0; r < 4; r++) {   // A fragment r: S tile 2 kk + r / 2, elements 2 (r % 2) ..
+            for (int r = 0; r < 4; r++) { // A fragment r: S tile 2 kk + r / 2, elements 2 (r % 2) ..
                 const float *sv = &s[4 * (2 * kk + r / 2) + 2 * (r % 2)];
                 if constexpr (EXACT) {
                     uint16_t h0, l0, h1, l1;
@@ -267,12 +274,12 @@ static __global__ void __launch_bounds__(FA_THREADS, 1)
             }
         }
         if constexpr (EXACT) {
-            __syncthreads();   // every warp is done with K(j) and V(j)
+            __syncthreads(); // every warp is done with K(j) and V(j)
             if (more) {
                 load_tile(Vs, vbase, j + 1);
                 cp_async_commit();
             }
-        }   // fast: the barrier at the top of tile j + 1 guards the stages tile j read
+        } // fast: the barrier at the top of tile j + 1 guards the stages tile j read
     }
     fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 }

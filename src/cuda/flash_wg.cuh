@@ -23,9 +23,11 @@
 
 #include "wgmma.cuh"
 
-enum { FW_D = 256 };   // the head dimension this kernel is written for
+enum { FW_D = 256 }; // the head dimension this kernel is written for
 
-static size_t flash_wg_smem_bytes(void) { return (size_t)(FA_BM + 4 * FA_BN) * FW_D * sizeof(uint16_t) + 1024; }
+static size_t flash_wg_smem_bytes(void) {
+    return (size_t)(FA_BM + 4 * FA_BN) * FW_D * sizeof(uint16_t) + 1024;
+}
 
 // Byte offset of 16-byte chunk c (0 .. 31) of row r in a tile of `rows` rows stored as 4 slabs.
 static __device__ __forceinline__ uint32_t fw_at(int r, int c, int rows) {
@@ -34,8 +36,7 @@ static __device__ __forceinline__ uint32_t fw_at(int r, int c, int rows) {
 
 // Pins accumulator registers after a wgmma wait: their reads may not move above it. (Not in the host
 // simulator: its wgmma model is synchronous, and a host compiler has no "f" register class for this.)
-template <int N>
-static __device__ __forceinline__ void fw_pin(float (&d)[N]) {
+template <int N> static __device__ __forceinline__ void fw_pin(float (&d)[N]) {
 #ifndef FA_HOST_SIM
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
@@ -92,17 +93,17 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = FW_D, CH = D / 8;
     FA_DYNAMIC_SMEM(fw_raw);
-    __shared__ __align__(8) uint64_t bars[6];   // mbarriers a stage: full_k[2], full_v[2], empty[2]
+    __shared__ __align__(8) uint64_t bars[6]; // mbarriers a stage: full_k[2], full_v[2], empty[2]
     uint64_t *const full_k = bars, *const full_v = bars + 2, *const empty = bars + 4;
     const uint32_t raw = smem_u32(fw_raw), base = (raw + 1023) & ~1023u;
     char *sm = (char *)fw_raw + (base - raw);
     const uint32_t sQ = base, sK = sQ + FA_BM * D * 2, sV = sK + 2 * FA_BN * D * 2;
     char *Qp = sm, *Kp = sm + (sK - base), *Vp = sm + (sV - base);
     const int G = n_heads / n_kv, TPB = FA_BM / G;
-    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB;   // longest rows first
+    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TPB; // longest rows first
     const int lane = threadIdx.x % WARP_SIZE;
     const bool producer = threadIdx.x < 128;
-    const int tid = threadIdx.x - 128, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;   // consumers'
+    const int tid = threadIdx.x - 128, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4; // consumers'
     const int wg = warp / 4;
     const int n_keys = p0 + min(T - 1, t0 + TPB - 1) + 1;
     const int n_tiles = CEIL_DIV(n_keys, FA_BN);
@@ -115,7 +116,7 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         mbar_init_fence();
     }
     if (!producer) {
-        for (int i = tid; i < FA_BM * CH; i += FW_CONSUMERS) {   // Q rows -> bf16
+        for (int i = tid; i < FA_BM * CH; i += FW_CONSUMERS) { // Q rows -> bf16
             const int r = i / CH, c = i % CH;
             float v[8];
             fa_q_load<D>(q, t0 + r / G, kvh * G + r % G, c, T, n_heads, v);
@@ -124,11 +125,11 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         }
         fence_async_smem();
     }
-    __syncthreads();   // Q and the barriers' initialisation, for every warp
+    __syncthreads(); // Q and the barriers' initialisation, for every warp
     if (producer) {
         regs_producer();
         const uint16_t *kbase = kc + (size_t)kvh * cap * D, *vbase = vc + (size_t)kvh * cap * D;
-        auto load_tile = [&](char *dst, const uint16_t *src, int j) {   // keys past n_keys: zeros
+        auto load_tile = [&](char *dst, const uint16_t *src, int j) { // keys past n_keys: zeros
             for (int i = threadIdx.x; i < FA_BN * CH; i += 128) {
                 const int r = i / CH, c = i % CH, key = j * FA_BN + r;
                 const bool ok = key < n_keys;
@@ -138,7 +139,7 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         };
         for (int j = 0; j < n_tiles; j++) {
             const int s = j & 1;
-            if (j >= 2) mbar_wait(&empty[s], ((j >> 1) - 1) & 1);   // tile j - 2's products are done
+            if (j >= 2) mbar_wait(&empty[s], ((j >> 1) - 1) & 1); // tile j - 2's products are done
             load_tile(Kp + s * FA_BN * D * 2, kbase, j);
             load_tile(Vp + s * FA_BN * D * 2, vbase, j);
             cp_async_wait<1>();
@@ -155,12 +156,12 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
     regs_consumer();
     const int ra = warp * 16 + g, rb = ra + 8;
     const int lim_a = p0 + min(T - 1, t0 + ra / G), lim_b = p0 + min(T - 1, t0 + rb / G);
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;   // 1/sqrt(D) * log2(e)
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f; // 1/sqrt(D) * log2(e)
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) acc[i] = 0;
     fa_rows rows = {-INFINITY, -INFINITY, 0, 0};
-    if (wg == 1) named_arrive(1, FW_CONSUMERS);   // warpgroup 0 issues first
+    if (wg == 1) named_arrive(1, FW_CONSUMERS); // warpgroup 0 issues first
     for (int j = 0; j < n_tiles; j++) {
         const int s = j & 1, ph = (j >> 1) & 1;
         const uint32_t kt = sK + s * FA_BN * D * 2, vt = sV + s * FA_BN * D * 2;
@@ -170,7 +171,7 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         wg_fence();
         fw_qk(sc, sQ, kt, wg);
         wg_commit();
-        if (wg == 0 || j + 1 < n_tiles) named_arrive(2 - wg, FW_CONSUMERS);   // the other's turn
+        if (wg == 0 || j + 1 < n_tiles) named_arrive(2 - wg, FW_CONSUMERS); // the other's turn
         wg_wait<0>();
         fw_pin(sc);
         float corr_a, corr_b;
@@ -185,7 +186,7 @@ static __global__ void __launch_bounds__(FW_WS_THREADS, 1)
         wg_wait<0>();
         fw_pin(acc);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);   // this warp is done with stage s
+        if (lane == 0) mbar_arrive(&empty[s]); // this warp is done with stage s
     }
     fa_store<D>(acc, rows, o, qg, ra, t0, G, kvh, T, n_heads, c4);
 #else

@@ -18,7 +18,7 @@
 // Padding rows of the last chunk (t >= T) are zero (q = k = v = beta = 0, g = 0): they change
 // nothing.
 #ifdef GDN_HOST_EMU
-#include "gdn_emu.h"   // tools/sim/gdn_emu: runs these kernels on the CPU, thread by thread
+#include "gdn_emu.h" // tools/sim/gdn_emu: runs these kernels on the CPU, thread by thread
 #else
 #include "mma.cuh"
 #endif
@@ -32,14 +32,14 @@ __device__ __forceinline__ float *gdn_smem() {
 }
 #endif
 
-constexpr int BT = 64;         // chunk length
-constexpr int DK = 128;        // key dim (the model's; the launcher checks)
-constexpr int DV = 128;        // value dim
-constexpr int NS = 32;         // state columns (dv) per block of the state kernel
-constexpr int LDR = DK + 8;    // row stride of [BT][DK] tiles read as row-major A or n-major B (= 8 mod 32)
-constexpr int LDK = DK + 4;    // row stride of K read k-major as A in K^T V' (= 4 mod 32)
-constexpr int LDP = BT + 8;    // row stride of P (row-major A)
-constexpr int LDS = NS + 4;    // row stride of S and V' slices (k-major B)
+constexpr int BT = 64;      // chunk length
+constexpr int DK = 128;     // key dim (the model's; the launcher checks)
+constexpr int DV = 128;     // value dim
+constexpr int NS = 32;      // state columns (dv) per block of the state kernel
+constexpr int LDR = DK + 8; // row stride of [BT][DK] tiles read as row-major A or n-major B (= 8 mod 32)
+constexpr int LDK = DK + 4; // row stride of K read k-major as A in K^T V' (= 4 mod 32)
+constexpr int LDP = BT + 8; // row stride of P (row-major A)
+constexpr int LDS = NS + 4; // row stride of S and V' slices (k-major B)
 constexpr int PREP_THREADS = 256, STATE_THREADS = 128;
 
 static_assert(PREP_THREADS == DK + DV, "prep: one thread per column of [U | W]");
@@ -56,7 +56,7 @@ __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
     return pack2(f2bf16(x0), f2bf16(x1));
 #else
     uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(d) : "f"(x0), "f"(x1));   // first source -> high half
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(d) : "f"(x0), "f"(x1)); // first source -> high half
     return d;
 #endif
 }
@@ -78,7 +78,7 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float *As, i
 #pragma unroll(UNROLL)
     for (int k0 = 0; k0 < KMAX; k0 += 16) {
         if (k0 >= K) break;
-        float a[8];   // fragment order: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8), each k and k + 1
+        float a[8]; // fragment order: (g, 2c), (g + 8, 2c), (g, 2c + 8), (g + 8, 2c + 8), each k and k + 1
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int i = g + (q & 1) * 8, k = k0 + 2 * c + (q >> 1) * 8;
@@ -94,13 +94,15 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float *As, i
         uint32_t ah[4], al[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            if constexpr (EXACT) split2(a[2 * q], a[2 * q + 1], ah[q], al[q]);
-            else ah[q] = bf2(a[2 * q], a[2 * q + 1]);
+            if constexpr (EXACT)
+                split2(a[2 * q], a[2 * q + 1], ah[q], al[q]);
+            else
+                ah[q] = bf2(a[2 * q], a[2 * q + 1]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int j = nt * 8 + g, k = k0 + 2 * c;
-            float bv[4];   // (k, j), (k + 1, j), (k + 8, j), (k + 9, j)
+            float bv[4]; // (k, j), (k + 1, j), (k + 8, j), (k + 9, j)
             if constexpr (B_NMAJ) {
                 const float2 v0 = *reinterpret_cast<const float2 *>(Bs + j * ldb + k);
                 const float2 v1 = *reinterpret_cast<const float2 *>(Bs + j * ldb + k + 8);
@@ -134,11 +136,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
                           const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *__restrict__ o,
                           float *__restrict__ Wg, float *__restrict__ Pg, float *__restrict__ Gg, int T, int Hk,
                           int Hv) {
-    float *Ks = gdn_smem();                          // [BT][LDR]
-    float *Qs = Ks + BT * LDR;                       // [BT][LDR]
-    float *Ls = Qs + BT * LDR;                       // [BT][BT] strictly lower L
-    float *bs = Ls + BT * BT;                        // beta [BT]
-    float *gs = bs + BT;                             // g, then gam [BT]
+    float *Ks = gdn_smem();    // [BT][LDR]
+    float *Qs = Ks + BT * LDR; // [BT][LDR]
+    float *Ls = Qs + BT * LDR; // [BT][BT] strictly lower L
+    float *bs = Ls + BT * BT;  // beta [BT]
+    float *gs = bs + BT;       // g, then gam [BT]
     const int ch = blockIdx.x, NC = gridDim.x, h = blockIdx.y, tid = threadIdx.x, t0 = ch * BT;
     const int kh = h / (Hv / Hk), KD = Hk * DK, C = 2 * KD + Hv * DV;
     const size_t NCT = (size_t)NC * BT;
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
         gs[tid] = gg;
     }
     __syncthreads();
-    if (tid < WARP_SIZE) {   // inclusive prefix sum of g over the 64 rows
+    if (tid < WARP_SIZE) { // inclusive prefix sum of g over the 64 rows
         float x0 = gs[tid], x1 = gs[tid + 32];
 #pragma unroll
         for (int off = 1; off < WARP_SIZE; off <<= 1) {
@@ -258,14 +260,14 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
     gdn_chunk_state_kernel(const float *__restrict__ y, const float *__restrict__ Wg, const float *__restrict__ Pg,
                            const float *__restrict__ Gg, float *__restrict__ S, float *o, int T, int NC, int Hk,
                            int Hv) {
-    float *Ws = gdn_smem();                          // [BT][LDR]  W of the chunk
-    float *Qs = Ws + BT * LDR;                       // [BT][LDR]  q rows
-    float *Ks = Qs + BT * LDR;                       // [BT][LDK]  k rows
-    float *Ps = Ks + BT * LDK;                       // [BT][LDP]  P
-    float *Ss = Ps + BT * LDP;                       // [DK][LDS]  the state slice, fp32
-    float *Vp = Ss + DK * LDS;                       // [BT][LDS]  V'
-    float *Vs = Vp + BT * LDS;                       // [BT][LDS]  diag(e^(gam_63 - gam)) V'
-    float *gs = Vs + BT * LDS;                       // [BT]       gam
+    float *Ws = gdn_smem();    // [BT][LDR]  W of the chunk
+    float *Qs = Ws + BT * LDR; // [BT][LDR]  q rows
+    float *Ks = Qs + BT * LDR; // [BT][LDK]  k rows
+    float *Ps = Ks + BT * LDK; // [BT][LDP]  P
+    float *Ss = Ps + BT * LDP; // [DK][LDS]  the state slice, fp32
+    float *Vp = Ss + DK * LDS; // [BT][LDS]  V'
+    float *Vs = Vp + BT * LDS; // [BT][LDS]  diag(e^(gam_63 - gam)) V'
+    float *gs = Vs + BT * LDS; // [BT]       gam
     const int h = blockIdx.x, dv0 = blockIdx.y * NS, tid = threadIdx.x;
     const int warp = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane >> 2, c = lane & 3, m0 = warp * 16;
     const int kh = h / (Hv / Hk), KD = Hk * DK, C = 2 * KD + Hv * DV;
@@ -310,8 +312,8 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
     for (int ch = 0; ch < NC; ch++) {
         const int t0 = ch * BT;
         load_kp(ch);
-        cp_async_wait<1>();   // W, q, gam of this chunk landed (K, P may still fly)
-        __syncthreads();      // ... for every thread; also: the state slice is in place (first chunk)
+        cp_async_wait<1>(); // W, q, gam of this chunk landed (K, P may still fly)
+        __syncthreads();    // ... for every thread; also: the state slice is in place (first chunk)
         const float gl = gs[BT - 1];
 
         // b. V' = U - W S and Q S (rows m0 .. m0 + 15 of this warp), U read from o
@@ -347,8 +349,8 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
                 aq[nt][2 * hf + 1] *= eg;
             }
         }
-        cp_async_wait<0>();   // K, P of this chunk landed
-        __syncthreads();      // ... for every thread; V' complete; W, q, gam free; S unread until the next chunk
+        cp_async_wait<0>(); // K, P of this chunk landed
+        __syncthreads();    // ... for every thread; V' complete; W, q, gam free; S unread until the next chunk
         if (ch + 1 < NC) load_wq(ch + 1);
 
         // c. O = diag(e^gam) Q S + P V' (P is lower triangular: k up to m0 + 16)
@@ -359,7 +361,8 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
             for (int hf = 0; hf < 2; hf++) {
                 const int t = t0 + m0 + g + 8 * hf, j = nt * 8 + 2 * c;
                 if (t < T)
-                    *reinterpret_cast<float2 *>(oh + (size_t)t * ldo + j) = make_float2(aq[nt][2 * hf], aq[nt][2 * hf + 1]);
+                    *reinterpret_cast<float2 *>(oh + (size_t)t * ldo + j) =
+                        make_float2(aq[nt][2 * hf], aq[nt][2 * hf + 1]);
             }
 
         // d. S <- e^gam_63 S + K^T Vs, dk rows 32 warp .. 32 warp + 31 (each warp its own rows)
@@ -384,7 +387,7 @@ __global__ void __launch_bounds__(STATE_THREADS, 1)
                     *reinterpret_cast<float2 *>(Ss + (k0 + g + 8 * hf) * LDS + nt * 8 + 2 * c) =
                         make_float2(as[nt][2 * hf], as[nt][2 * hf + 1]);
         }
-        __syncthreads();   // K, P, V' free for the next chunk; S complete
+        __syncthreads(); // K, P, V' free for the next chunk; S complete
     }
     for (int e = tid; e < DK * NS / 4; e += STATE_THREADS) {
         const int r = e / (NS / 4), j = e % (NS / 4) * 4;
@@ -420,20 +423,20 @@ int launch_chunked(const float *y, const float *b, const float *a, const float *
     const size_t NCT = (size_t)NC * BT;
     float *Wg = ws, *Pg = Wg + (size_t)Hv * NCT * DK, *Gg = Pg + (size_t)Hv * NCT * BT;
     const int prep_smem = PREP_SMEM_FLOATS * (int)sizeof(float), state_smem = STATE_SMEM_FLOATS * (int)sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(gdn_chunk_prep_kernel<EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         prep_smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(gdn_chunk_prep_kernel<EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, prep_smem);
     if (e != cudaSuccess) return (int)e;
     e = cudaFuncSetAttribute(gdn_chunk_state_kernel<EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, state_smem);
     if (e != cudaSuccess) return (int)e;
     if (stages & 1) {
-        gdn_chunk_prep_kernel<EXACT><<<dim3(NC, Hv), PREP_THREADS, prep_smem, st>>>(y, b, a, A_log, dt_bias, o, Wg,
-                                                                                   Pg, Gg, T, Hk, Hv);
+        gdn_chunk_prep_kernel<EXACT>
+            <<<dim3(NC, Hv), PREP_THREADS, prep_smem, st>>>(y, b, a, A_log, dt_bias, o, Wg, Pg, Gg, T, Hk, Hv);
         const int rc = launch_status();
         if (rc) return rc;
     }
     if (stages & 2) {
-        gdn_chunk_state_kernel<EXACT><<<dim3(Hv, DV / NS), STATE_THREADS, state_smem, st>>>(y, Wg, Pg, Gg, S, o, T,
-                                                                                           NC, Hk, Hv);
+        gdn_chunk_state_kernel<EXACT>
+            <<<dim3(Hv, DV / NS), STATE_THREADS, state_smem, st>>>(y, Wg, Pg, Gg, S, o, T, NC, Hk, Hv);
         const int rc = launch_status();
         if (rc) return rc;
     }
@@ -442,7 +445,7 @@ int launch_chunked(const float *y, const float *b, const float *a, const float *
 
 #endif
 
-}   // namespace
+} // namespace
 
 extern "C" long k_gdn_chunked_ws_floats(int T, int Hv, int Dk) {
     const long NCT = (long)CEIL_DIV(T > 0 ? T : 1, BT) * BT;
@@ -464,8 +467,8 @@ extern "C" int k_gdn_chunked_stages(const float *y, const float *b, const float 
     if (rc) return rc;
     if (stages & 4) {
         const long rows = (long)T * Hv;
-        gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, ob, z, gdn_norm, rows,
-                                                                                          Dv, eps);
+        gdn_gated_norm_warp_kernel<<<(unsigned)CEIL_DIV(rows, 8), 8 * WARP_SIZE, 0, st>>>(o, ob, z, gdn_norm, rows, Dv,
+                                                                                          eps);
         return launch_status();
     }
     return 0;

@@ -24,7 +24,7 @@ static __device__ void stage_rms_one_trip(const struct dv_desc &d, const float *
     const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)d.norm_w;
     const int n4 = d.K / 4;
     float4 xv[STAGE_RMS_F4], wv[STAGE_RMS_F4];
-    float ss = 0;   // (any order of the units)
+    float ss = 0; // (any order of the units)
 #pragma unroll
     for (int j = 0; j < STAGE_RMS_F4; j++) {
         const int i = j * blockDim.x + threadIdx.x;
@@ -32,14 +32,16 @@ static __device__ void stage_rms_one_trip(const struct dv_desc &d, const float *
     }
 #pragma unroll
     for (int j = 0; j < STAGE_RMS_F4; j++)
-        if (j * blockDim.x + threadIdx.x < n4) ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
+        if (j * blockDim.x + threadIdx.x < n4)
+            ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
     const float r = 1.0f / sqrtf(block_sum(ss, sh) / (float)d.K + d.eps);
     float4 *xo = (float4 *)xs;
 #pragma unroll
     for (int j = 0; j < STAGE_RMS_F4; j++) {
         const int i = j * blockDim.x + threadIdx.x;
         if (i < n4)
-            xo[swz(i)] = make_float4(xv[j].x * r * wv[j].x, xv[j].y * r * wv[j].y, xv[j].z * r * wv[j].z, xv[j].w * r * wv[j].w);
+            xo[swz(i)] =
+                make_float4(xv[j].x * r * wv[j].x, xv[j].y * r * wv[j].y, xv[j].z * r * wv[j].z, xv[j].w * r * wv[j].w);
     }
 }
 
@@ -48,14 +50,14 @@ static __device__ void stage_rms_one_trip(const struct dv_desc &d, const float *
 static __device__ void stage_input_of(const struct dv_desc &d, const float *x, float *x_out, float *xs, float *xs16) {
     __shared__ float sh[32];
     const int K = d.K;
-    if (d.in_mode == DV_IN_RMS && K <= 4 * STAGE_RMS_F4 * (int)blockDim.x) {   // every model shape
+    if (d.in_mode == DV_IN_RMS && K <= 4 * STAGE_RMS_F4 * (int)blockDim.x) { // every model shape
         stage_rms_one_trip(d, x, xs, sh);
     } else {
         copy_to_smem<true>(xs, x, K);
         __syncthreads();
-        if (d.in_mode == DV_IN_RMS) {   // the two-trip form: x staged, then scaled by w from global
+        if (d.in_mode == DV_IN_RMS) { // the two-trip form: x staged, then scaled by w from global
             float ss = 0;
-            for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];   // (any order of the units)
+            for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i]; // (any order of the units)
             ss = block_sum(ss, sh);
             smem_scale(xs, d.norm_w, 1.0f / sqrtf(ss / (float)K + d.eps), K);
         }
@@ -96,8 +98,8 @@ static __device__ __forceinline__ void best_reduce(unsigned long long best, unsi
 // epilogue does not wait one more round trip after the product.
 enum { DV_MAXKW = 4 };
 struct dv_epi {
-    float r;                                 // DV_OUT_ADD: y[row]
-    float w[DV_MAXKW], st[DV_MAXKW - 1];    // DV_OUT_CONV: taps, state rows (oldest first)
+    float r;                             // DV_OUT_ADD: y[row]
+    float w[DV_MAXKW], st[DV_MAXKW - 1]; // DV_OUT_CONV: taps, state rows (oldest first)
 };
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
@@ -117,9 +119,13 @@ static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const str
                                               unsigned long long *best, const dv_epi *e = nullptr) {
     if (e) asm volatile("cp.async.wait_all;\n" ::: "memory");
     switch (s.mode) {
-    case DV_OUT_STORE: s.y[row] = v; break;
-    case DV_OUT_ADD: s.y[row] = (e ? e->r : s.y[row]) + v; break;
-    case DV_OUT_CONV: {   // channel row: y = silu(sum_j w_j xe_j) over xe = (state rows | v); shift
+    case DV_OUT_STORE:
+        s.y[row] = v;
+        break;
+    case DV_OUT_ADD:
+        s.y[row] = (e ? e->r : s.y[row]) + v;
+        break;
+    case DV_OUT_CONV: { // channel row: y = silu(sum_j w_j xe_j) over xe = (state rows | v); shift
         const int C = d.C, KW = d.KW;
         const float *w = e ? e->w : d.conv_w + (size_t)row * KW;
         float *st = d.conv_state + row;
@@ -141,7 +147,9 @@ static __device__ __forceinline__ void dv_out(const struct dv_desc &d, const str
 }
 
 // The row of pass i of a task at n0 that this lane's group takes.
-static __device__ __forceinline__ int dv_row(int n0, int i, const lanes &L) { return n0 + i * L.rpp + L.rip; }
+static __device__ __forceinline__ int dv_row(int n0, int i, const lanes &L) {
+    return n0 + i * L.rpp + L.rip;
+}
 
 // The epilogue inputs of this lane's rows of a task (the lanes that store: L.sub == 0) into e[0..RW).
 template <int RW>
@@ -175,14 +183,17 @@ static __device__ __forceinline__ void dv_task(const struct dv_desc &d, const st
 
 // The tasks of a descriptor: tasks of `per` rows, segment after segment.
 struct dv_taskmap {
-    int first[DV_MAXSEG + 1];   // task prefix over the segments
+    int first[DV_MAXSEG + 1]; // task prefix over the segments
     __device__ dv_taskmap(const struct dv_desc &d, int per) {
         first[0] = 0;
 #pragma unroll
-        for (int s = 0; s < DV_MAXSEG; s++) first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, per) : 0);
+        for (int s = 0; s < DV_MAXSEG; s++)
+            first[s + 1] = first[s] + (s < d.n_seg ? CEIL_DIV(d.seg[s].W.rows, per) : 0);
     }
-    __device__ int total() const { return first[DV_MAXSEG]; }
-    __device__ int seg_of(int t) const {   // the segment of task t
+    __device__ int total() const {
+        return first[DV_MAXSEG];
+    }
+    __device__ int seg_of(int t) const { // the segment of task t
         int s = 0;
         while (t >= first[s + 1]) s++;
         return s;
@@ -197,9 +208,9 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
     const lanes L = lanes_of<BITS>(d.K);
-    const int per = RW * L.rpp;   // rows per task
+    const int per = RW * L.rpp; // rows per task
     const dv_taskmap T(d, per);
-    if (d.prefetch) {   // this warp's weights: they do not depend on the predecessor
+    if (d.prefetch) { // this warp's weights: they do not depend on the predecessor
         const size_t rb = (size_t)d.K * BITS / 8;
         for (int t = gw; t < T.total(); t += stride) {
             const int s = T.seg_of(t), n0 = (t - T.first[s]) * per, nr = min(per, d.seg[s].W.rows - n0);
@@ -208,13 +219,15 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
     }
     pdl_wait();
     pdl_trigger();
-    __shared__ dv_epi epi[DV_THREADS][RW];   // the first task's epilogue inputs, copied with the input
-    if (gw < T.total()) dv_task_epi<RW>(d, d.seg[T.seg_of(gw)], (gw - T.first[T.seg_of(gw)]) * per, L, epi[threadIdx.x]);
+    __shared__ dv_epi epi[DV_THREADS][RW]; // the first task's epilogue inputs, copied with the input
+    if (gw < T.total())
+        dv_task_epi<RW>(d, d.seg[T.seg_of(gw)], (gw - T.first[T.seg_of(gw)]) * per, L, epi[threadIdx.x]);
     stage_input(d, xs, xs16);
     unsigned long long best = 0;
     for (int t = gw; t < T.total(); t += stride) {
         const int s = T.seg_of(t);
-        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, t == gw ? epi[threadIdx.x] : nullptr, &best);
+        dv_task<BITS, RW>(d, d.seg[s], (t - T.first[s]) * per, L, xs, xs16, t == gw ? epi[threadIdx.x] : nullptr,
+                          &best);
     }
     if (d.best) best_reduce(best, d.best);
 }
@@ -231,19 +244,20 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_kernel(co
 //   dv_tc_kernel a warp takes a task whole: where there are more tasks than warps resident
 //     anyway (lm_head's 15,520) and where K is not a multiple of 1,024 (test geometries).
 enum { DV_TC_MIN_BLOCKS = 4, DV_TC_SPLIT_MIN_BLOCKS = 6, DV_TC_MIN_ROWS = 8192 };
-static bool tc_split_k(int K) { return K % (TC_SUPER * DV_WARPS) == 0; }
+static bool tc_split_k(int K) {
+    return K % (TC_SUPER * DV_WARPS) == 0;
+}
 
 // The RMS-normalised input x * rsqrt(mean(x^2) + eps) * w staged for tc_rows16 in one pass, with no
 // fp32 copy in shared memory (two barriers and a pass fewer than stage_input then tc_stage_x_by):
 // thread t loads the x and w of units t + j blockDim.x (j < U), the units it then converts. The sum
 // of squares adds in another order than stage_input's (r may differ in its last bit).
-template <int U>
-static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, unsigned char *tsm) {
+template <int U> static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, unsigned char *tsm) {
     __shared__ float sh[32];
     const int K = d.K, nc = 32 * tc_nsuper(K), kc = K / 8, nt = blockDim.x;
     const float4 *x4 = (const float4 *)d.x, *w4 = (const float4 *)d.norm_w;
     float4 xv[2 * U], wv[2 * U];
-    float ss = 0;   // (any order of the units)
+    float ss = 0; // (any order of the units)
 #pragma unroll
     for (int j = 0; j < U; j++) {
         const int u = j * nt + (int)threadIdx.x;
@@ -257,7 +271,7 @@ static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, uns
 #pragma unroll
     for (int j = 0; j < U; j++) {
         const int u = j * nt + (int)threadIdx.x;
-        if (u >= nc) break;   // warp-uniform
+        if (u >= nc) break; // warp-uniform
         const float4 a = xv[2 * j], b = xv[2 * j + 1], wa = wv[2 * j], wb = wv[2 * j + 1];
         const float v[8] = {a.x * r * wa.x, a.y * r * wa.y, a.z * r * wa.z, a.w * r * wa.w,
                             b.x * r * wb.x, b.y * r * wb.y, b.z * r * wb.z, b.w * r * wb.w};
@@ -265,14 +279,14 @@ static __device__ __forceinline__ void tc_stage_rms(const struct dv_desc &d, uns
     }
     tc_stage_close(K, tsm, threadIdx.x);
 }
-enum { TC_RMS_UNITS = 2 };   // tc_stage_rms's units a thread: K <= 16 blockDim.x (every model shape)
+enum { TC_RMS_UNITS = 2 }; // tc_stage_rms's units a thread: K <= 16 blockDim.x (every model shape)
 
 // The prologue both forms share: (with PDL) an L2 prefetch of the tasks' codes a warp will run,
 // a quarter each when the block shares a task; the wait; with epi (the split form) the epilogue
 // inputs of the block's first task copied by the lanes of warp 0 that store (epi[lane]); the input
 // staged in tc's layout (an RMS input in one pass, tc_stage_rms; else staged as k_dv's, then again).
-static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first,
-                                                   int stride, bool split, float *xs, float *xs16, unsigned char *tsm,
+static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, const dv_taskmap &T, int first, int stride,
+                                                   bool split, float *xs, float *xs16, unsigned char *tsm,
                                                    dv_epi *epi = nullptr) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (d.prefetch) {
@@ -290,17 +304,17 @@ static __device__ __forceinline__ void dv_tc_begin(const struct dv_desc &d, cons
         if (row < d.seg[s].W.rows) dv_epi_load(d, d.seg[s], row, &epi[lane]);
     }
     if (d.in_mode == DV_IN_RMS && !d.x_out && 32 * tc_nsuper(d.K) <= TC_RMS_UNITS * (int)blockDim.x) {
-        tc_stage_rms<TC_RMS_UNITS>(d, tsm);   // every model shape
+        tc_stage_rms<TC_RMS_UNITS>(d, tsm); // every model shape
         return;
     }
-    if (d.in_mode == DV_IN_PLAIN && !d.x_out) {   // o_proj / out_proj (dv_tc_split_kernel<8>): bf16 from x at once
+    if (d.in_mode == DV_IN_PLAIN && !d.x_out) { // o_proj / out_proj (dv_tc_split_kernel<8>): bf16 from x at once
         tc_stage_x(d.x, d.K, tsm);
         return;
     }
     stage_input(d, xs, xs16);
     const float4 *x4 = (const float4 *)xs;
     tc_stage_x_by(
-        [&](int u, float (&v)[8]) {
+        [&](int u, float(&v)[8]) {
             const float4 a = x4[swz(2 * u)], b = x4[swz(2 * u + 1)];
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
@@ -334,7 +348,7 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_tc_split_kernel
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const dv_taskmap T(d, TC_ROWS);
     const int nS = tc_nsuper(d.K), S0 = warp * nS / NW, S1 = (warp + 1) * nS / NW;
-    __shared__ dv_epi epi[WARP_SIZE];   // the first task's epilogue inputs, copied by warp 0 with the input
+    __shared__ dv_epi epi[WARP_SIZE]; // the first task's epilogue inputs, copied by warp 0 with the input
     dv_tc_begin(d, T, blockIdx.x, gridDim.x, true, xs, xs16, tsm, epi);
     unsigned long long best = 0;
     for (int t = blockIdx.x; t < T.total(); t += gridDim.x) {
@@ -353,8 +367,7 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_tc_split_kernel
 }
 
 static size_t dv_smem_bytes(const struct dv_desc *d);
-template <int BITS, int RW>
-static int dv_launch(const struct dv_desc *d, long tasks, const struct dec_launch *l) {
+template <int BITS, int RW> static int dv_launch(const struct dv_desc *d, long tasks, const struct dec_launch *l) {
     const size_t smem = dv_smem_bytes(d);
     return launch_k(dv_kernel<BITS, RW>, dim3(grid_for_tasks<dv_kernel<BITS, RW>>(tasks, DV_THREADS, smem)),
                     dim3(DV_THREADS), smem, l, *d);
@@ -362,8 +375,7 @@ static int dv_launch(const struct dv_desc *d, long tasks, const struct dec_launc
 
 static long dv_tasks(const struct dv_desc *d, int RW) {
     long t = 0;
-    for (int s = 0; s < d->n_seg; s++)
-        t += CEIL_DIV(d->seg[s].W.rows, RW * rows_per_pass(d->K, d->seg[s].W.bits));
+    for (int s = 0; s < d->n_seg; s++) t += CEIL_DIV(d->seg[s].W.rows, RW * rows_per_pass(d->K, d->seg[s].W.bits));
     return t;
 }
 
@@ -377,7 +389,9 @@ static long dv_tc_tasks(const struct dv_desc *d) {
     for (int s = 0; s < d->n_seg; s++) tasks += CEIL_DIV(d->seg[s].W.rows, TC_ROWS);
     return tasks;
 }
-static size_t dv_tc_smem(const struct dv_desc *d) { return dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K); }
+static size_t dv_tc_smem(const struct dv_desc *d) {
+    return dv_smem_bytes(d) + (size_t)tc_smem_bytes(d->K);
+}
 
 // The tensor-core form where it pays: fast mode, 4-bit, enough rows to fill the GPU with 16-row
 // tasks. The K split (a block a task) where K allows it, and only where the tasks are fewer than
@@ -406,8 +420,7 @@ static int dv_tc8_launch(const struct dv_desc *d, const struct dec_launch *l) {
                     dim3(DV_TC8_WARPS * WARP_SIZE), smem, l, *d);
 }
 
-template <int BITS>
-static int dv_pick(const struct dv_desc *d, const struct dec_launch *l) {
+template <int BITS> static int dv_pick(const struct dv_desc *d, const struct dec_launch *l) {
     if (BITS == 4 && !l->exact) {
         long rows = 0;
         for (int s = 0; s < d->n_seg; s++) rows += d->seg[s].W.rows;
@@ -466,7 +479,7 @@ extern "C" int k_tcgemv(const struct dqt *W, const float *x, float *y, void *str
     const int K = W->cols, R = W->rows;
     const size_t smem = (size_t)tc_smem_bytes(K);
     if (smem > TC_MAX_SMEM) return (int)cudaErrorInvalidValue;
-    static int per_sm, sms;   // occupancy asked once (fixed block size; shared memory never limits)
+    static int per_sm, sms; // occupancy asked once (fixed block size; shared memory never limits)
     if (!per_sm) {
         int dev = 0;
         cudaGetDevice(&dev);
@@ -486,8 +499,7 @@ extern "C" int k_tcgemv(const struct dqt *W, const float *x, float *y, void *str
 // 4-bit segments: a block takes a 16-row task, its warps split the super-steps (as dv_tc_split_kernel),
 // each warp runs every token at once (tc_rows16_xq), warp 0 adds the parts and stores. The inputs of
 // the T tokens are staged once a block, RMS-normalised or plain (tc_stage_xq).
-template <int NQ>
-static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const struct dq_desc q) {
+template <int NQ> static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const struct dq_desc q) {
     extern __shared__ __align__(16) unsigned char dq_smem[];
     __shared__ float part[DV_WARPS][NQ][2][WARP_SIZE];
     __shared__ float rs[DQ_MAXT];
@@ -498,7 +510,7 @@ static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const stru
     pdl_wait();
     pdl_trigger();
     if (d.in_mode == DV_IN_RMS)
-        for (int t = warp; t < T; t += DV_WARPS) {   // each token's 1 / rms, a warp a token (no block barriers)
+        for (int t = warp; t < T; t += DV_WARPS) { // each token's 1 / rms, a warp a token (no block barriers)
             const float4 *x4 = (const float4 *)(d.x + (size_t)t * q.ldx);
             float ss = 0;
             for (int i = lane; i < K / 4; i += WARP_SIZE) {
@@ -511,12 +523,13 @@ static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const stru
     __syncthreads();
     const bool rms = d.in_mode == DV_IN_RMS;
     tc_stage_xq(
-        [&](int t, int u, float (&v)[8]) {
+        [&](int t, int u, float(&v)[8]) {
             const float4 *x4 = (const float4 *)(d.x + (size_t)t * q.ldx) + 2 * u;
             const float4 a = __ldg(x4), b = __ldg(x4 + 1);
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
             if (rms) {
-                const float4 wa = __ldg((const float4 *)d.norm_w + 2 * u), wb = __ldg((const float4 *)d.norm_w + 2 * u + 1);
+                const float4 wa = __ldg((const float4 *)d.norm_w + 2 * u),
+                             wb = __ldg((const float4 *)d.norm_w + 2 * u + 1);
                 const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = v[j] * rs[t] * w8[j];
@@ -544,24 +557,28 @@ static __global__ void __launch_bounds__(DV_THREADS, 2) dvq_tc_kernel(const stru
                 for (int r = 0; r < 2; r++) {
                     const int t = 4 * j + tl, row = n0 + g + 8 * r;
                     if (t >= T || row >= W.rows) continue;
-                    const float v = (part[0][j][r][lane] + part[1][j][r][lane]) + (part[2][j][r][lane] + part[3][j][r][lane]);
+                    const float v =
+                        (part[0][j][r][lane] + part[1][j][r][lane]) + (part[2][j][r][lane] + part[3][j][r][lane]);
                     float *y = d.seg[s].y + (size_t)t * W.rows + row;
                     switch (d.seg[s].mode) {
-                    case DV_OUT_ADD: *y += v; break;
+                    case DV_OUT_ADD:
+                        *y += v;
+                        break;
                     case DV_OUT_ARGMAX: {
                         *y = v;
                         const unsigned long long k = argmax_key(v, row);
                         best[j] = k > best[j] ? k : best[j];
                         break;
                     }
-                    default: *y = v;
+                    default:
+                        *y = v;
                     }
                 }
         __syncthreads();
     }
     if (d.best && warp == 0)
 #pragma unroll
-        for (int j = 0; j < NQ; j++) {   // the lanes of one token: tl fixed, g = 0 .. 7
+        for (int j = 0; j < NQ; j++) { // the lanes of one token: tl fixed, g = 0 .. 7
             unsigned long long b = best[j];
 #pragma unroll
             for (int o = 4; o < WARP_SIZE; o <<= 1) {
@@ -585,14 +602,14 @@ static __global__ void __launch_bounds__(DV_THREADS, 4) dvq_cc_kernel(const stru
     pdl_wait();
     pdl_trigger();
     for (int t = 0; t < q.T; t++) {
-        __syncthreads();   // the previous token's tasks are done with xs
+        __syncthreads(); // the previous token's tasks are done with xs
         stage_input_of(d, d.x + (size_t)t * q.ldx, d.x_out ? d.x_out + (size_t)t * d.K : nullptr, xs, xs16);
         for (int task = gw; task < M.total(); task += stride) {
             const int s = M.seg_of(task), n = (task - M.first[s]) * L.rpp + L.rip, R = d.seg[s].W.rows;
             const qrow r[1] = {qrow_of(d.seg[s].W, (size_t)min(n, R - 1))};
             float acc[1];
             rows_dot<8, 1>(r, L, xs, xs16, acc);
-            if (!L.sub && n < R) d.seg[s].y[(size_t)t * R + n] = acc[0];   // DV_OUT_STORE (k_dvq checks)
+            if (!L.sub && n < R) d.seg[s].y[(size_t)t * R + n] = acc[0]; // DV_OUT_STORE (k_dvq checks)
         }
     }
 }
@@ -619,16 +636,18 @@ extern "C" int k_dvq(const struct dq_desc *q, const struct dec_launch *l) {
     if (bits != 4) return (int)cudaErrorInvalidValue;
     const size_t smem = (size_t)q->T * tc_area_bytes(d->K);
     const long tasks = dv_tc_tasks(d);
-#define DQ_LAUNCH(NQ)                                                                                    \
-    do {                                                                                                 \
-        static size_t raised;                                                                            \
-        if (smem > 48 * 1024 && smem > raised) {                                                         \
-            const cudaError_t e = cudaFuncSetAttribute(dvq_tc_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
-            if (e != cudaSuccess) return (int)e;                                                         \
-            raised = smem;                                                                               \
-        }                                                                                                \
-        return launch_k(dvq_tc_kernel<NQ>, dim3(grid_for_tasks<dvq_tc_kernel<NQ>>(tasks * DV_WARPS, DV_THREADS, smem)), \
-                        dim3(DV_THREADS), smem, l, *q);                                                  \
+#define DQ_LAUNCH(NQ)                                                                                                  \
+    do {                                                                                                               \
+        static size_t raised;                                                                                          \
+        if (smem > 48 * 1024 && smem > raised) {                                                                       \
+            const cudaError_t e =                                                                                      \
+                cudaFuncSetAttribute(dvq_tc_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);       \
+            if (e != cudaSuccess) return (int)e;                                                                       \
+            raised = smem;                                                                                             \
+        }                                                                                                              \
+        return launch_k(dvq_tc_kernel<NQ>,                                                                             \
+                        dim3(grid_for_tasks<dvq_tc_kernel<NQ>>(tasks * DV_WARPS, DV_THREADS, smem)), dim3(DV_THREADS), \
+                        smem, l, *q);                                                                                  \
     } while (0)
     if (q->T <= 4) DQ_LAUNCH(1);
     DQ_LAUNCH(2);

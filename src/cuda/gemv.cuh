@@ -34,7 +34,9 @@ static inline int sm_count(void) {
 // The staged input lives in shared memory as float4 units, unit u at swz(u): the lanes of a warp
 // read the same unit of consecutive chunks (8 units apart for 4-bit codes, 4 for 8-bit), which
 // would all fall in the same four banks; the swizzle spreads them over all 32.
-static __device__ __forceinline__ int swz(int u) { return u ^ ((u >> 3) & 7); }
+static __device__ __forceinline__ int swz(int u) {
+    return u ^ ((u >> 3) & 7);
+}
 
 // d[i] += sum_j code_ij * x[j] over chunk c (16 bytes of codes: 32 4-bit or 16 8-bit, first in the
 // low bits) of each of RW rows; x4: the swizzled input, read once for all rows.
@@ -47,7 +49,7 @@ static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const flo
 #pragma unroll
             for (int r = 0; r < RW; r++) {
                 const uint32_t w = i == 0 ? q[r].x : i == 1 ? q[r].y : i == 2 ? q[r].z : q[r].w;
-                const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;   // codes 0,2,4,6 | 1,3,5,7
+                const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu; // codes 0,2,4,6 | 1,3,5,7
                 float d0 = CODE_F(lo, 0) * a.x;
                 float d1 = CODE_F(hi, 0) * a.y;
                 d0 = fmaf(CODE_F(lo, 1), a.z, d0);
@@ -74,8 +76,7 @@ static __device__ __forceinline__ void chunk_dot(const uint4 (&q)[RW], const flo
 }
 
 // The sum of the inputs of chunk c (xs16: sums of 16 inputs; a 4-bit chunk spans two of them).
-template <int BITS>
-static __device__ __forceinline__ float chunk_xsum(const float *xs16, int c) {
+template <int BITS> static __device__ __forceinline__ float chunk_xsum(const float *xs16, int c) {
     return BITS == 4 ? xs16[2 * c] + xs16[2 * c + 1] : xs16[c];
 }
 
@@ -95,8 +96,7 @@ static __device__ __forceinline__ qrow qrow_of(const struct dqt &W, size_t row) 
 struct lanes {
     int lpr, rpp, cpl, sub, rip;
 };
-template <int BITS>
-static __device__ __forceinline__ lanes lanes_of(int K) {
+template <int BITS> static __device__ __forceinline__ lanes lanes_of(int K) {
     const int cpr = K / (128 / BITS), lpr = cpr < WARP_SIZE ? cpr : WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     return {lpr, WARP_SIZE / lpr, cpr / lpr, lane % lpr, lane / lpr};
 }
@@ -108,7 +108,7 @@ static __device__ __forceinline__ lanes lanes_of(int K) {
 template <int BITS, int RW>
 static __device__ __forceinline__ void rows_dot(const qrow (&r)[RW], const lanes &L, const float *xs, const float *xs16,
                                                 float (&acc)[RW]) {
-    constexpr int CODES = 128 / BITS, CPG = QGROUP / CODES;   // chunks per group
+    constexpr int CODES = 128 / BITS, CPG = QGROUP / CODES; // chunks per group
     constexpr int NB = RW == 1 ? 4 : 2;
 #pragma unroll
     for (int i = 0; i < RW; i++) acc[i] = 0;
@@ -179,7 +179,8 @@ template <bool SWZ>
 static __device__ __forceinline__ void copy_to_smem(float *__restrict__ dst, const float *__restrict__ src, int n,
                                                     int tid = threadIdx.x, int nt = blockDim.x) {
     float4 *d4 = (float4 *)dst;
-    for_float4(src, n / 4, [&](int i, float4 v) { d4[SWZ ? swz(i) : i] = v; }, tid, nt);
+    for_float4(
+        src, n / 4, [&](int i, float4 v) { d4[SWZ ? swz(i) : i] = v; }, tid, nt);
 }
 
 // xs[i] *= r * w[i] over n floats (n % 4 == 0; xs swizzled).
@@ -203,11 +204,10 @@ static __device__ __forceinline__ void sums16(const float *xs, float *xs16, int 
 // Blocks for a grid-stride kernel: enough for the tasks, at most what fits on the GPU at once.
 // (The occupancy is asked once per kernel: every call site passes the same block size, and the
 // shared memory of these kernels never limits them below their registers.)
-template <auto KERN>
-static int grid_for_tasks(long tasks, int threads, size_t smem) {
-    static int per_sm;   // one per kernel
-    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERN, threads, smem) != cudaSuccess ||
-                    per_sm < 1))
+template <auto KERN> static int grid_for_tasks(long tasks, int threads, size_t smem) {
+    static int per_sm; // one per kernel
+    if (!per_sm &&
+        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERN, threads, smem) != cudaSuccess || per_sm < 1))
         per_sm = 1;
     const long want = CEIL_DIV(tasks, threads / WARP_SIZE), cap = (long)per_sm * sm_count();
     return (int)(want < cap ? (want > 0 ? want : 1) : cap);

@@ -11,9 +11,13 @@
 
 #include "common.cuh"
 
-static __device__ __forceinline__ int swz(int r, int c) { return c ^ (r & 7); }
+static __device__ __forceinline__ int swz(int r, int c) {
+    return c ^ (r & 7);
+}
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
 
 static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -38,9 +42,12 @@ static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4],
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
 }
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n");
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Round to bf16 (nearest even) and the residual, so that hi + lo carries ~16 mantissa bits:
 // products on the tensor cores with hi and lo as two operands lose almost nothing against fp32.

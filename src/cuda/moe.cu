@@ -31,8 +31,10 @@ extern "C" int k_route(const float *logits, int T, int E, int k, int *ids, float
 // route_warp with shared ones, and one out-of-line function called with both would store through
 // generic addresses in all of them.
 static __device__ __noinline__ void route_warp_global(const float *x, int E, int k, int *ids, float *w) {
-    if (E == RW_MAXE) route_warp_of<true>(x, E, k, ids, w);
-    else route_warp_of<false>(x, E, k, ids, w);
+    if (E == RW_MAXE)
+        route_warp_of<true>(x, E, k, ids, w);
+    else
+        route_warp_of<false>(x, E, k, ids, w);
 }
 
 // One warp per token (route_warp_of, the decode kernels' routing): for its tests against k_route's.
@@ -51,8 +53,8 @@ extern "C" int k_route_warp(const float *logits, int T, int E, int k, int *ids, 
 // One block per expert scans all n = T*k assignments in order. FILL = false: counts[e];
 // FILL = true: slots[offs[e] ..] = the assignment indices of expert e, ascending.
 template <bool FILL>
-static __global__ void __launch_bounds__(DSP_THREADS) dispatch_kernel(const int *ids, int n, int *counts, const int *offs,
-                                                                      int *slots) {
+static __global__ void __launch_bounds__(DSP_THREADS)
+    dispatch_kernel(const int *ids, int n, int *counts, const int *offs, int *slots) {
     __shared__ int wc[DSP_THREADS / WARP_SIZE];
     const int e = blockIdx.x, lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     int cursor = FILL ? offs[e] : 0;
@@ -141,9 +143,12 @@ static __device__ void prefetch_down(const struct dv_moe &m, const int *ids) {
         const struct dqt &D = shared ? m.sdown : m.down;
         const size_t mat = shared ? 0 : (size_t)ids[e];
         const char *p;
-        if (r < lines_w) p = (const char *)D.w + mat * wb + r * 128;
-        else if ((r -= lines_w) < lines_s) p = (const char *)D.scales + mat * sb + r * 128;
-        else p = (const char *)D.biases + mat * sb + (r - lines_s) * 128;
+        if (r < lines_w)
+            p = (const char *)D.w + mat * wb + r * 128;
+        else if ((r -= lines_w) < lines_s)
+            p = (const char *)D.scales + mat * sb + r * 128;
+        else
+            p = (const char *)D.biases + mat * sb + (r - lines_s) * 128;
         prefetch_l2(p);
     }
 }
@@ -162,7 +167,7 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
     const lanes L = lanes_of<4>(m.H);
     const int tasks_e = CEIL_DIV(m.I, L.rpp), total = (m.k + 1) * tasks_e;
     const int gw = blockIdx.x * DV_WARPS + warp, stride = gridDim.x * DV_WARPS;
-    const size_t rb = (size_t)m.H * 4 / 8;   // bytes of codes a row
+    const size_t rb = (size_t)m.H * 4 / 8; // bytes of codes a row
     for (int t = gw; t < total; t += stride) {
         if (t < m.k * tasks_e) continue;
         const int n0 = (t % tasks_e) * L.rpp, nr = min(L.rpp, m.I - n0);
@@ -172,8 +177,10 @@ static __global__ void __launch_bounds__(DV_THREADS, DV_MIN_BLOCKS) dv_gateup_ke
     pdl_wait();
     pdl_trigger();
     if (m.E <= RW_MAXE) {
-        if (warp == 0) route_warp(m.logits, m.E, m.k, ids, wts);
-        else copy_to_smem<true>(xs, m.u, m.H, threadIdx.x - WARP_SIZE, blockDim.x - WARP_SIZE);
+        if (warp == 0)
+            route_warp(m.logits, m.E, m.k, ids, wts);
+        else
+            copy_to_smem<true>(xs, m.u, m.H, threadIdx.x - WARP_SIZE, blockDim.x - WARP_SIZE);
         __syncthreads();
     } else {
         route_block(m.logits, m.E, m.k, p, ids, wts);
@@ -221,7 +228,7 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_gateup_tc_kerne
     extern __shared__ __align__(16) unsigned char gt_smem[];
     __shared__ int ids[WARP_SIZE];
     __shared__ float wts[WARP_SIZE], part[NW][WARP_SIZE];
-    constexpr int NK = NW / 2;   // warps a matrix
+    constexpr int NK = NW / 2; // warps a matrix
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, kq = warp / 2;
     const int tiles_e = CEIL_DIV(m.I, TC_ROWS), total = (m.k + 1) * tiles_e;
     const bool split = m.tc_split && m.H % (NK * TC_SUPER) == 0;
@@ -229,8 +236,10 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_gateup_tc_kerne
     pdl_wait();
     pdl_trigger();
     if (warp == 0) {
-        if (NW == 8) route_warp_of<true>(m.logits, m.E, m.k, ids, wts);   // (E == RW_MAXE: the host checks)
-        else route_warp(m.logits, m.E, m.k, ids, wts);
+        if (NW == 8)
+            route_warp_of<true>(m.logits, m.E, m.k, ids, wts); // (E == RW_MAXE: the host checks)
+        else
+            route_warp(m.logits, m.E, m.k, ids, wts);
     }
     // (the staging's closing barrier publishes ids and wts too)
     tc_stage_x(m.u, m.H, gt_smem, (int)threadIdx.x - WARP_SIZE, (int)blockDim.x - WARP_SIZE);
@@ -245,8 +254,9 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_gateup_tc_kerne
         const struct dqt &W = mat ? (shared ? m.sup : m.up) : (shared ? m.sgate : m.gate);
         const size_t base = shared ? 0 : (size_t)ids[e] * m.I;
         float v = 0;
-        if (NW == 8 || split)   // (NW == 8: split, the host checks)
-            v = tc_rows16<false>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem, S0, S1);
+        if (NW == 8 || split) // (NW == 8: split, the host checks)
+            v = tc_rows16<false>(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem,
+                                 S0, S1);
         else if (kq == 0)
             v = tc_rows16_whole(W.w + base * wpr, W.scales + base * gpr, W.biases + base * gpr, m.I, m.H, n0, gt_smem);
         part[warp][lane] = v;
@@ -258,9 +268,9 @@ static __global__ void __launch_bounds__(NW *WARP_SIZE, MINB) dv_gateup_tc_kerne
             for (int q = 0; q < NK; q++) g += part[2 * q][lane], u += part[2 * q + 1][lane];
             m.act[(size_t)e * m.I + row] = silu_f(g) * u;
         }
-        __syncthreads();   // part is read before the next tile writes it
+        __syncthreads(); // part is read before the next tile writes it
     }
-    prefetch_down(m, ids);   // after the tiles: their weight loads go out first
+    prefetch_down(m, ids); // after the tiles: their weight loads go out first
 }
 
 // x[n] += sum_{e <= k} w_e * down_e[n] act_e: a warp per output row, its lanes over the (expert,
@@ -277,7 +287,7 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
     pdl_trigger();
     if (threadIdx.x <= m.k) ids[threadIdx.x] = m.ids[threadIdx.x], wts[threadIdx.x] = m.w[threadIdx.x];
     const int n1 = blockIdx.x * DV_WARPS + warp;
-    float xn = lane == 0 && n1 < m.H ? m.x[n1] : 0.0f;   // the first row's residual, with the inputs
+    float xn = lane == 0 && n1 < m.H ? m.x[n1] : 0.0f; // the first row's residual, with the inputs
     stage_plain(m.act, nx, xs, xs16);
     const int cpr = m.I / 32, items = (m.k + 1) * cpr;
     for (int n = n1; n < m.H; n += gridDim.x * DV_WARPS) {
@@ -297,7 +307,7 @@ static __global__ void __launch_bounds__(DV_THREADS, 6) dv_down_kernel(const str
         for (int j = 0; j < DN_ITEMS; j++) {
             const int it = lane + j * WARP_SIZE, e = it / cpr, c = it % cpr;
             if (it >= items) break;
-            const int cg = e * m.I / 32 + c;   // the chunk's index in the staged act
+            const int cg = e * m.I / 32 + c; // the chunk's index in the staged act
             float d[1] = {0};
             chunk_dot<4, 1>(q[j], (const float4 *)xs, cg, d);
             acc = fmaf(wts[e], fmaf(sc[j], d[0], bi[j] * chunk_xsum<4>(xs16, cg)), acc);
@@ -331,9 +341,9 @@ static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_ke
     pdl_wait();
     pdl_trigger();
     if ((int)threadIdx.x < E1) ids[threadIdx.x] = m.ids[threadIdx.x], wts[threadIdx.x] = m.w[threadIdx.x];
-    const float xn = stores ? m.x[row] : 0.0f;   // the residual, with the inputs
-    const int upe = 32 * tc_nsuper(I), kc = I / 8;   // units an expert's staging has, and real ones
-    for (int gu = threadIdx.x; gu < E1 * upe; gu += blockDim.x) {   // warp-uniform: upe, blockDim.x multiples of 32
+    const float xn = stores ? m.x[row] : 0.0f;                    // the residual, with the inputs
+    const int upe = 32 * tc_nsuper(I), kc = I / 8;                // units an expert's staging has, and real ones
+    for (int gu = threadIdx.x; gu < E1 * upe; gu += blockDim.x) { // warp-uniform: upe, blockDim.x multiples of 32
         const int e = gu / upe, u = gu % upe;
         float v[8] = {};
         if (u < kc) {
@@ -343,8 +353,9 @@ static __global__ void __launch_bounds__(DN_TC_MAXW *WARP_SIZE, 1) dv_down_tc_ke
         }
         tc_stage_unit(u, v, I, dt_smem + (size_t)e * sb);
     }
-    if ((int)threadIdx.x < 4 * E1)   // each area's zero chunk (tc_stage_close's, for all at once)
-        ((uint4 *)(dt_smem + (size_t)(threadIdx.x / 4) * sb))[tc_zero_chunk(I) + threadIdx.x % 4] = make_uint4(0, 0, 0, 0);
+    if ((int)threadIdx.x < 4 * E1) // each area's zero chunk (tc_stage_close's, for all at once)
+        ((uint4 *)(dt_smem + (size_t)(threadIdx.x / 4) * sb))[tc_zero_chunk(I) + threadIdx.x % 4] =
+            make_uint4(0, 0, 0, 0);
     __syncthreads();
     const bool shared = warp == m.k;
     const struct dqt &D = shared ? m.sdown : m.down;
@@ -365,10 +376,10 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, const struct dec_launch *
         return (int)cudaErrorInvalidValue;
     if (!l->exact && m->E <= RW_MAXE) {
         const size_t tsmem = (size_t)tc_smem_bytes(m->H);
-        const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS);   // a block a tile
+        const long tiles = (long)(m->k + 1) * CEIL_DIV(m->I, TC_ROWS); // a block a tile
         struct dv_moe mm = *m;
         mm.tc_split = 1;
-        if (m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER))   // a test geometry's shape
+        if (m->E != RW_MAXE || !mm.tc_split || m->H % (4 * TC_SUPER)) // a test geometry's shape
             return launch_k(dv_gateup_tc_kernel<4, 4>,
                             dim3(grid_for_tasks<dv_gateup_tc_kernel<4, 4>>(tiles * 4, 4 * WARP_SIZE, tsmem)),
                             dim3(4 * WARP_SIZE), tsmem, l, mm);
@@ -378,8 +389,8 @@ extern "C" int k_dv_moe_gateup(const struct dv_moe *m, const struct dec_launch *
     }
     const size_t smem = (size_t)(m->H + m->H / 16 + m->E) * sizeof(float);
     const long tasks = (long)(m->k + 1) * CEIL_DIV(m->I, rows_per_pass(m->H, 4));
-    return launch_k(dv_gateup_kernel, dim3(grid_for_tasks<dv_gateup_kernel>(tasks, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, l, *m);
+    return launch_k(dv_gateup_kernel, dim3(grid_for_tasks<dv_gateup_kernel>(tasks, DV_THREADS, smem)), dim3(DV_THREADS),
+                    smem, l, *m);
 }
 
 extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l) {
@@ -389,19 +400,18 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l)
     if (!l->exact && m->I % TC_SUPER == 0 && m->k + 1 <= DN_TC_MAXW) {
         const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
         static size_t raised;
-        if (smem > 48 * 1024 && smem > raised) {   // (the model's 9 experts: 12 KB)
+        if (smem > 48 * 1024 && smem > raised) { // (the model's 9 experts: 12 KB)
             const cudaError_t e =
                 cudaFuncSetAttribute(dv_down_tc_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return (int)e;
             raised = smem;
         }
-        return launch_k(dv_down_tc_kernel<>, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, l,
-                        *m);
+        return launch_k(dv_down_tc_kernel<>, dim3(CEIL_DIV(m->H, TC_ROWS)), dim3((m->k + 1) * WARP_SIZE), smem, l, *m);
     }
     const int nx = (m->k + 1) * m->I;
     const size_t smem = (size_t)(nx + nx / 16) * sizeof(float);
-    return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)),
-                    dim3(DV_THREADS), smem, l, *m);
+    return launch_k(dv_down_kernel, dim3(grid_for_tasks<dv_down_kernel>(m->H, DV_THREADS, smem)), dim3(DV_THREADS),
+                    smem, l, *m);
 }
 
 // ---- the MoE of several tokens (k_dvq_moe_*) ----------------------------------------------------------
@@ -413,7 +423,10 @@ extern "C" int k_dv_moe_down(const struct dv_moe *m, const struct dec_launch *l)
 // 64 rows of one listed expert: warp 2 r + mat computes rows 16 r .. 16 r + 15 of gate (mat 0) or
 // up (mat 1) over all of K for every token at once (tc_rows16_xq), and the gate warp writes
 // silu(gate) * up for the tokens that chose the expert.
-enum { DQ_MAXU = DQ_MAXT * 8 + 1, GQ_ROWS = 4 * TC_ROWS };   // distinct experts of DQ_MAXT tokens at k = 8, and the shared one
+enum {
+    DQ_MAXU = DQ_MAXT * 8 + 1,
+    GQ_ROWS = 4 * TC_ROWS
+}; // distinct experts of DQ_MAXT tokens at k = 8, and the shared one
 template <int NQ>
 static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gateup_kernel(const struct dq_moe q) {
     extern __shared__ __align__(16) unsigned char gq_smem[];
@@ -424,19 +437,19 @@ static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gat
     __shared__ signed char slot[DQ_MAXU][DQ_MAXT];
     const struct dv_moe &m = q.m;
     const int T = q.T, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, mat = warp % 2, sub = warp / 2;
-    const int K1 = m.k + 1, np = T * m.k;   // (token, choice) pairs: at most 64, warps 0 and 1
+    const int K1 = m.k + 1, np = T * m.k; // (token, choice) pairs: at most 64, warps 0 and 1
     for (int i = threadIdx.x; i < m.E; i += blockDim.x) first[i] = INT_MAX;
     for (int i = threadIdx.x; i < DQ_MAXU * DQ_MAXT; i += blockDim.x) slot[i / DQ_MAXT][i % DQ_MAXT] = -1;
     pdl_wait();
     pdl_trigger();
-    if (warp < T) route_warp_of<true>(m.logits + (size_t)warp * m.E, m.E, m.k, ids[warp], wts[warp]);   // (E == RW_MAXE)
+    if (warp < T) route_warp_of<true>(m.logits + (size_t)warp * m.E, m.E, m.k, ids[warp], wts[warp]); // (E == RW_MAXE)
     tc_stage_xq(
-        [&](int t, int u, float (&v)[8]) {
+        [&](int t, int u, float(&v)[8]) {
             const float4 *p = (const float4 *)(m.u + (size_t)t * m.H) + 2 * u;
             const float4 a = __ldg(p), b = __ldg(p + 1);
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
-        T, m.H, gq_smem);   // (its closing barrier publishes ids, wts, first and slot too)
+        T, m.H, gq_smem); // (its closing barrier publishes ids, wts, first and slot too)
     const int p = threadIdx.x, pe = p < np ? ids[p / m.k][p % m.k] : 0;
     if (p < np) atomicMin(&first[pe], p);
     __syncthreads();
@@ -453,7 +466,7 @@ static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gat
     }
     __syncthreads();
     if (p < np) slot[rank[first[pe]]][p / m.k] = (signed char)(p % m.k);
-    if (p < T) slot[n_lead][p] = (signed char)m.k;   // the shared expert: every token, slot k
+    if (p < T) slot[n_lead][p] = (signed char)m.k; // the shared expert: every token, slot k
     if (p == 0) uexp[n_lead] = -1, n_u = n_lead + 1;
     if (blockIdx.x == 0 && threadIdx.x < T * K1) {
         const int t = threadIdx.x / K1, j = threadIdx.x % K1;
@@ -480,7 +493,8 @@ static __global__ void __launch_bounds__(8 * WARP_SIZE, NQ == 1 ? 2 : 1) dvq_gat
                 for (int r = 0; r < 2; r++) {
                     const int t = 4 * j + tl, row = n0 + g + 8 * r;
                     if (t >= T || row >= m.I || slot[ue][t] < 0) continue;
-                    m.act[((size_t)t * K1 + slot[ue][t]) * m.I + row] = silu_f(part[warp][j][r][lane]) * part[warp + 1][j][r][lane];
+                    m.act[((size_t)t * K1 + slot[ue][t]) * m.I + row] =
+                        silu_f(part[warp][j][r][lane]) * part[warp + 1][j][r][lane];
                 }
         __syncthreads();
     }
@@ -494,16 +508,18 @@ extern "C" int k_dvq_moe_gateup(const struct dq_moe *q, const struct dec_launch 
         return (int)cudaErrorInvalidValue;
     const size_t smem = (size_t)q->T * tc_area_bytes(m->H);
     const long tasks = (long)(q->T * m->k + 1) * CEIL_DIV(m->I, GQ_ROWS);
-#define GQ_LAUNCH(NQ)                                                                                    \
-    do {                                                                                                 \
-        static size_t raised;                                                                            \
-        if (smem > 48 * 1024 && smem > raised) {                                                         \
-            const cudaError_t e = cudaFuncSetAttribute(dvq_gateup_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
-            if (e != cudaSuccess) return (int)e;                                                         \
-            raised = smem;                                                                               \
-        }                                                                                                \
-        return launch_k(dvq_gateup_kernel<NQ>, dim3(grid_for_tasks<dvq_gateup_kernel<NQ>>(tasks * 8, 8 * WARP_SIZE, smem)), \
-                        dim3(8 * WARP_SIZE), smem, l, *q);                                               \
+#define GQ_LAUNCH(NQ)                                                                                                  \
+    do {                                                                                                               \
+        static size_t raised;                                                                                          \
+        if (smem > 48 * 1024 && smem > raised) {                                                                       \
+            const cudaError_t e =                                                                                      \
+                cudaFuncSetAttribute(dvq_gateup_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);   \
+            if (e != cudaSuccess) return (int)e;                                                                       \
+            raised = smem;                                                                                             \
+        }                                                                                                              \
+        return launch_k(dvq_gateup_kernel<NQ>,                                                                         \
+                        dim3(grid_for_tasks<dvq_gateup_kernel<NQ>>(tasks * 8, 8 * WARP_SIZE, smem)),                   \
+                        dim3(8 * WARP_SIZE), smem, l, *q);                                                             \
     } while (0)
     if (q->T <= 4) GQ_LAUNCH(1);
     GQ_LAUNCH(2);
@@ -518,7 +534,7 @@ extern "C" int k_dvq_moe_down(const struct dq_moe *q, const struct dec_launch *l
         m->sdown.bits != 4 || m->sdown.cols != m->I)
         return (int)cudaErrorInvalidValue;
     const size_t smem = (size_t)(m->k + 1) * tc_smem_bytes(m->I);
-    if (smem > 48 * 1024) return (int)cudaErrorInvalidValue;   // (the model's 9 experts: 12 KB)
+    if (smem > 48 * 1024) return (int)cudaErrorInvalidValue; // (the model's 9 experts: 12 KB)
     return launch_k(dv_down_tc_kernel<true>, dim3(CEIL_DIV(m->H, TC_ROWS), q->T), dim3((m->k + 1) * WARP_SIZE), smem, l,
                     q->m);
 }

@@ -23,7 +23,9 @@ static __device__ __forceinline__ unsigned long long pick_key(float v, int id) {
     u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
     return ((unsigned long long)u << 32) | (0xFFFFFFFFu - (uint32_t)id);
 }
-static __device__ __forceinline__ int key_id(unsigned long long k) { return (int)(0xFFFFFFFFu - (uint32_t)k); }
+static __device__ __forceinline__ int key_id(unsigned long long k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)k);
+}
 
 static __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k) {
 #pragma unroll
@@ -37,7 +39,7 @@ static __device__ __forceinline__ unsigned long long warp_max_key(unsigned long 
 // (m, s) pairs of an online log-sum-exp: s = sum exp(x - m).
 static __device__ __forceinline__ void lse_add(float &m, float &s, float x) {
     if (x > m) {
-        s = s * expf(m - x) + 1.0f;   // m = -inf the first time: s = 0 * 0 + 1
+        s = s * expf(m - x) + 1.0f; // m = -inf the first time: s = 0 * 0 + 1
         m = x;
     } else {
         s += expf(x - m);
@@ -62,7 +64,7 @@ static __device__ __forceinline__ unsigned long long warp_merge(unsigned long lo
     for (int j = 0; j < n; j++) {
         const unsigned long long best = warp_max_key(list[0]);
         if (lane == j) mine = best;
-        if (best && list[0] == best) {   // keys are unique (the id is in them): one lane pops
+        if (best && list[0] == best) { // keys are unique (the id is in them): one lane pops
 #pragma unroll
             for (int i = 0; i + 1 < PK_MAXTOP; i++) list[i] = list[i + 1];
             list[PK_MAXTOP - 1] = 0;
@@ -95,13 +97,13 @@ static __device__ __forceinline__ unsigned long long block_merge(unsigned long l
 
 static __device__ __forceinline__ void lse_warp(float &m, float &s) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    for (int o = 16; o > 0; o >>= 1)
+        lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
-static __global__ void __launch_bounds__(PK_THREADS) pick_kernel(const float *__restrict__ x, int V,
-                                                                 const uint32_t *__restrict__ allow, int n_top,
-                                                                 int want_lp, struct pick_part *part,
-                                                                 unsigned int *ticket, struct k_pick *out) {
+static __global__ void __launch_bounds__(PK_THREADS)
+    pick_kernel(const float *__restrict__ x, int V, const uint32_t *__restrict__ allow, int n_top, int want_lp,
+                struct pick_part *part, unsigned int *ticket, struct k_pick *out) {
     __shared__ unsigned long long sk[2][PK_WARPS], stop[PK_WARPS][PK_MAXTOP];
     __shared__ float sm[PK_WARPS], ss[PK_WARPS];
     __shared__ bool last;
@@ -115,7 +117,7 @@ static __global__ void __launch_bounds__(PK_THREADS) pick_kernel(const float *__
         best = k > best ? k : best;
         if (ok) best_ok = k > best_ok ? k : best_ok;
         if (want_lp) lse_add(m, s, v);
-        if (n_top && k > list[PK_MAXTOP - 1]) {   // insert: the smallest falls off the end
+        if (n_top && k > list[PK_MAXTOP - 1]) { // insert: the smallest falls off the end
             unsigned long long c = k;
 #pragma unroll
             for (int j = 0; j < PK_MAXTOP; j++) {
@@ -142,7 +144,7 @@ static __global__ void __launch_bounds__(PK_THREADS) pick_kernel(const float *__
     lse_warp(m, s);
     unsigned long long top = n_top ? warp_merge(list, n_top) : 0;
     if (lane == 0) sk[0][warp] = best, sk[1][warp] = best_ok, sm[warp] = m, ss[warp] = s;
-    top = n_top ? block_merge(top, n_top, stop) : 0;   // (its barrier publishes sk, sm, ss too)
+    top = n_top ? block_merge(top, n_top, stop) : 0; // (its barrier publishes sk, sm, ss too)
     if (!n_top) __syncthreads();
     if (warp == 0) {
         best = warp_max_key(lane < PK_WARPS ? sk[0][lane] : 0);
@@ -161,7 +163,7 @@ static __global__ void __launch_bounds__(PK_THREADS) pick_kernel(const float *__
     // The last block: every partial, in block order (PK_BLOCKS <= PK_WARPS * WARP_SIZE).
     __threadfence();
     const int nb = gridDim.x;
-    const int b = warp * WARP_SIZE + lane;   // warp w merges blocks 32 w .. 32 w + 31
+    const int b = warp * WARP_SIZE + lane; // warp w merges blocks 32 w .. 32 w + 31
     const volatile struct pick_part *vp = part + (b < nb ? b : 0);
     best = b < nb ? vp->best : 0, best_ok = b < nb ? vp->best_ok : 0;
     m = b < nb ? vp->m : -INFINITY, s = b < nb ? vp->s : 0.0f;
@@ -190,16 +192,17 @@ static __global__ void __launch_bounds__(PK_THREADS) pick_kernel(const float *__
         out->n_top = n_top;
         out->greedy_lp = want_lp ? x[greedy] - lse : 0.0f;
         out->chosen_lp = want_lp && chosen >= 0 ? x[chosen] - lse : 0.0f;
-        *ticket = 0;   // ready for the next call (kernels on one stream run in order)
+        *ticket = 0; // ready for the next call (kernels on one stream run in order)
     }
 }
 
-extern "C" size_t k_pick_ws_bytes(void) { return sizeof(struct pick_part) * PK_BLOCKS + 16; }
+extern "C" size_t k_pick_ws_bytes(void) {
+    return sizeof(struct pick_part) * PK_BLOCKS + 16;
+}
 
 extern "C" int k_pick(const float *logits, int V, const uint32_t *allow, int n_top, int want_lp, void *ws,
                       struct k_pick *out, void *stream) {
-    if (V < 1 || n_top < 0 || n_top > PK_MAXTOP || (n_top && !want_lp) || !ws)
-        return (int)cudaErrorInvalidValue;
+    if (V < 1 || n_top < 0 || n_top > PK_MAXTOP || (n_top && !want_lp) || !ws) return (int)cudaErrorInvalidValue;
     struct pick_part *part = (struct pick_part *)ws;
     unsigned int *ticket = (unsigned int *)(part + PK_BLOCKS);
     const int blocks = V / 4 < PK_BLOCKS * 64 ? CEIL_DIV(V / 4, 64) > 0 ? CEIL_DIV(V / 4, 64) : 1 : PK_BLOCKS;

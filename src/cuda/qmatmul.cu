@@ -21,8 +21,8 @@
 // MMA per product. Its device code is in
 // qmatmul_exact.cuh (run on the host by make qmatmul-sim, as the fast kernel's); both kernels also run
 // several products of one input in one launch (segments: qmatmul_bf16.cuh, k_qmatmul_segs).
-#include "qmatmul_bf16.cuh"    // the fast kernel; the segment table (qm_segs: several products, one launch)
-#include "qmatmul_exact.cuh"   // the exact kernel
+#include "qmatmul_bf16.cuh"  // the fast kernel; the segment table (qm_segs: several products, one launch)
+#include "qmatmul_exact.cuh" // the exact kernel
 
 // add: y += W x (one dense product: k_qmatmul_add).
 static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, int ldx, const int *xmap, int xdiv,
@@ -38,13 +38,20 @@ static int qmatmul_launch(const struct qm_seg *seg, int nseg, const float *x, in
     if (grid.y > 65535) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
 #define MM_ARGS <<<grid, MM_THREADS, 0, st>>>(W, x, ldx, xmap, xdiv, seg[0].y, seg[0].ldy, ymap, M, counts, offs, S)
-    if (W.bits == 4 && add) qmatmul_kernel<4, false, true> MM_ARGS;
-    else if (W.bits == 8 && add) qmatmul_kernel<8, false, true> MM_ARGS;
-    else if (W.bits == 4 && nseg > 1) qmatmul_kernel<4, true> MM_ARGS;
-    else if (W.bits == 4) qmatmul_kernel<4, false> MM_ARGS;
-    else if (W.bits == 8 && nseg > 1) qmatmul_kernel<8, true> MM_ARGS;
-    else if (W.bits == 8) qmatmul_kernel<8, false> MM_ARGS;
-    else return (int)cudaErrorInvalidValue;
+    if (W.bits == 4 && add)
+        qmatmul_kernel<4, false, true> MM_ARGS;
+    else if (W.bits == 8 && add)
+        qmatmul_kernel<8, false, true> MM_ARGS;
+    else if (W.bits == 4 && nseg > 1)
+        qmatmul_kernel<4, true> MM_ARGS;
+    else if (W.bits == 4)
+        qmatmul_kernel<4, false> MM_ARGS;
+    else if (W.bits == 8 && nseg > 1)
+        qmatmul_kernel<8, true> MM_ARGS;
+    else if (W.bits == 8)
+        qmatmul_kernel<8, false> MM_ARGS;
+    else
+        return (int)cudaErrorInvalidValue;
 #undef MM_ARGS
     return launch_status();
 }
@@ -71,7 +78,7 @@ static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, con
                                const int *xmap, int xdiv, const int *ymap, int M, const int *counts, const int *offs,
                                const float *gate, uint16_t *yb) {
     if (!k_has_sm90a()) return (int)cudaErrorInvalidDeviceFunction;
-    static int attr_set;   // once per process and form (idempotent, so a race is harmless)
+    static int attr_set; // once per process and form (idempotent, so a race is harmless)
     const size_t smem = QB_SMEM<BITS>;
     if (!attr_set) {
         const cudaError_t e = cudaFuncSetAttribute(qmatmul_bf16_kernel<BITS, GLU, SEGS, ADD>,
@@ -84,14 +91,13 @@ static int launch_qmatmul_bf16(dim3 grid, cudaStream_t st, const qm_segs &S, con
     return launch_status();
 }
 
-
 // Both launchers: y = W x (fp32) per segment, or with gate != NULL (one segment) yb = bf16(silu(gate)
 // (W x)) (the GLU form), or for ADD (one dense segment) y += W x. SEGS: the kernels' segment lookup
 // (more than one segment).
 template <bool GLU, bool SEGS, bool ADD = false>
-static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t *x, int ldx, const int *xmap,
-                             int xdiv, const int *ymap, int M, const int *counts, const int *offs, int maxrows,
-                             const float *gate, uint16_t *yb, void *stream) {
+static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t *x, int ldx, const int *xmap, int xdiv,
+                             const int *ymap, int M, const int *counts, const int *offs, int maxrows, const float *gate,
+                             uint16_t *yb, void *stream) {
     const int rows = counts ? maxrows : M;
     if (rows <= 0) return 0;
     qm_segs S;
@@ -102,7 +108,7 @@ static int qmatmul_bf16_form(const struct qm_seg *seg, int nseg, const uint16_t 
     for (int i = 0; i < nseg; i++)
         if ((uintptr_t)seg[i].W.w % 16) return (int)cudaErrorInvalidValue;
     dim3 grid(tiles, CEIL_DIV(rows, QB_BM), counts ? (W.n_mat > 0 ? W.n_mat : 1) : 1);
-    if (counts && M > 0) {   // the compact grid (qb_tile_of): M bounds the rows of all experts together
+    if (counts && M > 0) { // the compact grid (qb_tile_of): M bounds the rows of all experts together
         if (W.n_mat > QB_THREADS) return (int)cudaErrorInvalidValue;
         grid.y = CEIL_DIV(M, QB_BM) + grid.z;
         grid.z = 1;
@@ -125,13 +131,11 @@ extern "C" int k_qmatmul_bf16(struct dqt W, const uint16_t *x, int ldx, const in
 
 extern "C" int k_qmatmul_bf16_add(struct dqt W, const uint16_t *x, int ldx, float *y, int ldy, int M, void *stream) {
     const struct qm_seg seg = {W, y, ldy};
-    return qmatmul_bf16_form<false, false, true>(&seg, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL,
-                                                 stream);
+    return qmatmul_bf16_form<false, false, true>(&seg, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL, stream);
 }
 
-extern "C" int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M,
-                                   void *stream) {
-    if (n == 1)   // the single-product kernel
+extern "C" int k_qmatmul_bf16_segs(const struct qm_seg *segs, int n, const uint16_t *x, int ldx, int M, void *stream) {
+    if (n == 1) // the single-product kernel
         return qmatmul_bf16_form<false, false>(segs, 1, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL, stream);
     return qmatmul_bf16_form<false, true>(segs, n, x, ldx, NULL, 1, NULL, M, NULL, NULL, 0, NULL, NULL, stream);
 }

@@ -48,15 +48,14 @@
 enum { QB_BM = 128, QB_BN = 128, QB_BK = 64, QB_THREADS = 256, QB_STAGES = 3, QB_BLOCKS = 2 };
 static_assert(QB_BK == QGROUP, "one quantization group per K step");
 
-template <int BITS>
-struct qb_layout {   // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
+template <int BITS> struct qb_layout { // dynamic shared memory, in bytes from its start (every part 16-byte aligned)
     static constexpr int STAGES = QB_STAGES;
-    static constexpr int WPR = QB_BK * BITS / 32;                                     // words per row per group
-    static constexpr size_t X = 0;                                                    // [STAGES][BM * BK] bf16
-    static constexpr size_t WC = X + (size_t)STAGES * QB_BM * QB_BK * 2;           // [STAGES][BN * WPR] u32
-    static constexpr size_t WB = WC + (size_t)STAGES * QB_BN * WPR * 4;            // [2][BN * BK] bf16
-    static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;                  // [STAGES][BN] bf16x2 (s, s)
-    static constexpr size_t BI = SC + (size_t)STAGES * QB_BN * 4;                  // [STAGES][BN] bf16x2 (b, b)
+    static constexpr int WPR = QB_BK * BITS / 32;                        // words per row per group
+    static constexpr size_t X = 0;                                       // [STAGES][BM * BK] bf16
+    static constexpr size_t WC = X + (size_t)STAGES * QB_BM * QB_BK * 2; // [STAGES][BN * WPR] u32
+    static constexpr size_t WB = WC + (size_t)STAGES * QB_BN * WPR * 4;  // [2][BN * BK] bf16
+    static constexpr size_t SC = WB + (size_t)2 * QB_BN * QB_BK * 2;     // [STAGES][BN] bf16x2 (s, s)
+    static constexpr size_t BI = SC + (size_t)STAGES * QB_BN * 4;        // [STAGES][BN] bf16x2 (b, b)
     static constexpr size_t BYTES = BI + (size_t)STAGES * QB_BN * 4;
 };
 
@@ -75,7 +74,7 @@ static __device__ __forceinline__ uint32_t bf2_fma(uint32_t a, uint32_t s, uint3
 }
 #define QB_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
-static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) {   // q < 256: exact in bf16
+static __device__ __forceinline__ uint32_t bf16_of_code(uint32_t q) { // q < 256: exact in bf16
     return __float_as_uint((float)q) >> 16;
 }
 
@@ -88,7 +87,7 @@ static __device__ void qb_tile_of(const int *counts, int E, int y, int &e, int &
     __shared__ int wsum[QB_THREADS / WARP_SIZE], res[2];
     const int t = threadIdx.x, lane = t % WARP_SIZE, w = t / WARP_SIZE;
     const int n = t < E ? CEIL_DIV(counts[t], QB_BM) : 0;
-    int inc = n;   // inclusive scan within the warp
+    int inc = n; // inclusive scan within the warp
 #pragma unroll
     for (int o = 1; o < WARP_SIZE; o <<= 1) {
         const int v = __shfl_up_sync(0xffffffffu, inc, o);
@@ -184,8 +183,7 @@ static __device__ __forceinline__ void qm_store_frags(const float (&acc)[MI][4][
 // shared-memory reads a step, half of what ldmatrix for mma.sync would read), and dequantizes step
 // kt + 1 while they run.
 // Dynamic shared memory: the layout, and 1 KB to align its start.
-template <int BITS>
-inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + 1024;
+template <int BITS> inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + 1024;
 
 // Segments (k_qmatmul_segs, k_qmatmul_bf16_segs): up to QM_MAX_SEGS dense products of one input
 // (the same x, K and bits) in one launch, each into its own output with its own row stride. grid.x
@@ -202,7 +200,7 @@ inline constexpr size_t QB_SMEM = qb_layout<BITS>::BYTES + 1024;
 // copy of the table), K from segment 0 (shared), the output pointer and stride at the epilogue.
 struct qm_segs {
     struct qm_seg s[QM_MAX_SEGS];
-    int tile0[QM_MAX_SEGS];   // first N-tile (blockIdx.x) of segment i
+    int tile0[QM_MAX_SEGS]; // first N-tile (blockIdx.x) of segment i
 };
 // Host: the table of n products on tiles of bn features; returns grid.x, the N-tiles of all, or 0
 // when the products cannot share a launch (n out of range, an empty product, another K or bits than
@@ -216,7 +214,7 @@ static inline int qm_table(const struct qm_seg *seg, int n, int bn, qm_segs *S) 
         S->tile0[i] = tiles;
         tiles += CEIL_DIV(seg[i].W.rows, bn);
     }
-    for (int i = n; i < QM_MAX_SEGS; i++) {   // never picked: blockIdx.x < tiles
+    for (int i = n; i < QM_MAX_SEGS; i++) { // never picked: blockIdx.x < tiles
         S->s[i] = seg[0];
         S->tile0[i] = tiles;
     }
@@ -224,8 +222,7 @@ static inline int qm_table(const struct qm_seg *seg, int n, int bn, qm_segs *S) 
 }
 
 // The segment of N-tile bx (0 without SEGS).
-template <bool SEGS>
-static __device__ __forceinline__ int qm_seg_of(const qm_segs &S, int bx) {
+template <bool SEGS> static __device__ __forceinline__ int qm_seg_of(const qm_segs &S, int bx) {
     int i = 0;
     if constexpr (SEGS) {
 #pragma unroll
@@ -235,8 +232,7 @@ static __device__ __forceinline__ int qm_seg_of(const qm_segs &S, int bx) {
     return i;
 }
 // f(segment i) for a segment index known only at run time, by constant indices.
-template <bool SEGS, typename F>
-static __device__ __forceinline__ auto qm_get(const qm_segs &S, int i, F f) {
+template <bool SEGS, typename F> static __device__ __forceinline__ auto qm_get(const qm_segs &S, int i, F f) {
     auto v = f(S.s[0]);
     if constexpr (SEGS) {
 #pragma unroll
@@ -248,8 +244,7 @@ static __device__ __forceinline__ auto qm_get(const qm_segs &S, int i, F f) {
 // Segment i's matrix (K and bits: segment 0's, shared by every segment) and first feature of tile bx;
 // without SEGS the single product W1 and bx * BN.
 template <bool SEGS, int BN, int BITS>
-static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, const struct dqt &W1, int i, int bx,
-                                                       int *n0) {
+static __device__ __forceinline__ struct dqt qm_matrix(const qm_segs &S, const struct dqt &W1, int i, int bx, int *n0) {
     if constexpr (!SEGS) {
         *n0 = bx * BN;
         return W1;
@@ -293,8 +288,8 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     static_assert(!(ADD && (GLU || SEGS)), "the add form: one plain product");
     constexpr int STAGES = QB_STAGES;
     using L = qb_layout<BITS>;
-    constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4;   // codes per word; words, chunks per row
-    constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;           // elements of one stage
+    constexpr int PER = 32 / BITS, WPR = L::WPR, WCH = WPR / 4; // codes per word; words, chunks per row
+    constexpr int XT = QB_BM * QB_BK, WT = QB_BN * WPR;         // elements of one stage
     QB_DYNAMIC_SMEM(qb_raw);
     // (the host simulator's smem_u32 models shared addresses too: tools/sim/sim_wgmma.h)
     unsigned char *const qb_smem = qb_raw + ((1024 - (smem_u32(qb_raw) & 1023)) & 1023);
@@ -305,7 +300,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
     __shared__ int xrow[QB_BM], yrow[QB_BM];
 
     int e = blockIdx.z, mt = blockIdx.y;
-    if (counts && M > 0) {   // the compact grid
+    if (counts && M > 0) { // the compact grid
         qb_tile_of(counts, W1.n_mat, blockIdx.y, e, mt);
         if (e < 0) return;
     }
@@ -333,14 +328,14 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
             const int k0 = kt * QB_BK;
             uint16_t *X = Xt + st * XT;
 #pragma unroll
-            for (int i = 0; i < QB_BM * 8 / QB_THREADS; i++) {   // 4 chunks of 8 x values
+            for (int i = 0; i < QB_BM * 8 / QB_THREADS; i++) { // 4 chunks of 8 x values
                 const int id = tid + i * QB_THREADS, r = id / 8, ch = id % 8, xr = xrow[r];
                 const uint16_t *src = xr >= 0 ? x + (size_t)xr * ldx + k0 + ch * 8 : x;
                 cp_async16(&X[r * QB_BK + swz(r, ch) * 8], src, xr >= 0 ? 16 : 0);
             }
             uint32_t *Wd = Wc + st * WT;
 #pragma unroll
-            for (int i = 0; i < QB_BN * WCH / QB_THREADS; i++) {   // 1 (4-bit) or 2 (8-bit) chunks of codes
+            for (int i = 0; i < QB_BN * WCH / QB_THREADS; i++) { // 1 (4-bit) or 2 (8-bit) chunks of codes
                 const int id = tid + i * QB_THREADS, n = id / WCH, ch = id % WCH;
                 const bool ok = n0 + n < N;
                 const uint32_t *src = ok ? W.w + (mat * N + n0 + n) * (size_t)wpr + (size_t)kt * WPR + ch * 4 : W.w;
@@ -349,7 +344,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
         }
         cp_async_commit();
     };
-    auto load_sb = [&](int kt, uint32_t &sv, uint32_t &bv) {   // as bf16x2 pairs (v, v)
+    auto load_sb = [&](int kt, uint32_t &sv, uint32_t &bv) { // as bf16x2 pairs (v, v)
         sv = 0;
         bv = 0;
         if (has_sc && kt < ng) {
@@ -366,12 +361,12 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
         const uint32_t *Wd = Wc + st * WT;
         uint16_t *Wo = Wb + (kt % 2) * (QB_BN * QB_BK);
 #pragma unroll
-        for (int i = 0; i < QB_BN * 8 / QB_THREADS; i++) {   // 4 chunks of 8 codes
+        for (int i = 0; i < QB_BN * 8 / QB_THREADS; i++) { // 4 chunks of 8 codes
             const int id = tid + i * QB_THREADS, n = id / 8, ch = id % 8;
             const uint32_t s2 = Sc[st * QB_BN + n], b2 = Bi[st * QB_BN + n];
             uint32_t o[4];
             if constexpr (BITS == 4) {
-                const uint32_t w = Wd[n * WPR + ch];   // codes 8 ch .. 8 ch + 7, code j at bits 4 j
+                const uint32_t w = Wd[n * WPR + ch]; // codes 8 ch .. 8 ch + 7, code j at bits 4 j
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
                     const uint32_t t = w >> (8 * p);
@@ -379,7 +374,7 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
                 }
             } else {
                 static_assert(BITS == 8, "4 or 8 bits");
-                const uint2 w = *(const uint2 *)&Wd[n * WPR + ch * 2];   // code j at bits 8 (j % 4) of word j / 4
+                const uint2 w = *(const uint2 *)&Wd[n * WPR + ch * 2]; // code j at bits 8 (j % 4) of word j / 4
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
                     const uint32_t t = (p < 2 ? w.x : w.y) >> (16 * (p % 2));
@@ -400,20 +395,20 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
             Bi[kt * QB_BN + tid] = bv;
         }
     }
-    cp_async_wait<STAGES - 2>();   // step 0 has landed (this thread's copies)
+    cp_async_wait<STAGES - 2>(); // step 0 has landed (this thread's copies)
     __syncthreads();
     dequant(0);
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // the host simulator defines it with its wgmma model (tools/sim/sim_wgmma.h)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) // the host simulator defines it with its wgmma model (tools/sim/sim_wgmma.h)
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane / 4, c4 = lane % 4;
     // Every shared-memory write a wgmma reads (cp.async copies, dequant's stores) is followed by
     // fence.proxy.async in the writing thread, then a barrier.
     fence_async_smem();
-    float acc[QB_BN / 2] = {};   // this warpgroup's 64 x 128: row g (+ 8) of the warp's 16, acc[4 ni + 2 h + j]
+    float acc[QB_BN / 2] = {}; // this warpgroup's 64 x 128: row g (+ 8) of the warp's 16, acc[4 ni + 2 h + j]
     const int wg = warp / 4;
     const uint64_t dX = wg_desc(smem_u32(Xt) + wg * 64 * 128, 16, 1024), dW = wg_desc(smem_u32(Wb), 16, 1024);
     for (int kt = 0; kt < ng; kt++) {
         const int st = kt % STAGES;
-        cp_async_wait<STAGES - 3>();   // this thread's copies of step kt + 1 have landed
+        cp_async_wait<STAGES - 3>(); // this thread's copies of step kt + 1 have landed
         fence_async_smem();
         // Everyone's have; Wb of step kt is written; every thread is done with step kt - 1 (its
         // products were waited for), so its stage, its Wb and its scales are free.
@@ -427,14 +422,14 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
             wgmma_64x128_ss(acc, dX + ((st * XT * 2 + kk * 32) >> 4),
                             dW + (((kt % 2) * QB_BN * QB_BK * 2 + kk * 32) >> 4));
         wg_commit();
-        dequant(kt + 1);   // under the products
+        dequant(kt + 1); // under the products
         fence_async_smem();
         if (tid < QB_BN) {
             Sc[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nsv;
             Bi[((kt + STAGES - 1) % STAGES) * QB_BN + tid] = nbv;
         }
         wg_wait<0>();
-#ifndef QB_HOST_SIM   // pins acc after the wait (the host model is synchronous; no "f" registers there)
+#ifndef QB_HOST_SIM // pins acc after the wait (the host model is synchronous; no "f" registers there)
 #pragma unroll
         for (int i = 0; i < QB_BN / 2; i++) asm volatile("" : "+f"(acc[i])::"memory");
 #endif
@@ -455,7 +450,6 @@ static __global__ void __launch_bounds__(QB_THREADS, QB_BLOCKS)
         }
     }
 #else
-    __trap();   // built for sm_90 without the "a" features: the backend refuses such a device at load
+    __trap(); // built for sm_90 without the "a" features: the backend refuses such a device at load
 #endif
 }
-

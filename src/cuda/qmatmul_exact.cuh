@@ -3,7 +3,7 @@
 // qmatmul.cu's header comment describes it.
 #pragma once
 
-#include "qmatmul_bf16.cuh"   // the segment table (qm_segs: several products, one launch)
+#include "qmatmul_bf16.cuh" // the segment table (qm_segs: several products, one launch)
 
 enum { MM_BM = 128, MM_BN = 64, MM_BK = 64, MM_THREADS = 256 };
 static_assert(MM_BK == QGROUP, "one quantization group per K step");
@@ -16,7 +16,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
     qmatmul_kernel(struct dqt W1, const float *x, int ldx, const int *xmap, int xdiv, float *y1, int ldy1,
                    const int *ymap, int M, const int *counts, const int *offs, const qm_segs S) {
     static_assert(!(ADD && SEGS), "the add form: one product");
-    constexpr int PER = 32 / BITS, WPT = 16 / PER;   // codes per word; words per thread per step
+    constexpr int PER = 32 / BITS, WPT = 16 / PER; // codes per word; words per thread per step
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ __align__(16) uint16_t Xh[MM_BM * MM_BK], Xl[MM_BM * MM_BK], Wq[MM_BN * MM_BK];
     __shared__ float Ssc[MM_BN], Sbi[MM_BN], Xsum[MM_BM];
@@ -75,7 +75,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
         float sum = 0;
         const float *xf = (const float *)xv;
 #pragma unroll
-        for (int q = 0; q < 4; q++) {   // 16-byte chunks of 8 values
+        for (int q = 0; q < 4; q++) { // 16-byte chunks of 8 values
             uint16_t h[8], l[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -86,7 +86,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
             *(uint4 *)&Xh[at] = make_uint4(pack2(h[0], h[1]), pack2(h[2], h[3]), pack2(h[4], h[5]), pack2(h[6], h[7]));
             *(uint4 *)&Xl[at] = make_uint4(pack2(l[0], l[1]), pack2(l[2], l[3]), pack2(l[4], l[5]), pack2(l[6], l[7]));
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);   // the other half of the row
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1); // the other half of the row
         if (!(tid & 1)) Xsum[xl] = sum;
 #pragma unroll
         for (int q = 0; q < 2; q++) {

@@ -20,7 +20,7 @@ static __global__ void rmsnorm_kernel(const float *x, const int *xrow, const flo
     ss = block_sum(ss, sh);
     const float r = 1.0f / sqrtf(ss / (float)n + eps);
     float *yr = y + (size_t)t * n;
-    float dot = 0;   // GATE: this thread's part of the gate logit
+    float dot = 0; // GATE: this thread's part of the gate logit
     const int per = 32 / G.bits;
     const uint32_t mask = (1u << G.bits) - 1;
     if (yb) {
@@ -47,7 +47,7 @@ static __global__ void rmsnorm_kernel(const float *x, const int *xrow, const flo
 extern "C" int k_rmsnorm(const float *x, const int *xrow, const float *w, float *y, uint16_t *yb, int T, int n,
                          float eps, void *stream) {
     if (T <= 0) return 0;
-    const struct dqt none = {NULL, NULL, NULL, 0, 0, 0, 8};   // unread (GATE off)
+    const struct dqt none = {NULL, NULL, NULL, 0, 0, 0, 8}; // unread (GATE off)
     rmsnorm_kernel<false><<<T, 256, 0, (cudaStream_t)stream>>>(x, xrow, w, y, yb, n, eps, none, NULL);
     return launch_status();
 }

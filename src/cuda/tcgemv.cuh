@@ -56,7 +56,7 @@ static __device__ __forceinline__ void tc_stage_unit(int u, const float (&v)[8],
     // position j holds input tc_pack_order(j): words (x0,x4) (x1,x5) (x2,x6) (x3,x7)
     xb[tc_xb_chunk(u)] = make_uint4(h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16);
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) {   // the 8 chunks of a group are 8 aligned lanes
+    for (int o = 4; o > 0; o >>= 1) { // the 8 chunks of a group are 8 aligned lanes
         sf += __shfl_xor_sync(0xffffffffu, sf, o);
         sb += __shfl_xor_sync(0xffffffffu, sb, o);
     }
@@ -80,9 +80,10 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
     const int nc = 32 * tc_nsuper(K), kc = K / 8;
     for (int base = 0; tid >= 0 && base < nc; base += nt) {
         const int u = base + tid;
-        if (u < nc) {   // warp-uniform: nc and base are multiples of 32
+        if (u < nc) { // warp-uniform: nc and base are multiples of 32
             float v[8];
-            if (u < kc) get8(u, v);
+            if (u < kc)
+                get8(u, v);
             else
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.0f;
@@ -96,7 +97,7 @@ static __device__ __forceinline__ void tc_stage_x_by(GET8 get8, int K, unsigned 
 static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigned char *sm, int tid = threadIdx.x,
                                                   int nt = blockDim.x) {
     tc_stage_x_by(
-        [&](int u, float (&v)[8]) {
+        [&](int u, float(&v)[8]) {
             const float4 a = ((const float4 *)x)[2 * u], b = ((const float4 *)x)[2 * u + 1];
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         },
@@ -107,7 +108,7 @@ static __device__ __forceinline__ void tc_stage_x(const float *x, int K, unsigne
 template <bool ACC>
 static __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t b0, uint32_t b1) {
-#ifdef TC_HOST_SIM   // tools/sim/tcgemv_sim.cpp: the warp on 32 host threads
+#ifdef TC_HOST_SIM // tools/sim/tcgemv_sim.cpp: the warp on 32 host threads
     tc_sim_mma(c, a0, a1, a2, a3, b0, b1, ACC);
 #else
     if (ACC)
@@ -136,7 +137,9 @@ struct tc_stage {
 
 // The row (of the warp's 16) whose result this lane holds after tc_rows16: g + 8 (t / 2); lanes
 // with t even store it.
-static __device__ __forceinline__ int tc_lane_row(int lane) { return lane / 4 + 8 * ((lane % 4) >> 1); }
+static __device__ __forceinline__ int tc_lane_row(int lane) {
+    return lane / 4 + 8 * ((lane % 4) >> 1);
+}
 
 // tc_a_reg in one LOP3: (w & 0x000F000F) | 0x43004300 after the shift. (Written in C, the two
 // 32-bit immediates make two LOP3: a LOP3 encodes one immediate; here the constants are registers.)
@@ -146,7 +149,7 @@ static __device__ __forceinline__ uint32_t tc_a_dev(uint32_t w, int e, int hi) {
 #ifdef TC_HOST_SIM
     r = (v & m) | x;
 #else
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(m), "r"(x));   // (a & b) | c
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(m), "r"(x)); // (a & b) | c
 #endif
     return r;
 }
@@ -165,8 +168,10 @@ static __device__ __forceinline__ void tc_mma16(const tc_stage &st, const unsign
                 const uint32_t a0 = tc_a_dev(wa, e, 0), a1 = tc_a_dev(wb, e, 0);
                 const uint32_t a2 = tc_a_dev(wa, e, 1), a3 = tc_a_dev(wb, e, 1);
                 const uint32_t b0 = e ? xb.z : xb.x, b1 = e ? xb.w : xb.y;
-                if (h == 0 && i == 0 && e == 0) tc_mma<false>(c, a0, a1, a2, a3, b0, b1);
-                else tc_mma<true>(c, a0, a1, a2, a3, b0, b1);
+                if (h == 0 && i == 0 && e == 0)
+                    tc_mma<false>(c, a0, a1, a2, a3, b0, b1);
+                else
+                    tc_mma<true>(c, a0, a1, a2, a3, b0, b1);
             }
         }
     }
@@ -197,14 +202,14 @@ static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w
     if (TAIL || S1 < 0) S0 = 0, S1 = tc_nsuper(K);
     const int nS = S1 - S0;
     const int rA = min(n0 + g, R - 1), rB = min(n0 + g + 8, R - 1), rE = t < 2 ? rA : rB;
-    const int ge = 2 * (t & 1);   // first group of this lane's epilogue within a super-step
+    const int ge = 2 * (t & 1); // first group of this lane's epilogue within a super-step
     // running pointers (advanced a super-step at a time)
     const int inc0 = tc_b_real(g, t, 0) ? TC_B_STEP : 0, inc1 = tc_b_real(g, t, 1) ? TC_B_STEP : 0;
     const unsigned char *pA = (const unsigned char *)w + (size_t)rA * rowbytes + 16 * t + 128 * S0;
     const unsigned char *pB = (const unsigned char *)w + (size_t)rB * rowbytes + 16 * t + 128 * S0;
     const uint16_t *sp = sc + (size_t)rE * ng + ge + 4 * S0, *bp = bi + (size_t)rE * ng + ge + 4 * S0;
     const unsigned char *bx0 = sm + tc_b_byte(K, g, t, 0) + S0 * inc0, *bx1 = sm + tc_b_byte(K, g, t, 1) + S0 * inc1;
-    const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1) + 2 * S0;   // (sum, 128 sum bf16) x 2 groups
+    const float4 *xs4 = (const float4 *)(sm + tc_xs_byte(K)) + (t & 1) + 2 * S0; // (sum, 128 sum bf16) x 2 groups
 
     // Loads of super-step S + j (j = 0, 1, 2 relative to the pointers at S).
     auto load = [&](tc_stage &st, int j, int S) {
@@ -213,7 +218,8 @@ static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w
             st.gb[0] = __ldg((const uint4 *)(pB + 128 * j));
             st.ga[1] = __ldg((const uint4 *)(pA + 128 * j + 64));
             st.gb[1] = __ldg((const uint4 *)(pB + 128 * j + 64));
-            const uint32_t s01 = __ldg((const unsigned int *)(sp + 4 * j)), b01 = __ldg((const unsigned int *)(bp + 4 * j));
+            const uint32_t s01 = __ldg((const unsigned int *)(sp + 4 * j)),
+                           b01 = __ldg((const unsigned int *)(bp + 4 * j));
             st.s0 = s01 << 16, st.s1 = s01 & 0xffff0000u, st.b0 = b01 << 16, st.b1 = b01 & 0xffff0000u;
         } else {
             // pA / pB stay at super-step 0 (+ 16 t) in the tail path; the offsets are clamped into the row
@@ -233,8 +239,10 @@ static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w
     float acc = 0.0f;
     auto use = [&](const tc_stage &st, int j, int S) {
         float c[4];
-        if (!TAIL) tc_mma16(st, bx0 + j * inc0, bx1 + j * inc1, c);
-        else tc_mma16(st, bx0 + (S + j) * inc0, bx1 + (S + j) * inc1, c);
+        if (!TAIL)
+            tc_mma16(st, bx0 + j * inc0, bx1 + j * inc1, c);
+        else
+            tc_mma16(st, bx0 + (S + j) * inc0, bx1 + (S + j) * inc1, c);
         acc = tc_epilogue(acc, c, t, TAIL ? xs4[2 * (S + j)] : xs4[2 * j], st.s0, st.s1, st.b0, st.b1);
     };
     // Two buffers in turn: the loads of super-step S + 1 are issued before S is used.
@@ -271,7 +279,9 @@ static __device__ __forceinline__ float tc_rows16(const uint32_t *__restrict__ w
 // rows g and g + 8. Token tau's input is staged in area tau (tc_stage_xq: tc_stage_x's layout, one
 // area a token, areas tc_area_bytes(K) apart: 16 bytes off a multiple of 128, so that the lanes
 // reading the same chunk of four tokens fall in distinct bank groups).
-TC_HD int tc_area_bytes(int K) { return ((tc_smem_bytes(K) + 127) & ~127) + 16; }
+TC_HD int tc_area_bytes(int K) {
+    return ((tc_smem_bytes(K) + 127) & ~127) + 16;
+}
 
 // Stages tokens 0 .. T - 1: get8(tau, u, v) writes inputs 8u .. 8u+7 of token tau into v[8]; by
 // threads tid of nt (whole warps), then __syncthreads() by the whole block. sm: T tc_area_bytes(K).
@@ -281,17 +291,18 @@ static __device__ __forceinline__ void tc_stage_xq(GET8 get8, int T, int K, unsi
     const int nc = 32 * tc_nsuper(K), kc = K / 8, ab = tc_area_bytes(K);
     for (int base = 0; tid >= 0 && base < T * nc; base += nt) {
         const int idx = base + tid;
-        if (idx < T * nc) {   // warp-uniform: nc and base are multiples of 32
+        if (idx < T * nc) { // warp-uniform: nc and base are multiples of 32
             const int tau = idx / nc, u = idx % nc;
             float v[8];
-            if (u < kc) get8(tau, u, v);
+            if (u < kc)
+                get8(tau, u, v);
             else
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.0f;
             tc_stage_unit(u, v, K, sm + (size_t)tau * ab);
         }
     }
-    if (tid >= 0 && tid < 4) ((uint4 *)sm)[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0);   // area 0's zero chunk
+    if (tid >= 0 && tid < 4) ((uint4 *)sm)[tc_zero_chunk(K) + tid] = make_uint4(0, 0, 0, 0); // area 0's zero chunk
     __syncthreads();
 }
 
@@ -300,10 +311,9 @@ static __device__ __forceinline__ void tc_stage_xq(GET8 get8, int T, int K, unsi
 // out[q][0], out[q][1]: rows n0 + g and n0 + g + 8 for token 4 q + t (lane = 4 g + t), valid where
 // that token is below T and the row below R (rows >= R computed on row R - 1). Every lane must call it.
 template <int NQ>
-static __device__ __forceinline__ void tc_rows16_xq(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc,
-                                                    const uint16_t *__restrict__ bi, int R, int K, int n0,
-                                                    const unsigned char *sm, int T, float (&out)[NQ][2], int S0 = 0,
-                                                    int S1 = -1) {
+static __device__ __forceinline__ void
+tc_rows16_xq(const uint32_t *__restrict__ w, const uint16_t *__restrict__ sc, const uint16_t *__restrict__ bi, int R,
+             int K, int n0, const unsigned char *sm, int T, float (&out)[NQ][2], int S0 = 0, int S1 = -1) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int rowbytes = K / 2, ng = K / 64, ab = tc_area_bytes(K);
     if (S1 < 0) S0 = 0, S1 = tc_nsuper(K);
@@ -318,7 +328,7 @@ static __device__ __forceinline__ void tc_rows16_xq(const uint32_t *__restrict__
     int inc[NQ];
 #pragma unroll
     for (int q = 0; q < NQ; q++) {
-        const int tau = 4 * q + g / 2, mine = 4 * q + t;   // B's token; the epilogue's token
+        const int tau = 4 * q + g / 2, mine = 4 * q + t; // B's token; the epilogue's token
         const bool real = (g & 1) == (t >> 1) && tau < T;
         const unsigned char *area = sm + (size_t)(real ? tau : 0) * ab;
         inc[q] = real ? TC_B_STEP : 0;
@@ -332,7 +342,7 @@ static __device__ __forceinline__ void tc_rows16_xq(const uint32_t *__restrict__
     for (int q = 0; q < NQ; q++) acc[q][0] = acc[q][1] = 0.0f;
     struct ld {
         uint4 ga[2], gb[2];
-        uint2 sa, sb, ba, bb;   // 4 bf16 scales / biases of rows g and g + 8, groups 4 S .. 4 S + 3
+        uint2 sa, sb, ba, bb; // 4 bf16 scales / biases of rows g and g + 8, groups 4 S .. 4 S + 3
     };
     auto load = [&](ld &l, int j) {
         l.ga[0] = __ldg((const uint4 *)(pA + 128 * j));
@@ -359,22 +369,24 @@ static __device__ __forceinline__ void tc_rows16_xq(const uint32_t *__restrict__
 #pragma unroll
                     for (int q = 0; q < NQ; q++) {
                         const uint32_t b0 = e ? xb[q].z : xb[q].x, b1 = e ? xb[q].w : xb[q].y;
-                        if (i == 0 && e == 0) tc_mma<false>(c[q][h], a0, a1, a2, a3, b0, b1);
-                        else tc_mma<true>(c[q][h], a0, a1, a2, a3, b0, b1);
+                        if (i == 0 && e == 0)
+                            tc_mma<false>(c[q][h], a0, a1, a2, a3, b0, b1);
+                        else
+                            tc_mma<true>(c[q][h], a0, a1, a2, a3, b0, b1);
                     }
                 }
             }
         const uint32_t sw[4] = {l.sa.x, l.sa.y, l.sb.x, l.sb.y}, bw[4] = {l.ba.x, l.ba.y, l.bb.x, l.bb.y};
 #pragma unroll
         for (int q = 0; q < NQ; q++) {
-            const float4 x01 = xs4[q][2 * j], x23 = xs4[q][2 * j + 1];   // (sum, 128 sum bf16) of groups 0..3
+            const float4 x01 = xs4[q][2 * j], x23 = xs4[q][2 * j + 1]; // (sum, 128 sum bf16) of groups 0..3
             const float xsum[4] = {x01.x, x01.z, x23.x, x23.z}, x128[4] = {x01.y, x01.w, x23.y, x23.w};
 #pragma unroll
-            for (int gi = 0; gi < 4; gi++) {   // group 4 S + gi: half gi / 2, parity gi % 2
+            for (int gi = 0; gi < 4; gi++) { // group 4 S + gi: half gi / 2, parity gi % 2
                 const int h = gi / 2, p = gi % 2;
 #pragma unroll
-                for (int r = 0; r < 2; r++) {   // row g (scales word r = 0) and row g + 8 (r = 1)
-                    const uint32_t s2 = sw[2 * r + h], b2 = bw[2 * r + h];   // groups 2h, 2h + 1 of the row
+                for (int r = 0; r < 2; r++) { // row g (scales word r = 0) and row g + 8 (r = 1)
+                    const uint32_t s2 = sw[2 * r + h], b2 = bw[2 * r + h]; // groups 2h, 2h + 1 of the row
                     const float s = __uint_as_float(p ? s2 & 0xffff0000u : s2 << 16);
                     const float b = __uint_as_float(p ? b2 & 0xffff0000u : b2 << 16);
                     acc[q][r] = fmaf(s, c[q][h][2 * r + p] - x128[gi], fmaf(b, xsum[gi], acc[q][r]));

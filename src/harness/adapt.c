@@ -50,8 +50,10 @@ static json_t *load_tests(const char *path, char *err, size_t errlen) {
             return NULL;
         }
         off += je.position;
-        if (json_is_array(v)) json_array_extend(tests, v);
-        else if (json_is_object(v)) json_array_append(tests, v);
+        if (json_is_array(v))
+            json_array_extend(tests, v);
+        else if (json_is_object(v))
+            json_array_append(tests, v);
         json_decref(v);
     }
     free(buf);
@@ -92,7 +94,7 @@ int bench_adapt_llama_bench(const char *in_path, int context, const char *label,
         if (np == N && ng == 0 && (!pp || nd == 0)) pp = t;
         if (np == 0 && ng > 0 && nd == N && !tg) tg = t;
     }
-    if (pp && !tg) {   // a generation test at another depth (older llama-bench has no -d): noted below
+    if (pp && !tg) { // a generation test at another depth (older llama-bench has no -d): noted below
         json_array_foreach(tests, i, t) {
             if (!tg && geti(t, "n_prompt") == 0 && geti(t, "n_gen") > 0) tg = t;
         }
@@ -112,8 +114,8 @@ int bench_adapt_llama_bench(const char *in_path, int context, const char *label,
     json_object_set_new(r, "label", json_string(label ? label : "llama.cpp"));
     json_object_set_new(r, "source", json_pack("{s:s, s:s}", "adapter", "calla adapt-llama-bench", "input", in_path));
     json_t *build = json_object();
-    static const char *keys[] = {"build_number", "n_gpu_layers", "flash_attn", "type_k", "type_v", "n_batch",
-                                 "n_ubatch", "n_threads", "split_mode", "use_mmap"};
+    static const char *keys[] = {"build_number", "n_gpu_layers", "flash_attn", "type_k",     "type_v",
+                                 "n_batch",      "n_ubatch",     "n_threads",  "split_mode", "use_mmap"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
         if (json_object_get(any, keys[k])) json_object_set_new(build, keys[k], copy_or_null(any, keys[k]));
     json_t *eng = json_object();
@@ -148,8 +150,9 @@ int bench_adapt_llama_bench(const char *in_path, int context, const char *label,
         json_object_set_new(p, "samples_tok_s", copy_or_null(pp, "samples_ts"));
         double flop = bench_prefill_flop(g, N);
         json_object_set_new(p, "tflop_s", json_real(flop / s / 1e12));
-        json_object_set_new(p, "note", json_string("prompt processing time of llama-bench's pp test (no sampling); "
-                                                   "TFLOP/s from Calla's FLOP model of the real geometry"));
+        json_object_set_new(p, "note",
+                            json_string("prompt processing time of llama-bench's pp test (no sampling); "
+                                        "TFLOP/s from Calla's FLOP model of the real geometry"));
         json_object_set_new(r, "prefill", p);
     } else {
         json_object_set_new(r, "prefill", json_pack("{s:n, s:n, s:s}", "seconds", "tok_s", "note", "no pp test"));
@@ -158,23 +161,26 @@ int bench_adapt_llama_bench(const char *in_path, int context, const char *label,
         double ts = json_num(tg, "avg_ts"), depth = (double)geti(tg, "n_depth");
         double bytes = 0;
         for (int k = 0; k < D; k++) bytes += (double)bench_decode_bytes(g, (int64_t)depth + k).total;
-        json_t *d = json_pack("{s:i, s:f, s:f, s:f, s:f}", "steps", D, "seconds", geti(tg, "avg_ns") / 1e9, "tok_s",
-                              ts, "ms_mean", 1e3 / ts, "depth", depth);
+        json_t *d = json_pack("{s:i, s:f, s:f, s:f, s:f}", "steps", D, "seconds", geti(tg, "avg_ns") / 1e9, "tok_s", ts,
+                              "ms_mean", 1e3 / ts, "depth", depth);
         json_object_set_new(d, "samples_tok_s", copy_or_null(tg, "samples_ts"));
         json_object_set_new(d, "bytes_per_step", json_real(D ? bytes / D : NAN));
         json_object_set_new(d, "gb_s", json_real(D ? bytes / D * ts / 1e9 : NAN));
         json_object_set_new(d, "step_ms", json_null());
-        json_object_set_new(d, "note", json_string(depth == N ? "tg test at depth N; llama-bench does not time single "
-                                                                "steps (first/last 16, std unavailable)"
-                                                              : "tg test at a depth other than the prompt length"));
+        json_object_set_new(d, "note",
+                            json_string(depth == N ? "tg test at depth N; llama-bench does not time single "
+                                                     "steps (first/last 16, std unavailable)"
+                                                   : "tg test at a depth other than the prompt length"));
         json_object_set_new(r, "decode", d);
     } else {
         json_object_set_new(r, "decode", json_pack("{s:n, s:s}", "tok_s", "note", "no tg test"));
     }
-    json_object_set_new(r, "tokens", json_pack("{s:n, s:n, s:s}", "ids", "hash", "note",
-                                               "llama-bench does not return generated tokens"));
-    json_object_set_new(r, "memory", json_pack("{s:n, s:n, s:s}", "host_peak_rss_bytes", "device_peak_bytes",
-                                               "device_reason", "llama-bench does not report memory"));
+    json_object_set_new(
+        r, "tokens",
+        json_pack("{s:n, s:n, s:s}", "ids", "hash", "note", "llama-bench does not return generated tokens"));
+    json_object_set_new(r, "memory",
+                        json_pack("{s:n, s:n, s:s}", "host_peak_rss_bytes", "device_peak_bytes", "device_reason",
+                                  "llama-bench does not report memory"));
     json_t *na = json_pack("{s:b, s:s}", "available", 0, "reason", "external engine: not sampled by the adapter");
     json_object_set_new(r, "telemetry", json_pack("{s:O, s:O}", "before", na, "after", na));
     json_decref(na);

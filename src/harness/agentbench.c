@@ -30,8 +30,8 @@
 #define CALLA_GIT_DIRTY 1
 #endif
 
-static const char *const flavor_names[] = {[AGENTBENCH_FLAVOR_CALLA] = "calla",
-                                           [AGENTBENCH_FLAVOR_LLAMA_SERVER] = "llama-server"};
+static const char *const flavor_names[] = {
+    [AGENTBENCH_FLAVOR_CALLA] = "calla", [AGENTBENCH_FLAVOR_LLAMA_SERVER] = "llama-server"};
 
 int agentbench_flavor_parse(const char *s, enum agentbench_flavor *out) {
     for (size_t i = 0; i < sizeof flavor_names / sizeof flavor_names[0]; i++)
@@ -39,17 +39,19 @@ int agentbench_flavor_parse(const char *s, enum agentbench_flavor *out) {
     return -1;
 }
 
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *num_or_null(double v) {
+    return isfinite(v) ? json_real(v) : json_null();
+}
 
 // ---- one streamed answer ---------------------------------------------------------------------
 
 struct turn_stream {
-    double t_first, t_last;      // the first chunk with a delta; the last chunk with a choice
+    double t_first, t_last; // the first chunk with a delta; the last chunk with a choice
     int chunks, comments;
-    bool done;                   // "[DONE]" arrived
+    bool done; // "[DONE]" arrived
     struct sbuf content, reasoning;
-    json_t *calls;               // [{id, type, function: {name, arguments}}], assembled from the deltas
-    json_t *usage, *timings;     // the last of each seen
+    json_t *calls;           // [{id, type, function: {name, arguments}}], assembled from the deltas
+    json_t *usage, *timings; // the last of each seen
     char finish[32];
 };
 
@@ -96,7 +98,7 @@ static void add_call_deltas(struct turn_stream *ts, const json_t *tcs) {
 
 static int on_event(void *arg, const char *data, size_t len, bool comment, double t, char *err, size_t errlen) {
     struct turn_stream *ts = arg;
-    if (comment) {   // ": prefill DONE/TOTAL", ": keep-alive"
+    if (comment) { // ": prefill DONE/TOTAL", ": keep-alive"
         ts->comments++;
         return 0;
     }
@@ -183,8 +185,8 @@ static json_t *engine_identity(const struct http_url *u, const struct agentbench
     }
     json_t *first = json_array_get(json_object_get(models, "data"), 0);
     const char *id = json_str(first, "id");
-    json_t *e = json_pack("{s:s, s:s}", "name", o->flavor == AGENTBENCH_FLAVOR_CALLA ? "calla" : "llama-server", "flavor",
-                          flavor_names[o->flavor]);
+    json_t *e = json_pack("{s:s, s:s}", "name", o->flavor == AGENTBENCH_FLAVOR_CALLA ? "calla" : "llama-server",
+                          "flavor", flavor_names[o->flavor]);
     json_object_set_new(e, "model", json_string(o->model ? o->model : id ? id : "default"));
     json_object_set(e, "models", first ? first : json_null());
     if (o->flavor == AGENTBENCH_FLAVOR_LLAMA_SERVER) {
@@ -242,17 +244,22 @@ static json_t *reply_message(const struct turn_stream *ts, int *dropped, int *ke
     json_array_foreach(ts->calls, i, c) {
         const char *args = json_str(c, "function.arguments"), *name = json_str(c, "function.name");
         json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
-        if (!json_is_object(parsed) || !name || !*name) (*dropped)++;
-        else json_array_append(calls, c);
+        if (!json_is_object(parsed) || !name || !*name)
+            (*dropped)++;
+        else
+            json_array_append(calls, c);
         json_decref(parsed);
     }
     *kept = (int)json_array_size(calls);
-    json_object_set_new(m, "content", ts->content.len || !*kept ? json_stringn(ts->content.p ? ts->content.p : "",
-                                                                              ts->content.len)
-                                                                : json_null());
-    if (ts->reasoning.len) json_object_set_new(m, "reasoning_content", json_stringn(ts->reasoning.p, ts->reasoning.len));
-    if (*kept) json_object_set_new(m, "tool_calls", calls);
-    else json_decref(calls);
+    json_object_set_new(m, "content",
+                        ts->content.len || !*kept ? json_stringn(ts->content.p ? ts->content.p : "", ts->content.len)
+                                                  : json_null());
+    if (ts->reasoning.len)
+        json_object_set_new(m, "reasoning_content", json_stringn(ts->reasoning.p, ts->reasoning.len));
+    if (*kept)
+        json_object_set_new(m, "tool_calls", calls);
+    else
+        json_decref(calls);
     return m;
 }
 
@@ -269,7 +276,9 @@ static uint64_t reply_hash(const struct turn_stream *ts) {
     return h;
 }
 
-static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+static void hex64(uint64_t h, char out[17]) {
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -295,8 +304,11 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
     if (o->gen < 1) return snprintf(err, errlen, "--gen must be at least 1"), -1;
     struct http_url u;
     if (http_url_parse(o->url, &u, err, errlen)) return -1;
-    struct convo_params cp = {.seed = o->seed, .turns = o->turns, .system_tokens = o->system_tokens,
-                              .min_result = o->min_result, .max_result = o->max_result,
+    struct convo_params cp = {.seed = o->seed,
+                              .turns = o->turns,
+                              .system_tokens = o->system_tokens,
+                              .min_result = o->min_result,
+                              .max_result = o->max_result,
                               .required_every = o->required_every};
     struct convo c;
     if (convo_build(&cp, &c, err, errlen)) return -1;
@@ -319,8 +331,8 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
     gmtime_r(&now, &tmv);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
 
-    json_t *messages = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content", c.system, "role", "user",
-                                 "content", c.task);
+    json_t *messages =
+        json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content", c.system, "role", "user", "content", c.task);
     json_t *turns = json_array();
     struct turn_stream prev = {0};
     int rc = -1, n_req = c.n_turns + 1;
@@ -336,7 +348,7 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
     for (int k = 0; k < n_req; k++) {
         const struct convo_turn *ct = k ? &c.turns[k - 1] : NULL;
         int dropped = 0, kept = 0;
-        if (k) {   // the previous reply as returned, then this turn's tool result
+        if (k) { // the previous reply as returned, then this turn's tool result
             json_t *reply = reply_message(&prev, &dropped, &kept);
             const char *call_id = kept ? json_str(json_array_get(json_object_get(reply, "tool_calls"), 0), "id") : NULL;
             char synthetic[32];
@@ -355,9 +367,14 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
             goto done;
         }
         turn_stream_free(&prev);
-        struct http_request rq = {.method = "POST", .path = "/v1/chat/completions", .api_key = o->api_key,
-                                  .body = text, .body_len = strlen(text), .timeout_s = o->timeout_s,
-                                  .on_event = on_event, .arg = &prev};
+        struct http_request rq = {.method = "POST",
+                                  .path = "/v1/chat/completions",
+                                  .api_key = o->api_key,
+                                  .body = text,
+                                  .body_len = strlen(text),
+                                  .timeout_s = o->timeout_s,
+                                  .on_event = on_event,
+                                  .arg = &prev};
         struct http_response resp;
         int hr = http_do(&u, &rq, &resp, e2, sizeof e2);
         free(text);
@@ -376,7 +393,9 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
         http_response_free(&resp);
         if (!prev.done || !prev.usage || prev.t_first == 0) {
             snprintf(err, errlen, "turn %d: the stream ended without %s", k,
-                     !prev.t_first ? "a token" : !prev.usage ? "usage (stream_options.include_usage)" : "[DONE]");
+                     !prev.t_first ? "a token"
+                     : !prev.usage ? "usage (stream_options.include_usage)"
+                                   : "[DONE]");
             goto done;
         }
         double prompt = token_count(prev.usage, "prompt_tokens"), gen = token_count(prev.usage, "completion_tokens");
@@ -394,8 +413,10 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
         dec[k] = gen > 1 && prev.t_last > prev.t_first ? (gen - 1) / (prev.t_last - prev.t_first) : NAN;
         double turn_ms = 1e3 * (resp.t_done - resp.t_sent);
         ttft_sum += ttft[k], turn_sum += turn_ms;
-        if (isfinite(cached)) cached_sum += (long long)cached, prefilled_sum += (long long)(prompt - cached);
-        else prefilled_sum += (long long)prompt;
+        if (isfinite(cached))
+            cached_sum += (long long)cached, prefilled_sum += (long long)(prompt - cached);
+        else
+            prefilled_sum += (long long)prompt;
         gen_sum += (long long)gen, last_prompt = (long long)prompt;
         uint64_t rh = reply_hash(&prev);
         replies = fnv1a64(replies, &rh, sizeof rh);
@@ -427,8 +448,9 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
         json_array_append_new(turns, t);
         prev_prompt = prompt, prev_gen = gen;
         if (!o->quiet)
-            fprintf(stderr, "calla agentbench: turn %d/%d: prompt %.0f (cached %.0f), ttft %.1f ms, %.0f tokens, %.1f ms\n",
-                    k, n_req - 1, prompt, isfinite(cached) ? cached : -1, ttft[k], gen, turn_ms);
+            fprintf(stderr,
+                    "calla agentbench: turn %d/%d: prompt %.0f (cached %.0f), ttft %.1f ms, %.0f tokens, %.1f ms\n", k,
+                    n_req - 1, prompt, isfinite(cached) ? cached : -1, ttft[k], gen, turn_ms);
     }
     double wall = now_s() - wall0;
     // the calls dropped from the last reply are never sent: recount them for its record
@@ -443,8 +465,9 @@ int agentbench_run(const struct agentbench_options *o, json_t **out, char *err, 
     json_object_set_new(r, "url", json_string(o->url));
     json_object_set_new(r, "engine", engine);
     engine = NULL;
-    json_object_set_new(r, "client", json_pack("{s:s, s:s, s:b}", "name", "calla agentbench", "commit",
-                                               CALLA_GIT_COMMIT, "dirty", CALLA_GIT_DIRTY));
+    json_object_set_new(
+        r, "client",
+        json_pack("{s:s, s:s, s:b}", "name", "calla agentbench", "commit", CALLA_GIT_COMMIT, "dirty", CALLA_GIT_DIRTY));
     char ch[17], rhs[17];
     hex64(c.hash, ch);
     hex64(replies, rhs);
@@ -490,14 +513,24 @@ done:
 // ---- structure check (CI) --------------------------------------------------------------------
 
 int agentbench_record_check(const json_t *r, char *err, size_t errlen) {
-    static const char *const strings[] = {"schema", "date", "label", "url", "engine.name", "engine.flavor",
-                                          "engine.model", "client.commit", "conversation.hash", "summary.replies_hash"};
-    static const char *const numbers[] = {"conversation.seed", "conversation.turns", "conversation.requests",
-                                          "conversation.gen", "conversation.system_tokens", "summary.wall_s",
-                                          "summary.ttft_ms_sum", "summary.turn_ms_sum", "summary.prompt_tokens_last",
-                                          "wall_s"};
-    static const char *const turn_numbers[] = {"turn", "prompt_tokens", "new_tokens", "prefilled_tokens",
-                                               "completion_tokens", "ttft_ms", "turn_ms", "appended_est_tokens"};
+    static const char *const strings[] = {"schema",
+                                          "date",
+                                          "label",
+                                          "url",
+                                          "engine.name",
+                                          "engine.flavor",
+                                          "engine.model",
+                                          "client.commit",
+                                          "conversation.hash",
+                                          "summary.replies_hash"};
+    static const char *const numbers[] = {"conversation.seed",          "conversation.turns",
+                                          "conversation.requests",      "conversation.gen",
+                                          "conversation.system_tokens", "summary.wall_s",
+                                          "summary.ttft_ms_sum",        "summary.turn_ms_sum",
+                                          "summary.prompt_tokens_last", "wall_s"};
+    static const char *const turn_numbers[] = {
+        "turn",    "prompt_tokens", "new_tokens",         "prefilled_tokens", "completion_tokens",
+        "ttft_ms", "turn_ms",       "appended_est_tokens"};
     static const char *const turn_strings[] = {"tool", "tool_choice", "finish_reason", "reply_hash", "cached_from"};
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!json_str(r, strings[i])) return snprintf(err, errlen, "missing string \"%s\"", strings[i]), -1;
@@ -517,7 +550,8 @@ int agentbench_record_check(const json_t *r, char *err, size_t errlen) {
         for (size_t i = 0; i < sizeof turn_strings / sizeof turn_strings[0]; i++)
             if (!json_str(t, turn_strings[i]))
                 return snprintf(err, errlen, "turns[%d]: missing string \"%s\"", k, turn_strings[i]), -1;
-        if ((int)json_num(t, "turn") != k) return snprintf(err, errlen, "turns[%d].turn is %g", k, json_num(t, "turn")), -1;
+        if ((int)json_num(t, "turn") != k)
+            return snprintf(err, errlen, "turns[%d].turn is %g", k, json_num(t, "turn")), -1;
         static const char *const present[] = {"cached_tokens", "decode_tok_s", "server_timings"};
         for (size_t i = 0; i < sizeof present / sizeof present[0]; i++)
             if (!json_object_get(t, present[i]))
@@ -531,7 +565,8 @@ int agentbench_record_check(const json_t *r, char *err, size_t errlen) {
 void agentbench_print_table(FILE *f, const json_t *r) {
     fprintf(f, "%s (%s at %s, model %s): %d requests, seed %.0f, %.0f tokens a turn%s%s\n", json_str(r, "label"),
             json_str(r, "engine.flavor"), json_str(r, "url"), json_str(r, "engine.model"),
-            (int)json_num(r, "conversation.requests"), json_num(r, "conversation.seed"), json_num(r, "conversation.gen"),
+            (int)json_num(r, "conversation.requests"), json_num(r, "conversation.seed"),
+            json_num(r, "conversation.gen"),
             json_is_true(json_object_get(json_object_get(r, "conversation"), "ignore_eos")) ? " (ignore_eos)" : "",
             json_is_true(json_object_get(json_object_get(r, "conversation"), "thinking")) ? ", thinking on" : "");
     fprintf(f, "%4s  %-10s %-8s %8s %8s %8s %8s %5s %9s %9s %9s\n", "turn", "tool", "choice", "appended", "prompt",
@@ -549,8 +584,9 @@ void agentbench_print_table(FILE *f, const json_t *r) {
                 json_num(t, "prefilled_tokens"), json_num(t, "completion_tokens"), json_num(t, "ttft_ms"), ds,
                 json_num(t, "turn_ms"));
     }
-    fprintf(f, "total wall %.3f s; TTFT %.1f ms opening, median %.1f ms over the appends, %.1f ms in all; decode median "
-               "%.1f tok/s; final prompt %.0f tokens\n",
+    fprintf(f,
+            "total wall %.3f s; TTFT %.1f ms opening, median %.1f ms over the appends, %.1f ms in all; decode median "
+            "%.1f tok/s; final prompt %.0f tokens\n",
             json_num(r, "summary.wall_s"), json_num(r, "summary.ttft_ms_first"),
             json_num(r, "summary.ttft_ms_median_appends"), json_num(r, "summary.ttft_ms_sum"),
             json_num(r, "summary.decode_tok_s_median"), json_num(r, "summary.prompt_tokens_last"));
@@ -570,13 +606,13 @@ static int print_conversation(const struct convo_params *cp) {
     hex64(c.hash, h);
     json_t *turns = json_array();
     for (int k = 0; k < c.n_turns; k++)
-        json_array_append_new(turns, json_pack("{s:i, s:s, s:b, s:i, s:i, s:s}", "turn", k + 1, "tool", c.turns[k].tool,
-                                               "required", c.turns[k].required, "target_tokens",
-                                               c.turns[k].target_tokens, "est_tokens", c.turns[k].est_tokens, "result",
-                                               c.turns[k].result));
-    json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:O, s:i, s:o}", "hash", h, "system", c.system, "system_est_tokens",
-                          c.system_est, "task", c.task, "task_est_tokens", c.task_est, "tools", c.tools,
-                          "tools_est_tokens", c.tools_est, "turns", turns);
+        json_array_append_new(turns,
+                              json_pack("{s:i, s:s, s:b, s:i, s:i, s:s}", "turn", k + 1, "tool", c.turns[k].tool,
+                                        "required", c.turns[k].required, "target_tokens", c.turns[k].target_tokens,
+                                        "est_tokens", c.turns[k].est_tokens, "result", c.turns[k].result));
+    json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:O, s:i, s:o}", "hash", h, "system", c.system,
+                          "system_est_tokens", c.system_est, "task", c.task, "task_est_tokens", c.task_est, "tools",
+                          c.tools, "tools_est_tokens", c.tools_est, "turns", turns);
     json_dumpf(j, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', stdout);
     json_decref(j);
@@ -603,8 +639,9 @@ int cmd_agentbench(int argc, char **argv) {
         {"required-every", OPT_INT, &required_every, 0, 1000,
          "turns k with k % N == 0 send tool_choice \"required\" (default 4; 0: none)"},
         {"no-ignore-eos", OPT_FLAG, &no_ignore_eos, 0, 0, "do not send \"ignore_eos\": true (a turn may end early)"},
-        {"thinking", OPT_FLAG, &thinking, 0, 0, "enable_thinking on (default off: answers, and forced calls, from "
-                                               "the first token)"},
+        {"thinking", OPT_FLAG, &thinking, 0, 0,
+         "enable_thinking on (default off: answers, and forced calls, from "
+         "the first token)"},
         {"model", OPT_STR, &model, 0, 0, "the request's model (default: the first id of /v1/models)"},
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default: the engine's name)"},
         {"timeout", OPT_INT, &timeout, 1, 86400, "seconds any connect, write or read may wait (default 300)"},
@@ -623,18 +660,33 @@ int cmd_agentbench(int argc, char **argv) {
         return 2;
     }
     struct agentbench_options ao = {
-        .url = url, .api_key = api_key, .label = label, .model = model, .seed = (uint64_t)seed, .turns = (int)turns,
-        .system_tokens = (int)system_tokens, .min_result = (int)min_result, .max_result = (int)max_result,
-        .gen = (int)gen, .required_every = (int)required_every, .ignore_eos = !no_ignore_eos, .thinking = thinking,
-        .timeout_s = (double)timeout, .wait_s = (double)wait, .quiet = quiet,
+        .url = url,
+        .api_key = api_key,
+        .label = label,
+        .model = model,
+        .seed = (uint64_t)seed,
+        .turns = (int)turns,
+        .system_tokens = (int)system_tokens,
+        .min_result = (int)min_result,
+        .max_result = (int)max_result,
+        .gen = (int)gen,
+        .required_every = (int)required_every,
+        .ignore_eos = !no_ignore_eos,
+        .thinking = thinking,
+        .timeout_s = (double)timeout,
+        .wait_s = (double)wait,
+        .quiet = quiet,
     };
     if (agentbench_flavor_parse(flavor, &ao.flavor)) {
         fprintf(stderr, "calla agentbench: --flavor must be calla or llama-server, got \"%s\"\n", flavor);
         return 2;
     }
     if (dry_run) {
-        struct convo_params cp = {.seed = ao.seed, .turns = ao.turns, .system_tokens = ao.system_tokens,
-                                  .min_result = ao.min_result, .max_result = ao.max_result,
+        struct convo_params cp = {.seed = ao.seed,
+                                  .turns = ao.turns,
+                                  .system_tokens = ao.system_tokens,
+                                  .min_result = ao.min_result,
+                                  .max_result = ao.max_result,
                                   .required_every = ao.required_every};
         return print_conversation(&cp);
     }

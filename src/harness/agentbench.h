@@ -20,16 +20,16 @@
 
 // What differs between the engines' HTTP APIs.
 enum agentbench_flavor {
-    AGENTBENCH_FLAVOR_CALLA,          // cached tokens from usage.prompt_tokens_details; identity from /v1/models, /health
-    AGENTBENCH_FLAVOR_LLAMA_SERVER,   // cached tokens from timings.cache_n; identity from /v1/models, /props
+    AGENTBENCH_FLAVOR_CALLA,        // cached tokens from usage.prompt_tokens_details; identity from /v1/models, /health
+    AGENTBENCH_FLAVOR_LLAMA_SERVER, // cached tokens from timings.cache_n; identity from /v1/models, /props
 };
 
 struct agentbench_options {
-    const char *url;            // http://HOST:PORT
-    const char *api_key;        // NULL: none
+    const char *url;     // http://HOST:PORT
+    const char *api_key; // NULL: none
     enum agentbench_flavor flavor;
-    const char *label;          // arm name in the record (NULL: the flavor's engine name)
-    const char *model;          // the request's "model" (NULL: the first id of /v1/models)
+    const char *label; // arm name in the record (NULL: the flavor's engine name)
+    const char *model; // the request's "model" (NULL: the first id of /v1/models)
     uint64_t seed;
     int turns;                  // appends after the opening request
     int system_tokens;          // the opening system turn, tools included (estimated)

@@ -18,12 +18,18 @@ enum { CONVO_TEMPLATE_TOOLS_TOKENS = 240 };
 
 // ---- the token estimate ----------------------------------------------------------------------
 
-static bool is_letter(unsigned char c) { return isalpha(c) || c >= 0x80; }
-static bool is_punct(unsigned char c) { return c < 0x80 && !isalnum(c) && !isspace(c); }
+static bool is_letter(unsigned char c) {
+    return isalpha(c) || c >= 0x80;
+}
+static bool is_punct(unsigned char c) {
+    return c < 0x80 && !isalnum(c) && !isspace(c);
+}
 
 // A word of len letters: one token up to 8 letters (the vocabulary holds the common words and
 // identifiers' parts whole), one more per 8 after that.
-static int word_tokens(size_t len) { return 1 + (len > 8 ? (int)((len - 1) / 8) : 0); }
+static int word_tokens(size_t len) {
+    return 1 + (len > 8 ? (int)((len - 1) / 8) : 0);
+}
 
 int convo_estimate_tokens(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
@@ -33,29 +39,31 @@ int convo_estimate_tokens(const char *s, size_t n) {
         unsigned char c = u[i];
         bool next_letter = i + 1 < n && is_letter(u[i + 1]);
         if (is_letter(c) || (c != '\n' && c != '\r' && !isdigit(c) && next_letter)) {
-            size_t j = is_letter(c) ? i : i + 1, w = j;   // a word, with the one character before it
+            size_t j = is_letter(c) ? i : i + 1, w = j; // a word, with the one character before it
             while (j < n && is_letter(u[j])) j++;
             t += word_tokens(j - w);
             i = j;
-        } else if (isdigit(c)) {   // digits are one piece each
+        } else if (isdigit(c)) { // digits are one piece each
             t++, i++;
         } else if (is_punct(c) || (c == ' ' && i + 1 < n && is_punct(u[i + 1]))) {
-            size_t j = c == ' ' ? i + 1 : i;   // a run of punctuation, the space before it and newlines after
+            size_t j = c == ' ' ? i + 1 : i; // a run of punctuation, the space before it and newlines after
             while (j < n && is_punct(u[j])) j++;
             size_t len = j - i, k = j;
             while (j < n && (u[j] == '\n' || u[j] == '\r')) j++;
-            t += (int)((len + 2) / 3) + (j > k ? 1 : 0);   // the vocabulary seldom joins the newlines to it
+            t += (int)((len + 2) / 3) + (j > k ? 1 : 0); // the vocabulary seldom joins the newlines to it
             i = j;
-        } else {   // whitespace: the newlines (with spaces before them) one piece, the spaces after another
+        } else { // whitespace: the newlines (with spaces before them) one piece, the spaces after another
             size_t j = i;
             while (j < n && isspace(u[j])) j++;
             size_t end = j;
-            if (j < n && u[j - 1] == ' ' && !isdigit(u[j])) end = j - 1;   // that space starts the next piece
+            if (j < n && u[j - 1] == ' ' && !isdigit(u[j])) end = j - 1; // that space starts the next piece
             bool nl = false;
-            size_t tail = 0;   // spaces after the last newline
+            size_t tail = 0; // spaces after the last newline
             for (size_t k = i; k < end; k++) {
-                if (u[k] == '\n' || u[k] == '\r') nl = true, tail = 0;
-                else tail++;
+                if (u[k] == '\n' || u[k] == '\r')
+                    nl = true, tail = 0;
+                else
+                    tail++;
             }
             // before a digit the last space is a piece of its own (no piece takes it as a prefix)
             t += (nl ? 1 : 0) + (tail ? 1 : 0) + (tail > 1 && j < n && isdigit(u[j]) ? 1 : 0);
@@ -72,46 +80,57 @@ struct gen {
     struct sbuf *b;
 };
 
-static uint64_t rnd(struct gen *g) {   // splitmix64
+static uint64_t rnd(struct gen *g) { // splitmix64
     uint64_t z = (g->s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static int rnd_int(struct gen *g, int lo, int hi) { return lo + (int)(rnd(g) % (uint64_t)(hi - lo + 1)); }
-static double rnd_unit(struct gen *g) { return (double)(rnd(g) >> 11) / 9007199254740992.0; }
+static int rnd_int(struct gen *g, int lo, int hi) {
+    return lo + (int)(rnd(g) % (uint64_t)(hi - lo + 1));
+}
+static double rnd_unit(struct gen *g) {
+    return (double)(rnd(g) >> 11) / 9007199254740992.0;
+}
 #define PICK(g, v) ((v)[rnd(g) % (sizeof(v) / sizeof((v)[0]))])
 
 static const char *const fwords[] = {
-    "the", "a", "of", "to", "and", "in", "is", "for", "that", "with", "on", "as", "it", "by", "be", "this", "are",
-    "from", "or", "an", "at", "not", "when", "each", "which", "all", "can", "will", "one", "if", "only", "before",
-    "after", "every", "must", "into", "than", "then", "its", "has", "but", "more", "same", "first", "last", "other",
-    "any", "no", "so", "until", "while", "where", "how", "what", "there", "also", "never", "once", "both", "through",
+    "the",   "a",     "of",    "to",    "and", "in",   "is",    "for",    "that",  "with",  "on",   "as",
+    "it",    "by",    "be",    "this",  "are", "from", "or",    "an",     "at",    "not",   "when", "each",
+    "which", "all",   "can",   "will",  "one", "if",   "only",  "before", "after", "every", "must", "into",
+    "than",  "then",  "its",   "has",   "but", "more", "same",  "first",  "last",  "other", "any",  "no",
+    "so",    "until", "while", "where", "how", "what", "there", "also",   "never", "once",  "both", "through",
 };
 static const char *const nouns[] = {
-    "buffer", "request", "server", "token", "cache", "file", "line", "test", "build", "error", "value", "state",
-    "model", "layer", "kernel", "thread", "queue", "client", "header", "answer", "prompt", "context", "message",
-    "result", "output", "input", "field", "table", "record", "path", "branch", "commit", "change", "review",
-    "function", "module", "parser", "stream", "chunk", "event", "limit", "step", "reply", "schema", "option", "flag",
-    "memory", "device", "batch", "score", "sample", "word", "list", "name", "type", "size", "count", "index",
-    "offset", "length", "range", "block", "page", "key", "map", "node", "tree", "graph", "edge", "bound", "rule",
-    "case", "point", "time", "rate", "loop", "call", "frame", "stack", "heap", "lock", "entry", "slot", "socket",
-    "timer", "config", "report", "target", "source", "script", "job", "task", "worker", "plan", "query", "store",
+    "buffer",  "request",  "server", "token",  "cache",  "file",  "line",   "test",   "build",  "error",  "value",
+    "state",   "model",    "layer",  "kernel", "thread", "queue", "client", "header", "answer", "prompt", "context",
+    "message", "result",   "output", "input",  "field",  "table", "record", "path",   "branch", "commit", "change",
+    "review",  "function", "module", "parser", "stream", "chunk", "event",  "limit",  "step",   "reply",  "schema",
+    "option",  "flag",     "memory", "device", "batch",  "score", "sample", "word",   "list",   "name",   "type",
+    "size",    "count",    "index",  "offset", "length", "range", "block",  "page",   "key",    "map",    "node",
+    "tree",    "graph",    "edge",   "bound",  "rule",   "case",  "point",  "time",   "rate",   "loop",   "call",
+    "frame",   "stack",    "heap",   "lock",   "entry",  "slot",  "socket", "timer",  "config", "report", "target",
+    "source",  "script",   "job",    "task",   "worker", "plan",  "query",  "store",
 };
 static const char *const verbs[] = {
-    "read", "write", "keep", "move", "copy", "find", "start", "stop", "open", "close", "send", "parse", "load",
-    "store", "split", "merge", "match", "fill", "trim", "sort", "scan", "walk", "count", "wait", "run", "check",
-    "return", "handle", "reject", "accept", "skip", "retry", "build", "free", "reset", "update", "append", "encode",
-    "decode", "measure", "report", "compare", "restore", "refuse", "flush", "drain", "track", "mark", "print",
+    "read",   "write",   "keep",    "move",   "copy",  "find",   "start",  "stop",   "open",   "close",
+    "send",   "parse",   "load",    "store",  "split", "merge",  "match",  "fill",   "trim",   "sort",
+    "scan",   "walk",    "count",   "wait",   "run",   "check",  "return", "handle", "reject", "accept",
+    "skip",   "retry",   "build",   "free",   "reset", "update", "append", "encode", "decode", "measure",
+    "report", "compare", "restore", "refuse", "flush", "drain",  "track",  "mark",   "print",
 };
 static const char *const adjs[] = {
-    "small", "large", "fast", "slow", "short", "long", "empty", "full", "exact", "stable", "fixed", "valid",
-    "broken", "local", "remote", "shared", "single", "whole", "final", "early", "late", "safe", "clean", "plain",
-    "raw", "new", "old", "next", "previous", "current", "default", "known", "unknown", "careful", "simple", "clear",
+    "small",  "large",    "fast",    "slow",    "short", "long",    "empty",   "full",   "exact",
+    "stable", "fixed",    "valid",   "broken",  "local", "remote",  "shared",  "single", "whole",
+    "final",  "early",    "late",    "safe",    "clean", "plain",   "raw",     "new",    "old",
+    "next",   "previous", "current", "default", "known", "unknown", "careful", "simple", "clear",
 };
-static const char *const ctypes[] = {"int", "size_t", "bool", "double", "uint32_t", "int64_t", "char *", "const char *"};
+static const char *const ctypes[] = {"int",      "size_t",  "bool",   "double",
+                                     "uint32_t", "int64_t", "char *", "const char *"};
 
-static void add(struct gen *g, const char *s) { sbuf_adds(g->b, s); }
+static void add(struct gen *g, const char *s) {
+    sbuf_adds(g->b, s);
+}
 
 static void addf(struct gen *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void addf(struct gen *g, const char *fmt, ...) {
@@ -134,8 +153,10 @@ static void sentence(struct gen *g) {
     for (int i = 0; i < n; i++) {
         const char *w = rnd_unit(g) < 0.4 ? PICK(g, fwords) : content_word(g);
         if (i) add(g, " ");
-        if (!i) addf(g, "%c%s", toupper((unsigned char)w[0]), w + 1);
-        else add(g, w);
+        if (!i)
+            addf(g, "%c%s", toupper((unsigned char)w[0]), w + 1);
+        else
+            add(g, w);
         if (i + 1 < n && i > 1 && rnd_unit(g) < 0.08) add(g, ",");
     }
     add(g, ".");
@@ -147,11 +168,15 @@ static void ident(struct gen *g, char *out, size_t len) {
 
 static void src_path(struct gen *g, char *out, size_t len) {
     const char *dir = PICK(g, nouns);
-    if (rnd_unit(g) < 0.2) snprintf(out, len, "tests/test_%s_%s.c", dir, PICK(g, nouns));
-    else snprintf(out, len, "src/%s/%s_%s.%s", dir, dir, PICK(g, nouns), rnd_unit(g) < 0.8 ? "c" : "h");
+    if (rnd_unit(g) < 0.2)
+        snprintf(out, len, "tests/test_%s_%s.c", dir, PICK(g, nouns));
+    else
+        snprintf(out, len, "src/%s/%s_%s.%s", dir, dir, PICK(g, nouns), rnd_unit(g) < 0.8 ? "c" : "h");
 }
 
-static int est(const struct sbuf *b, size_t from) { return convo_estimate_tokens(b->p ? b->p + from : "", b->len - from); }
+static int est(const struct sbuf *b, size_t from) {
+    return convo_estimate_tokens(b->p ? b->p + from : "", b->len - from);
+}
 
 // ---- the system prompt and the task ----------------------------------------------------------
 
@@ -182,8 +207,10 @@ static void task_message(struct gen *g) {
     char t[64], p[128];
     ident(g, t, sizeof t);
     src_path(g, p, sizeof p);
-    addf(g, "The test test_%s fails after the last change to %s. Find the cause, fix it with the smallest change "
-            "that keeps the other tests passing, and run the tests again. ", t, p);
+    addf(g,
+         "The test test_%s fails after the last change to %s. Find the cause, fix it with the smallest change "
+         "that keeps the other tests passing, and run the tests again. ",
+         t, p);
     sentence(g);
     add(g, " ");
     sentence(g);
@@ -216,20 +243,34 @@ static void code_line(struct gen *g, int *depth) {
         return;
     }
     int r = rnd_int(g, 0, 9);
-    if (*depth > 1 && r < 3) {   // close a block
+    if (*depth > 1 && r < 3) { // close a block
         for (int i = 0; i < 4; i++) g->b->p[--g->b->len] = 0;
         add(g, "}\n");
         (*depth)--;
         return;
     }
     switch (r) {
-    case 0: addf(g, "if (!%s || len == 0) return -1;", n1); break;
-    case 1: addf(g, "for (size_t i = 0; i < len; i++) {"), (*depth)++; break;
-    case 2: addf(g, "%s->%s[i] = %s(%s[i], %d);", n1, n2, a, n2, rnd_int(g, 0, 255)); break;
-    case 3: addf(g, "%s %s = %s(%s->%s, len);", PICK(g, ctypes), n2, b, n1, n2); break;
-    case 4: addf(g, "if (%s < 0) {", n2), (*depth)++; break;
-    case 5: addf(g, "snprintf(err, errlen, \"cannot %s the %s %%s\", %s);", PICK(g, verbs), n1, n2); break;
-    case 6: addf(g, "%s->%s += len * %d;", n1, n2, rnd_int(g, 2, 64)); break;
+    case 0:
+        addf(g, "if (!%s || len == 0) return -1;", n1);
+        break;
+    case 1:
+        addf(g, "for (size_t i = 0; i < len; i++) {"), (*depth)++;
+        break;
+    case 2:
+        addf(g, "%s->%s[i] = %s(%s[i], %d);", n1, n2, a, n2, rnd_int(g, 0, 255));
+        break;
+    case 3:
+        addf(g, "%s %s = %s(%s->%s, len);", PICK(g, ctypes), n2, b, n1, n2);
+        break;
+    case 4:
+        addf(g, "if (%s < 0) {", n2), (*depth)++;
+        break;
+    case 5:
+        addf(g, "snprintf(err, errlen, \"cannot %s the %s %%s\", %s);", PICK(g, verbs), n1, n2);
+        break;
+    case 6:
+        addf(g, "%s->%s += len * %d;", n1, n2, rnd_int(g, 2, 64));
+        break;
     case 7:
         add(g, "/* ");
         sentence(g);
@@ -259,25 +300,33 @@ static void result_read_file(struct gen *g, int target) {
 static void result_run_shell(struct gen *g, int target) {
     size_t from = g->b->len;
     char p[128], a[64];
-    const char *cmds[] = {"make -j2 test", "make -j2", "ctest --output-on-failure", "git diff --stat", "./run_tests.sh"};
+    const char *cmds[] = {"make -j2 test", "make -j2", "ctest --output-on-failure", "git diff --stat",
+                          "./run_tests.sh"};
     addf(g, "$ %s\n", PICK(g, cmds));
     int fails = 0;
     while (est(g->b, from) < target) {
         src_path(g, p, sizeof p);
         ident(g, a, sizeof a);
         switch (rnd_int(g, 0, 5)) {
-        case 0: addf(g, "cc -O2 -Wall -c -o build/%.*s.o %s\n", (int)(strlen(p) - 2), p, p); break;
+        case 0:
+            addf(g, "cc -O2 -Wall -c -o build/%.*s.o %s\n", (int)(strlen(p) - 2), p, p);
+            break;
         case 1:
             addf(g, "%s:%d:%d: warning: unused variable '%s' [-Wunused-variable]\n", p, rnd_int(g, 1, 999),
                  rnd_int(g, 1, 80), a);
             break;
-        case 2: addf(g, "test_%s ... ok (%d checks, %d.%02d s)\n", a, rnd_int(g, 1, 90), rnd_int(g, 0, 3), rnd_int(g, 0, 99)); break;
+        case 2:
+            addf(g, "test_%s ... ok (%d checks, %d.%02d s)\n", a, rnd_int(g, 1, 90), rnd_int(g, 0, 3),
+                 rnd_int(g, 0, 99));
+            break;
         case 3:
             addf(g, "FAIL test_%s: expected %d, got %d (%s:%d)\n", a, rnd_int(g, 0, 99), rnd_int(g, 100, 999), p,
                  rnd_int(g, 1, 999));
             fails++;
             break;
-        case 4: addf(g, "[%3d%%] Building C object %s\n", rnd_int(g, 1, 100), p); break;
+        case 4:
+            addf(g, "[%3d%%] Building C object %s\n", rnd_int(g, 1, 100), p);
+            break;
         default:
             add(g, "note: ");
             sentence(g);
@@ -302,10 +351,10 @@ static void result_search(struct gen *g, int target) {
     ident(g, pat, sizeof pat);
     addf(g, "{\"pattern\": \"%s\", \"matches\": [", pat);
     int n = 0;
-    while (est(g->b, from) + 12 < target || !n) {   // 12: about what the closing line costs
+    while (est(g->b, from) + 12 < target || !n) { // 12: about what the closing line costs
         struct sbuf line = {0};
         struct sbuf *keep = g->b;
-        int depth = 2;   // inside a block: one line, never a function's end
+        int depth = 2; // inside a block: one line, never a function's end
         g->b = &line;
         code_line(g, &depth);
         g->b = keep;
@@ -357,7 +406,7 @@ struct tool_param {
 
 static const struct {
     const char *name, *desc;
-    struct tool_param params[4];   // up to the first without a name
+    struct tool_param params[4]; // up to the first without a name
 } tool_defs[] = {
     {"read_file",
      "Read a text file of the repository and return its lines, each prefixed with its line number. Use offset and "
@@ -422,8 +471,9 @@ int convo_build(const struct convo_params *p, struct convo *c, char *err, size_t
     memset(c, 0, sizeof *c);
     if (p->turns < 0 || p->turns > 1000) return snprintf(err, errlen, "turns must be 0..1000, got %d", p->turns), -1;
     if (p->min_result < 1 || p->max_result < p->min_result || p->max_result > 100000)
-        return snprintf(err, errlen, "tool results must be 1 <= min <= max <= 100,000 tokens, got %d..%d", p->min_result,
-                        p->max_result), -1;
+        return snprintf(err, errlen, "tool results must be 1 <= min <= max <= 100,000 tokens, got %d..%d",
+                        p->min_result, p->max_result),
+               -1;
     if (p->system_tokens < 0 || p->system_tokens > 200000)
         return snprintf(err, errlen, "system tokens must be 0..200,000, got %d", p->system_tokens), -1;
     c->tools = tool_definitions();
@@ -454,13 +504,20 @@ int convo_build(const struct convo_params *p, struct convo *c, char *err, size_t
         t->target_tokens = (int)lround(exp(lo + (hi - lo) * rnd_unit(&g)));
         t->required = p->required_every > 0 && (k + 1) % p->required_every == 0;
         double r = rnd_unit(&g);
-        if (t->target_tokens < 48) t->tool = r < 0.5 ? "write_file" : "run_shell";
-        else t->tool = r < 0.35 ? "read_file" : r < 0.6 ? "run_shell" : r < 0.85 ? "search" : "list_dir";
-        if (!strcmp(t->tool, "read_file")) result_read_file(&g, t->target_tokens);
-        else if (!strcmp(t->tool, "run_shell")) result_run_shell(&g, t->target_tokens);
-        else if (!strcmp(t->tool, "search")) result_search(&g, t->target_tokens);
-        else if (!strcmp(t->tool, "list_dir")) result_list_dir(&g, t->target_tokens);
-        else result_write_file(&g, t->target_tokens);
+        if (t->target_tokens < 48)
+            t->tool = r < 0.5 ? "write_file" : "run_shell";
+        else
+            t->tool = r < 0.35 ? "read_file" : r < 0.6 ? "run_shell" : r < 0.85 ? "search" : "list_dir";
+        if (!strcmp(t->tool, "read_file"))
+            result_read_file(&g, t->target_tokens);
+        else if (!strcmp(t->tool, "run_shell"))
+            result_run_shell(&g, t->target_tokens);
+        else if (!strcmp(t->tool, "search"))
+            result_search(&g, t->target_tokens);
+        else if (!strcmp(t->tool, "list_dir"))
+            result_list_dir(&g, t->target_tokens);
+        else
+            result_write_file(&g, t->target_tokens);
         t->est_tokens = est(&b, 0);
         t->result = take(&b);
         h = fnv1a64(h, t->result, strlen(t->result) + 1);

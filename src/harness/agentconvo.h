@@ -15,29 +15,29 @@
 
 struct convo_params {
     uint64_t seed;
-    int turns;             // appends after the opening request (each: the reply, then a tool result)
-    int system_tokens;     // the opening system turn, tool definitions included (estimated tokens)
-    int min_result;        // tool results' sizes are drawn log-uniformly from [min_result, max_result]
-    int max_result;        //   (estimated tokens)
-    int required_every;    // turn k (1..turns) with k % required_every == 0 forces a tool call (0: never)
+    int turns;          // appends after the opening request (each: the reply, then a tool result)
+    int system_tokens;  // the opening system turn, tool definitions included (estimated tokens)
+    int min_result;     // tool results' sizes are drawn log-uniformly from [min_result, max_result]
+    int max_result;     //   (estimated tokens)
+    int required_every; // turn k (1..turns) with k % required_every == 0 forces a tool call (0: never)
 };
 
 struct convo_turn {
-    const char *tool;      // the tool whose result this is ("read_file", "run_shell", ...)
-    int target_tokens;     // the size drawn for it
-    int est_tokens;        // the estimate of the text made (at least the target, one line over at most)
-    char *result;          // the tool message's content
-    bool required;         // this turn's request has tool_choice "required"
+    const char *tool;  // the tool whose result this is ("read_file", "run_shell", ...)
+    int target_tokens; // the size drawn for it
+    int est_tokens;    // the estimate of the text made (at least the target, one line over at most)
+    char *result;      // the tool message's content
+    bool required;     // this turn's request has tool_choice "required"
 };
 
 struct convo {
-    char *system;          // the system message
-    char *task;            // the first user message
-    json_t *tools;         // the request's "tools" array
+    char *system;  // the system message
+    char *task;    // the first user message
+    json_t *tools; // the request's "tools" array
     int system_est, tools_est, task_est;
-    struct convo_turn *turns;   // [n_turns]: the append of turn k (1-based) is turns[k - 1]
+    struct convo_turn *turns; // [n_turns]: the append of turn k (1-based) is turns[k - 1]
     int n_turns;
-    uint64_t hash;         // FNV-1a 64 over system, task, the tools' JSON and every result
+    uint64_t hash; // FNV-1a 64 over system, task, the tools' JSON and every result
 };
 
 // 0, or -1 with a message (a parameter out of range).

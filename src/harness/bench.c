@@ -67,7 +67,9 @@ uint64_t bench_hash_tokens(const int32_t *ids, int n) {
 //            (10 layers x 2 (K,V) x 2 heads x 256 x 2 B = 20 KiB per token), plus the new row
 //   state    the DeltaNet state (32 x 128 x 128 fp32 per layer + conv window), read and written
 // Activations, logits and scratch are ignored (small next to the above).
-static int64_t quant_bytes(int64_t elems, int bits) { return elems * bits / 8 + (elems / QWEN_GROUP) * 4; }
+static int64_t quant_bytes(int64_t elems, int bits) {
+    return elems * bits / 8 + (elems / QWEN_GROUP) * 4;
+}
 
 struct bench_bytes bench_decode_bytes(const struct geometry *g, int64_t ctx) {
     struct bench_bytes b = {0};
@@ -79,11 +81,16 @@ struct bench_bytes bench_decode_bytes(const struct geometry *g, int64_t ctx) {
         const struct tensor_spec *s = &specs[i];
         int64_t elems = 1;
         for (int d = 0; d < s->ndim; d++) elems *= s->dims[d];
-        if (s->role != ROLE_QUANT) b.dense += elems * 4;
-        else if (!strcmp(s->name, "model.embed_tokens")) b.embed += quant_bytes(s->dims[1], s->bits);
-        else if (!strcmp(s->name, "lm_head")) b.lm_head += quant_bytes(elems, s->bits);
-        else if (s->ndim == 3) b.experts += quant_bytes(elems / s->dims[0], s->bits) * g->n_experts_used;
-        else b.dense += quant_bytes(elems, s->bits);
+        if (s->role != ROLE_QUANT)
+            b.dense += elems * 4;
+        else if (!strcmp(s->name, "model.embed_tokens"))
+            b.embed += quant_bytes(s->dims[1], s->bits);
+        else if (!strcmp(s->name, "lm_head"))
+            b.lm_head += quant_bytes(elems, s->bits);
+        else if (s->ndim == 3)
+            b.experts += quant_bytes(elems / s->dims[0], s->bits) * g->n_experts_used;
+        else
+            b.dense += quant_bytes(elems, s->bits);
     }
     free(specs);
     b.kv = model_state_sizes(g).kv_bytes_per_token * (ctx + 1);
@@ -152,16 +159,19 @@ const char *json_str(const json_t *o, const char *path) {
 int json_write_file(const json_t *j, const char *path, char *err, size_t errlen) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(j, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) ||
-        rename(tmp, path)) {
+    if (json_dump_file(j, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) || rename(tmp, path)) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
         return -1;
     }
     return 0;
 }
 
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-static json_t *int_or_null(long long v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *num_or_null(double v) {
+    return isfinite(v) ? json_real(v) : json_null();
+}
+static json_t *int_or_null(long long v) {
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
 static json_t *telemetry_json(const struct nvml_sample *s) {
     if (!s->available) return json_pack("{s:b, s:s}", "available", 0, "reason", s->reason);
@@ -242,8 +252,8 @@ static json_t *gpu_device_json(const struct nvml_sample *s) {
     int sm = -1;
 #ifdef CALLA_CUDA
     int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) ==
-                                                  cudaSuccess)
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
         sm = v;
 #endif
     json_t *j = json_pack("{s:s}", "kind", "gpu");
@@ -282,7 +292,7 @@ static double median_of(const double *v, int n) {
     return m;
 }
 
-static double std_of(const double *v, int n) {   // sample standard deviation
+static double std_of(const double *v, int n) { // sample standard deviation
     if (n < 2) return 0;
     double m = mean_of(v, n), s = 0;
     for (int i = 0; i < n; i++) s += (v[i] - m) * (v[i] - m);
@@ -296,7 +306,9 @@ static void iso_date(char *buf, size_t len) {
     strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+static void hex64(uint64_t h, char out[17]) {
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
 
 // ---- the protocol --------------------------------------------------------------------------
 
@@ -309,7 +321,7 @@ static int run_once(struct engine *e, struct seq *s, const int32_t *prompt, int 
     const struct forward_opts fo = {.progress = progress_line, .progress_arg = &pl};
     double t0 = now_s();
     if (engine_forward(e, s, prompt, n, &fo, &tok, err, errlen)) return -1;
-    *prefill_s = now_s() - t0;   // engine_forward returns with the id on the host
+    *prefill_s = now_s() - t0; // engine_forward returns with the id on the host
     ids[0] = tok;
     for (int i = 0; i < d; i++) {
         double t = now_s();
@@ -327,7 +339,7 @@ struct spec_pass {
     double seconds;              // the decode steps' time, summed (as the plain pass's)
     int forwards, verifications; // steps: plain forwards and verifications
     long long drafted, accepted;
-    bool tokens_match;           // the tokens are the plain pass's
+    bool tokens_match; // the tokens are the plain pass's
 };
 
 // A hash of (seed, i) in [0, 2^64): which oracle tokens are replaced, and by what.
@@ -355,7 +367,7 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
         return -1;
     }
     int rc = -1;
-    for (int p = 0; p < d;) {   // ids[0..p] are out; ids[p] is the next to forward
+    for (int p = 0; p < d;) { // ids[0..p] are out; ids[p] is the next to forward
         int32_t v[DRAFT_LEN_MAX + 1], next[DRAFT_LEN_MAX + 1];
         const int limit = d - p - 1;
         const double t = now_s();
@@ -365,13 +377,14 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
             for (int i = 1; i <= k; i++) {
                 const uint64_t h = mix64(o->draft_seed, (uint64_t)(p + i));
                 const bool right = (double)(h >> 11) * 0x1.0p-53 < o->accept;
-                v[i] = right ? ids[p + i] : (int32_t)((ids[p + i] + 1 + (int64_t)(mix64(h, 0) % (uint64_t)(V - 1))) % V);
+                v[i] =
+                    right ? ids[p + i] : (int32_t)((ids[p + i] + 1 + (int64_t)(mix64(h, 0) % (uint64_t)(V - 1))) % V);
             }
         } else {
             if (draft_push(&dr, ids[p])) goto out;
             k = draft_propose(&dr, limit, v + 1);
         }
-        int got;   // new tokens out of this step
+        int got; // new tokens out of this step
         if (!k) {
             if (engine_forward(e, s, &ids[p], 1, NULL, &tok, err, errlen)) goto out;
             r->tokens_match &= tok == ids[p + 1];
@@ -408,13 +421,15 @@ static json_t *spec_json(const struct bench_options *o, const struct spec_pass *
                           "seconds", r->seconds, "tok_s", d / r->seconds);
     json_object_set_new(j, "accept_p", oracle ? json_real(o->accept) : json_null());
     json_object_set_new(j, "seed", oracle ? json_integer((json_int_t)o->draft_seed) : json_null());
-    json_object_set_new(j, "acceptance", r->drafted ? json_real((double)r->accepted / (double)r->drafted) : json_real(0));
+    json_object_set_new(j, "acceptance",
+                        r->drafted ? json_real((double)r->accepted / (double)r->drafted) : json_real(0));
     json_object_set_new(j, "mean_accepted",
                         r->verifications ? json_real((double)r->accepted / r->verifications) : json_real(0));
     json_object_set_new(j, "speedup", json_real(d / r->seconds / plain_tok_s));
-    json_object_set_new(j, "note", json_string(oracle ? "the plain pass's tokens as drafts, each replaced by a wrong "
-                                                        "one with probability 1 - accept_p (a hash of seed and position)"
-                                                      : "drafts of the prompt-lookup drafter (src/draft.h)"));
+    json_object_set_new(j, "note",
+                        json_string(oracle ? "the plain pass's tokens as drafts, each replaced by a wrong "
+                                             "one with probability 1 - accept_p (a hash of seed and position)"
+                                           : "drafts of the prompt-lookup drafter (src/draft.h)"));
     return j;
 }
 
@@ -481,9 +496,10 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     if (gpu)
         fprintf(stderr, ", %g SMs, %.1f GB, peak %.0f GB/s", json_num(device, "sm_count"),
                 json_num(device, "memory_bytes") / 1e9, json_num(device, "peak_gbs"));
-    else fprintf(stderr, ", %d threads", threads);
-    fprintf(stderr, "\n# model %s: %.3f B params, %.3f GB, %.3f bits/weight; KV cache %.3f GB at %d tokens\n",
-            g->name, ms.params / 1e9, (double)m->file_bytes / 1e9, 8.0 * (double)m->file_bytes / (double)ms.params,
+    else
+        fprintf(stderr, ", %d threads", threads);
+    fprintf(stderr, "\n# model %s: %.3f B params, %.3f GB, %.3f bits/weight; KV cache %.3f GB at %d tokens\n", g->name,
+            ms.params / 1e9, (double)m->file_bytes / 1e9, 8.0 * (double)m->file_bytes / (double)ms.params,
             (double)model_state_sizes(g).kv_bytes_per_token * (N + D + 1) / 1e9, N + D + 1);
 
     prompt = malloc(sizeof *prompt * (size_t)N);
@@ -517,7 +533,7 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     nvml_read(&before);
     if (run_once(e, s, prompt, N, D, ids, &prefill, steps, err, errlen)) goto done;
     struct spec_pass spec = {0};
-    if (o->draft) {   // a warmup of its own (the verification's shapes), then the timed pass
+    if (o->draft) { // a warmup of its own (the verification's shapes), then the timed pass
         seq_reset(s);
         if (spec_once(e, s, o, prompt, N, D, ids, &spec, err, errlen)) goto done;
         seq_reset(s);
@@ -582,25 +598,28 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
     char host[128] = "unknown";
     gethostname(host, sizeof host - 1);
     uname(&un);
-    json_object_set_new(r, "host", json_pack("{s:s, s:s, s:s, s:I}", "hostname", host, "os", un.sysname, "kernel",
-                                             un.release, "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN)));
+    json_object_set_new(r, "host",
+                        json_pack("{s:s, s:s, s:s, s:I}", "hostname", host, "os", un.sysname, "kernel", un.release,
+                                  "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN)));
     json_object_set_new(r, "device", device);
     json_object_set_new(r, "checkpoint",
-                        json_pack("{s:s, s:s, s:b, s:s, s:I, s:I, s:f, s:I, s:f}", "path", m->dir, "geometry",
-                                  g->name, "test_geometry", g->is_test, "identity", h_id, "params",
-                                  (json_int_t)ms.params, "bytes", (json_int_t)m->file_bytes, "bits_per_weight",
+                        json_pack("{s:s, s:s, s:b, s:s, s:I, s:I, s:f, s:I, s:f}", "path", m->dir, "geometry", g->name,
+                                  "test_geometry", g->is_test, "identity", h_id, "params", (json_int_t)ms.params,
+                                  "bytes", (json_int_t)m->file_bytes, "bits_per_weight",
                                   8.0 * (double)m->file_bytes / (double)ms.params, "layers", (json_int_t)g->n_layers,
                                   "load_s", t_load));
-    json_object_set_new(r, "prompt", json_pack("{s:i, s:s, s:s}", "tokens", N, "rule",
-                                               "token i = (i * 2654435761) mod 2^32 mod vocab", "hash", h_prompt));
+    json_object_set_new(r, "prompt",
+                        json_pack("{s:i, s:s, s:s}", "tokens", N, "rule",
+                                  "token i = (i * 2654435761) mod 2^32 mod vocab", "hash", h_prompt));
     json_object_set_new(r, "decode_steps", json_integer(D));
     json_object_set_new(r, "limit", json_pack("{s:i, s:i}", "max_tokens", QWEN_MAX_CTX, "used", N + D + 1));
     json_object_set_new(r, "kv_cache_bytes", json_integer(model_state_sizes(g).kv_bytes_per_token * (N + D + 1)));
-    json_object_set_new(r, "warmup", json_pack("{s:f, s:f, s:b}", "prefill_s", warm_prefill, "total_s", tw,
-                                               "tokens_match",
-                                               !memcmp(warm_ids, ids, sizeof *ids * (size_t)(D + 1))));
-    json_object_set_new(r, "prefill", json_pack("{s:f, s:f, s:f, s:f}", "seconds", prefill, "tok_s", N / prefill,
-                                                "flop", flop, "tflop_s", flop / prefill / 1e12));
+    json_object_set_new(r, "warmup",
+                        json_pack("{s:f, s:f, s:b}", "prefill_s", warm_prefill, "total_s", tw, "tokens_match",
+                                  !memcmp(warm_ids, ids, sizeof *ids * (size_t)(D + 1))));
+    json_object_set_new(r, "prefill",
+                        json_pack("{s:f, s:f, s:f, s:f}", "seconds", prefill, "tok_s", N / prefill, "flop", flop,
+                                  "tflop_s", flop / prefill / 1e12));
     json_t *arr = json_array();
     for (int i = 0; i < D; i++) json_array_append_new(arr, json_real(ms_steps[i]));
     json_t *dec = json_pack("{s:i, s:f, s:f, s:f, s:f}", "steps", D, "seconds", sum, "tok_s", D / sum, "ms_mean",
@@ -628,13 +647,14 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                   "prefill FLOP = 2 x active weights (routed experts top-k, no embed/lm_head) x N + "
                   "2 x vocab x hidden (one lm_head row) + causal attention 4 x heads x head_dim x N(N+1)/2 "
                   "per attention layer + DeltaNet 8 x v_heads x k_dim x v_dim x N per layer",
-                  "decode_bytes_at_prompt", "dense", (json_int_t)b0.dense, "experts", (json_int_t)b0.experts,
-                  "lm_head", (json_int_t)b0.lm_head, "embed", (json_int_t)b0.embed, "kv", (json_int_t)b0.kv,
-                  "state", (json_int_t)b0.state, "total", (json_int_t)b0.total));
+                  "decode_bytes_at_prompt", "dense", (json_int_t)b0.dense, "experts", (json_int_t)b0.experts, "lm_head",
+                  (json_int_t)b0.lm_head, "embed", (json_int_t)b0.embed, "kv", (json_int_t)b0.kv, "state",
+                  (json_int_t)b0.state, "total", (json_int_t)b0.total));
     json_t *idarr = json_array();
     for (int i = 0; i <= D; i++) json_array_append_new(idarr, json_integer(ids[i]));
-    json_object_set_new(r, "tokens", json_pack("{s:o, s:s, s:s}", "ids", idarr, "hash", h_ids, "note",
-                                               "ids[0] from the prefill, ids[1..] from the decode steps"));
+    json_object_set_new(r, "tokens",
+                        json_pack("{s:o, s:s, s:s}", "ids", idarr, "hash", h_ids, "note",
+                                  "ids[0] from the prefill, ids[1..] from the decode steps"));
     json_t *mem = json_object();
     json_object_set_new(mem, "host_peak_rss_bytes", int_or_null(rss));
     json_object_set_new(mem, "host_method", json_string("VmHWM from /proc/self/status"));
@@ -652,8 +672,8 @@ int bench_run(const struct bench_options *o, json_t **out, char *err, size_t err
                             json_string(gpu ? before_load.reason : "CPU backend: no device memory"));
     }
     json_object_set_new(r, "memory", mem);
-    json_object_set_new(r, "telemetry", json_pack("{s:o, s:o}", "before", telemetry_json(&before), "after",
-                                                  telemetry_json(&after)));
+    json_object_set_new(r, "telemetry",
+                        json_pack("{s:o, s:o}", "before", telemetry_json(&before), "after", telemetry_json(&after)));
     if (o->draft) json_object_set_new(r, "speculative", spec_json(o, &spec, D, D / sum));
     json_object_set_new(r, "wall_s", json_real(now_s() - wall0));
     free(ms_steps);
@@ -676,14 +696,25 @@ done:
 // ---- structure check (CI) ------------------------------------------------------------------
 
 int bench_record_check(const json_t *r, char *err, size_t errlen) {
-    static const char *strings[] = {"schema", "date", "label", "engine.name", "engine.commit", "device.name",
-                                    "checkpoint.path", "checkpoint.geometry", "checkpoint.identity",
-                                    "prompt.hash", "tokens.hash"};
-    static const char *numbers[] = {"prompt.tokens", "decode_steps", "prefill.seconds", "prefill.tok_s",
-                                    "prefill.tflop_s", "decode.tok_s", "decode.ms_mean", "decode.ms_median",
-                                    "decode.ms_std", "decode.ms_first", "decode.ms_first16", "decode.ms_last16",
-                                    "decode.gb_s", "memory.host_peak_rss_bytes"};
-    static const char *present[] = {"engine.dirty", "memory.device_peak_bytes", "telemetry.before",
+    static const char *strings[] = {"schema",
+                                    "date",
+                                    "label",
+                                    "engine.name",
+                                    "engine.commit",
+                                    "device.name",
+                                    "checkpoint.path",
+                                    "checkpoint.geometry",
+                                    "checkpoint.identity",
+                                    "prompt.hash",
+                                    "tokens.hash"};
+    static const char *numbers[] = {"prompt.tokens",     "decode_steps",
+                                    "prefill.seconds",   "prefill.tok_s",
+                                    "prefill.tflop_s",   "decode.tok_s",
+                                    "decode.ms_mean",    "decode.ms_median",
+                                    "decode.ms_std",     "decode.ms_first",
+                                    "decode.ms_first16", "decode.ms_last16",
+                                    "decode.gb_s",       "memory.host_peak_rss_bytes"};
+    static const char *present[] = {"engine.dirty",    "memory.device_peak_bytes",   "telemetry.before",
                                     "telemetry.after", "telemetry.before.available", "telemetry.after.available"};
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!json_str(r, strings[i])) return snprintf(err, errlen, "missing string \"%s\"", strings[i]), -1;
@@ -697,8 +728,8 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
     if (!json_is_boolean(tb)) return snprintf(err, errlen, "telemetry.before.available is not a boolean"), -1;
     if (!json_is_true(tb) && !json_str(r, "telemetry.before.reason"))
         return snprintf(err, errlen, "telemetry.before is unavailable without a reason"), -1;
-    const json_t *mode = json_path(r, "engine.mode");   // optional: older records have none
-    const char *ms = json_string_value(mode);           // NULL unless a string
+    const json_t *mode = json_path(r, "engine.mode"); // optional: older records have none
+    const char *ms = json_string_value(mode);         // NULL unless a string
     if (mode && (!ms || (strcmp(ms, "fast") && strcmp(ms, "exact"))))
         return snprintf(err, errlen, "engine.mode must be \"fast\" or \"exact\""), -1;
     if (json_is_null(json_path(r, "memory.device_peak_bytes")) && !json_str(r, "memory.device_reason"))
@@ -709,16 +740,17 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
         return snprintf(err, errlen, "decode.step_ms must hold decode_steps (%d) times", D), -1;
     if (!json_is_array(ids) || (int)json_array_size(ids) != D + 1)
         return snprintf(err, errlen, "tokens.ids must hold decode_steps + 1 (%d) ids", D + 1), -1;
-    const json_t *sp = json_path(r, "speculative");   // optional: --draft
+    const json_t *sp = json_path(r, "speculative"); // optional: --draft
     if (sp) {
-        static const char *spec_numbers[] = {"speculative.draft_len", "speculative.drafted", "speculative.accepted",
-                                             "speculative.seconds", "speculative.tok_s", "speculative.speedup",
-                                             "speculative.acceptance", "speculative.mean_accepted"};
+        static const char *spec_numbers[] = {
+            "speculative.draft_len", "speculative.drafted", "speculative.accepted",   "speculative.seconds",
+            "speculative.tok_s",     "speculative.speedup", "speculative.acceptance", "speculative.mean_accepted"};
         const char *draft = json_str(r, "speculative.draft");
         if (!draft || (strcmp(draft, "oracle") && strcmp(draft, "lookup")))
             return snprintf(err, errlen, "speculative.draft must be \"oracle\" or \"lookup\""), -1;
         for (size_t i = 0; i < sizeof spec_numbers / sizeof spec_numbers[0]; i++)
-            if (isnan(json_num(r, spec_numbers[i]))) return snprintf(err, errlen, "missing number \"%s\"", spec_numbers[i]), -1;
+            if (isnan(json_num(r, spec_numbers[i])))
+                return snprintf(err, errlen, "missing number \"%s\"", spec_numbers[i]), -1;
         if (!json_is_boolean(json_path(r, "speculative.tokens_match")))
             return snprintf(err, errlen, "speculative.tokens_match is not a boolean"), -1;
         if (!strcmp(draft, "oracle") && isnan(json_num(r, "speculative.accept_p")))
@@ -742,13 +774,17 @@ int cmd_bench(int argc, char **argv) {
         {"json", OPT_STR, &json_path_out, 0, 0, "where to write the JSON record"},
         {"label", OPT_STR, &label, 0, 0, "arm name recorded in the JSON (default calla-<backend>)"},
         {"exact", OPT_FLAG, &exact, 0, 0, "CUDA backend: the verification mode (recorded as engine.mode)"},
-        {"draft", OPT_STR, &draft, 0, 0, "then the same tokens with speculative decoding: oracle (the plain tokens "
-                                         "as drafts, --accept of them right) or lookup (the drafter)"},
-        {"accept", OPT_STR, &accept, 0, 0, "--draft oracle: the probability P (0 to 1) that a draft token is right "
-                                           "(default 1)"},
-        {"draft-len", OPT_INT, &draft_len, 1, DRAFT_LEN_MAX, "--draft: oracle drafts of D tokens, lookup at most D "
-                                                             "(default 4; at most engine_verify_max - 1)"},
-        {"draft-seed", OPT_INT, &draft_seed, 0, (long long)1 << 62, "--draft oracle: which tokens are wrong (default 1)"},
+        {"draft", OPT_STR, &draft, 0, 0,
+         "then the same tokens with speculative decoding: oracle (the plain tokens "
+         "as drafts, --accept of them right) or lookup (the drafter)"},
+        {"accept", OPT_STR, &accept, 0, 0,
+         "--draft oracle: the probability P (0 to 1) that a draft token is right "
+         "(default 1)"},
+        {"draft-len", OPT_INT, &draft_len, 1, DRAFT_LEN_MAX,
+         "--draft: oracle drafts of D tokens, lookup at most D "
+         "(default 4; at most engine_verify_max - 1)"},
+        {"draft-seed", OPT_INT, &draft_seed, 0, (long long)1 << 62,
+         "--draft oracle: which tokens are wrong (default 1)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
@@ -781,9 +817,16 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "calla bench: --accept and --draft-seed are for --draft oracle\n");
         return 2;
     }
-    struct bench_options bo = {.model_dir = dir, .context = (int)context, .decode = (int)decode,
-                               .backend = backend, .threads = (int)threads, .label = label, .exact = exact,
-                               .draft = draft, .accept = p, .draft_len = (int)draft_len,
+    struct bench_options bo = {.model_dir = dir,
+                               .context = (int)context,
+                               .decode = (int)decode,
+                               .backend = backend,
+                               .threads = (int)threads,
+                               .label = label,
+                               .exact = exact,
+                               .draft = draft,
+                               .accept = p,
+                               .draft_len = (int)draft_len,
                                .draft_seed = (uint64_t)draft_seed};
     json_t *r;
     if (bench_run(&bo, &r, err, sizeof err)) {
@@ -802,16 +845,18 @@ int cmd_bench(int argc, char **argv) {
            "%.3g GB/s), rss %.2f GB, device %s, tokens %s -> %s\n",
            json_str(r, "label"), json_str(r, "checkpoint.geometry"), (int)context, json_num(r, "prefill.seconds"),
            json_num(r, "prefill.tok_s"), json_num(r, "prefill.tflop_s"), json_num(r, "decode.tok_s"),
-           json_num(r, "decode.ms_mean"), json_num(r, "decode.gb_s"),
-           json_num(r, "memory.host_peak_rss_bytes") / 1e9, devs, json_str(r, "tokens.hash"), json_path_out);
+           json_num(r, "decode.ms_mean"), json_num(r, "decode.gb_s"), json_num(r, "memory.host_peak_rss_bytes") / 1e9,
+           devs, json_str(r, "tokens.hash"), json_path_out);
     if (draft) {
         char how[64] = "lookup";
         if (!strcmp(draft, "oracle")) snprintf(how, sizeof how, "oracle P %.2f", p);
         printf("%s speculative %s, D %d: decode %.2f tok/s (%.2fx plain), acceptance %.3f, mean accepted %.2f, "
-               "tokens %s\n", json_str(r, "label"), how, (int)draft_len, json_num(r, "speculative.tok_s"),
+               "tokens %s\n",
+               json_str(r, "label"), how, (int)draft_len, json_num(r, "speculative.tok_s"),
                json_num(r, "speculative.speedup"), json_num(r, "speculative.acceptance"),
                json_num(r, "speculative.mean_accepted"),
-               json_is_true(json_object_get(json_object_get(r, "speculative"), "tokens_match")) ? "as plain" : "DIFFER");
+               json_is_true(json_object_get(json_object_get(r, "speculative"), "tokens_match")) ? "as plain"
+                                                                                                : "DIFFER");
     }
     json_decref(r);
     return rc;

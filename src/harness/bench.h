@@ -17,20 +17,20 @@
 
 struct bench_options {
     const char *model_dir;
-    int context;             // prompt tokens N
-    int decode;              // timed decode steps D (docs/BENCH.md: 64)
-    const char *backend;     // "cpu", "cuda", or NULL (engine default)
-    int threads;             // CPU backend threads (0: all cores)
-    const char *label;       // arm name recorded in the JSON (NULL: "calla-<backend>")
-    bool exact;              // the verification mode (engine_options.exact), recorded as engine.mode
+    int context;         // prompt tokens N
+    int decode;          // timed decode steps D (docs/BENCH.md: 64)
+    const char *backend; // "cpu", "cuda", or NULL (engine default)
+    int threads;         // CPU backend threads (0: all cores)
+    const char *label;   // arm name recorded in the JSON (NULL: "calla-<backend>")
+    bool exact;          // the verification mode (engine_options.exact), recorded as engine.mode
     // Speculative decoding (the record's "speculative"): after the plain decode, the same tokens again
     // with drafts verified (engine_verify). NULL: none; "oracle": the plain continuation as drafts,
     // each token replaced by a wrong one with probability 1 - accept (seeded); "lookup": the drafter
     // (draft.h) on the prompt and the tokens so far.
     const char *draft;
-    double accept;           // oracle: the probability a draft token is the right one (0 to 1)
-    int draft_len;           // oracle: every draft's length; lookup: the longest (1 to engine_verify_max - 1)
-    uint64_t draft_seed;     // oracle: which tokens are replaced, and by what
+    double accept;       // oracle: the probability a draft token is the right one (0 to 1)
+    int draft_len;       // oracle: every draft's length; lookup: the longest (1 to engine_verify_max - 1)
+    uint64_t draft_seed; // oracle: which tokens are replaced, and by what
 };
 
 // Token i of the synthetic prompt: (i * 2654435761) mod 2^32 mod vocab.
@@ -42,12 +42,12 @@ uint64_t bench_hash_tokens(const int32_t *ids, int n);
 
 // Decode byte model: the bytes one decode step must move when it attends over ctx keys.
 struct bench_bytes {
-    int64_t dense;        // non-expert weights read every token: projections, router, shared expert, norms
-    int64_t experts;      // the n_experts_used routed experts of every layer (gate, up, down + scales)
-    int64_t lm_head;      // the whole lm_head (greedy needs every logit)
-    int64_t embed;        // one embedding row
-    int64_t kv;           // bf16 K and V of the attention layers at ctx keys, plus the new token's write
-    int64_t state;        // DeltaNet recurrent + conv state, read and written (fp32)
+    int64_t dense;   // non-expert weights read every token: projections, router, shared expert, norms
+    int64_t experts; // the n_experts_used routed experts of every layer (gate, up, down + scales)
+    int64_t lm_head; // the whole lm_head (greedy needs every logit)
+    int64_t embed;   // one embedding row
+    int64_t kv;      // bf16 K and V of the attention layers at ctx keys, plus the new token's write
+    int64_t state;   // DeltaNet recurrent + conv state, read and written (fp32)
     int64_t total;
 };
 struct bench_bytes bench_decode_bytes(const struct geometry *g, int64_t ctx);
@@ -70,6 +70,6 @@ int bench_adapt_llama_bench(const char *in_path, int context, const char *label,
                             size_t errlen);
 
 // Small JSON helpers shared by bench, matrix, report and the adapter.
-double json_num(const json_t *o, const char *path);          // "a.b.c"; NAN when absent or null
-const char *json_str(const json_t *o, const char *path);     // NULL when absent
+double json_num(const json_t *o, const char *path);      // "a.b.c"; NAN when absent or null
+const char *json_str(const json_t *o, const char *path); // NULL when absent
 int json_write_file(const json_t *j, const char *path, char *err, size_t errlen);

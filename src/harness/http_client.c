@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 enum {
-    HTTP_MAX_LINE = 64 << 10,          // a status line, a header line or a chunk-size line
-    HTTP_MAX_HEADERS = 256 << 10,      // the whole header block
-    HTTP_MAX_EVENT = 64 << 20,         // one Server-Sent Event's data
+    HTTP_MAX_LINE = 64 << 10,     // a status line, a header line or a chunk-size line
+    HTTP_MAX_HEADERS = 256 << 10, // the whole header block
+    HTTP_MAX_EVENT = 64 << 20,    // one Server-Sent Event's data
     HTTP_DEFAULT_MAX_BODY = 16 << 20,
 };
 
@@ -34,7 +34,7 @@ int http_url_parse(const char *url, struct http_url *u, char *err, size_t errlen
     if (strncasecmp(url, scheme, sizeof scheme - 1))
         return snprintf(err, errlen, "--url \"%s\": only plain http://HOST[:PORT] URLs are supported", url), -1;
     const char *p = url + sizeof scheme - 1, *host_end, *after;
-    if (*p == '[') {   // an IPv6 literal
+    if (*p == '[') { // an IPv6 literal
         host_end = strchr(p, ']');
         if (!host_end) return snprintf(err, errlen, "--url \"%s\": unclosed [ in the host", url), -1;
         p++;
@@ -70,7 +70,7 @@ struct conn {
     double timeout_s;
     char buf[16384];
     size_t pos, len;
-    double t_read;   // now_s() after the last recv that returned bytes
+    double t_read; // now_s() after the last recv that returned bytes
 };
 
 // Waits until fd is ready for ev, at most timeout_s. 0, or -1 naming what it was waiting for.
@@ -119,7 +119,7 @@ static int conn_open(struct conn *c, const struct http_url *u, double timeout_s,
             close(fd);
             continue;
         }
-        int one = 1;   // requests are small and written whole: no Nagle delay on them
+        int one = 1; // requests are small and written whole: no Nagle delay on them
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         c->fd = fd;
         break;
@@ -195,16 +195,17 @@ enum framing { FRAMING_NONE, FRAMING_LENGTH, FRAMING_CHUNKED, FRAMING_CLOSE };
 struct body {
     struct conn *c;
     enum framing f;
-    unsigned long long left;   // bytes left of the body (LENGTH) or of the current chunk (CHUNKED)
-    bool started, done;        // CHUNKED: a chunk was read; the last one and the trailers were
+    unsigned long long left; // bytes left of the body (LENGTH) or of the current chunk (CHUNKED)
+    bool started, done;      // CHUNKED: a chunk was read; the last one and the trailers were
     struct sbuf line;
 };
 
 // Reads a chunk-size line ("1a3f[;extension]"). 0, or -1.
 static int chunk_size(struct body *b, char *err, size_t errlen) {
-    if (b->started) {   // the CRLF after the previous chunk's data
+    if (b->started) { // the CRLF after the previous chunk's data
         int r = conn_line(b->c, &b->line, 2, "a chunk's end", err, errlen);
-        if (r <= 0 || b->line.len) return r < 0 ? -1 : snprintf(err, errlen, "malformed chunked body: no CRLF after a chunk"), -1;
+        if (r <= 0 || b->line.len)
+            return r < 0 ? -1 : snprintf(err, errlen, "malformed chunked body: no CRLF after a chunk"), -1;
     }
     b->started = true;
     int r = conn_line(b->c, &b->line, HTTP_MAX_LINE, "a chunk-size line", err, errlen);
@@ -214,13 +215,14 @@ static int chunk_size(struct body *b, char *err, size_t errlen) {
     int digits = 0;
     for (; isxdigit((unsigned char)*s); s++, digits++) {
         if (v > (ULLONG_MAX >> 4)) return snprintf(err, errlen, "malformed chunked body: a chunk size overflows"), -1;
-        v = v * 16 + (unsigned long long)(isdigit((unsigned char)*s) ? *s - '0' : (tolower((unsigned char)*s) - 'a' + 10));
+        v = v * 16 +
+            (unsigned long long)(isdigit((unsigned char)*s) ? *s - '0' : (tolower((unsigned char)*s) - 'a' + 10));
     }
     while (*s == ' ' || *s == '\t') s++;
     if (!digits || (*s && *s != ';'))
         return snprintf(err, errlen, "malformed chunked body: chunk-size line \"%.40s\"", b->line.p), -1;
     b->left = v;
-    if (v == 0) {   // the last chunk: trailer lines until an empty one
+    if (v == 0) { // the last chunk: trailer lines until an empty one
         for (;;) {
             r = conn_line(b->c, &b->line, HTTP_MAX_LINE, "a trailer line", err, errlen);
             if (r < 0) return -1;
@@ -250,7 +252,8 @@ static int body_next(struct body *b, const char **p, size_t *n, char *err, size_
             return 0;
         }
         return snprintf(err, errlen, "the connection closed before the body's end (%llu bytes missing%s)", b->left,
-                        b->f == FRAMING_CHUNKED ? " of a chunk" : ""), -1;
+                        b->f == FRAMING_CHUNKED ? " of a chunk" : ""),
+               -1;
     }
     size_t have = b->c->len - b->c->pos;
     if (b->f != FRAMING_CLOSE && have > b->left) have = (size_t)b->left;
@@ -273,7 +276,7 @@ struct sse {
 
 // One complete line of the stream (without its line end). 0, or -1 (the callback stopped it).
 static int sse_line(struct sse *s, const char *l, size_t n, double t, char *err, size_t errlen) {
-    if (!n) {   // a blank line ends the event
+    if (!n) { // a blank line ends the event
         if (!s->has_data) return 0;
         if (s->data.len && s->data.p[s->data.len - 1] == '\n') s->data.p[--s->data.len] = 0;
         s->events++;
@@ -294,7 +297,7 @@ static int sse_line(struct sse *s, const char *l, size_t n, double t, char *err,
     }
     const char *colon = memchr(l, ':', n);
     size_t fl = colon ? (size_t)(colon - l) : n;
-    if (fl != 4 || memcmp(l, "data", 4)) return 0;   // event, id, retry: not used by these servers' answers
+    if (fl != 4 || memcmp(l, "data", 4)) return 0; // event, id, retry: not used by these servers' answers
     const char *v = colon ? colon + 1 : l + n;
     if (v < l + n && *v == ' ') v++;
     size_t vl = (size_t)(l + n - v);
@@ -329,11 +332,12 @@ static int sse_feed(struct sse *s, const char *p, size_t n, double t, char *err,
 static int read_head(struct conn *c, struct http_response *resp, struct body *b, const char *method, char *err,
                      size_t errlen) {
     struct sbuf *line = &b->line;
-    for (;;) {   // 1xx answers (100 Continue) come before the real one
+    for (;;) { // 1xx answers (100 Continue) come before the real one
         int r = conn_line(c, line, HTTP_MAX_LINE, "the status line", err, errlen);
         if (r <= 0) return r < 0 ? -1 : snprintf(err, errlen, "the server closed the connection without an answer"), -1;
         int major, minor, status;
-        if (sscanf(line->p, "HTTP/%d.%d %3d", &major, &minor, &status) != 3 || major != 1 || status < 100 || status > 999)
+        if (sscanf(line->p, "HTTP/%d.%d %3d", &major, &minor, &status) != 3 || major != 1 || status < 100 ||
+            status > 999)
             return snprintf(err, errlen, "not an HTTP/1.x status line: \"%.80s\"", line->p), -1;
         resp->status = status;
         bool chunked = false, have_len = false;
@@ -360,7 +364,8 @@ static int read_head(struct conn *c, struct http_response *resp, struct body *b,
                     return snprintf(err, errlen, "malformed or conflicting Content-Length \"%.40s\"", v), -1;
                 have_len = true, len = x;
             } else if (!strcasecmp(line->p, "Transfer-Encoding")) {
-                if (strcasecmp(v, "chunked")) return snprintf(err, errlen, "unsupported Transfer-Encoding \"%.40s\"", v), -1;
+                if (strcasecmp(v, "chunked"))
+                    return snprintf(err, errlen, "unsupported Transfer-Encoding \"%.40s\"", v), -1;
                 chunked = true;
             } else if (!strcasecmp(line->p, "Content-Type")) {
                 snprintf(resp->content_type, sizeof resp->content_type, "%s", v);
@@ -375,7 +380,9 @@ static int read_head(struct conn *c, struct http_response *resp, struct body *b,
     }
 }
 
-static bool is_event_stream(const char *ct) { return !strncasecmp(ct, "text/event-stream", 17); }
+static bool is_event_stream(const char *ct) {
+    return !strncasecmp(ct, "text/event-stream", 17);
+}
 
 int http_do(const struct http_url *u, const struct http_request *rq, struct http_response *resp, char *err,
             size_t errlen) {
@@ -413,7 +420,8 @@ int http_do(const struct http_url *u, const struct http_request *rq, struct http
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (conn_send(&c, head.p, head.len, err, errlen) || (rq->body && conn_send(&c, rq->body, rq->body_len, err, errlen)))
+    if (conn_send(&c, head.p, head.len, err, errlen) ||
+        (rq->body && conn_send(&c, rq->body, rq->body_len, err, errlen)))
         goto out;
     resp->t_sent = now_s();
     if (read_head(&c, resp, &b, rq->method, err, errlen)) goto out;

@@ -12,9 +12,9 @@
 #include <stddef.h>
 
 struct http_url {
-    char host[256];     // a name or an IPv4/IPv6 literal (brackets removed)
+    char host[256]; // a name or an IPv4/IPv6 literal (brackets removed)
     char port[8];
-    char prefix[512];   // a path the URL gave ("" or "/base", no trailing slash), put before every request path
+    char prefix[512]; // a path the URL gave ("" or "/base", no trailing slash), put before every request path
 };
 
 // "http://HOST[:PORT][/PREFIX]" (port 80 when none). 0, or -1 with a message (https and other
@@ -28,26 +28,26 @@ int http_url_parse(const char *url, struct http_url *u, char *err, size_t errlen
 typedef int (*http_sse_fn)(void *arg, const char *data, size_t len, bool comment, double t, char *err, size_t errlen);
 
 struct http_request {
-    const char *method;          // "GET", "POST"
-    const char *path;            // "/v1/chat/completions" (after the URL's prefix)
-    const char *api_key;         // Authorization: Bearer KEY (NULL: none)
-    const char *body;            // NULL: none
+    const char *method;  // "GET", "POST"
+    const char *path;    // "/v1/chat/completions" (after the URL's prefix)
+    const char *api_key; // Authorization: Bearer KEY (NULL: none)
+    const char *body;    // NULL: none
     size_t body_len;
-    double timeout_s;            // each connect, write and read (<= 0: 60 s)
-    size_t max_body;             // largest non-streamed body kept (0: 16 MiB); past it the request fails
-    http_sse_fn on_event;        // a 2xx text/event-stream answer goes here event by event (NULL: kept as body)
+    double timeout_s;     // each connect, write and read (<= 0: 60 s)
+    size_t max_body;      // largest non-streamed body kept (0: 16 MiB); past it the request fails
+    http_sse_fn on_event; // a 2xx text/event-stream answer goes here event by event (NULL: kept as body)
     void *arg;
 };
 
 struct http_response {
-    int status;                  // e.g. 200
-    char content_type[128];      // the Content-Type header ("" when none)
-    char *body;                  // the body read whole (NUL-terminated; NULL when streamed): an error's JSON too
+    int status;             // e.g. 200
+    char content_type[128]; // the Content-Type header ("" when none)
+    char *body;             // the body read whole (NUL-terminated; NULL when streamed): an error's JSON too
     size_t body_len;
-    double t_sent;               // now_s() when the last byte of the request was written
-    double t_headers;            // now_s() when the response's header block had been read
-    double t_done;               // now_s() when the response was read to its end
-    size_t events;               // Server-Sent Events delivered (comments included)
+    double t_sent;    // now_s() when the last byte of the request was written
+    double t_headers; // now_s() when the response's header block had been read
+    double t_done;    // now_s() when the response was read to its end
+    size_t events;    // Server-Sent Events delivered (comments included)
 };
 
 // Sends the request and reads the answer. 0 whatever the status (look at resp->status), or -1 with

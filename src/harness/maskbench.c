@@ -22,10 +22,11 @@
 
 const struct maskbench_schema maskbench_schemas[] = {
     {"json_object", NULL},
-    {"openai_person", "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": "
-                      "\"integer\"}, \"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", 3]}}, \"ok\": "
-                      "{\"type\": [\"boolean\", \"null\"]}}, \"required\": [\"name\", \"age\"], "
-                      "\"additionalProperties\": false}"},
+    {"openai_person",
+     "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": "
+     "\"integer\"}, \"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", 3]}}, \"ok\": "
+     "{\"type\": [\"boolean\", \"null\"]}}, \"required\": [\"name\", \"age\"], "
+     "\"additionalProperties\": false}"},
     {"openai_list", "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"const\": \"n\"}, "
                     "\"next\": {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, \"required\": "
                     "[\"v\", \"next\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/node\"}"},
@@ -36,37 +37,88 @@ const struct maskbench_schema maskbench_schemas[] = {
     {"openai_anyof", "{\"anyOf\": [{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}}, "
                      "\"required\": [\"a\"]}, {\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, 12]}, "
                      "\"b\": {\"type\": \"string\"}}, \"required\": [\"a\", \"b\"]}]}"},
-    {"server_00", "{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}}, \"required\": [\"ok\"], \"additionalProperties\": false}"},
-    {"server_01", "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}}, \"required\": [\"n\"], \"additionalProperties\": false}"},
-    {"server_02", "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}}, \"required\": [\"x\"], \"additionalProperties\": false}"},
-    {"server_03", "{\"type\": \"object\", \"properties\": {\"s\": {\"type\": \"string\"}}, \"required\": [\"s\"], \"additionalProperties\": false}"},
-    {"server_04", "{\"type\": \"object\", \"properties\": {\"z\": {\"type\": \"null\"}}, \"required\": [\"z\"], \"additionalProperties\": false}"},
-    {"server_05", "{\"type\": \"object\", \"properties\": {\"color\": {\"enum\": [\"red\", \"green\", \"blue\"]}}, \"required\": [\"color\"], \"additionalProperties\": false}"},
-    {"server_06", "{\"type\": \"object\", \"properties\": {\"v\": {\"const\": \"fixed\"}}, \"required\": [\"v\"], \"additionalProperties\": false}"},
-    {"server_07", "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"boolean\"}, \"c\": {\"type\": \"null\"}}, \"required\": [\"a\", \"b\", \"c\"], \"additionalProperties\": false}"},
-    {"server_08", "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}}, \"required\": [\"name\"], \"additionalProperties\": false}"},
-    {"server_09", "{\"type\": \"object\", \"properties\": {\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"tags\"], \"additionalProperties\": false}"},
-    {"server_10", "{\"type\": \"object\", \"properties\": {\"m\": {\"type\": \"array\", \"items\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}}}}, \"required\": [\"m\"], \"additionalProperties\": false}"},
-    {"server_11", "{\"type\": \"object\", \"properties\": {\"o\": {\"type\": \"object\", \"properties\": {\"p\": {\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"boolean\"}}, \"required\": [\"q\"], \"additionalProperties\": false}}, \"required\": [\"p\"], \"additionalProperties\": false}}, \"required\": [\"o\"], \"additionalProperties\": false}"},
-    {"server_12", "{\"type\": \"object\", \"properties\": {\"u\": {\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"integer\"}, {\"type\": \"null\"}]}}, \"required\": [\"u\"], \"additionalProperties\": false}"},
-    {"server_13", "{\"type\": \"object\", \"properties\": {\"t\": {\"type\": [\"boolean\", \"null\"]}}, \"required\": [\"t\"], \"additionalProperties\": false}"},
-    {"server_14", "{\"type\": \"object\", \"properties\": {\"e\": {\"enum\": [1, 12, 123, \"x\", null, true]}}, \"required\": [\"e\"], \"additionalProperties\": false}"},
-    {"server_15", "{\"type\": \"object\", \"properties\": {\"list\": {\"type\": \"array\", \"items\": {\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"boolean\"}, \"v\": {\"type\": \"integer\"}}, \"required\": [\"k\", \"v\"], \"additionalProperties\": false}}}, \"required\": [\"list\"], \"additionalProperties\": false}"},
-    {"server_16", "{\"$defs\": {\"leaf\": {\"type\": \"object\", \"properties\": {\"id\": {\"type\": \"integer\"}}, \"required\": [\"id\"], \"additionalProperties\": false}}, \"type\": \"object\", \"properties\": {\"first\": {\"$ref\": \"#/$defs/leaf\"}, \"second\": {\"$ref\": \"#/$defs/leaf\"}}, \"required\": [\"first\", \"second\"], \"additionalProperties\": false}"},
-    {"server_17", "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"type\": \"boolean\"}, \"next\": {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, \"required\": [\"v\", \"next\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/node\"}"},
-    {"server_18", "{\"type\": \"object\", \"properties\": {\"opt\": {\"type\": \"string\"}, \"req\": {\"type\": \"boolean\"}}, \"required\": [\"req\"], \"additionalProperties\": false}"},
+    {"server_00", "{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}}, \"required\": [\"ok\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_01", "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}}, \"required\": [\"n\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_02", "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}}, \"required\": [\"x\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_03", "{\"type\": \"object\", \"properties\": {\"s\": {\"type\": \"string\"}}, \"required\": [\"s\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_04", "{\"type\": \"object\", \"properties\": {\"z\": {\"type\": \"null\"}}, \"required\": [\"z\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_05", "{\"type\": \"object\", \"properties\": {\"color\": {\"enum\": [\"red\", \"green\", \"blue\"]}}, "
+                  "\"required\": [\"color\"], \"additionalProperties\": false}"},
+    {"server_06", "{\"type\": \"object\", \"properties\": {\"v\": {\"const\": \"fixed\"}}, \"required\": [\"v\"], "
+                  "\"additionalProperties\": false}"},
+    {"server_07",
+     "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"boolean\"}, \"c\": "
+     "{\"type\": \"null\"}}, \"required\": [\"a\", \"b\", \"c\"], \"additionalProperties\": false}"},
+    {"server_08", "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": "
+                  "\"integer\"}}, \"required\": [\"name\"], \"additionalProperties\": false}"},
+    {"server_09", "{\"type\": \"object\", \"properties\": {\"tags\": {\"type\": \"array\", \"items\": {\"type\": "
+                  "\"string\"}}}, \"required\": [\"tags\"], \"additionalProperties\": false}"},
+    {"server_10",
+     "{\"type\": \"object\", \"properties\": {\"m\": {\"type\": \"array\", \"items\": {\"type\": \"array\", \"items\": "
+     "{\"type\": \"integer\"}}}}, \"required\": [\"m\"], \"additionalProperties\": false}"},
+    {"server_11", "{\"type\": \"object\", \"properties\": {\"o\": {\"type\": \"object\", \"properties\": {\"p\": "
+                  "{\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"boolean\"}}, \"required\": [\"q\"], "
+                  "\"additionalProperties\": false}}, \"required\": [\"p\"], \"additionalProperties\": false}}, "
+                  "\"required\": [\"o\"], \"additionalProperties\": false}"},
+    {"server_12", "{\"type\": \"object\", \"properties\": {\"u\": {\"anyOf\": [{\"type\": \"string\"}, {\"type\": "
+                  "\"integer\"}, {\"type\": \"null\"}]}}, \"required\": [\"u\"], \"additionalProperties\": false}"},
+    {"server_13", "{\"type\": \"object\", \"properties\": {\"t\": {\"type\": [\"boolean\", \"null\"]}}, \"required\": "
+                  "[\"t\"], \"additionalProperties\": false}"},
+    {"server_14", "{\"type\": \"object\", \"properties\": {\"e\": {\"enum\": [1, 12, 123, \"x\", null, true]}}, "
+                  "\"required\": [\"e\"], \"additionalProperties\": false}"},
+    {"server_15",
+     "{\"type\": \"object\", \"properties\": {\"list\": {\"type\": \"array\", \"items\": {\"type\": \"object\", "
+     "\"properties\": {\"k\": {\"type\": \"boolean\"}, \"v\": {\"type\": \"integer\"}}, \"required\": [\"k\", \"v\"], "
+     "\"additionalProperties\": false}}}, \"required\": [\"list\"], \"additionalProperties\": false}"},
+    {"server_16", "{\"$defs\": {\"leaf\": {\"type\": \"object\", \"properties\": {\"id\": {\"type\": \"integer\"}}, "
+                  "\"required\": [\"id\"], \"additionalProperties\": false}}, \"type\": \"object\", \"properties\": "
+                  "{\"first\": {\"$ref\": \"#/$defs/leaf\"}, \"second\": {\"$ref\": \"#/$defs/leaf\"}}, \"required\": "
+                  "[\"first\", \"second\"], \"additionalProperties\": false}"},
+    {"server_17", "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"type\": \"boolean\"}, "
+                  "\"next\": {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, \"required\": [\"v\", "
+                  "\"next\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/node\"}"},
+    {"server_18", "{\"type\": \"object\", \"properties\": {\"opt\": {\"type\": \"string\"}, \"req\": {\"type\": "
+                  "\"boolean\"}}, \"required\": [\"req\"], \"additionalProperties\": false}"},
     {"server_19", "{\"type\": \"object\", \"properties\": {}, \"required\": [], \"additionalProperties\": false}"},
     {"server_20", "{\"type\": \"object\"}"},
-    {"server_21", "{\"type\": \"object\", \"properties\": {\"deep\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"object\", \"properties\": {\"b\": {\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"integer\"}}, \"required\": [\"c\"], \"additionalProperties\": false}}, \"required\": [\"b\"], \"additionalProperties\": false}}, \"required\": [\"a\"], \"additionalProperties\": false}}, \"required\": [\"deep\"], \"additionalProperties\": false}"},
-    {"server_22", "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}, \"y\": {\"type\": \"number\"}, \"z\": {\"type\": \"number\"}}, \"required\": [\"x\", \"y\", \"z\"], \"additionalProperties\": false}"},
-    {"server_23", "{\"type\": \"object\", \"properties\": {\"flag\": {\"const\": true}, \"kind\": {\"enum\": [\"a\", \"b\"]}}, \"required\": [\"flag\", \"kind\"], \"additionalProperties\": false}"},
-    {"server_24", "{\"type\": \"object\", \"properties\": {\"any\": {\"anyOf\": [{\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"integer\"}}, \"required\": [\"k\"], \"additionalProperties\": false}, {\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"string\"}, \"j\": {\"type\": \"boolean\"}}, \"required\": [\"k\", \"j\"], \"additionalProperties\": false}]}}, \"required\": [\"any\"], \"additionalProperties\": false}"},
-    {"server_25", "{\"type\": \"object\", \"properties\": {\"arr\": {\"type\": \"array\", \"items\": {\"enum\": [1, 2]}}}, \"required\": [\"arr\"], \"additionalProperties\": false}"},
-    {"server_26", "{\"type\": \"object\", \"properties\": {\"s1\": {\"type\": \"string\"}, \"s2\": {\"type\": \"string\"}}, \"required\": [\"s1\", \"s2\"], \"additionalProperties\": false}"},
-    {"server_27", "{\"type\": \"object\", \"properties\": {\"i1\": {\"type\": \"integer\"}, \"n1\": {\"type\": \"number\"}, \"b1\": {\"type\": \"boolean\"}, \"z1\": {\"type\": \"null\"}, \"s1\": {\"type\": \"string\"}}, \"required\": [\"i1\", \"n1\", \"b1\", \"z1\", \"s1\"], \"additionalProperties\": false}"},
-    {"server_28", "{\"type\": \"object\", \"properties\": {\"nested\": {\"type\": \"array\", \"items\": {\"type\": \"object\", \"properties\": {\"inner\": {\"type\": \"array\", \"items\": {\"type\": \"boolean\"}}}, \"required\": [\"inner\"], \"additionalProperties\": false}}}, \"required\": [\"nested\"], \"additionalProperties\": false}"},
-    {"server_29", "{\"type\": \"object\", \"properties\": {\"title\": {\"type\": \"string\"}}, \"required\": [\"title\"], \"additionalProperties\": false, \"description\": \"ignored\", \"title\": \"ignored too\"}"},
-    {"server_30", "{\"type\": \"object\", \"properties\": {\"unicode_k\\u00e9y\": {\"type\": \"boolean\"}, \"quote\\\"key\": {\"type\": \"integer\"}}, \"required\": [\"unicode_k\\u00e9y\", \"quote\\\"key\"], \"additionalProperties\": false}"},
+    {"server_21", "{\"type\": \"object\", \"properties\": {\"deep\": {\"type\": \"object\", \"properties\": {\"a\": "
+                  "{\"type\": \"object\", \"properties\": {\"b\": {\"type\": \"object\", \"properties\": {\"c\": "
+                  "{\"type\": \"integer\"}}, \"required\": [\"c\"], \"additionalProperties\": false}}, \"required\": "
+                  "[\"b\"], \"additionalProperties\": false}}, \"required\": [\"a\"], \"additionalProperties\": "
+                  "false}}, \"required\": [\"deep\"], \"additionalProperties\": false}"},
+    {"server_22",
+     "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}, \"y\": {\"type\": \"number\"}, \"z\": "
+     "{\"type\": \"number\"}}, \"required\": [\"x\", \"y\", \"z\"], \"additionalProperties\": false}"},
+    {"server_23", "{\"type\": \"object\", \"properties\": {\"flag\": {\"const\": true}, \"kind\": {\"enum\": [\"a\", "
+                  "\"b\"]}}, \"required\": [\"flag\", \"kind\"], \"additionalProperties\": false}"},
+    {"server_24",
+     "{\"type\": \"object\", \"properties\": {\"any\": {\"anyOf\": [{\"type\": \"object\", \"properties\": {\"k\": "
+     "{\"type\": \"integer\"}}, \"required\": [\"k\"], \"additionalProperties\": false}, {\"type\": \"object\", "
+     "\"properties\": {\"k\": {\"type\": \"string\"}, \"j\": {\"type\": \"boolean\"}}, \"required\": [\"k\", \"j\"], "
+     "\"additionalProperties\": false}]}}, \"required\": [\"any\"], \"additionalProperties\": false}"},
+    {"server_25", "{\"type\": \"object\", \"properties\": {\"arr\": {\"type\": \"array\", \"items\": {\"enum\": [1, "
+                  "2]}}}, \"required\": [\"arr\"], \"additionalProperties\": false}"},
+    {"server_26", "{\"type\": \"object\", \"properties\": {\"s1\": {\"type\": \"string\"}, \"s2\": {\"type\": "
+                  "\"string\"}}, \"required\": [\"s1\", \"s2\"], \"additionalProperties\": false}"},
+    {"server_27",
+     "{\"type\": \"object\", \"properties\": {\"i1\": {\"type\": \"integer\"}, \"n1\": {\"type\": \"number\"}, \"b1\": "
+     "{\"type\": \"boolean\"}, \"z1\": {\"type\": \"null\"}, \"s1\": {\"type\": \"string\"}}, \"required\": [\"i1\", "
+     "\"n1\", \"b1\", \"z1\", \"s1\"], \"additionalProperties\": false}"},
+    {"server_28",
+     "{\"type\": \"object\", \"properties\": {\"nested\": {\"type\": \"array\", \"items\": {\"type\": \"object\", "
+     "\"properties\": {\"inner\": {\"type\": \"array\", \"items\": {\"type\": \"boolean\"}}}, \"required\": "
+     "[\"inner\"], \"additionalProperties\": false}}}, \"required\": [\"nested\"], \"additionalProperties\": false}"},
+    {"server_29",
+     "{\"type\": \"object\", \"properties\": {\"title\": {\"type\": \"string\"}}, \"required\": [\"title\"], "
+     "\"additionalProperties\": false, \"description\": \"ignored\", \"title\": \"ignored too\"}"},
+    {"server_30", "{\"type\": \"object\", \"properties\": {\"unicode_k\\u00e9y\": {\"type\": \"boolean\"}, "
+                  "\"quote\\\"key\": {\"type\": \"integer\"}}, \"required\": [\"unicode_k\\u00e9y\", "
+                  "\"quote\\\"key\"], \"additionalProperties\": false}"},
 };
 const int maskbench_n_schemas = sizeof maskbench_schemas / sizeof maskbench_schemas[0];
 
@@ -88,7 +140,7 @@ int maskbench_decode(struct engine *e, struct seq *s, const struct cschema *sche
     int32_t tok_id = last;
     int left = doc_budget, rc = n;
     const double t0 = now_s();
-    if (schema) constrained_prepare(&con);   // the first mask, during the first forward (the server: the prefill)
+    if (schema) constrained_prepare(&con); // the first mask, during the first forward (the server: the prefill)
     for (int i = 0; i < n; i++) {
         int32_t greedy;
         if (engine_forward(e, s, &tok_id, 1, &fo, &greedy, err, errlen)) {
@@ -99,7 +151,7 @@ int maskbench_decode(struct engine *e, struct seq *s, const struct cschema *sche
         tok_id = schema ? constrained_pick(&con, logits, greedy, left--) : greedy;
         r->pick_ms += now_s() - tp;
         out[i] = tok_id;
-        if (schema && chat_is_stop(tok_id)) {   // the next document
+        if (schema && chat_is_stop(tok_id)) { // the next document
             constrained_restart(&con);
             left = doc_budget;
             r->docs++;
@@ -109,7 +161,7 @@ int maskbench_decode(struct engine *e, struct seq *s, const struct cschema *sche
     r->ms_per_token = 1e3 * (now_s() - t0) / n;
     r->pick_ms *= 1e3 / n;
     if (schema) {
-        constrained_free(&con);   // joins the helper thread: its counters are final after
+        constrained_free(&con); // joins the helper thread: its counters are final after
         r->wait_ms = 1e3 * con.wait_s / n;
         r->mask_ms = con.n_masks ? 1e3 * con.mask_s / (double)con.n_masks : 0;
         r->n_masks = con.n_masks, r->n_greedy = con.n_greedy, r->n_picks = con.n_picks;
@@ -140,7 +192,8 @@ static int compile_text(const char *text, struct cschema **out, char *err, size_
         snprintf(err, errlen, "not JSON: %s (line %d)", je.text, je.line);
         return -1;
     }
-    int rc = json_is_array(j) ? constrain_compile_tool_call(j, NULL, out, err, errlen) : constrain_compile(j, out, err, errlen);
+    int rc = json_is_array(j) ? constrain_compile_tool_call(j, NULL, out, err, errlen)
+                              : constrain_compile(j, out, err, errlen);
     json_decref(j);
     return rc;
 }
@@ -171,8 +224,8 @@ static char *read_text(const char *path, char *err, size_t errlen) {
 // so that documents have every kind of state, not strings that never end.
 static void random_logits(float *l, int vocab, const struct tokenizer *tok) {
     for (int k = 0; k < vocab; k++) l[k] = (float)(rng_next() >> 40) / (float)(1 << 24);
-    static const char *const lift[] = {"\"", "\\", ",", "}", "]", ":", "0", "1", "-", ".", "e", "n", "u", "\",\"",
-                                       "\"}", "<", "</", "\n", "true", "null", "{\"", "[", "\":"};
+    static const char *const lift[] = {"\"", "\\",    ",",   "}", "]",  ":",  "0",    "1",    "-",   ".", "e",  "n",
+                                       "u",  "\",\"", "\"}", "<", "</", "\n", "true", "null", "{\"", "[", "\":"};
     for (size_t i = 0; i < sizeof lift / sizeof lift[0]; i++)
         if (rng_next() % 3 == 0) {
             int32_t id = tokenizer_token_id(tok, lift[i], strlen(lift[i]));
@@ -240,11 +293,12 @@ static void cpu_masks(const struct cschema *c, const struct tokenizer *tok, cons
     printf("  masked argmax    %8.3f ms mean\n", 1e3 * t_argmax / steps);
     printf("  pick, greedy refused: %.3f ms with the mask (walk + argmax), %.3f ms in mode off (sort + walk)\n",
            1e3 * t_pick_mask / steps, 1e3 * t_pick_off / (n_naive ? n_naive : 1));
-    json_object_set_new(js, "cpu", json_pack("{si sf sf sf sf sf sf sf sb}", "states", steps, "trie_ms_mean", 1e3 * sum / steps,
-                                             "trie_ms_median", 1e3 * tt[steps / 2], "trie_ms_max", 1e3 * tt[steps - 1],
-                                             "naive_ms_mean", 1e3 * t_naive / (n_naive ? n_naive : 1), "argmax_ms_mean",
-                                             1e3 * t_argmax / steps, "pick_mask_ms", 1e3 * t_pick_mask / steps,
-                                             "pick_off_ms", 1e3 * t_pick_off / (n_naive ? n_naive : 1), "agree", !mismatches));
+    json_object_set_new(js, "cpu",
+                        json_pack("{si sf sf sf sf sf sf sf sb}", "states", steps, "trie_ms_mean", 1e3 * sum / steps,
+                                  "trie_ms_median", 1e3 * tt[steps / 2], "trie_ms_max", 1e3 * tt[steps - 1],
+                                  "naive_ms_mean", 1e3 * t_naive / (n_naive ? n_naive : 1), "argmax_ms_mean",
+                                  1e3 * t_argmax / steps, "pick_mask_ms", 1e3 * t_pick_mask / steps, "pick_off_ms",
+                                  1e3 * t_pick_off / (n_naive ? n_naive : 1), "agree", !mismatches));
 out:
     constrained_free(&con), constrained_free(&off);
     token_walker_free(w);
@@ -258,15 +312,19 @@ int cmd_maskbench(int argc, char **argv) {
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory (its tokenizer.json; real or synthetic weights)"},
         {"json-schema", OPT_STR, &schema_path, 0, 0, "the schema to decode with (default: the tests' person schema)"},
-        {"context", OPT_INT, &context, 1, QWEN_MAX_CTX - 8192, "tokens in the sequence before the decode (default 4096)"},
+        {"context", OPT_INT, &context, 1, QWEN_MAX_CTX - 8192,
+         "tokens in the sequence before the decode (default 4096)"},
         {"tokens", OPT_INT, &tokens, 1, 8192, "decode steps per run (default 256)"},
-        {"rounds", OPT_INT, &rounds, 1, MAX_ROUNDS, "rounds of every arm, interleaved; the median is reported (default 3)"},
-        {"doc-tokens", OPT_INT, &doc, 8, 8192, "token budget of each document (default 64): it closes, the next begins"},
+        {"rounds", OPT_INT, &rounds, 1, MAX_ROUNDS,
+         "rounds of every arm, interleaved; the median is reported (default 3)"},
+        {"doc-tokens", OPT_INT, &doc, 8, 8192,
+         "token budget of each document (default 64): it closes, the next begins"},
         {"modes", OPT_STR, &modes_s, 0, 0, "mask modes to decode with (default off,sync,overlap)"},
         {"backend", OPT_STR, &backend, 0, 0, "cpu or cuda (default: cuda when an sm_90 GPU is present)"},
         {"threads", OPT_INT, &threads, 0, 1024, "CPU backend threads (0: all cores)"},
         {"cpu-states", OPT_INT, &cpu_states, 1, 100000, "states for the CPU mask timing (default 200)"},
-        {"naive-states", OPT_INT, &naive_states, 0, 100000, "of those, also through the per-token walk and mode off's pick (default 16)"},
+        {"naive-states", OPT_INT, &naive_states, 0, 100000,
+         "of those, also through the per-token walk and mode off's pick (default 16)"},
         {"mask-all", OPT_FLAG, &mask_all, 0, 0, "CPU mask times for every schema of the tests too"},
         {"no-engine", OPT_FLAG, &no_engine, 0, 0, "the trie, compile times and CPU masks only (no weights loaded)"},
         {"json", OPT_STR, &json_path, 0, 0, "also write the numbers here as one JSON object"},
@@ -311,8 +369,9 @@ int cmd_maskbench(int argc, char **argv) {
     const double trie_ms = 1e3 * (now_s() - t0);
     printf("token trie: %d tokens with bytes in %d slots, %d nodes, %.1f MB, built in %.1f ms\n",
            tokenizer_vocab_size(tok), vocab, token_trie_nodes(trie), token_trie_bytes(trie) / 1e6, trie_ms);
-    json_object_set_new(js, "trie", json_pack("{si sI sf}", "nodes", token_trie_nodes(trie), "bytes",
-                                              (json_int_t)token_trie_bytes(trie), "build_ms", trie_ms));
+    json_object_set_new(js, "trie",
+                        json_pack("{si sI sf}", "nodes", token_trie_nodes(trie), "bytes",
+                                  (json_int_t)token_trie_bytes(trie), "build_ms", trie_ms));
 
     // 2. Compile times.
     printf("schema compile times (mean of 200):\n");
@@ -350,8 +409,8 @@ int cmd_maskbench(int argc, char **argv) {
             constrain_free(c);
         }
     }
-    cpu_masks(schema, tok, trie, vocab, (int)cpu_states, (int)naive_states < cpu_states ? (int)naive_states : (int)cpu_states,
-              (int)doc, js, NULL);
+    cpu_masks(schema, tok, trie, vocab, (int)cpu_states,
+              (int)naive_states < cpu_states ? (int)naive_states : (int)cpu_states, (int)doc, js, NULL);
     if (no_engine) {
         rc = 0;
         goto out;
@@ -397,7 +456,7 @@ int cmd_maskbench(int argc, char **argv) {
             if (k && (k > 1 || round)) same &= !memcmp(o, out[1], sizeof(int32_t) * (size_t)tokens);
         }
     struct maskbench_run med[4];
-    for (int k = 0; k <= n_modes; k++) {   // the round of median ms/token (insertion sort of a few)
+    for (int k = 0; k <= n_modes; k++) { // the round of median ms/token (insertion sort of a few)
         struct maskbench_run *v = runs[k];
         for (int i = 1; i < rounds; i++)
             for (int j = i; j > 0 && v[j].ms_per_token < v[j - 1].ms_per_token; j--) {
@@ -407,8 +466,8 @@ int cmd_maskbench(int argc, char **argv) {
         med[k] = v[rounds / 2];
     }
     const struct maskbench_run base = med[0];
-    printf("decode of %lld tokens at %lld (median of %lld rounds): unconstrained %.3f ms/token\n", tokens, context, rounds,
-           base.ms_per_token);
+    printf("decode of %lld tokens at %lld (median of %lld rounds): unconstrained %.3f ms/token\n", tokens, context,
+           rounds, base.ms_per_token);
     json_object_set_new(jd, "context", json_integer(context));
     json_object_set_new(jd, "tokens", json_integer(tokens));
     json_object_set_new(jd, "rounds", json_integer(rounds));
@@ -416,15 +475,16 @@ int cmd_maskbench(int argc, char **argv) {
     for (int k = 0; k < n_modes; k++) {
         r = med[1 + k];
         const double over = r.ms_per_token - base.ms_per_token;
-        printf("  %-8s %.3f ms/token, %+.3f ms (%+.1f%%); the pick %.3f ms/token, of it waiting for (or making) its mask "
-               "%.3f; %ld masks, %.3f ms each; greedy kept %ld of %ld; %d documents\n",
-               mask_mode_name((enum mask_mode)modes[k]), r.ms_per_token, over, 100 * over / base.ms_per_token, r.pick_ms, r.wait_ms,
-               r.n_masks, r.mask_ms, r.n_greedy, r.n_picks, r.docs);
+        printf(
+            "  %-8s %.3f ms/token, %+.3f ms (%+.1f%%); the pick %.3f ms/token, of it waiting for (or making) its mask "
+            "%.3f; %ld masks, %.3f ms each; greedy kept %ld of %ld; %d documents\n",
+            mask_mode_name((enum mask_mode)modes[k]), r.ms_per_token, over, 100 * over / base.ms_per_token, r.pick_ms,
+            r.wait_ms, r.n_masks, r.mask_ms, r.n_greedy, r.n_picks, r.docs);
         json_object_set_new(jd, mask_mode_name((enum mask_mode)modes[k]),
                             json_pack("{sf sf sf sf sf sI sI sI si}", "ms_per_token", r.ms_per_token, "overhead_pct",
-                                      100 * over / base.ms_per_token, "pick_ms", r.pick_ms, "wait_ms", r.wait_ms, "mask_ms", r.mask_ms, "masks",
-                                      (json_int_t)r.n_masks, "greedy_kept", (json_int_t)r.n_greedy, "picks",
-                                      (json_int_t)r.n_picks, "documents", r.docs));
+                                      100 * over / base.ms_per_token, "pick_ms", r.pick_ms, "wait_ms", r.wait_ms,
+                                      "mask_ms", r.mask_ms, "masks", (json_int_t)r.n_masks, "greedy_kept",
+                                      (json_int_t)r.n_greedy, "picks", (json_int_t)r.n_picks, "documents", r.docs));
     }
     if (n_modes > 1) printf("  the modes chose %s tokens\n", same ? "the same" : "DIFFERENT");
     json_object_set_new(jd, "same_tokens", json_boolean(same));
@@ -436,7 +496,8 @@ out:
     json_object_set_new(js, "compile_us", jc);
     json_object_set_new(js, "decode", jd);
     json_object_set_new(js, "ok", json_boolean(!rc));
-    if (json_path && json_dump_file(js, json_path, JSON_INDENT(1))) fprintf(stderr, "calla maskbench: cannot write %s\n", json_path);
+    if (json_path && json_dump_file(js, json_path, JSON_INDENT(1)))
+        fprintf(stderr, "calla maskbench: cannot write %s\n", json_path);
     json_decref(js);
     for (int i = 0; i < 4; i++) free(out[i]);
     seq_free(snap), seq_free(w);

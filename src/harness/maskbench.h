@@ -7,12 +7,12 @@
 #include "tokmask.h"
 
 struct maskbench_run {
-    double ms_per_token;   // wall per step: the forward and the pick
-    double pick_ms;        // per step: the pick (on the critical path: after the forward, before the next)
-    double wait_ms;        // per step: of it, waiting for (or computing) its mask
-    double mask_ms;        // per mask computed, wherever it ran
+    double ms_per_token; // wall per step: the forward and the pick
+    double pick_ms;      // per step: the pick (on the critical path: after the forward, before the next)
+    double wait_ms;      // per step: of it, waiting for (or computing) its mask
+    double mask_ms;      // per mask computed, wherever it ran
     long n_masks, n_greedy, n_picks;
-    int docs;              // documents finished (each restarts the schema)
+    int docs; // documents finished (each restarts the schema)
 };
 
 // A decode of n tokens as the server runs it: s has consumed the prompt but its last token,

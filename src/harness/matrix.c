@@ -41,9 +41,9 @@ enum { MATRIX_MAX_CTX = 32, MATRIX_MAX_ENGINES = 8 };
 
 struct matrix {
     const char *model, *out, *calla, *llama_cmd, *reference, *compare, *title;
-    const char *agent_args;  // --agentbench: the arms are servers driven by `calla agentbench ARGS`
-    const char *server_cmd;  // --llama-server: the command that serves the llama-server arm
-    int serve_wait_s;        // how long a server may take to answer /health
+    const char *agent_args; // --agentbench: the arms are servers driven by `calla agentbench ARGS`
+    const char *server_cmd; // --llama-server: the command that serves the llama-server arm
+    int serve_wait_s;       // how long a server may take to answer /health
     const char *engines[MATRIX_MAX_ENGINES];
     int n_engines;
     int contexts[MATRIX_MAX_CTX];
@@ -51,8 +51,8 @@ struct matrix {
     int decode, rounds, first_round, threads;
     int cooldown_min_s, cooldown_max_s, cooldown_margin_c, busy_pct, run_timeout_s;
     bool force;
-    int idle_temp;           // at preflight (-1: unknown)
-    json_t *log;             // matrix.json
+    int idle_temp; // at preflight (-1: unknown)
+    json_t *log;   // matrix.json
 };
 
 static void iso_date(char *buf, size_t len) {
@@ -127,7 +127,7 @@ static int preflight(struct matrix *m, json_t *pre) {
     nvml_reason_names(reasons, names, sizeof names);
     json_object_set_new(pre, "throttle_reasons", json_string(names));
     if (k) {
-        reason[k - 2] = 0;   // drop the trailing "; "
+        reason[k - 2] = 0; // drop the trailing "; "
         bool go = m->force || !uses_gpu(m);
         json_object_set_new(pre, "verdict", json_string(m->force ? "forced" : !uses_gpu(m) ? "cpu-only" : "refused"));
         json_object_set_new(pre, "reason", json_string(reason));
@@ -170,7 +170,7 @@ static int spawn(char *const argv[], const char *out_path, int timeout_s) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (!pid) {
-        setpgid(0, 0);   // its own group, so a timeout stops what it started too
+        setpgid(0, 0); // its own group, so a timeout stops what it started too
         if (out_path) {
             FILE *f = freopen(out_path, "w", stdout);
             if (!f) _exit(127);
@@ -203,24 +203,32 @@ static void expand(char *dst, size_t len, const char *tmpl, const struct matrix 
         char val[64];
         const char *rep = NULL;
         size_t skip = 0;
-        if (!strncmp(p, "{prompt}", 8)) snprintf(val, sizeof val, "%d", ctx), rep = val, skip = 8;
-        else if (!strncmp(p, "{decode}", 8)) snprintf(val, sizeof val, "%d", m->decode), rep = val, skip = 8;
-        else if (!strncmp(p, "{model}", 7)) rep = m->model ? m->model : "", skip = 7;
-        else if (!strncmp(p, "{port}", 6)) snprintf(val, sizeof val, "%d", port), rep = val, skip = 6;
+        if (!strncmp(p, "{prompt}", 8))
+            snprintf(val, sizeof val, "%d", ctx), rep = val, skip = 8;
+        else if (!strncmp(p, "{decode}", 8))
+            snprintf(val, sizeof val, "%d", m->decode), rep = val, skip = 8;
+        else if (!strncmp(p, "{model}", 7))
+            rep = m->model ? m->model : "", skip = 7;
+        else if (!strncmp(p, "{port}", 6))
+            snprintf(val, sizeof val, "%d", port), rep = val, skip = 6;
         if (rep) {
             int w = snprintf(dst + k, len - k, "%s", rep);
             k += w > 0 ? (size_t)w : 0;
             if (k >= len) k = len - 1;
             p += skip;
-        } else dst[k++] = *p++;
+        } else
+            dst[k++] = *p++;
     }
     dst[k] = 0;
 }
 
 static void label_of(const char *engine, char *buf, size_t len) {
-    if (!strcmp(engine, "llama-bench")) snprintf(buf, len, "llama.cpp");
-    else if (!strcmp(engine, "llama-server")) snprintf(buf, len, "llama-server");
-    else snprintf(buf, len, "calla-%s", engine);
+    if (!strcmp(engine, "llama-bench"))
+        snprintf(buf, len, "llama.cpp");
+    else if (!strcmp(engine, "llama-server"))
+        snprintf(buf, len, "llama-server");
+    else
+        snprintf(buf, len, "calla-%s", engine);
 }
 
 // Runs one arm; writes OUT/<label>-<ctx>-r<round>.json. 0, or -1 (recorded in failures).
@@ -229,7 +237,7 @@ static int run_arm(struct matrix *m, const char *engine, int ctx, int round, cha
     label_of(engine, label, sizeof label);
     snprintf(file, filelen, "%s-%d-r%d.json", label, ctx, round);
     snprintf(path, sizeof path, "%s/%s", m->out, file);
-    unlink(path);   // a failed run must not leave an earlier invocation's record in the report
+    unlink(path); // a failed run must not leave an earlier invocation's record in the report
     int rc;
     if (!strcmp(engine, "llama-bench")) {
         char cmd[8192], raw[4096];
@@ -242,7 +250,8 @@ static int run_arm(struct matrix *m, const char *engine, int ctx, int round, cha
         if (!rc && !bench_adapt_llama_bench(raw, ctx, label, &r, err, sizeof err)) {
             json_object_set_new(r, "command", json_string(cmd));
             rc = json_write_file(r, path, err, sizeof err) ? 1 : 0;
-        } else if (!rc) rc = 1;
+        } else if (!rc)
+            rc = 1;
         if (rc) fprintf(stderr, "calla matrix: llama-bench arm at %d failed: %s\n", ctx, rc == 1 ? err : "exit");
         json_decref(r);
     } else {
@@ -250,8 +259,23 @@ static int run_arm(struct matrix *m, const char *engine, int ctx, int round, cha
         snprintf(c_ctx, sizeof c_ctx, "%d", ctx);
         snprintf(c_dec, sizeof c_dec, "%d", m->decode);
         snprintf(c_thr, sizeof c_thr, "%d", m->threads);
-        char *argv[] = {(char *)m->calla, "bench", "--model", (char *)m->model, "--context", c_ctx, "--decode", c_dec,
-                        "--backend", (char *)engine, "--threads", c_thr, "--json", path, "--label", label, NULL};
+        char *argv[] = {(char *)m->calla,
+                        "bench",
+                        "--model",
+                        (char *)m->model,
+                        "--context",
+                        c_ctx,
+                        "--decode",
+                        c_dec,
+                        "--backend",
+                        (char *)engine,
+                        "--threads",
+                        c_thr,
+                        "--json",
+                        path,
+                        "--label",
+                        label,
+                        NULL};
         rc = spawn(argv, NULL, m->run_timeout_s);
     }
     if (rc) return -1;
@@ -306,7 +330,8 @@ static int server_ready(pid_t pid, int port, int wait_s, char *err, size_t errle
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid)
             return snprintf(err, errlen, "the server exited (status %d) before answering /health",
-                            WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st)), -1;
+                            WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st)),
+                   -1;
         struct http_request rq = {.method = "GET", .path = "/health", .timeout_s = 5};
         struct http_response resp;
         char e2[256];
@@ -314,7 +339,8 @@ static int server_ready(pid_t pid, int port, int wait_s, char *err, size_t errle
             http_response_free(&resp);
             if (resp.status == 200) return 0;
         }
-        if (now_s() - t0 > wait_s) return snprintf(err, errlen, "the server did not answer /health within %d s", wait_s), -1;
+        if (now_s() - t0 > wait_s)
+            return snprintf(err, errlen, "the server did not answer /health within %d s", wait_s), -1;
         sleep_s(0.25);
     }
 }
@@ -333,7 +359,7 @@ static void server_stop(pid_t pid) {
         }
         sleep_s(0.05);
     }
-    kill(-pid, SIGKILL);   // whatever it started and left behind
+    kill(-pid, SIGKILL); // whatever it started and left behind
 }
 
 // One round of an engine: OUT/<label>-agent-r<round>.json. 0, or -1.
@@ -361,8 +387,9 @@ static int run_agent_arm(struct matrix *m, const char *engine, int round, char *
         char *argv[] = {"/bin/sh", "-c", cmd, NULL};
         pid = server_start(argv, log);
     } else {
-        char *argv[] = {(char *)m->calla, "serve", "--model", (char *)m->model, "--backend", (char *)engine, "--threads",
-                        c_thr, "--host", "127.0.0.1", "--port", c_port, "--quiet", NULL};
+        char *argv[] = {(char *)m->calla, "serve", "--model", (char *)m->model, "--backend", (char *)engine,
+                        "--threads",      c_thr,   "--host",  "127.0.0.1",      "--port",    c_port,
+                        "--quiet",        NULL};
         pid = server_start(argv, log);
     }
     if (pid < 0) {
@@ -373,8 +400,9 @@ static int run_agent_arm(struct matrix *m, const char *engine, int round, char *
     if (server_ready(pid, port, m->serve_wait_s, err, sizeof err)) {
         fprintf(stderr, "calla matrix: %s: %s (log: %s)\n", label, err, log);
     } else {
-        snprintf(cmd, sizeof cmd, "'%s' agentbench --url http://127.0.0.1:%d --flavor %s --label %s --json '%s' --quiet %s",
-                 m->calla, port, llama ? "llama-server" : "calla", label, path, m->agent_args);
+        snprintf(cmd, sizeof cmd,
+                 "'%s' agentbench --url http://127.0.0.1:%d --flavor %s --label %s --json '%s' --quiet %s", m->calla,
+                 port, llama ? "llama-server" : "calla", label, path, m->agent_args);
         fprintf(stderr, "calla matrix: %s\n", cmd);
         char *argv[] = {"/bin/sh", "-c", cmd, NULL};
         rc = spawn(argv, table, m->run_timeout_s) ? -1 : 0;
@@ -388,8 +416,9 @@ static int run_agent_arm(struct matrix *m, const char *engine, int round, char *
         json_decref(r);
         return -1;
     }
-    json_object_set_new(r, "matrix", json_pack("{s:s, s:s, s:i, s:s}", "arm", label, "engine", engine, "round", round,
-                                                 "server_log", log));
+    json_object_set_new(
+        r, "matrix",
+        json_pack("{s:s, s:s, s:i, s:s}", "arm", label, "engine", engine, "round", round, "server_log", log));
     if (llama) json_object_set_new(r, "server_command", json_string(cmd));
     int w = json_write_file(r, path, err, sizeof err);
     json_decref(r);
@@ -408,7 +437,8 @@ static int check_agent_determinism(struct matrix *m) {
             if (access(path, R_OK)) continue;
             json_t *j = json_load_file(path, 0, NULL);
             const char *h = j ? json_str(j, "summary.replies_hash") : NULL;
-            if (h && !first[0]) snprintf(first, sizeof first, "%s", h);
+            if (h && !first[0])
+                snprintf(first, sizeof first, "%s", h);
             else if (h && strcmp(h, first)) {
                 bool ours = strcmp(m->engines[e], "llama-server") != 0;
                 fprintf(stderr, "calla matrix: %s: round %d replied %s, the first round %s%s\n", label, r, h, first,
@@ -429,12 +459,13 @@ static int check_determinism(struct matrix *m) {
         for (int c = 0; c < m->n_ctx; c++) {
             char label[64], path[4096], first[24] = "";
             label_of(m->engines[e], label, sizeof label);
-            for (int r = 1; r <= 16; r++) {   // every round in the folder, earlier invocations too
+            for (int r = 1; r <= 16; r++) { // every round in the folder, earlier invocations too
                 snprintf(path, sizeof path, "%s/%s-%d-r%d.json", m->out, label, m->contexts[c], r);
                 if (access(path, R_OK)) continue;
                 json_t *j = json_load_file(path, 0, NULL);
                 const char *h = j ? json_str(j, "tokens.hash") : NULL;
-                if (h && !first[0]) snprintf(first, sizeof first, "%s", h);
+                if (h && !first[0])
+                    snprintf(first, sizeof first, "%s", h);
                 else if (h && strcmp(h, first)) {
                     fprintf(stderr,
                             "calla matrix: %s at %d: round %d produced tokens %s, the first round %s: "
@@ -458,7 +489,8 @@ int cmd_matrix(int argc, char **argv) {
     bool no_reference = false, no_targets = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &m.model, 0, 0, "checkpoint directory"},
-        {"engines", OPT_STR, &engines, 0, 0, "comma list of cuda, cpu, llama-bench; with --agentbench: cuda, cpu, llama-server (default cuda)"},
+        {"engines", OPT_STR, &engines, 0, 0,
+         "comma list of cuda, cpu, llama-bench; with --agentbench: cuda, cpu, llama-server (default cuda)"},
         {"contexts", OPT_STR, &contexts, 0, 0, "comma list of prompt tokens (default 4096,...,262079)"},
         {"decode", OPT_INT, &decode, 1, 4096, "decode steps per run (default 64)"},
         {"rounds", OPT_INT, &rounds, 1, 16, "rounds (default 2)"},
@@ -480,8 +512,7 @@ int cmd_matrix(int argc, char **argv) {
          "driven by `calla agentbench ARGS` (\"\" for its defaults)"},
         {"llama-server", OPT_STR, &m.server_cmd, 0, 0,
          "command that serves the llama-server arm on 127.0.0.1:{port}; {port} {model} are replaced"},
-        {"serve-wait-s", OPT_INT, &serve_wait, 1, 86400,
-         "seconds a server may take to answer /health (default 900)"},
+        {"serve-wait-s", OPT_INT, &serve_wait, 1, 86400, "seconds a server may take to answer /health (default 900)"},
         {"calla", OPT_STR, &m.calla, 0, 0, "calla binary for the bench runs (default: this one)"},
         {"reference", OPT_STR, &reference, 0, 0,
          "reference table for ratio tables (default bench/reference/lily_m5.json)"},
@@ -514,7 +545,8 @@ int cmd_matrix(int argc, char **argv) {
     m.cooldown_min_s = (int)cmin, m.cooldown_max_s = (int)cmax, m.cooldown_margin_c = (int)margin;
     m.busy_pct = (int)busy, m.run_timeout_s = (int)run_timeout, m.serve_wait_s = (int)serve_wait;
     // the external engine of this mode: llama-bench beside `calla bench`, llama-server beside agentbench
-    const char *ext = m.agent_args ? "llama-server" : "llama-bench", *ext_cmd = m.agent_args ? m.server_cmd : m.llama_cmd;
+    const char *ext = m.agent_args ? "llama-server" : "llama-bench",
+               *ext_cmd = m.agent_args ? m.server_cmd : m.llama_cmd;
     for (int i = 0; i < m.n_engines; i++) {
         const char *e = m.engines[i];
         if (strcmp(e, "cpu") && strcmp(e, "cuda") && strcmp(e, ext)) {
@@ -532,7 +564,7 @@ int cmd_matrix(int argc, char **argv) {
             return 2;
         }
     }
-    if (m.agent_args) m.n_ctx = 0;   // a conversation has no context sweep
+    if (m.agent_args) m.n_ctx = 0; // a conversation has no context sweep
     for (int i = 0; i < m.n_ctx; i++) {
         char *end;
         long v = strtol(citems[i], &end, 10);
@@ -549,16 +581,20 @@ int cmd_matrix(int argc, char **argv) {
         }
         m.contexts[i] = (int)v;
     }
-    if (no_reference) m.reference = NULL;
+    if (no_reference)
+        m.reference = NULL;
     else if (reference && access(reference, R_OK)) {
         fprintf(stderr, "calla matrix: cannot read reference %s\n", reference);
         return 2;
-    } else m.reference = reference ? reference : !access(default_reference, R_OK) ? default_reference : NULL;
-    if (no_targets) targets = NULL;
+    } else
+        m.reference = reference ? reference : !access(default_reference, R_OK) ? default_reference : NULL;
+    if (no_targets)
+        targets = NULL;
     else if (targets && access(targets, R_OK)) {
         fprintf(stderr, "calla matrix: cannot read targets %s\n", targets);
         return 2;
-    } else if (!targets && !access(default_targets, R_OK)) targets = default_targets;
+    } else if (!targets && !access(default_targets, R_OK))
+        targets = default_targets;
     static char self[4096];
     if (!m.calla) {
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -583,16 +619,16 @@ int cmd_matrix(int argc, char **argv) {
         k += (size_t)snprintf(cmdline + k, sizeof cmdline - k, q ? " '%s'" : " %s", argv[i]);
     }
     iso_date(date, sizeof date);
-    m.log = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:[], s:[], s:[], s:[]}", "schema", "calla.matrix/1",
-                      "command", cmdline, "started", date, "rounds", m.rounds, "first_round", m.first_round, "decode",
-                      m.decode, "engines", "contexts", "cooldowns", "failures");
+    m.log = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:[], s:[], s:[], s:[]}", "schema", "calla.matrix/1", "command",
+                      cmdline, "started", date, "rounds", m.rounds, "first_round", m.first_round, "decode", m.decode,
+                      "engines", "contexts", "cooldowns", "failures");
     if (m.agent_args) json_object_set_new(m.log, "agentbench", json_string(m.agent_args));
     for (int i = 0; i < m.n_engines; i++)
         json_array_append_new(json_object_get(m.log, "engines"), json_string(m.engines[i]));
     for (int i = 0; i < m.n_ctx; i++)
         json_array_append_new(json_object_get(m.log, "contexts"), json_integer(m.contexts[i]));
     json_object_set_new(m.log, "runs", json_array());
-    if (targets) {   // the report reads them there
+    if (targets) { // the report reads them there
         json_error_t je;
         json_t *t = json_load_file(targets, 0, &je);
         if (!t) {
@@ -605,7 +641,7 @@ int cmd_matrix(int argc, char **argv) {
     char logpath[4096];
     snprintf(logpath, sizeof logpath, "%s/matrix.json", m.out);
 
-    json_t *old_log = json_load_file(logpath, 0, NULL);   // an earlier invocation into the same folder
+    json_t *old_log = json_load_file(logpath, 0, NULL); // an earlier invocation into the same folder
     if (old_log) {
         char keep[4096];
         const char *st = json_str(old_log, "started");
@@ -631,8 +667,9 @@ int cmd_matrix(int argc, char **argv) {
     for (int r = m.first_round; m.agent_args && r < m.first_round + m.rounds; r++)
         for (int e = 0; e < m.n_engines; e++) {
             char file[256];
-            if (done) cooldown(&m, json_string_value(json_object_get(
-                                       json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
+            if (done)
+                cooldown(&m, json_string_value(json_object_get(
+                                 json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
             fprintf(stderr, "calla matrix: [%d/%d] round %d, %s, conversation\n", done + 1, total, r, m.engines[e]);
             double t0 = now_s();
             int rc = run_agent_arm(&m, m.engines[e], r, file, sizeof file);
@@ -652,8 +689,9 @@ int cmd_matrix(int argc, char **argv) {
         for (int c = 0; c < m.n_ctx; c++)
             for (int e = 0; e < m.n_engines; e++) {
                 char file[256];
-                if (done) cooldown(&m, json_string_value(json_object_get(
-                                           json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
+                if (done)
+                    cooldown(&m, json_string_value(json_object_get(
+                                     json_array_get(json_object_get(m.log, "runs"), (size_t)done - 1), "file")));
                 fprintf(stderr, "calla matrix: [%d/%d] round %d, %s, context %d\n", done + 1, total, r, m.engines[e],
                         m.contexts[c]);
                 double t0 = now_s();
@@ -685,8 +723,9 @@ int cmd_matrix(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr, "calla matrix: %d runs, %d failed, %s; %s/report.md\n", total, failures,
-            bad ? "tokens DIFFER across rounds (flagged)"
-                : m.agent_args ? "Calla's replies identical across rounds" : "tokens identical across rounds",
+            bad            ? "tokens DIFFER across rounds (flagged)"
+            : m.agent_args ? "Calla's replies identical across rounds"
+                           : "tokens identical across rounds",
             m.out);
     return failures ? 1 : bad ? 4 : 0;
 }

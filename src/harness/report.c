@@ -29,7 +29,7 @@ struct run {
     double prefill_s, prefill_tps, decode_tps, ms_token, ms_first, ms_first16, ms_last16, ms_std;
     double gb_s, tflop_s, dev_peak, rss;
     char hash[24];
-    int distinct;                // distinct generated ids (-1: unknown)
+    int distinct; // distinct generated ids (-1: unknown)
     const json_t *rec;
 };
 
@@ -41,16 +41,16 @@ struct cell {
 
 struct arm {
     char label[96];
-    char origin[32];             // "run", "compare", "reference"
+    char origin[32]; // "run", "compare", "reference"
     char first_date[32];
     int n_cells;
-    struct cell cells[MAX_CTX];  // ascending ctx
+    struct cell cells[MAX_CTX]; // ascending ctx
 };
 
 struct book {
     struct arm arms[MAX_ARMS];
     int n_arms;
-    json_t *owned[512];          // loaded records (kept alive for rec pointers)
+    json_t *owned[512]; // loaded records (kept alive for rec pointers)
     int n_owned;
 };
 
@@ -62,7 +62,10 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 // Median, min and max over the finite values of field at byte offset off in the cell's runs.
-struct stat { double med, min, max; int n; };
+struct stat {
+    double med, min, max;
+    int n;
+};
 
 static struct stat cell_stat(const struct cell *c, size_t off) {
     // Over several rounds, ms/token and prefill tok/s are the reciprocals of the median decode
@@ -149,11 +152,12 @@ static void run_from_record(struct run *r, const json_t *j) {
     }
 }
 
-static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 // Loads every bench record of dir as arms of the given origin; label suffix appended when set.
-static int load_dir(struct book *b, const char *dir, const char *origin, const char *suffix, char *err,
-                    size_t errlen) {
+static int load_dir(struct book *b, const char *dir, const char *origin, const char *suffix, char *err, size_t errlen) {
     DIR *d = opendir(dir);
     if (!d) return snprintf(err, errlen, "cannot open results folder %s", dir), -1;
     char *names[1024];
@@ -266,18 +270,26 @@ static void fmt_stat(char *buf, size_t len, struct stat s, int decimals) {
 }
 
 static void fmt_duration(char *buf, size_t len, double s) {
-    if (!isfinite(s)) snprintf(buf, len, "–");
-    else if (s < 1) snprintf(buf, len, "%.1f ms", s * 1e3);
-    else if (s < 60) snprintf(buf, len, "%.2f s", s);
-    else snprintf(buf, len, "%d min %d s", (int)(s / 60), (int)fmod(s, 60));
+    if (!isfinite(s))
+        snprintf(buf, len, "–");
+    else if (s < 1)
+        snprintf(buf, len, "%.1f ms", s * 1e3);
+    else if (s < 60)
+        snprintf(buf, len, "%.2f s", s);
+    else
+        snprintf(buf, len, "%d min %d s", (int)(s / 60), (int)fmod(s, 60));
 }
 
 static void fmt_ratio(char *buf, size_t len, double a, double b) {
-    if (isfinite(a) && isfinite(b) && b > 0) snprintf(buf, len, "%.2fx", a / b);
-    else snprintf(buf, len, "–");
+    if (isfinite(a) && isfinite(b) && b > 0)
+        snprintf(buf, len, "%.2fx", a / b);
+    else
+        snprintf(buf, len, "–");
 }
 
-static int decimals_for(double v) { return !isfinite(v) ? 1 : fabs(v) >= 100 ? 1 : fabs(v) >= 1 ? 2 : 4; }
+static int decimals_for(double v) {
+    return !isfinite(v) ? 1 : fabs(v) >= 100 ? 1 : fabs(v) >= 1 ? 2 : 4;
+}
 
 static const struct cell *find_cell(const struct arm *a, int ctx) {
     for (int i = 0; i < a->n_cells; i++)
@@ -326,8 +338,9 @@ static void section_ratio(FILE *f, const struct arm *a, const struct arm *b) {
     for (int i = 0; i < a->n_cells; i++) shared += find_cell(b, a->cells[i].ctx) != NULL;
     if (!shared) return;
     fprintf(f, "#### %s / %s\n\n", a->label, b->label);
-    fprintf(f, "| Context | %s decode | %s decode | ratio | %s prefill | %s prefill | ratio |\n"
-               "|---:|---:|---:|---:|---:|---:|---:|\n",
+    fprintf(f,
+            "| Context | %s decode | %s decode | ratio | %s prefill | %s prefill | ratio |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|\n",
             a->label, b->label, a->label, b->label);
     for (int i = 0; i < a->n_cells; i++) {
         const struct cell *ca = &a->cells[i], *cb = find_cell(b, ca->ctx);
@@ -362,8 +375,9 @@ static void section_ratio(FILE *f, const struct arm *a, const struct arm *b) {
     char r1[32], r2[32];
     fmt_ratio(r1, sizeof r1, ia, ib);
     fmt_ratio(r2, sizeof r2, sla, slb);
-    fprintf(f, "| Fit over the %d shared contexts | Fixed (intercept) | Per 1K tokens of context |\n|---|---:|---:|\n"
-               "| %s | %.3f ms | %.4f ms |\n| %s | %.3f ms | %.4f ms |\n| ratio | %s | %s |\n\n",
+    fprintf(f,
+            "| Fit over the %d shared contexts | Fixed (intercept) | Per 1K tokens of context |\n|---|---:|---:|\n"
+            "| %s | %.3f ms | %.4f ms |\n| %s | %.3f ms | %.4f ms |\n| ratio | %s | %s |\n\n",
             shared, a->label, ia, sla, b->label, ib, slb, r1, r2);
 }
 
@@ -388,8 +402,10 @@ static void section_fit(FILE *f, struct arm *const *arms, int n) {
     for (int i = 0; i < n; i++) {
         double a, b;
         int k = fit_line(arms[i], &a, &b);
-        if (k < 2) fprintf(f, "| %s | – | – | %d |\n", arms[i]->label, k);
-        else fprintf(f, "| %s | %.3f ms | %.4f ms | %d |\n", arms[i]->label, a, b, k);
+        if (k < 2)
+            fprintf(f, "| %s | – | – | %d |\n", arms[i]->label, k);
+        else
+            fprintf(f, "| %s | %.3f ms | %.4f ms | %d |\n", arms[i]->label, a, b, k);
     }
     fprintf(f, "\n");
 }
@@ -403,10 +419,10 @@ static void section_scaling(FILE *f, const struct arm *a) {
         char from[32], to[32];
         fmt_num(from, sizeof from, p->ctx, 0);
         fmt_num(to, sizeof to, c->ctx, 0);
-        if (!isfinite(t0) || !isfinite(t1) || t0 <= 0) fprintf(f, "| %s → %s | %.2fx | – | – |\n", from, to, cr);
+        if (!isfinite(t0) || !isfinite(t1) || t0 <= 0)
+            fprintf(f, "| %s → %s | %.2fx | – | – |\n", from, to, cr);
         else
-            fprintf(f, "| %s → %s | %.2fx | %.2fx | %.2fx |\n", from, to, cr, t1 / t0,
-                    pow(t1 / t0, 1.0 / log2(cr)));
+            fprintf(f, "| %s → %s | %.2fx | %.2fx | %.2fx |\n", from, to, cr, t1 / t0, pow(t1 / t0, 1.0 / log2(cr)));
     }
     fprintf(f, "\n");
 }
@@ -415,8 +431,9 @@ static void section_drift(FILE *f, const struct arm *a) {
     bool any = false;
     for (int i = 0; i < a->n_cells && !any; i++) any = isfinite(STAT(&a->cells[i], ms_first16).med);
     if (!any) return;
-    fprintf(f, "| %s | First step ms | First 16 mean ms | Last 16 mean ms | Last/first 16 | Std ms |\n"
-               "|---|---:|---:|---:|---:|---:|\n",
+    fprintf(f,
+            "| %s | First step ms | First 16 mean ms | Last 16 mean ms | Last/first 16 | Std ms |\n"
+            "|---|---:|---:|---:|---:|---:|\n",
             a->label);
     for (int i = 0; i < a->n_cells; i++) {
         const struct cell *c = &a->cells[i];
@@ -427,8 +444,10 @@ static void section_drift(FILE *f, const struct arm *a) {
         fmt_num(s2, sizeof s2, f16, 3);
         fmt_num(s3, sizeof s3, l16, 3);
         fmt_num(s4, sizeof s4, STAT(c, ms_std).med, 3);
-        if (isfinite(f16) && isfinite(l16) && f16 > 0) snprintf(s5, sizeof s5, "%+.1f%%", 100 * (l16 / f16 - 1));
-        else snprintf(s5, sizeof s5, "–");
+        if (isfinite(f16) && isfinite(l16) && f16 > 0)
+            snprintf(s5, sizeof s5, "%+.1f%%", 100 * (l16 / f16 - 1));
+        else
+            snprintf(s5, sizeof s5, "–");
         fprintf(f, "| %s | %s | %s | %s | %s | %s |\n", ctx, s1, s2, s3, s5, s4);
     }
     fprintf(f, "\n");
@@ -446,15 +465,15 @@ static int section_determinism(FILE *f, struct arm *const *arms, int n) {
             for (int r = 1; r < c->n; r++) same = same && !strcmp(c->runs[r].hash, c->runs[0].hash);
             char ctx[32];
             fmt_num(ctx, sizeof ctx, c->ctx, 0);
-            const char *verdict = !known ? "no token ids (external engine)"
+            const char *verdict = !known     ? "no token ids (external engine)"
                                   : c->n < 2 ? "one round: unchecked"
                                   : same     ? "identical"
                                              : "**DIFFERS: flagged, not averaged as reproducible**";
             if (known && c->n > 1 && !same) bad++;
             char distinct[16] = "–";
             if (c->runs[0].distinct >= 0) snprintf(distinct, sizeof distinct, "%d", c->runs[0].distinct);
-            fprintf(f, "| %s | %s | %d | %s%s | %s | %s |\n", arms[i]->label, ctx, c->n,
-                    known ? c->runs[0].hash : "–", known && !same ? " …" : "", distinct, verdict);
+            fprintf(f, "| %s | %s | %d | %s%s | %s | %s |\n", arms[i]->label, ctx, c->n, known ? c->runs[0].hash : "–",
+                    known && !same ? " …" : "", distinct, verdict);
         }
     fprintf(f, "\n");
     return bad;
@@ -499,14 +518,18 @@ static int load_targets(const char *path, const char *dir, json_t **out, char *e
         return snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line), -1;
     }
     const json_t *rows = json_object_get(j, "targets");
-    const char *bad = !json_is_array(rows) ? "no \"targets\" array" : !json_str(j, "device_kind") ? "no \"device_kind\"" : NULL;
+    const char *bad = !json_is_array(rows)          ? "no \"targets\" array"
+                      : !json_str(j, "device_kind") ? "no \"device_kind\""
+                                                    : NULL;
     for (size_t k = 0; !bad && k < json_array_size(rows); k++) {
         const json_t *r = json_array_get(rows, k);
         const char *m = json_str(r, "metric");
         size_t i = 0;
         while (m && i < sizeof target_metrics / sizeof target_metrics[0] && strcmp(m, target_metrics[i].name)) i++;
-        if (!m || i == sizeof target_metrics / sizeof target_metrics[0]) bad = "a target with an unknown metric";
-        else if (!json_str(r, "figure") || !json_str(r, "target") || !json_str(r, "unit") || !isfinite(json_num(r, "scale")))
+        if (!m || i == sizeof target_metrics / sizeof target_metrics[0])
+            bad = "a target with an unknown metric";
+        else if (!json_str(r, "figure") || !json_str(r, "target") || !json_str(r, "unit") ||
+                 !isfinite(json_num(r, "scale")))
             bad = "a target without figure, target, unit or scale";
         else if (isfinite(json_num(r, "at_least")) == isfinite(json_num(r, "at_most")))
             bad = "a target with neither or both of at_least, at_most";
@@ -530,8 +553,9 @@ static void section_targets(FILE *f, const json_t *targets, struct arm *const *a
         const json_t *r0 = arms[i]->cells[0].runs[0].rec;
         const char *kind = json_str(r0, "device.kind");
         if (!arm_is_calla(arms[i]) || !kind || strcmp(kind, want_kind)) continue;
-        if (!header) fprintf(f, "## Targets (%s)\n\n| Arm | Figure | Target | Measured | Met |\n|---|---|---:|---:|---|\n",
-                             title ? title : "targets");
+        if (!header)
+            fprintf(f, "## Targets (%s)\n\n| Arm | Figure | Target | Measured | Met |\n|---|---|---:|---:|---|\n",
+                    title ? title : "targets");
         header = true;
         for (size_t k = 0; k < json_array_size(rows); k++) {
             const json_t *row = json_array_get(rows, k);
@@ -542,11 +566,13 @@ static void section_targets(FILE *f, const json_t *targets, struct arm *const *a
             const struct cell *c = target_cell(arms[i], row);
             const double least = json_num(row, "at_least"), most = json_num(row, "at_most");
             double v = c ? cell_stat(c, off).med : NAN;
-            const char *met = !isfinite(v) ? "not measured" : (isfinite(least) ? v >= least : v <= most) ? "yes" : "**no**";
+            const char *met = !isfinite(v)                                 ? "not measured"
+                              : (isfinite(least) ? v >= least : v <= most) ? "yes"
+                                                                           : "**no**";
             char val[48];
             fmt_num(val, sizeof val, v * json_num(row, "scale"), 2);
-            fprintf(f, "| %s | %s | %s | %s %s | %s |\n", arms[i]->label, json_str(row, "figure"), json_str(row, "target"),
-                    val, isfinite(v) ? json_str(row, "unit") : "", met);
+            fprintf(f, "| %s | %s | %s | %s %s | %s |\n", arms[i]->label, json_str(row, "figure"),
+                    json_str(row, "target"), val, isfinite(v) ? json_str(row, "unit") : "", met);
         }
         bool same = true, checked = false;
         for (int k = 0; k < arms[i]->n_cells; k++) {
@@ -583,8 +609,10 @@ static void section_memory(FILE *f, struct arm *const *arms, int n) {
 }
 
 static void telemetry_cell(char *buf, size_t len, const json_t *t) {
-    if (!t) snprintf(buf, len, "–");
-    else if (!json_is_true(json_object_get(t, "available"))) snprintf(buf, len, "unavailable");
+    if (!t)
+        snprintf(buf, len, "–");
+    else if (!json_is_true(json_object_get(t, "available")))
+        snprintf(buf, len, "unavailable");
     else
         snprintf(buf, len, "%.0f °C, %.0f MHz, %.0f W, %s", json_num(t, "temperature_c"), json_num(t, "sm_clock_mhz"),
                  json_num(t, "power_w"), json_str(t, "throttle_reasons") ? json_str(t, "throttle_reasons") : "?");
@@ -617,9 +645,11 @@ static void section_identity(FILE *f, struct arm *const *arms, int n) {
         const char *commit = json_str(r, "engine.commit");
         char src[96];
         snprintf(src, sizeof src, "%.12s%s", commit ? commit : "unknown",
-                 json_is_true(dirty) ? " (dirty)" : json_is_false(dirty) ? "" : " (dirty flag unknown)");
+                 json_is_true(dirty)    ? " (dirty)"
+                 : json_is_false(dirty) ? ""
+                                        : " (dirty flag unknown)");
         const char *eng = json_str(r, "engine.name"), *be = json_str(r, "engine.backend"),
-                   *mode = json_str(r, "engine.mode");   // absent in older records and other engines'
+                   *mode = json_str(r, "engine.mode"); // absent in older records and other engines'
         const char *dev = json_str(r, "device.name"), *drv = json_str(r, "device.driver");
         const char *geo = json_str(r, "checkpoint.geometry"), *id = json_str(r, "checkpoint.identity");
         fprintf(f, "| %s | %s %s%s%s | %s | %s | %s | %s %s | %s |\n", arms[i]->label, eng ? eng : "?", be ? be : "",
@@ -654,8 +684,9 @@ static int write_svg(const char *path, const char *title, const char *ylabel, si
             ymax = fmax(ymax, y);
             if (y > 0) ymin = fmin(ymin, y);
         }
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">%s</text>\n", (W - R + L) / 2, title);
     if (!isfinite(xmin) || ymax <= 0) {
@@ -671,9 +702,9 @@ static int write_svg(const char *path, const char *title, const char *ylabel, si
     bool logy = ymax / ymin > 20;
     double ystep = nice_step(ymax * 1.1), ytop = ceil(ymax * 1.1 / ystep) * ystep, ybot = 0;
     if (logy) ybot = floor(log10(ymin)), ytop = ceil(log10(ymax)), ystep = 1;
-#define PX(x) (L + ((logx ? log2(x) : (x)) - lx0) / (lx1 - lx0) * (W - L - R))
-#define PYV(v) (H - B - ((v) - ybot) / (ytop - ybot) * (H - T - B))
-#define PY(y) PYV(logy ? log10(y) : (y))
+#define PX(x)  (L + ((logx ? log2(x) : (x)) - lx0) / (lx1 - lx0) * (W - L - R))
+#define PYV(v) (H - B - ((v)-ybot) / (ytop - ybot) * (H - T - B))
+#define PY(y)  PYV(logy ? log10(y) : (y))
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
     for (double v = ybot; v <= ytop + ystep / 2; v += ystep) {
@@ -693,8 +724,10 @@ static int write_svg(const char *path, const char *title, const char *ylabel, si
         }
     for (int t = 0; t < nt; t++) {
         char lab[32];
-        if (ticks[t] >= 1024) snprintf(lab, sizeof lab, "%.0fK", ticks[t] / 1024);
-        else snprintf(lab, sizeof lab, "%.0f", ticks[t]);
+        if (ticks[t] >= 1024)
+            snprintf(lab, sizeof lab, "%.0fK", ticks[t] / 1024);
+        else
+            snprintf(lab, sizeof lab, "%.0f", ticks[t]);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"black\"/>\n", PX(ticks[t]), H - B,
                 PX(ticks[t]), H - B + 5);
         fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", PX(ticks[t]), H - B + 18, lab);
@@ -754,8 +787,10 @@ static void runlog_one(FILE *f, json_t *m) {
     if (pre) fprintf(f, "- preflight: %s%s%s\n", pre, why ? ": " : "", why ? why : "");
     double rounds = json_num(m, "rounds"), dec = json_num(m, "decode");
     const char *agent = json_str(m, "agentbench");
-    if (isfinite(rounds) && agent) fprintf(f, "- rounds %.0f, conversations: `calla agentbench %s`\n", rounds, agent);
-    else if (isfinite(rounds)) fprintf(f, "- rounds %.0f, decode steps %.0f\n", rounds, dec);
+    if (isfinite(rounds) && agent)
+        fprintf(f, "- rounds %.0f, conversations: `calla agentbench %s`\n", rounds, agent);
+    else if (isfinite(rounds))
+        fprintf(f, "- rounds %.0f, decode steps %.0f\n", rounds, dec);
     const json_t *cool = json_object_get(m, "cooldowns");
     if (json_is_array(cool) && json_array_size(cool)) {
         double tot = 0, mx = 0;
@@ -827,8 +862,10 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
     int n_all = 0, n_runs = 0, n_base = 0;
     for (int i = 0; i < b->n_arms; i++) {
         all[n_all++] = &b->arms[i];
-        if (!strcmp(b->arms[i].origin, "run")) runs[n_runs++] = &b->arms[i];
-        else base[n_base++] = &b->arms[i];
+        if (!strcmp(b->arms[i].origin, "run"))
+            runs[n_runs++] = &b->arms[i];
+        else
+            base[n_base++] = &b->arms[i];
     }
     qsort(runs, (size_t)n_runs, sizeof *runs, cmp_arm_date);
     n_all = 0;
@@ -844,11 +881,12 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
     }
     fprintf(f, "# %s\n\n", o->title ? o->title : "Calla benchmark");
     if (n_run) {
-        fprintf(f, "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
-                   "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
-                   "of "
-                   "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "
-                   "documented in `src/harness/bench.c` and recorded in each JSON.\n\n");
+        fprintf(f,
+                "Protocol: docs/BENCH.md (the reference report's harness). Each figure is the median over rounds, "
+                "with the spread (min–max) in brackets when there is more than one round. Decode tok/s = steps / sum "
+                "of "
+                "step times; ms/token = 1000 / decode tok/s. GB/s and TFLOP/s come from the byte and FLOP models "
+                "documented in `src/harness/bench.c` and recorded in each JSON.\n\n");
     }
     section_runlog(f, o->dir);
     if (n_run) {
@@ -856,8 +894,9 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         section_identity(f, runs, n_runs);
         fprintf(f, "## Determinism (greedy output across rounds)\n\n");
         int bad = section_determinism(f, runs, n_runs);
-        fprintf(f, "%s\n\n", bad ? "**Some arms produced different tokens across rounds; see the flagged rows.**"
-                                 : "Every arm with two or more rounds repeated its output exactly.");
+        fprintf(f, "%s\n\n",
+                bad ? "**Some arms produced different tokens across rounds; see the flagged rows.**"
+                    : "Every arm with two or more rounds repeated its output exactly.");
         section_targets(f, targets, runs, n_runs);
         fprintf(f, "## Sweep\n\n");
         for (int i = 0; i < n_runs; i++) section_sweep(f, runs[i]);
@@ -893,7 +932,7 @@ int report_write(const struct report_options *o, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot write %s", path);
         goto out;
     }
-    if (!n_run) {   // a conversation benchmark alone: no sweep to plot
+    if (!n_run) { // a conversation benchmark alone: no sweep to plot
         rc = 0;
         goto out;
     }
@@ -937,7 +976,8 @@ int cmd_report(int argc, char **argv) {
         fprintf(stderr, "calla report: --results is required\n");
         return 2;
     }
-    struct report_options ro = {.dir = dir, .compare_dir = compare, .reference = reference, .title = title, .targets = targets};
+    struct report_options ro = {
+        .dir = dir, .compare_dir = compare, .reference = reference, .title = title, .targets = targets};
     if (report_write(&ro, err, sizeof err)) {
         fprintf(stderr, "calla report: %s\n", err);
         return 1;

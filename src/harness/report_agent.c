@@ -20,7 +20,7 @@ enum { AGENT_MAX_ARMS = 8, AGENT_MAX_ROUNDS = 16, AGENT_MAX_FILES = 256 };
 
 struct agent_arm {
     char label[96];
-    bool calla;                                 // engine.name "calla"
+    bool calla; // engine.name "calla"
     const json_t *rec[AGENT_MAX_ROUNDS];
     int n;
 };
@@ -32,7 +32,9 @@ struct agent_book {
     int n_owned;
 };
 
-static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 static void book_free(struct agent_book *b) {
     for (int i = 0; i < b->n_owned; i++) json_decref(b->owned[i]);
@@ -75,7 +77,7 @@ static void book_load(struct agent_book *b, const char *dir) {
         }
         if (a && a->n < AGENT_MAX_ROUNDS) a->rec[a->n++] = j;
     }
-    for (int i = 1; i < b->n; i++)   // a stable sort: Calla's arms first
+    for (int i = 1; i < b->n; i++) // a stable sort: Calla's arms first
         for (int k = i; k > 0 && b->arms[k].calla && !b->arms[k - 1].calla; k--) {
             struct agent_arm t = b->arms[k];
             b->arms[k] = b->arms[k - 1];
@@ -132,15 +134,18 @@ static void fmt_spread(char *buf, size_t len, struct spread s, double scale, int
         snprintf(buf, len, "–");
         return;
     }
-    if (s.n < 2 || s.min == s.max) snprintf(buf, len, "%.*f%s", decimals, s.med * scale, unit);
+    if (s.n < 2 || s.min == s.max)
+        snprintf(buf, len, "%.*f%s", decimals, s.med * scale, unit);
     else
         snprintf(buf, len, "%.*f%s (%.*f–%.*f)", decimals, s.med * scale, unit, decimals, s.min * scale, decimals,
                  s.max * scale);
 }
 
 static void fmt_ratio(char *buf, size_t len, double a, double b) {
-    if (isfinite(a) && isfinite(b) && b > 0) snprintf(buf, len, "%.2fx", a / b);
-    else snprintf(buf, len, "–");
+    if (isfinite(a) && isfinite(b) && b > 0)
+        snprintf(buf, len, "%.2fx", a / b);
+    else
+        snprintf(buf, len, "–");
 }
 
 static int arm_requests(const struct agent_arm *a) {
@@ -175,7 +180,7 @@ static void section_targets(FILE *f, const struct agent_book *b, const json_t *t
         const char *peer = json_str(row, "peer"), *fig = json_str(row, "figure"), *lim = json_str(row, "target");
         const char *metric = json_str(row, "metric");
         double at_most = json_num(row, "at_most");
-        if (!metric || strcmp(metric, "wall_ratio")) {   // the one figure this section knows
+        if (!metric || strcmp(metric, "wall_ratio")) { // the one figure this section knows
             fprintf(f, "| %s | – | – | – | %s | unknown metric \"%s\" |\n", fig ? fig : "?", lim ? lim : "?",
                     metric ? metric : "");
             continue;
@@ -191,11 +196,11 @@ static void section_targets(FILE *f, const struct agent_book *b, const json_t *t
             double r = p ? arm_stat(a, -1, "summary.wall_s").med / arm_stat(p, -1, "summary.wall_s").med : NAN;
             char meas[32] = "–";
             if (isfinite(r)) snprintf(meas, sizeof meas, "%.3f", r);
-            const char *verdict = !p                              ? "no peer arm in this run"
-                                  : kind && dev && strcmp(kind, dev) ? "not checked (another device kind)"
+            const char *verdict = !p                                   ? "no peer arm in this run"
+                                  : kind && dev && strcmp(kind, dev)   ? "not checked (another device kind)"
                                   : !isfinite(r) || !isfinite(at_most) ? "–"
-                                  : r <= at_most                  ? "met"
-                                                                  : "**NOT met**";
+                                  : r <= at_most                       ? "met"
+                                                                       : "**NOT met**";
             fprintf(f, "| %s | %s | %s | %s | %s | %s |\n", fig ? fig : "?", a->label, peer ? peer : "?", meas,
                     lim ? lim : "?", verdict);
         }
@@ -221,11 +226,12 @@ int report_agent_section(FILE *f, const char *dir, const json_t *targets) {
             same = same && h && hash && !strcmp(h, hash);
         }
     fprintf(f, "## Conversation (calla agentbench)\n\n");
-    fprintf(f, "Protocol: docs/BENCH.md \"The conversation benchmark\": a coding agent's conversation through "
-               "`/v1/chat/completions`, streamed; seed %.0f, %.0f requests (the opening system turn of ~%.0f "
-               "estimated tokens with %.0f tool definitions, then %.0f appends of a tool result of %.0f–%.0f "
-               "estimated tokens), %.0f tokens generated a turn%s, tool_choice \"required\" every %.0f turns, thinking "
-               "%s. %s\n\n",
+    fprintf(f,
+            "Protocol: docs/BENCH.md \"The conversation benchmark\": a coding agent's conversation through "
+            "`/v1/chat/completions`, streamed; seed %.0f, %.0f requests (the opening system turn of ~%.0f "
+            "estimated tokens with %.0f tool definitions, then %.0f appends of a tool result of %.0f–%.0f "
+            "estimated tokens), %.0f tokens generated a turn%s, tool_choice \"required\" every %.0f turns, thinking "
+            "%s. %s\n\n",
             json_num(c0, "seed"), json_num(c0, "requests"), json_num(c0, "system_tokens"), json_num(c0, "tools"),
             json_num(c0, "turns"), json_num(c0, "min_result"), json_num(c0, "max_result"), json_num(c0, "gen"),
             json_is_true(json_object_get(c0, "ignore_eos")) ? " (ignore_eos)" : " (stop tokens honoured)",
@@ -233,8 +239,9 @@ int report_agent_section(FILE *f, const char *dir, const json_t *targets) {
             same ? "Every arm was sent the same conversation (hash identical)."
                  : "**The arms were not sent the same conversation (their hashes differ): the figures do not "
                    "compare.**");
-    fprintf(f, "TTFT: request sent to the first streamed chunk; decode tok/s: (tokens - 1) / first to last chunk; "
-               "wall time: the whole conversation. Ratios: %s / the other arm.\n\n",
+    fprintf(f,
+            "TTFT: request sent to the first streamed chunk; decode tok/s: (tokens - 1) / first to last chunk; "
+            "wall time: the whole conversation. Ratios: %s / the other arm.\n\n",
             b->arms[0].label);
     fprintf(f, "| Arm | Rounds | Wall time | TTFT opening | TTFT median of the appends | Decode tok/s (median) | "
                "Final prompt tokens | Prefilled tokens | Replies across rounds |\n"
@@ -292,7 +299,8 @@ int report_agent_section(FILE *f, const char *dir, const json_t *targets) {
     }
     for (int i = 1; i < b->n; i++) {
         char r[32];
-        fmt_ratio(r, sizeof r, arm_stat(base, -1, "summary.wall_s").med, arm_stat(&b->arms[i], -1, "summary.wall_s").med);
+        fmt_ratio(r, sizeof r, arm_stat(base, -1, "summary.wall_s").med,
+                  arm_stat(&b->arms[i], -1, "summary.wall_s").med);
         fprintf(f, " %s |", r);
     }
     fprintf(f, "\n\n");
