@@ -661,6 +661,29 @@ static uint16_t *to_bf16(int fast, const float *x, uint16_t *xb, long n, void *s
 
 // ---- decode -----------------------------------------------------------------------------------
 
+// Layer L's MoE for the decode kernels: its router logits rl, shared-expert logit sg and normed
+// input u in, the experts' activations act, ids and weights w as scratch, the residual x updated.
+static struct dv_moe layer_moe(const struct geometry *g, const struct layer_weights *L, const float *rl,
+                               const float *sg, const float *u, float *act, int *ids, float *w, float *x) {
+    return (struct dv_moe){.logits = rl,
+                           .shared_logit = sg,
+                           .u = u,
+                           .gate = dq(&L->ex_gate),
+                           .up = dq(&L->ex_up),
+                           .down = dq(&L->ex_down),
+                           .sgate = dq(&L->se_gate),
+                           .sup = dq(&L->se_up),
+                           .sdown = dq(&L->se_down),
+                           .E = g->n_experts,
+                           .k = g->n_experts_used,
+                           .H = g->hidden,
+                           .I = g->moe_inter,
+                           .act = act,
+                           .ids = ids,
+                           .w = w,
+                           .x = x};
+}
+
 static int dec_splits(const struct geometry *g, int cap) {
     return k_dec_attn_splits(cap, g->n_heads, g->n_kv_heads, g->head_dim, DEC_MAX_SPLITS);
 }
@@ -674,7 +697,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
     struct dec_bufs *d = &ce->dec;
     const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = ce->applied.exact_decode},
                             *st = &dl;
-    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used;
+    const int H = g->hidden, D = g->head_dim;
     const float eps = (float)g->rms_eps;
     const int pf = dl.pdl; // with PDL the GEMVs prefetch their weights into L2 before the wait
 // The launches of stage sg, probe_reps times when the stage probe names it (backend_cuda_probe_stage).
@@ -729,23 +752,7 @@ static int dec_enqueue(struct engine *e, struct seq *s, char *err, size_t errlen
         r.seg[0] = (struct dv_seg){dq(&L->router), d->rl, DV_OUT_STORE};
         r.seg[1] = (struct dv_seg){dq(&L->shared_gate), d->sg, DV_OUT_STORE};
         STAGE(DS_ROUTER, k_dv(&r, st));
-        const struct dv_moe m = {.logits = d->rl,
-                                 .shared_logit = d->sg,
-                                 .u = d->u,
-                                 .gate = dq(&L->ex_gate),
-                                 .up = dq(&L->ex_up),
-                                 .down = dq(&L->ex_down),
-                                 .sgate = dq(&L->se_gate),
-                                 .sup = dq(&L->se_up),
-                                 .sdown = dq(&L->se_down),
-                                 .E = g->n_experts,
-                                 .k = K,
-                                 .H = H,
-                                 .I = g->moe_inter,
-                                 .act = d->act,
-                                 .ids = d->ids,
-                                 .w = d->w,
-                                 .x = d->x};
+        const struct dv_moe m = layer_moe(g, L, d->rl, d->sg, d->u, d->act, d->ids, d->w, d->x);
         STAGE(DS_GATEUP, k_dv_moe_gateup(&m, st));
         STAGE(DS_DOWN, k_dv_moe_down(&m, st));
     }
@@ -790,7 +797,7 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
     struct mt_bufs *m = &ce->mt;
     const struct dec_launch dl = {.stream = ce->stream, .pdl = ce->applied.pdl, .exact = false}, *st = &dl;
     void *stream = ce->stream;
-    const int H = g->hidden, D = g->head_dim, K = g->n_experts_used, QD = geom_q_dim(g);
+    const int H = g->hidden, D = g->head_dim, QD = geom_q_dim(g);
     const int C = geom_conv_dim(g), VD = geom_lin_value_dim(g), Hv = g->lin_v_heads;
     const float eps = (float)g->rms_eps;
     for (int t = 0; t < T; t++) m->h_io[t] = tokens[t], m->h_io[DQ_MAXT + t] = s->pos + t;
@@ -843,24 +850,7 @@ static int mt_enqueue(struct engine *e, struct seq *s, const int32_t *tokens, in
         r.d.seg[0] = (struct dv_seg){dq(&L->router), m->rl, DV_OUT_STORE};
         r.d.seg[1] = (struct dv_seg){dq(&L->shared_gate), m->sg, DV_OUT_STORE};
         KL(k_dvq(&r, st));
-        const struct dq_moe mo = {.m = {.logits = m->rl,
-                                        .shared_logit = m->sg,
-                                        .u = m->u,
-                                        .gate = dq(&L->ex_gate),
-                                        .up = dq(&L->ex_up),
-                                        .down = dq(&L->ex_down),
-                                        .sgate = dq(&L->se_gate),
-                                        .sup = dq(&L->se_up),
-                                        .sdown = dq(&L->se_down),
-                                        .E = g->n_experts,
-                                        .k = K,
-                                        .H = H,
-                                        .I = g->moe_inter,
-                                        .act = m->act,
-                                        .ids = m->ids,
-                                        .w = m->w,
-                                        .x = m->x},
-                                  .T = T};
+        const struct dq_moe mo = {.m = layer_moe(g, L, m->rl, m->sg, m->u, m->act, m->ids, m->w, m->x), .T = T};
         KL(k_dvq_moe_gateup(&mo, st));
         KL(k_dvq_moe_down(&mo, st));
     }

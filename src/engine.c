@@ -241,6 +241,14 @@ int engine_last_logits(struct engine *e, float *out, char *err, size_t errlen) {
     return ENGINE_OK;
 }
 
+// n more tokens fit in s: 0, or -1 with the message.
+static int check_room(const struct seq *s, int n, char *err, size_t errlen) {
+    if (n <= s->cap - s->pos) return 0;
+    snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
+             s->cap);
+    return -1;
+}
+
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
                    int32_t *next, char *err, size_t errlen) {
     static const struct forward_opts none = {0};
@@ -253,11 +261,7 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         snprintf(err, errlen, "the verification is not settled (engine_verify_keep)");
         return ENGINE_ERROR;
     }
-    if (n > s->cap - s->pos) {
-        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
-                 s->cap);
-        return ENGINE_ERROR;
-    }
+    if (check_room(s, n, err, errlen)) return ENGINE_ERROR;
     if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
     for (int i = 1; i < o->n_logit_rows; i++)
         if (o->logit_rows[i] <= o->logit_rows[i - 1]) {
@@ -311,11 +315,7 @@ int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n,
         snprintf(err, errlen, "a verification takes 2 to %d tokens, not %d", max, n);
         return ENGINE_ERROR;
     }
-    if (n > s->cap - s->pos) {
-        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
-                 s->cap);
-        return ENGINE_ERROR;
-    }
+    if (check_room(s, n, err, errlen)) return ENGINE_ERROR;
     if (check_tokens(e, tokens, n, err, errlen)) return ENGINE_ERROR;
     if (e->ops->verify(e, s, tokens, n, all_next, err, errlen)) return ENGINE_ERROR;
     s->pos += n;
@@ -365,11 +365,7 @@ int engine_layer_probe(struct engine *e, struct seq *s, int layer, const float *
         snprintf(err, errlen, "a layer probe takes 1 to %d rows, not %d", QWEN_PREFILL_CHUNK, n);
         return ENGINE_ERROR;
     }
-    if (n > s->cap - s->pos) {
-        snprintf(err, errlen, "sequence would hold %lld tokens, more than its capacity of %d", (long long)s->pos + n,
-                 s->cap);
-        return ENGINE_ERROR;
-    }
+    if (check_room(s, n, err, errlen)) return ENGINE_ERROR;
     return e->ops->layer_probe(e, s, layer, x_in, n, x_out, router_logits, err, errlen) ? ENGINE_ERROR : ENGINE_OK;
 }
 
