@@ -34,6 +34,7 @@ struct backend_ops {
     // verify_keep needs to return the sequence to the state after its first keep tokens (n: the
     // verified count). Neither moves s->pos.
     int (*verify_max)(const struct engine *e);
+    float (*verify_gate)(const struct engine *e); // (optional) engine_verify_gate; NULL: 0
     int (*verify)(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
                   size_t errlen);
     int (*verify_keep)(struct engine *e, struct seq *s, int n, int keep, char *err, size_t errlen);

@@ -304,6 +304,10 @@ int engine_verify_max(const struct engine *e) {
     return e->ops->verify_max ? e->ops->verify_max(e) : 0;
 }
 
+float engine_verify_gate(const struct engine *e) {
+    return e->ops->verify_gate ? e->ops->verify_gate(e) : 0;
+}
+
 int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
                   size_t errlen) {
     const int max = engine_verify_max(e);

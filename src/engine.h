@@ -128,6 +128,9 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
 // tokens cost little more than one; 0 when a verification would cost what n decode steps cost
 // (speculation would only lose).
 int engine_verify_max(const struct engine *e);
+// The share of drafts (their first token right) under which speculating costs more than it saves
+// here: what a verification costs in decode steps decides it. 0: the drafter's own default.
+float engine_verify_gate(const struct engine *e);
 int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
                   size_t errlen);
 int engine_verify_keep(struct engine *e, struct seq *s, int keep, char *err, size_t errlen);

@@ -461,8 +461,10 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     // argmax (no logprobs, no constraint) on a backend that verifies. Without memory for the
     // drafter, plain steps.
     const int vmax = engine_verify_max(env->e);
+    struct draft_policy policy = DRAFT_POLICY_DEFAULT;
+    if (engine_verify_gate(env->e) > 0) policy.gate = engine_verify_gate(env->e);
     if (rc == ENGINE_OK && env->speculative && !g.pick && vmax >= 2 &&
-        !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, NULL)) {
+        !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, &policy)) {
         g.dr = &g.drafter;
         // The request's draft tokens are a hint: ids outside the vocabulary drop them, never fail the
         // request (a verification refuses them); out of memory, the prompt's drafts only.
