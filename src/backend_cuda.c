@@ -775,11 +775,11 @@ fail:
 
 // Whether a forward of 2 .. DQ_MAXT tokens can run through the decode kernels (mt_enqueue): fast
 // mode, the model's shapes (the multi-token kernels' K splits, 256 experts, k = 8).
-static bool mt_fits(const struct engine *e, const struct cuda_engine *ce) {
+static bool mt_fits(const struct engine *e, const struct cuda_tuning *t) {
     const struct geometry *g = &e->model.g;
-    return !ce->applied.exact_prefill && !ce->applied.exact_decode && g->hidden % (4 * 256) == 0 &&
-           geom_q_dim(g) % 256 == 0 && geom_lin_value_dim(g) % 256 == 0 && g->moe_inter % 256 == 0 &&
-           g->n_experts == 256 && g->n_experts_used == 8 && g->lin_k_dim == 128 && g->lin_v_dim == 128;
+    return !t->exact_prefill && !t->exact_decode && g->hidden % (4 * 256) == 0 && geom_q_dim(g) % 256 == 0 &&
+           geom_lin_value_dim(g) % 256 == 0 && g->moe_inter % 256 == 0 && g->n_experts == 256 &&
+           g->n_experts_used == 8 && g->lin_k_dim == 128 && g->lin_v_dim == 128;
 }
 
 // Enqueues a forward of tokens[0..T) (2 <= T <= DQ_MAXT) at s's position through the decode kernels
@@ -933,6 +933,12 @@ fail:
     return -1;
 }
 
+// The id in an argmax key (the kernels' DV_OUT_ARGMAX: the value's order bits high, the inverted
+// id low, so that the lowest id wins a tie).
+static int32_t argmax_key_id(unsigned long long key) {
+    return (int32_t)(0xffffffffu - (uint32_t)(key & 0xffffffffu));
+}
+
 // The argmax of a decode step, once the stream is through.
 static int dec_next(struct cuda_engine *ce, int32_t *next, char *err, size_t errlen) {
     const unsigned long long best = *ce->dec.h_best;
@@ -940,7 +946,7 @@ static int dec_next(struct cuda_engine *ce, int32_t *next, char *err, size_t err
         snprintf(err, errlen, "decode produced no argmax (non-finite logits?)");
         return -1;
     }
-    *next = (int32_t)(0xffffffffu - (uint32_t)(best & 0xffffffffu));
+    *next = argmax_key_id(best);
     return 0;
 }
 
@@ -1129,7 +1135,7 @@ static int cuda_forward_chunk(struct engine *e, struct seq *s, const int32_t *to
     apply_tuning(ce);
     if (T == 1) return cuda_decode(e, s, tokens[0], n_rows, logits, next, err, errlen);
     void *st = ce->stream;
-    if (T <= DQ_MAXT && mt_fits(e, ce) && (n_rows == 0 || (n_rows == 1 && rows[0] == T - 1))) {
+    if (T <= DQ_MAXT && mt_fits(e, &ce->applied) && (n_rows == 0 || (n_rows == 1 && rows[0] == T - 1))) {
         if (mt_enqueue(e, s, tokens, T, false, err, errlen)) goto fail;
         if (n_rows)
             CK(cudaMemcpyAsync(logits, ce->logits, sizeof(float) * (size_t)g->vocab, cudaMemcpyDeviceToHost, st));
@@ -1182,7 +1188,7 @@ static int cuda_forward_pick(struct engine *e, struct seq *s, const int32_t *tok
     if (T == 1) {
         if (dec_launch(e, s, tokens[0], err, errlen)) goto fail;
         ce->last_row = ce->logits;
-    } else if (T <= DQ_MAXT && mt_fits(e, ce)) {
+    } else if (T <= DQ_MAXT && mt_fits(e, &ce->applied)) {
         if (mt_enqueue(e, s, tokens, T, false, err, errlen)) goto fail;
         ce->last_row = ce->logits;
     } else {
@@ -1239,9 +1245,7 @@ fail:
 
 static int cuda_verify_max(const struct engine *e) {
     const struct cuda_engine *ce = e->impl;
-    const struct cuda_tuning *t = &ce->tuning; // what the next forward applies
-    struct cuda_engine probe = {.applied = {.exact_prefill = t->exact_prefill, .exact_decode = t->exact_decode}};
-    return mt_fits(e, &probe) ? DQ_MAXT : 0;
+    return mt_fits(e, &ce->tuning) ? DQ_MAXT : 0; // the tuning the next forward applies
 }
 
 // On the H200 a verification of n tokens costs about 1.2 + 0.4 n decode steps (2 tokens: 1.9, 8:
@@ -1280,7 +1284,7 @@ static int cuda_verify(struct engine *e, struct seq *s, const int32_t *tokens, i
     struct mt_bufs *m = &ce->mt;
     void *st = ce->stream;
     apply_tuning(ce);
-    if (!mt_fits(e, ce) || n < 2 || n > DQ_MAXT) {
+    if (!mt_fits(e, &ce->applied) || n < 2 || n > DQ_MAXT) {
         snprintf(err, errlen, "no short forward of %d tokens in this mode", n);
         return -1;
     }
@@ -1298,7 +1302,7 @@ static int cuda_verify(struct engine *e, struct seq *s, const int32_t *tokens, i
             snprintf(err, errlen, "verification row %d produced no argmax (non-finite logits?)", t);
             return -1;
         }
-        all_next[t] = (int32_t)(0xffffffffu - (uint32_t)(b & 0xffffffffu));
+        all_next[t] = argmax_key_id(b);
     }
     return 0;
 fail:
