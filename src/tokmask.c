@@ -515,6 +515,27 @@ static bool constrained_fits(struct constrained *c, int32_t id, int budget) {
     return constrained_allows(c, id) && (chat_is_stop(id) || cstate_distance(c->tmp) <= budget - 2);
 }
 
+// The longest token of the bytes the document must continue with, where the mask allows it
+// (such a token must come anyway); -1: none.
+static int32_t forced_pick(struct constrained *c) {
+    char forced[128];
+    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0; len--) {
+        const int32_t id = tokenizer_token_id(c->tok, forced, len);
+        if (constrained_allows(c, id)) return id;
+    }
+    return -1;
+}
+
+// The pick fed to the matcher (the mask is then stale); no pick or a stop token: the stop token.
+static int32_t commit_pick(struct constrained *c, int32_t pick) {
+    c->mask_ok = false; // s moves on
+    if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
+    size_t n;
+    const char *b = tokenizer_token_bytes(c->tok, pick, &n);
+    cstate_feed(c->s, b, n);
+    return pick;
+}
+
 // The longest token of text that must come anyway, else the greedy token, else the most likely
 // one that fits the document and the budget (the masked argmax; when that one does not fit the
 // budget, the ids sorted by logit), else (no room left) the one that brings the document's end
@@ -524,12 +545,7 @@ static bool constrained_fits(struct constrained *c, int32_t id, int budget) {
 int32_t constrained_pick(struct constrained *c, const float *logits, int32_t greedy, int budget) {
     c->n_picks++;
     mask_collect(c);
-    int32_t pick = -1;
-    char forced[128];
-    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
-        int32_t id = tokenizer_token_id(c->tok, forced, len);
-        if (constrained_allows(c, id)) pick = id; // it must come anyway
-    }
+    int32_t pick = forced_pick(c);
     if (pick < 0 && constrained_fits(c, greedy, budget)) pick = greedy, c->n_greedy++;
     bool none_fits = false;
     if (pick < 0 && c->mode != MASK_OFF) {
@@ -559,12 +575,7 @@ int32_t constrained_pick(struct constrained *c, const float *logits, int32_t gre
             if (constrained_fits(c, c->order[i], budget)) pick = c->order[i];
         if (pick < 0) pick = constrained_closest(c);
     }
-    c->mask_ok = false; // s moves on
-    if (pick < 0 || chat_is_stop(pick)) return chat_stop_ids[0];
-    size_t n;
-    const char *b = tokenizer_token_bytes(c->tok, pick, &n);
-    cstate_feed(c->s, b, n);
-    return pick;
+    return commit_pick(c, pick);
 }
 
 const uint32_t *constrained_mask(struct constrained *c) {
@@ -577,12 +588,7 @@ const uint32_t *constrained_mask(struct constrained *c) {
 int32_t constrained_pick_choice(struct constrained *c, const struct engine_choice *ch, bool sampled, int budget,
                                 const float *(*row)(void *), void *arg) {
     mask_collect(c);
-    int32_t pick = -1;
-    char forced[128];
-    for (size_t len = cstate_forced(c->s, forced, sizeof forced); len > 0 && pick < 0; len--) {
-        int32_t id = tokenizer_token_id(c->tok, forced, len);
-        if (constrained_allows(c, id)) pick = id; // it must come anyway
-    }
+    int32_t pick = forced_pick(c);
     if (pick < 0 && !sampled && constrained_fits(c, ch->greedy, budget)) pick = ch->greedy, c->n_greedy++;
     if (pick < 0 && c->mode != MASK_OFF && ch->chosen >= 0) {
         mask_now(c); // (the choice was made under it; constrained_allows reads it)
@@ -597,10 +603,5 @@ int32_t constrained_pick_choice(struct constrained *c, const struct engine_choic
         return constrained_pick(c, l, ch->greedy, budget);
     }
     c->n_picks++;
-    c->mask_ok = false; // s moves on
-    if (chat_is_stop(pick)) return chat_stop_ids[0];
-    size_t n;
-    const char *b = tokenizer_token_bytes(c->tok, pick, &n);
-    cstate_feed(c->s, b, n);
-    return pick;
+    return commit_pick(c, pick);
 }
