@@ -329,11 +329,12 @@ int engine_verify(struct engine *e, struct seq *s, const int32_t *tokens, int n,
 
 int engine_verify_keep(struct engine *e, struct seq *s, int keep, char *err, size_t errlen) {
     const int n = s->verified;
-    if (!n || keep < 1 || keep > n) {
-        snprintf(err, errlen,
-                 n ? "a verification of %d tokens keeps 1 to %d of them, not %d"
-                   : "no verification to settle (%d tokens, keep %d of %d)",
-                 n, n, keep);
+    if (!n) {
+        snprintf(err, errlen, "no verification to settle");
+        return ENGINE_ERROR;
+    }
+    if (keep < 1 || keep > n) {
+        snprintf(err, errlen, "a verification of %d tokens keeps 1 to %d of them, not %d", n, n, keep);
         return ENGINE_ERROR;
     }
     if (keep < n && e->ops->verify_keep(e, s, n, keep, err, errlen)) return ENGINE_ERROR;

@@ -462,7 +462,8 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     // drafter, plain steps.
     const int vmax = engine_verify_max(env->e);
     struct draft_policy policy = DRAFT_POLICY_DEFAULT;
-    if (engine_verify_gate(env->e) > 0) policy.gate = engine_verify_gate(env->e);
+    const float gate = engine_verify_gate(env->e);
+    if (gate > 0) policy.gate = gate;
     if (rc == ENGINE_OK && env->speculative && !g.pick && vmax >= 2 &&
         !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, &policy)) {
         g.dr = &g.drafter;
