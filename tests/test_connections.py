@@ -86,10 +86,13 @@ def open_from(addr, port):
     return s
 
 
-def wait_open(port, n, timeout=60):
+def wait_open(port, n, timeout=60, limit=None):
+    """Waits until n of the test's connections are open.  The connection asking /metrics counts
+    itself, so the gauge must read n + 1 (at most the server's limit, when one is given)."""
+    want = n + 1 if limit is None else min(n + 1, limit)
     deadline = time.time() + timeout
     m = metrics(port)
-    while m["calla_connections_open"] < n and time.time() < deadline:
+    while m["calla_connections_open"] < want and time.time() < deadline:
         time.sleep(0.1)
         m = metrics(port)
     return m
@@ -218,7 +221,7 @@ def test_pressure(binary, model):
         for b in range(4):
             for i in range(batch):
                 socks.append(open_from(f"127.0.1.{10 + b}", srv.port))
-            wait_open(srv.port, min(1 + (b + 1) * batch, limit))
+            wait_open(srv.port, 1 + (b + 1) * batch, limit=limit)
         time.sleep(0.5)
         closed = closed_by_server(socks, set())
         m = metrics(srv.port)
