@@ -42,8 +42,10 @@ enum { ENGINE_MAX_TOP = 20 }; // OpenAI's limit on top_logprobs
 // z_i = l_i / temperature over the allowed ids, p_i ~ exp(z_i - max z); then, in this order, only
 // the ids whose z is at least the top_k-th largest (ties at the boundary kept; 0: all), those with
 // p_i >= min_p p_max, and those with p_i >= tau, the largest tau whose ids hold at least top_p of the
-// mass kept so far; the draw u = U[0, 1) of (seed, step) walks the kept ids in id order. temperature
-// 0: the argmax of l (lowest id on ties).
+// mass kept so far; the draw u = U[0, 1) of (seed, step) walks the kept ids in id order. p_i / p_max
+// is expf(z_i - max z) in float (0 below -87); masses are sums in double (in an order each backend
+// documents: a draw can differ only where u or top_p falls within rounding of a boundary).
+// temperature 0: the argmax of l (lowest id on ties).
 struct engine_sampling {
     float temperature, top_p, min_p, presence_penalty;
     int top_k;

@@ -48,6 +48,11 @@ static int row(float *x) {
     return best;
 }
 
+static int cmp_desc_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
 static int32_t draw(const float *x, int n, const struct engine_sampling *s, uint64_t step, const uint32_t *allow,
                     const uint32_t *seen) {
     static float scratch[V];
@@ -154,6 +159,103 @@ static void test_pick_penalty_and_seed(void **state) {
         differ += draw(x, V, &a, step, NULL, NULL) != draw(x, V, &b, step, NULL, NULL);
     }
     assert_true(differ > 32);
+}
+
+// The definition of engine.h's struct engine_sampling written out with a sort of the whole row:
+// what pick.c computes with its histogram and a sort of the top bins only.
+static int by_definition(const float *x, int n, const struct engine_sampling *s, uint64_t step, const uint32_t *allow,
+                         const uint32_t *seen) {
+    float *z = malloc(sizeof *z * (size_t)n), *w = malloc(sizeof *w * (size_t)n), *zs = malloc(sizeof *zs * (size_t)n);
+    bool *keep = calloc((size_t)n, sizeof *keep);
+    assert_true(z && w && zs && keep);
+    int best = -1, m = 0;
+    for (int i = 0; i < n; i++) {
+        keep[i] = (!allow || (allow[i >> 5] >> (i & 31) & 1u)) && !isnan(x[i]);
+        if (!keep[i]) continue;
+        const float l = x[i] - (seen && (seen[i >> 5] >> (i & 31) & 1u) ? s->presence_penalty : 0.0f);
+        z[i] = l / s->temperature;
+        if (best < 0 || z[i] > z[best]) best = i;
+        zs[m++] = z[i];
+    }
+    qsort(zs, (size_t)m, sizeof *zs, cmp_desc_float);
+    const float zk = s->top_k > 0 && s->top_k < m ? zs[s->top_k - 1] : -INFINITY;
+    int nk = 0;
+    for (int i = 0; i < n; i++) {
+        if (!keep[i]) continue;
+        w[i] = z[i] - z[best] >= -87.0f ? expf(z[i] - z[best]) : 0.0f;
+        keep[i] = z[i] >= zk && w[i] >= s->min_p && w[i] > 0;
+        if (keep[i]) zs[nk++] = z[i];
+    }
+    if (s->top_p < 1.0f) { // the largest tau whose ids hold top_p of the kept mass
+        double mass = 0, acc = 0;
+        for (int i = 0; i < n; i++) mass += keep[i] ? w[i] : 0;
+        qsort(zs, (size_t)nk, sizeof *zs, cmp_desc_float);
+        for (int j = 0; j < nk; j++) {
+            acc += zs[j] - z[best] >= -87.0f ? expf(zs[j] - z[best]) : 0.0f;
+            if (acc >= s->top_p * mass) {
+                for (int i = 0; i < n; i++) keep[i] = keep[i] && z[i] >= zs[j];
+                break;
+            }
+        }
+    }
+    double mass = 0, acc = 0;
+    for (int i = 0; i < n; i++) mass += keep[i] ? w[i] : 0;
+    const double target = pick_uniform(s->seed, step) * mass;
+    int id = best;
+    for (int i = 0; i < n; i++) {
+        if (!keep[i]) continue;
+        acc += w[i];
+        id = i;
+        if (acc > target) break;
+    }
+    free(z), free(w), free(zs), free(keep);
+    return id;
+}
+
+// pick.c's draw is the definition's, id for id, on rows of the vocabulary's size and on small ones:
+// Gaussian logits of several spreads, rows of many equal values, masks, penalties, and every cut
+// alone and together. The two add their masses in different orders, which could move a draw only
+// where u or top_p lies within a rounding (~1e-16) of a boundary: exact equality is the right test.
+static void test_pick_is_the_definition(void **state) {
+    enum { VF = 248320 };
+    float *x = malloc(sizeof *x * VF), *scratch = malloc(sizeof *scratch * VF);
+    uint32_t *allow = malloc(sizeof *allow * (VF / 32)), *seen_ids = malloc(sizeof *seen_ids * (VF / 32));
+    assert_true(x && scratch && allow && seen_ids);
+    const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f}, top_ps[] = {1.0f, 0.95f, 0.8f, 0.3f},
+                min_ps[] = {0.0f, 0.05f, 0.5f};
+    const int top_ks[] = {0, 1, 20, 400};
+    int checked = 0;
+    for (int r = 0; r < 24; r++) {
+        const int n = r % 6 ? 4096 : VF;
+        const double spread = 0.5 + r % 4 * 1.5;
+        for (int i = 0; i < n; i++) {
+            const double g = sqrt(-2 * log(uniform() + 1e-300)) * cos(6.283185307179586 * uniform());
+            x[i] = r % 5 == 4 ? (float)floor(g * 2) : (float)(spread * g); // (r % 5 == 4: ties everywhere)
+        }
+        if (r % 7 == 3) x[n / 2] = NAN;
+        for (int i = 0; i < n / 32; i++) allow[i] = r % 2 ? (uint32_t)(uniform() * 4294967296.0) : ~0u;
+        for (int i = 0; i < n / 32; i++) seen_ids[i] = (uint32_t)(uniform() * 4294967296.0) & 0x01010101u;
+        for (int c = 0; c < 12; c++) {
+            const struct engine_sampling s = {.temperature = temps[(r + c) % 4],
+                                              .top_p = top_ps[c % 4],
+                                              .top_k = top_ks[(c / 4 + r) % 4],
+                                              .min_p = min_ps[(c + r / 3) % 3],
+                                              .presence_penalty = r % 3 == 1 ? 1.5f : 0.0f,
+                                              .seed = (uint64_t)(r * 100 + c)};
+            for (uint64_t step = 0; step < 3; step++) {
+                const struct engine_pick p = {.n_top = -1, .sampling = &s, .step = step, .seen = seen_ids};
+                struct engine_choice ch;
+                assert_int_equal(pick_row(x, n, &p, allow, scratch, &ch), 0);
+                const int want = by_definition(x, n, &s, step, allow, seen_ids);
+                if (ch.chosen != want)
+                    fail_msg("row %d (n %d) t %.1f top_p %.2f top_k %d min_p %.2f step %d: %d, the definition %d", r, n,
+                             s.temperature, s.top_p, s.top_k, s.min_p, (int)step, ch.chosen, want);
+                checked++;
+            }
+        }
+    }
+    printf("pick.c = the definition on %d draws\n", checked);
+    free(x), free(scratch), free(allow), free(seen_ids);
 }
 
 // ---- generate() on the tiny checkpoint -------------------------------------------------------------
@@ -323,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_pick_distribution),
         cmocka_unit_test(test_pick_cuts),
         cmocka_unit_test(test_pick_penalty_and_seed),
+        cmocka_unit_test(test_pick_is_the_definition),
     };
     const struct CMUnitTest loop[] = {
         cmocka_unit_test(test_generate_sampled),
