@@ -84,9 +84,7 @@ int draft_init(struct drafter *d, const int32_t *prompt, int n, int len_max, con
         !(pol.rate_weight > 0 && pol.rate_weight <= 1))
         return -1;
     d->n_max = pol.n_max, d->n_min = pol.n_min, d->len_max = len_max;
-    d->gate = pol.gate, d->rate_weight = pol.rate_weight;
-    d->rate = 1; // the first drafts are verified
-    d->shadow = -1;
+    draft_gate_init(&d->gate, pol.gate, pol.rate_weight);
     d->len = pol.len_init < len_max ? pol.len_init : len_max;
     d->n_sources = 1;
     d->last_src = -1;
@@ -115,13 +113,31 @@ int draft_add_source(struct drafter *d, const int32_t *ids, int n) {
     return 0;
 }
 
-static void rate_add(struct drafter *d, bool hit) {
-    d->rate += d->rate_weight * ((hit ? 1.0f : 0.0f) - d->rate);
+void draft_gate_init(struct draft_gate *g, float gate, float weight) {
+    *g = (struct draft_gate){.gate = gate, .weight = weight, .rate = 1, .shadow = -1};
+}
+
+static void rate_add(struct draft_gate *g, bool hit) {
+    g->rate += g->weight * ((hit ? 1.0f : 0.0f) - g->rate);
+}
+
+bool draft_gate_pass(struct draft_gate *g, int32_t first) {
+    if (g->rate >= g->gate) return true;
+    g->shadow = first;
+    return false;
+}
+
+void draft_gate_next(struct draft_gate *g, int32_t tok) {
+    if (g->shadow >= 0) rate_add(g, tok == g->shadow);
+    g->shadow = -1;
+}
+
+void draft_gate_result(struct draft_gate *g, bool first_right) {
+    rate_add(g, first_right);
 }
 
 int draft_push(struct drafter *d, int32_t tok) {
-    if (d->shadow >= 0) rate_add(d, tok == d->shadow);
-    d->shadow = -1;
+    draft_gate_next(&d->gate, tok);
     return source_append(d, &d->src[0], &tok, 1);
 }
 
@@ -165,8 +181,7 @@ int draft_propose(struct drafter *d, int limit, int32_t *out) {
                 else
                     break;
             }
-            if (d->rate < d->gate) { // looked at only: its first token against the next one pushed
-                d->shadow = out[0];
+            if (!draft_gate_pass(&d->gate, out[0])) { // looked at only: checked against the next token pushed
                 d->last_src = -1;
                 return 0;
             }
@@ -181,7 +196,7 @@ int draft_propose(struct drafter *d, int limit, int32_t *out) {
 void draft_result(struct drafter *d, int k, int m) {
     d->drafted += k;
     d->accepted += m;
-    rate_add(d, m > 0);
+    draft_gate_result(&d->gate, m > 0);
     if (d->last_src >= 0) d->src[d->last_src].cursor = d->last_at + m;
     if (m == k && d->len < d->len_max)
         d->len++;

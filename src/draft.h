@@ -55,16 +55,30 @@ struct draft_policy {
 #define DRAFT_POLICY_DEFAULT                                                                                           \
     ((struct draft_policy){.n_max = 6, .n_min = 1, .len_init = 4, .gate = 0.5f, .rate_weight = 0.5f})
 
+// The hit-rate gate: how often a draft's first token is right, a moving average over drafts
+// verified and drafts only looked at. While it is under the gate a draft is only looked at: its
+// first token is checked against the next token instead of being verified. Any source of drafts
+// can sit behind one (the drafter below has its own; calla bench's oracle drafts use one too).
+struct draft_gate {
+    float gate, weight; // the policy's gate and rate_weight
+    float rate;         // starts at 1: the first drafts are verified
+    int32_t shadow;     // a looked-at draft's first token (-1: none pending)
+};
+void draft_gate_init(struct draft_gate *g, float gate, float weight);
+// A draft whose first token is first: true when it is to be verified (then draft_gate_result);
+// false when it is only looked at (checked by the next draft_gate_next).
+bool draft_gate_pass(struct draft_gate *g, int32_t first);
+// The token that came next (each token, in order).
+void draft_gate_next(struct draft_gate *g, int32_t tok);
+// A verified draft: its first token was right or not.
+void draft_gate_result(struct draft_gate *g, bool first_right);
+
 struct drafter {
     int n_max, n_min; // the policy's
     int len_max;      // the longest draft (<= DRAFT_LEN_MAX)
     int len;          // the next draft's length: grows by 1 after a draft accepted whole, else shrinks by 1 (>= 1)
-    float gate, rate_weight; // the policy's
-    // How often a draft's first token is right, a moving average over drafts verified and drafts
-    // only looked at: while it is under the gate, draft_propose gives nothing, and the first token
-    // of the draft it would have given is checked against the next token pushed instead.
-    float rate;
-    int32_t shadow; // that first token (-1: none pending)
+    // draft_propose gives nothing while the gate is shut, and looks at the draft it would have given.
+    struct draft_gate gate;
     // The sources: [0] the history, [1..n_sources) the extra ones.
     struct draft_source src[DRAFT_SOURCES];
     int n_sources;

@@ -119,15 +119,19 @@ static void test_record(void **state) {
     json_decref(r);
 }
 
-// --draft: the speculative pass on the CPU. oracle P = 1 accepts every draft token, P = 0 none,
-// lookup runs the drafter; the tokens are the plain pass's in every case; refusals name the flag.
+// --draft: the speculative pass on the CPU. oracle P = 1 accepts every draft token, P = 0 none:
+// ungated it verifies a draft every step, gated (the CPU's gate, the drafter's default 0.5 at a
+// weight of 0.5) two misses shut the gate and the rest are plain steps; lookup runs the drafter;
+// the tokens are the plain pass's in every case; refusals name the flag.
 static void test_speculative(void **state) {
     char err[512];
     json_t *r;
     const struct {
         const char *draft;
         double p;
-    } runs[] = {{"oracle", 1}, {"oracle", 0}, {"oracle", 0.5}, {"lookup", 0}};
+        bool ungated;
+    } runs[] = {
+        {"oracle", 1, false}, {"oracle", 0, true}, {"oracle", 0, false}, {"oracle", 0.5, true}, {"lookup", 0, false}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         struct bench_options o = {.model_dir = g_model,
                                   .context = 32,
@@ -136,23 +140,30 @@ static void test_speculative(void **state) {
                                   .draft = runs[i].draft,
                                   .accept = runs[i].p,
                                   .draft_len = 4,
-                                  .draft_seed = 1};
+                                  .draft_seed = 1,
+                                  .ungated = runs[i].ungated};
         if (bench_run(&o, &r, err, sizeof err)) fail_msg("bench_run %s: %s", runs[i].draft, err);
         if (bench_record_check(r, err, sizeof err)) fail_msg("record %s: %s", runs[i].draft, err);
         json_t *sp = json_object_get(r, "speculative");
         assert_true(json_is_true(json_object_get(sp, "tokens_match")));
         const double drafted = json_num(r, "speculative.drafted"), accepted = json_num(r, "speculative.accepted");
         assert_true(json_num(r, "speculative.tok_s") > 0 && json_num(r, "speculative.speedup") > 0);
+        assert_true(json_is_boolean(json_object_get(sp, "gated")) &&
+                    json_is_true(json_object_get(sp, "gated")) == !runs[i].ungated);
         if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 1) {
             // 12 tokens after the first: drafts of 4, 4 and 1 (never the last token), all right
             assert_int_equal((int)drafted, 9);
             assert_int_equal((int)accepted, 9);
             assert_true(json_num(r, "speculative.acceptance") == 1.0);
             assert_true(fabs(json_num(r, "speculative.mean_accepted") - 3.0) < 1e-9);
-        } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0) {
+        } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0 && runs[i].ungated) {
             assert_true(drafted > 0);
             assert_int_equal((int)accepted, 0);
             assert_int_equal((int)json_num(r, "speculative.verifications"), 11); // one token a step; the last plain
+        } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0) {
+            assert_int_equal((int)accepted, 0);
+            assert_int_equal((int)json_num(r, "speculative.verifications"), 2); // rate 1 -> 0.5 -> 0.25: shut
+            assert_int_equal((int)json_num(r, "speculative.plain_steps"), 10);
         } else if (!strcmp(runs[i].draft, "oracle")) {
             assert_true(accepted > 0 && accepted < drafted);
             assert_true(fabs(json_num(r, "speculative.accept_p") - 0.5) < 1e-9);

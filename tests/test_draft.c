@@ -134,12 +134,33 @@ static void test_gate(void **state) {
     assert_int_equal(draft_propose(&d, 8, out), 3);
     draft_result(&d, 3, 0); // 0.25: under it
     assert_int_equal(draft_propose(&d, 8, out), 0);
-    assert_int_equal(d.shadow, 0); // what it would have drafted first (h continues 0 1 2 3)
-    draft_push(&d, 0);             // right: 0.625
-    assert_true(d.rate >= d.gate);
+    assert_int_equal(d.gate.shadow, 0); // what it would have drafted first (h continues 0 1 2 3)
+    draft_push(&d, 0);                  // right: 0.625
+    assert_true(d.gate.rate >= d.gate.gate);
     assert_int_equal(draft_propose(&d, 8, out), 2);
     assert_int_equal(out[0], 1);
     draft_free(&d);
+}
+
+// The gate alone, as the bench's oracle drafts use it: shut by misses, opened by looked-at hits,
+// and a looked-at draft is checked against the next token only.
+static void test_gate_alone(void **state) {
+    struct draft_gate g;
+    draft_gate_init(&g, 0.8f, 0.5f);
+    assert_true(draft_gate_pass(&g, 5)); // rate 1: verified
+    draft_gate_result(&g, false);        // 0.5: shut
+    assert_false(draft_gate_pass(&g, 7));
+    draft_gate_next(&g, 7); // right: 0.75, still shut
+    assert_false(draft_gate_pass(&g, 9));
+    draft_gate_next(&g, 1); // wrong: 0.375
+    assert_false(draft_gate_pass(&g, 2));
+    draft_gate_next(&g, 2); // 0.6875
+    draft_gate_next(&g, 2); // nothing pending: no change
+    assert_false(draft_gate_pass(&g, 3));
+    draft_gate_next(&g, 3); // 0.84: open
+    assert_true(draft_gate_pass(&g, 4));
+    draft_gate_result(&g, true);
+    assert_true(g.rate > 0.9f);
 }
 
 // ---- the synthetic edit task ---------------------------------------------------------------------
@@ -259,7 +280,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_latest_and_longest), cmocka_unit_test(test_extra_source_and_cursor),
         cmocka_unit_test(test_adaptive_length),    cmocka_unit_test(test_gate),
-        cmocka_unit_test(test_edit_task),
+        cmocka_unit_test(test_gate_alone),         cmocka_unit_test(test_edit_task),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -357,12 +357,17 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
                      int d, const int32_t *ids, struct spec_pass *r, char *err, size_t errlen) {
     const int V = engine_geometry(e)->vocab;
     const bool oracle = !strcmp(o->draft, "oracle");
+    struct draft_policy policy = DRAFT_POLICY_DEFAULT; // the server's (generate.c)
+    if (engine_verify_gate(e) > 0) policy.gate = engine_verify_gate(e);
+    if (o->ungated) policy.gate = 0;
+    struct draft_gate gate; // the oracle's drafts (the lookup drafter has its own)
+    draft_gate_init(&gate, policy.gate, policy.rate_weight);
     struct drafter dr;
     *r = (struct spec_pass){.tokens_match = true};
     int32_t tok;
     if (engine_forward(e, s, prompt, n, NULL, &tok, err, errlen)) return -1;
     r->tokens_match = tok == ids[0];
-    if (!oracle && draft_init(&dr, prompt, n, o->draft_len, NULL)) {
+    if (!oracle && draft_init(&dr, prompt, n, o->draft_len, &policy)) {
         snprintf(err, errlen, "out of memory for the drafter");
         return -1;
     }
@@ -380,6 +385,7 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
                 v[i] =
                     right ? ids[p + i] : (int32_t)((ids[p + i] + 1 + (int64_t)(mix64(h, 0) % (uint64_t)(V - 1))) % V);
             }
+            if (k && !draft_gate_pass(&gate, v[1])) k = 0;
         } else {
             if (draft_push(&dr, ids[p])) goto out;
             k = draft_propose(&dr, limit, v + 1);
@@ -388,6 +394,7 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
         if (!k) {
             if (engine_forward(e, s, &ids[p], 1, NULL, &tok, err, errlen)) goto out;
             r->tokens_match &= tok == ids[p + 1];
+            if (oracle) draft_gate_next(&gate, ids[p + 1]);
             got = 1;
             r->forwards++;
         } else {
@@ -395,6 +402,7 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
             if (engine_verify(e, s, v, k + 1, next, err, errlen)) goto out;
             const int m = draft_accepted(v + 1, k, next);
             if (engine_verify_keep(e, s, m + 1, err, errlen)) goto out;
+            if (oracle) draft_gate_result(&gate, m > 0);
             if (!oracle) {
                 draft_result(&dr, k, m);
                 for (int i = 1; i <= m; i++)
@@ -420,6 +428,7 @@ static json_t *spec_json(const struct bench_options *o, const struct spec_pass *
                           (json_int_t)r->accepted, "verifications", r->verifications, "plain_steps", r->forwards,
                           "seconds", r->seconds, "tok_s", d / r->seconds);
     json_object_set_new(j, "accept_p", oracle ? json_real(o->accept) : json_null());
+    json_object_set_new(j, "gated", json_boolean(!o->ungated));
     json_object_set_new(j, "seed", oracle ? json_integer((json_int_t)o->draft_seed) : json_null());
     json_object_set_new(j, "acceptance",
                         r->drafted ? json_real((double)r->accepted / (double)r->drafted) : json_real(0));
@@ -753,6 +762,8 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
                 return snprintf(err, errlen, "missing number \"%s\"", spec_numbers[i]), -1;
         if (!json_is_boolean(json_path(r, "speculative.tokens_match")))
             return snprintf(err, errlen, "speculative.tokens_match is not a boolean"), -1;
+        const json_t *gated = json_path(r, "speculative.gated"); // (records before the gate have none)
+        if (gated && !json_is_boolean(gated)) return snprintf(err, errlen, "speculative.gated is not a boolean"), -1;
         if (!strcmp(draft, "oracle") && isnan(json_num(r, "speculative.accept_p")))
             return snprintf(err, errlen, "an oracle record needs speculative.accept_p"), -1;
     }
@@ -764,7 +775,7 @@ int bench_record_check(const json_t *r, char *err, size_t errlen) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *backend = NULL, *json_path_out = NULL, *label = NULL, *draft = NULL, *accept = NULL;
     long long context = 0, decode = 64, threads = 0, draft_len = 4, draft_seed = 1;
-    bool exact = false;
+    bool exact = false, ungated = false;
     const struct opt opts[] = {
         {"model", OPT_STR, &dir, 0, 0, "checkpoint directory (real or synthetic)"},
         {"context", OPT_INT, &context, 1, QWEN_MAX_CTX, "prompt tokens N (N + decode + 1 <= 262,144)"},
@@ -785,6 +796,8 @@ int cmd_bench(int argc, char **argv) {
          "(default 4; at most engine_verify_max - 1)"},
         {"draft-seed", OPT_INT, &draft_seed, 0, (long long)1 << 62,
          "--draft oracle: which tokens are wrong (default 1)"},
+        {"ungated", OPT_FLAG, &ungated, 0, 0,
+         "--draft: verify every draft (default: drafts pass the server's hit-rate gate)"},
     };
     const int n = sizeof opts / sizeof opts[0];
     const char *summary = "one benchmark measurement (docs/BENCH.md protocol) in this process; writes a JSON record";
@@ -817,6 +830,10 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "calla bench: --accept and --draft-seed are for --draft oracle\n");
         return 2;
     }
+    if (ungated && !draft) {
+        fprintf(stderr, "calla bench: --ungated is for --draft\n");
+        return 2;
+    }
     struct bench_options bo = {.model_dir = dir,
                                .context = (int)context,
                                .decode = (int)decode,
@@ -827,7 +844,8 @@ int cmd_bench(int argc, char **argv) {
                                .draft = draft,
                                .accept = p,
                                .draft_len = (int)draft_len,
-                               .draft_seed = (uint64_t)draft_seed};
+                               .draft_seed = (uint64_t)draft_seed,
+                               .ungated = ungated};
     json_t *r;
     if (bench_run(&bo, &r, err, sizeof err)) {
         fprintf(stderr, "calla bench: %s\n", err);

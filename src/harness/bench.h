@@ -31,6 +31,10 @@ struct bench_options {
     double accept;       // oracle: the probability a draft token is the right one (0 to 1)
     int draft_len;       // oracle: every draft's length; lookup: the longest (1 to engine_verify_max - 1)
     uint64_t draft_seed; // oracle: which tokens are replaced, and by what
+    // Drafts pass the hit-rate gate the server's drafter applies (draft.h, struct draft_gate; the
+    // backend's engine_verify_gate where it has one), so a run measures what a request gets; with
+    // ungated every draft is verified: the mechanism alone.
+    bool ungated;
 };
 
 // Token i of the synthetic prompt: (i * 2654435761) mod 2^32 mod vocab.
