@@ -121,7 +121,7 @@ static void test_record(void **state) {
 
 // --draft: the speculative pass on the CPU. oracle P = 1 accepts every draft token, P = 0 none:
 // ungated it verifies a draft every step, gated (the CPU's gate, the drafter's default 0.5 at a
-// weight of 0.5) two misses shut the gate and the rest are plain steps; lookup runs the drafter;
+// weight of 0.2) four misses shut the gate and the rest are plain steps; lookup runs the drafter;
 // the tokens are the plain pass's in every case; refusals name the flag.
 static void test_speculative(void **state) {
     char err[512];
@@ -162,8 +162,9 @@ static void test_speculative(void **state) {
             assert_int_equal((int)json_num(r, "speculative.verifications"), 11); // one token a step; the last plain
         } else if (!strcmp(runs[i].draft, "oracle") && runs[i].p == 0) {
             assert_int_equal((int)accepted, 0);
-            assert_int_equal((int)json_num(r, "speculative.verifications"), 2); // rate 1 -> 0.5 -> 0.25: shut
-            assert_int_equal((int)json_num(r, "speculative.plain_steps"), 10);
+            // rate 1 -> 0.8 -> 0.64 -> 0.51 -> 0.41: shut, and the looked-at drafts are wrong too
+            assert_int_equal((int)json_num(r, "speculative.verifications"), 4);
+            assert_int_equal((int)json_num(r, "speculative.plain_steps"), 8);
         } else if (!strcmp(runs[i].draft, "oracle")) {
             assert_true(accepted > 0 && accepted < drafted);
             assert_true(fabs(json_num(r, "speculative.accept_p") - 0.5) < 1e-9);

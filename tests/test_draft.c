@@ -128,7 +128,9 @@ static void test_gate(void **state) {
     struct drafter d;
     int32_t h[40], out[DRAFT_LEN_MAX];
     for (int i = 0; i < 40; i++) h[i] = i % 4;
-    assert_int_equal(draft_init(&d, h, 40, 4, NULL), 0); // the default: gate 0.5, weight 0.5
+    struct draft_policy p = DRAFT_POLICY_DEFAULT; // gate 0.5; a weight of 0.5 for round numbers
+    p.rate_weight = 0.5f;
+    assert_int_equal(draft_init(&d, h, 40, 4, &p), 0);
     assert_int_equal(draft_propose(&d, 8, out), 4);
     draft_result(&d, 4, 0); // rate 0.5: still at the gate
     assert_int_equal(draft_propose(&d, 8, out), 3);

@@ -15,6 +15,8 @@
 //   moe              a batch-1 step that reads all of its weights once, 70% of them every token and
 //                    30% the routed experts, whose distinct count grows with T as 8 of 256 do per
 //                    token (the full shape's byte model at 4K context, docs/BENCH.md)
+//   h200             the H200's measured verification of T tokens at 6,000 of context, kept whole or
+//                    cut back (version 12), over its measured decode step
 // Exit 0, 1 on an error, 2 on bad arguments.
 #include "draft.h"
 #include "tokenizer.h"
@@ -120,14 +122,25 @@ static void edit_lines(const char *s, size_t n, int every, int kind, struct text
 
 // ---- the replay ----------------------------------------------------------------------------------
 
-enum { COSTS = 3 };
-static const char *const cost_names[COSTS] = {"lin0.1", "lin0.3", "moe"};
+enum { COSTS = 4 };
+static const char *const cost_names[COSTS] = {"lin0.1", "lin0.3", "moe", "h200"};
 
-static double cost(int kind, int T) {
+// The H200's verification of T = 2..8 tokens at 6,000 of context, kept whole and cut back, in ms
+// (bench/results/2026-12-01-h200-v12/raw/warm.txt), over its decode step there (1.625 ms).
+static const double h200_kept[9] = {0, 0, 3.022, 3.585, 4.024, 5.058, 5.476, 6.315, 6.614};
+static const double h200_cut[9] = {0, 0, 3.754, 4.282, 4.708, 5.725, 6.235, 6.966, 7.326};
+enum { H200_T_MAX = 8 };
+
+static double cost(int kind, int T, bool cut) {
     if (kind == 0) return 1 + 0.1 * (T - 1);
     if (kind == 1) return 1 + 0.3 * (T - 1);
-    const double experts = 256 * (1 - pow(1 - 8.0 / 256, T)) / 8;   // distinct routed experts, in tokens' worth
-    return 0.7 + 0.3 * experts;
+    if (kind == 2) {
+        const double experts = 256 * (1 - pow(1 - 8.0 / 256, T)) / 8; // distinct routed experts, in tokens' worth
+        return 0.7 + 0.3 * experts;
+    }
+    const double *ms = cut ? h200_cut : h200_kept; // past T = 8 (unmeasured): the last step's slope
+    const int t = T < H200_T_MAX ? T : H200_T_MAX;
+    return (ms[t] + (T - t) * (ms[H200_T_MAX] - ms[H200_T_MAX - 1])) / 1.625;
 }
 
 struct result {
@@ -152,7 +165,7 @@ static struct result replay(const int32_t *p, int np, const int32_t *c, int nc, 
         }
         const int m = draft_accepted(out, k, c + i + 1);
         draft_result(&d, k, m);
-        for (int q = 0; q < COSTS; q++) spent[q] += cost(q, k + 1);
+        for (int q = 0; q < COSTS; q++) spent[q] += cost(q, k + 1, m < k);
         r.verifications++;
         for (int j = 0; j <= m; j++) draft_push(&d, c[i + 1 + j]);
         i += m + 1;
