@@ -1248,6 +1248,16 @@ static int cuda_verify_max(const struct engine *e) {
     return mt_fits(e, &ce->tuning) ? DQ_MAXT : 0; // the tuning the next forward applies
 }
 
+// A forward of up to 48 tokens runs faster as short forwards of DQ_MAXT tokens than through the
+// prefill path, whose fixed work a chunk is ~25 ms (H200, bench/results/2026-12-01-h200-v12): at 0
+// of context 16 tokens cost 33.7 ms there against 2 x 5.8 as two short forwards, and the two meet
+// near 60 (64 tokens: 48.3 ms against 8 x 5.8); at 6,000 of context 35 tokens cost 43.9 ms against
+// ~29 as five. Only where the short forward runs (mt_fits).
+static int cuda_short_split(const struct engine *e) {
+    const struct cuda_engine *ce = e->impl;
+    return mt_fits(e, &ce->tuning) ? 48 : 0;
+}
+
 // On the H200 a verification of n tokens costs about 1.2 + 0.4 n decode steps (2 tokens: 1.9, 8:
 // 4.1; bench/results/2026-12-01-h200-v12): a draft pays only when most of it is right. Replayed
 // over 32 edit tasks on real text with those costs (bench/lab/draft_lab.c, bench/NOTES.md), a gate
@@ -1413,6 +1423,7 @@ const struct backend_ops backend_cuda = {
     .last_logits = cuda_last_logits,
     .verify_max = cuda_verify_max,
     .verify_gate = cuda_verify_gate,
+    .short_split = cuda_short_split,
     .verify = cuda_verify,
     .verify_keep = cuda_verify_keep,
     .embed = cuda_embed,

@@ -103,6 +103,60 @@ static void test_progress_per_chunk(void **state) {
     seq_free(s);
 }
 
+// A backend that says short forwards are cheaper (short_split) gets a forward of up to that many
+// tokens as consecutive forwards of verify_max tokens: the CPU backend's ops with short_split 20
+// and forward_chunk counted. 20 tokens: chunks of 8, 8 and 4, the same logits as one chunk (the
+// CPU's chunks compute the same values: bit-identical); 21: one chunk; a caller's chunk wins; a
+// wanted row other than the last: one chunk.
+static int chunks_seen[8], n_chunks_seen;
+static const struct backend_ops *cpu_ops;
+static int counted_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
+                         float *logits, int32_t *next, char *err, size_t errlen) {
+    if (n_chunks_seen < 8) chunks_seen[n_chunks_seen] = n;
+    n_chunks_seen++;
+    return cpu_ops->forward_chunk(e, s, tokens, n, rows, n_rows, logits, next, err, errlen);
+}
+static int split_20(const struct engine *e) {
+    return 20;
+}
+
+static void test_short_split(void **state) {
+    cpu_ops = eng->ops;
+    assert_true(engine_verify_max(eng) == 8);
+    static struct backend_ops split; // (static: a failed assertion leaves eng->ops pointing here)
+    split = *cpu_ops;
+    split.forward_chunk = counted_chunk, split.short_split = split_20, split.forward_pick = NULL;
+    int32_t t[21], a, b;
+    prompt(t, 21, 9);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    struct seq *s1 = new_seq(32), *s2 = new_seq(32);
+    forward(s1, t, 20, 0, 19, la, &a); // the CPU's own ops: one chunk
+    eng->ops = &split;
+    n_chunks_seen = 0;
+    forward(s2, t, 20, 0, 19, lb, &b);
+    assert_int_equal(n_chunks_seen, 3);
+    assert_int_equal(chunks_seen[0], 8), assert_int_equal(chunks_seen[1], 8), assert_int_equal(chunks_seen[2], 4);
+    assert_int_equal(a, b);
+    assert_memory_equal(la, lb, sizeof(float) * V);
+    assert_int_equal(seq_pos(s2), 20);
+    seq_reset(s2);
+    n_chunks_seen = 0;
+    forward(s2, t, 21, 0, 20, lb, &b); // past the split: one chunk
+    assert_int_equal(n_chunks_seen, 1);
+    seq_reset(s2);
+    n_chunks_seen = 0;
+    forward(s2, t, 20, 16, 19, lb, &b); // the caller's chunk
+    assert_int_equal(n_chunks_seen, 2);
+    seq_reset(s2);
+    n_chunks_seen = 0;
+    forward(s2, t, 20, 0, 3, lb, &b); // a row short forwards do not give: one chunk
+    assert_int_equal(n_chunks_seen, 1);
+    eng->ops = cpu_ops;
+    free(la), free(lb);
+    seq_free(s1);
+    seq_free(s2);
+}
+
 static void test_snapshot_continues_identically(void **state) {
     int32_t t[N], a, b;
     char err[256];
@@ -357,6 +411,7 @@ int main(void) {
         cmocka_unit_test(test_decode_equals_prefill),
         cmocka_unit_test(test_chunked_equals_unchunked),
         cmocka_unit_test(test_progress_per_chunk),
+        cmocka_unit_test(test_short_split),
         cmocka_unit_test(test_snapshot_continues_identically),
         cmocka_unit_test(test_thread_count_does_not_matter),
         cmocka_unit_test(test_bad_input_refused_state_unchanged),
