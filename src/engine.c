@@ -249,14 +249,14 @@ static int check_room(const struct seq *s, int n, char *err, size_t errlen) {
     return -1;
 }
 
-// The chunk a forward of n tokens runs in: the caller's; else the backend's short forwards where it
-// says n tokens run faster as those and no row but the last is wanted (short forwards give only
-// theirs); else QWEN_PREFILL_CHUNK.
+// The chunk a forward of n tokens runs in: the caller's (0: QWEN_PREFILL_CHUNK); but where that is
+// one chunk, the backend says n tokens run faster as its short forwards, and no row but the last is
+// wanted (short forwards give only theirs), those.
 static int chunk_for(const struct engine *e, const struct forward_opts *o, int n) {
-    if (o->chunk > 0) return o->chunk;
+    const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
     const int piece = engine_verify_max(e), split = e->ops->short_split ? e->ops->short_split(e) : 0;
     const bool last_only = !o->n_logit_rows || (o->n_logit_rows == 1 && o->logit_rows[0] == n - 1);
-    return piece >= 2 && n <= split && last_only ? piece : QWEN_PREFILL_CHUNK;
+    return piece >= 2 && n <= chunk && n <= split && last_only ? piece : chunk;
 }
 
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,

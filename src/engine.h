@@ -76,7 +76,7 @@ struct forward_opts {
     const int *logit_rows; // rows (0..n-1 of this call) whose logits are wanted, ascending
     int n_logit_rows;
     float *logits;             // [n_logit_rows, vocab]
-    int chunk;                 // prefill chunk (0: QWEN_PREFILL_CHUNK; short inputs as the backend's short forwards)
+    int chunk;                 // prefill chunk (0: QWEN_PREFILL_CHUNK; one of few tokens: the backend's short forwards)
     bool (*cancelled)(void *); // checked between chunks; forward returns ENGINE_CANCELLED
     void *cancel_arg;
     // Called after each chunk with the tokens of this call done so far and its total (a prefill's

@@ -106,7 +106,8 @@ static void test_progress_per_chunk(void **state) {
 // A backend that says short forwards are cheaper (short_split) gets a forward of up to that many
 // tokens as consecutive forwards of verify_max tokens: the CPU backend's ops with short_split 20
 // and forward_chunk counted. 20 tokens: chunks of 8, 8 and 4, the same logits as one chunk (the
-// CPU's chunks compute the same values: bit-identical); 21: one chunk; a caller's chunk wins; a
+// CPU's chunks compute the same values: bit-identical); 21: one chunk; a caller's chunk that cuts
+// the forward wins (one that does not, such as the server's 4,096, does not); a
 // wanted row other than the last: one chunk.
 static int chunks_seen[8], n_chunks_seen;
 static const struct backend_ops *cpu_ops;
@@ -145,8 +146,12 @@ static void test_short_split(void **state) {
     assert_int_equal(n_chunks_seen, 1);
     seq_reset(s2);
     n_chunks_seen = 0;
-    forward(s2, t, 20, 16, 19, lb, &b); // the caller's chunk
+    forward(s2, t, 20, 16, 19, lb, &b); // the caller's chunk, where it cuts the forward
     assert_int_equal(n_chunks_seen, 2);
+    seq_reset(s2);
+    n_chunks_seen = 0;
+    forward(s2, t, 20, 4096, 19, lb, &b); // (the server's: one chunk, so the short forwards)
+    assert_int_equal(n_chunks_seen, 3);
     seq_reset(s2);
     n_chunks_seen = 0;
     forward(s2, t, 20, 0, 3, lb, &b); // a row short forwards do not give: one chunk
