@@ -35,10 +35,10 @@ struct backend_ops {
     // verified count). Neither moves s->pos.
     int (*verify_max)(const struct engine *e);
     float (*verify_gate)(const struct engine *e); // (optional) engine_verify_gate; NULL: 0
-    // (optional, with verify_max) The longest forward that runs faster as consecutive forwards of
-    // verify_max tokens each (a backend whose short forwards cost far less than its long ones'
-    // fixed work); NULL or 0: a forward runs as one chunk.
-    int (*short_split)(const struct engine *e);
+    // (optional, with verify_max) The longest forward at position pos that runs faster as
+    // consecutive forwards of verify_max tokens each (a backend whose short forwards cost far less
+    // than its long ones' fixed work); NULL or 0: a forward runs as one chunk.
+    int (*short_split)(const struct engine *e, int pos);
     int (*verify)(struct engine *e, struct seq *s, const int32_t *tokens, int n, int32_t *all_next, char *err,
                   size_t errlen);
     int (*verify_keep)(struct engine *e, struct seq *s, int n, int keep, char *err, size_t errlen);

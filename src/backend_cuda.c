@@ -1248,14 +1248,20 @@ static int cuda_verify_max(const struct engine *e) {
     return mt_fits(e, &ce->tuning) ? DQ_MAXT : 0; // the tuning the next forward applies
 }
 
-// A forward of up to 48 tokens runs faster as short forwards of DQ_MAXT tokens than through the
-// prefill path, whose fixed work a chunk is ~25 ms (H200, bench/results/2026-12-01-h200-v12): at 0
-// of context 16 tokens cost 33.7 ms there against 2 x 5.8 as two short forwards, and the two meet
-// near 60 (64 tokens: 48.3 ms against 8 x 5.8); at 6,000 of context 35 tokens cost 43.9 ms against
-// ~29 as five. Only where the short forward runs (mt_fits).
-static int cuda_short_split(const struct engine *e) {
+// A forward of a few dozen tokens runs faster as short forwards of DQ_MAXT tokens than through the
+// prefill path, whose fixed work a chunk is ~25 ms. Version 12 on the H200
+// (bench/results/2026-12-01-h200-v12): a short forward of 8 costs 5.78 ms at 0 of context and 6.28
+// at 6,000 (+0.083 ms a thousand keys: its attention reads the keys for each of the 8), the prefill
+// path's chunk of T about 28.9 + 0.30 T ms (33.7 at 16, 48.3 at 64). The longest T whose pieces cost
+// under 0.9 of the chunk, and every shorter one's too: 48 at 0, 40 at 6,000, 32 at 16,384; none past
+// that, where the growth is unmeasured. Only where the short forward runs (mt_fits).
+static int cuda_short_split(const struct engine *e, int pos) {
     const struct cuda_engine *ce = e->impl;
-    return mt_fits(e, &ce->tuning) ? 48 : 0;
+    if (!mt_fits(e, &ce->tuning) || pos > 16384) return 0;
+    const double piece = 5.78 + 0.083e-3 * pos;
+    int split = 0;
+    for (int T = DQ_MAXT + 1; T <= 64 && (T + DQ_MAXT - 1) / DQ_MAXT * piece < 0.9 * (28.9 + 0.30 * T); T++) split = T;
+    return split;
 }
 
 // On the H200 a verification of n tokens costs about 1.2 + 0.4 n decode steps (2 tokens: 1.9, 8:

@@ -252,9 +252,9 @@ static int check_room(const struct seq *s, int n, char *err, size_t errlen) {
 // The chunk a forward of n tokens runs in: the caller's (0: QWEN_PREFILL_CHUNK); but where that is
 // one chunk, the backend says n tokens run faster as its short forwards, and no row but the last is
 // wanted (short forwards give only theirs), those.
-static int chunk_for(const struct engine *e, const struct forward_opts *o, int n) {
+static int chunk_for(const struct engine *e, const struct seq *s, const struct forward_opts *o, int n) {
     const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
-    const int piece = engine_verify_max(e), split = e->ops->short_split ? e->ops->short_split(e) : 0;
+    const int piece = engine_verify_max(e), split = e->ops->short_split ? e->ops->short_split(e, s->pos) : 0;
     const bool last_only = !o->n_logit_rows || (o->n_logit_rows == 1 && o->logit_rows[0] == n - 1);
     return piece >= 2 && n <= chunk && n <= split && last_only ? piece : chunk;
 }
@@ -286,7 +286,7 @@ int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n
         snprintf(err, errlen, "a choice needs its output, no logit rows, and at most %d alternatives", ENGINE_MAX_TOP);
         return ENGINE_ERROR;
     }
-    const int chunk = chunk_for(e, o, n);
+    const int chunk = chunk_for(e, s, o, n);
     int r = 0; // next wanted row
     for (int off = 0; off < n; off += chunk) {
         if (off && o->cancelled && o->cancelled(o->cancel_arg)) return ENGINE_CANCELLED;

@@ -105,10 +105,9 @@ static void test_progress_per_chunk(void **state) {
 
 // A backend that says short forwards are cheaper (short_split) gets a forward of up to that many
 // tokens as consecutive forwards of verify_max tokens: the CPU backend's ops with short_split 20
-// and forward_chunk counted. 20 tokens: chunks of 8, 8 and 4, the same logits as one chunk (the
-// CPU's chunks compute the same values: bit-identical); 21: one chunk; a caller's chunk that cuts
-// the forward wins (one that does not, such as the server's 4,096, does not); a
-// wanted row other than the last: one chunk.
+// below position 100 (0 from there) and forward_chunk counted. 20 tokens: chunks of 8, 8 and 4, the same logits as one
+// chunk (the CPU's chunks compute the same values: bit-identical); 21: one chunk; a caller's chunk that cuts the
+// forward wins (one that does not, such as the server's 4,096, does not); a wanted row other than the last: one chunk.
 static int chunks_seen[8], n_chunks_seen;
 static const struct backend_ops *cpu_ops;
 static int counted_chunk(struct engine *e, struct seq *s, const int32_t *tokens, int n, const int *rows, int n_rows,
@@ -117,8 +116,8 @@ static int counted_chunk(struct engine *e, struct seq *s, const int32_t *tokens,
     n_chunks_seen++;
     return cpu_ops->forward_chunk(e, s, tokens, n, rows, n_rows, logits, next, err, errlen);
 }
-static int split_20(const struct engine *e) {
-    return 20;
+static int split_20(const struct engine *e, int pos) {
+    return pos < 100 ? 20 : 0;
 }
 
 static void test_short_split(void **state) {
@@ -156,6 +155,14 @@ static void test_short_split(void **state) {
     n_chunks_seen = 0;
     forward(s2, t, 20, 0, 3, lb, &b); // a row short forwards do not give: one chunk
     assert_int_equal(n_chunks_seen, 1);
+    struct seq *far = new_seq(160);
+    int32_t pad[100];
+    prompt(pad, 100, 4);
+    forward(far, pad, 100, 0, 0, NULL, &b); // (past the backend's split at this position: one chunk)
+    n_chunks_seen = 0;
+    forward(far, t, 20, 0, 19, lb, &b);
+    assert_int_equal(n_chunks_seen, 1);
+    seq_free(far);
     eng->ops = cpu_ops;
     free(la), free(lb);
     seq_free(s1);
