@@ -115,28 +115,9 @@ static bool ignored_key(const char *k) {
 static int check_text_config(json_t *tc, const struct geometry *g, char *err, size_t errlen) {
     const char *w = "text_config";
     if (expect_str(tc, w, "model_type", "qwen3_5_moe_text", false, err, errlen)) return -1;
-    struct {
-        const char *key;
-        long long v;
-    } ints[] = {
-        {"vocab_size", g->vocab},
-        {"hidden_size", g->hidden},
-        {"num_hidden_layers", g->n_layers},
-        {"num_attention_heads", g->n_heads},
-        {"num_key_value_heads", g->n_kv_heads},
-        {"head_dim", g->head_dim},
-        {"linear_num_key_heads", g->lin_k_heads},
-        {"linear_num_value_heads", g->lin_v_heads},
-        {"linear_key_head_dim", g->lin_k_dim},
-        {"linear_value_head_dim", g->lin_v_dim},
-        {"linear_conv_kernel_dim", g->conv_kernel},
-        {"num_experts", g->n_experts},
-        {"num_experts_per_tok", g->n_experts_used},
-        {"moe_intermediate_size", g->moe_inter},
-        {"shared_expert_intermediate_size", g->shared_inter},
-        {"max_position_embeddings", g->max_ctx},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    struct geometry_config_int ints[GEOMETRY_CONFIG_INTS];
+    geometry_config_ints(g, ints);
+    for (int i = 0; i < GEOMETRY_CONFIG_INTS; i++)
         if (expect_int(tc, w, ints[i].key, ints[i].v, true, err, errlen)) return -1;
     if (expect_int(tc, w, "full_attention_interval", g->attn_interval, false, err, errlen)) return -1;
     if (expect_int(tc, w, "decoder_sparse_step", 1, false, err, errlen)) return -1;

@@ -56,6 +56,28 @@ static const struct geometry geometries[] = {
     },
 };
 
+void geometry_config_ints(const struct geometry *g, struct geometry_config_int out[GEOMETRY_CONFIG_INTS]) {
+    const struct geometry_config_int ints[GEOMETRY_CONFIG_INTS] = {
+        {"vocab_size", g->vocab},
+        {"hidden_size", g->hidden},
+        {"num_hidden_layers", g->n_layers},
+        {"num_attention_heads", g->n_heads},
+        {"num_key_value_heads", g->n_kv_heads},
+        {"head_dim", g->head_dim},
+        {"linear_num_key_heads", g->lin_k_heads},
+        {"linear_num_value_heads", g->lin_v_heads},
+        {"linear_key_head_dim", g->lin_k_dim},
+        {"linear_value_head_dim", g->lin_v_dim},
+        {"linear_conv_kernel_dim", g->conv_kernel},
+        {"num_experts", g->n_experts},
+        {"num_experts_per_tok", g->n_experts_used},
+        {"moe_intermediate_size", g->moe_inter},
+        {"shared_expert_intermediate_size", g->shared_inter},
+        {"max_position_embeddings", g->max_ctx},
+    };
+    memcpy(out, ints, sizeof ints);
+}
+
 int geometry_count(void) {
     return (int)(sizeof geometries / sizeof geometries[0]);
 }

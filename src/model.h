@@ -96,6 +96,15 @@ const struct geometry *geometry_real(void);
 int geometry_count(void);
 const struct geometry *geometry_at(int i);
 
+// The integers of config.json's text_config that the geometry fixes, one list for the checkpoint's
+// validation (checkpoint.c: each required, equal) and synth's config (synth.c).
+enum { GEOMETRY_CONFIG_INTS = 16 };
+struct geometry_config_int {
+    const char *key;
+    long long v;
+};
+void geometry_config_ints(const struct geometry *g, struct geometry_config_int out[GEOMETRY_CONFIG_INTS]);
+
 // ---- weights --------------------------------------------------------------------------------
 
 // An MLX affine-quantized matrix, possibly a stack of n_mat matrices (experts). On the host the

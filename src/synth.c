@@ -230,33 +230,17 @@ static json_t *make_config(const struct geometry *g, const struct tensor_spec *s
     json_t *tc = json_object();
     json_object_set_new(tc, "model_type", json_string("qwen3_5_moe_text"));
     if (g->is_test) json_object_set_new(tc, "calla_test_geometry", json_string(g->name));
-    struct {
-        const char *k;
-        long long v;
-    } ints[] = {
-        {"vocab_size", g->vocab},
-        {"hidden_size", g->hidden},
-        {"num_hidden_layers", g->n_layers},
-        {"num_attention_heads", g->n_heads},
-        {"num_key_value_heads", g->n_kv_heads},
-        {"head_dim", g->head_dim},
-        {"linear_num_key_heads", g->lin_k_heads},
-        {"linear_num_value_heads", g->lin_v_heads},
-        {"linear_key_head_dim", g->lin_k_dim},
-        {"linear_value_head_dim", g->lin_v_dim},
-        {"linear_conv_kernel_dim", g->conv_kernel},
-        {"num_experts", g->n_experts},
-        {"num_experts_per_tok", g->n_experts_used},
-        {"moe_intermediate_size", g->moe_inter},
-        {"shared_expert_intermediate_size", g->shared_inter},
-        {"max_position_embeddings", g->max_ctx},
+    struct geometry_config_int ints[GEOMETRY_CONFIG_INTS];
+    geometry_config_ints(g, ints);
+    for (int i = 0; i < GEOMETRY_CONFIG_INTS; i++) json_object_set_new(tc, ints[i].key, json_integer(ints[i].v));
+    const struct geometry_config_int more[] = {
         {"full_attention_interval", g->attn_interval},
         {"mtp_num_hidden_layers", 1},
         {"eos_token_id", TOKEN_ENDOFTEXT},
         {"bos_token_id", TOKEN_ENDOFTEXT},
     };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        json_object_set_new(tc, ints[i].k, json_integer(ints[i].v));
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        json_object_set_new(tc, more[i].key, json_integer(more[i].v));
     json_object_set_new(tc, "rms_norm_eps", json_real(g->rms_eps));
     json_object_set_new(tc, "hidden_act", json_string("silu"));
     json_object_set_new(tc, "attn_output_gate", json_true());
