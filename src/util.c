@@ -14,6 +14,24 @@ double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *p = NULL;
+    long n = -1;
+    if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (p = malloc((size_t)n + 1)) &&
+        fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    if (p) {
+        p[n] = 0;
+        if (len) *len = (size_t)n;
+    }
+    return p;
+}
+
 int sbuf_reserve(struct sbuf *b, size_t extra) {
     if (b->oom) return -1;
     if (b->len + extra + 1 <= b->cap) return 0;

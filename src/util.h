@@ -9,6 +9,10 @@
 // CLOCK_MONOTONIC seconds.
 double now_s(void);
 
+// The whole file at path, NUL-terminated, its length in *len (when not NULL); NULL when it cannot
+// be opened or read (errno says why) or memory runs out.
+char *read_file(const char *path, size_t *len);
+
 // A growable byte buffer, always NUL-terminated once it holds anything.  A failed allocation
 // is sticky: oom is set, the buffer keeps what it had, and every later add fails too, so a
 // writer can check once at the end.

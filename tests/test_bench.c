@@ -23,6 +23,7 @@
 #include "commands.h"
 #include "harness/report.h"
 #include "synth.h"
+#include "util.h"
 
 static char g_tmp[1024];   // per-run scratch folder
 static char g_model[1100]; // tiny checkpoint inside it
@@ -48,19 +49,6 @@ static int teardown_all(void **state) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     return system(cmd) ? -1 : 0;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
 }
 
 static void test_models(void **state) {
@@ -295,7 +283,7 @@ static void test_matrix(void **state) {
     char err[512];
     if (report_write(&ro, err, sizeof err)) fail_msg("report: %s", err);
     snprintf(path, sizeof path, "%s/report.md", out);
-    char *md = slurp(path);
+    char *md = read_file(path, NULL);
     assert_non_null(md);
     static const char *sections[] = {"## Run",
                                      "## Identity",
@@ -323,7 +311,7 @@ static void test_matrix(void **state) {
     static const char *svgs[] = {"decode_ms.svg", "prefill_tps.svg"};
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", out, svgs[i]);
-        char *svg = slurp(path);
+        char *svg = read_file(path, NULL);
         assert_non_null(svg);
         assert_non_null(strstr(svg, "<svg"));
         assert_non_null(strstr(svg, "<polyline"));

@@ -40,22 +40,6 @@ static size_t unhex(const char *h, size_t n, char *out) {
     return o;
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) p[n] = 0, *len = (size_t)n;
-    return p;
-}
-
 static int valid_utf8(const char *s, size_t n) {
     char *clean;
     size_t cl;

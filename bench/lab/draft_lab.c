@@ -20,25 +20,13 @@
 // Exit 0, 1 on an error, 2 on bad arguments.
 #include "draft.h"
 #include "tokenizer.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)len + 1);
-    if (s && fread(s, 1, (size_t)len, f) != (size_t)len) len = 0;
-    if (s) s[len] = 0;
-    fclose(f);
-    *n = (size_t)len;
-    return s;
-}
 
 // ---- the edits -----------------------------------------------------------------------------------
 
@@ -208,7 +196,7 @@ int main(int argc, char **argv) {
     int tasks = 0;
     for (int f = 0; f < nf; f++) {
         size_t n, no;
-        char *s = slurp(files[f], &n), *other = slurp(files[(f + 1) % nf], &no);
+        char *s = read_file(files[f], &n), *other = read_file(files[(f + 1) % nf], &no);
         if (!s || !other) return fprintf(stderr, "draft_lab: cannot read %s\n", s ? files[(f + 1) % nf] : files[f]), 1;
         struct text prompt = {0};
         add(&prompt, "Rewrite this file as asked, in full:\n", 37);

@@ -15,6 +15,7 @@
 #include "options.h"
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,27 +199,6 @@ static int compile_text(const char *text, struct cschema **out, char *err, size_
     return rc;
 }
 
-static char *read_text(const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open", path);
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) {
-        snprintf(err, errlen, "%s: cannot read", path);
-        free(b);
-        b = NULL;
-    } else {
-        b[n] = 0;
-    }
-    fclose(f);
-    return b;
-}
-
 // Step 3: masks on the CPU alone, over the states of documents made by random logits.
 // Random logits with JSON's structural tokens (and the tool-call markup's) lifted now and then,
 // so that documents have every kind of state, not strings that never end.
@@ -380,7 +360,10 @@ int cmd_maskbench(int argc, char **argv) {
         const char *text = i < maskbench_n_schemas ? maskbench_schemas[i].json : NULL;
         if (i == maskbench_n_schemas) {
             if (!schema_path) break;
-            if (!(schema_text = read_text(schema_path, err, sizeof err))) goto fail;
+            if (!(schema_text = read_file(schema_path, NULL))) {
+                snprintf(err, sizeof err, "%s: %s", schema_path, strerror(errno));
+                goto fail;
+            }
             text = schema_text;
         }
         t0 = now_s();
