@@ -1,6 +1,8 @@
 // draft.c: prompt-lookup drafts for speculative decoding (draft.h).
 #include "draft.h"
 
+#include "engine.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +76,13 @@ static void source_free(struct draft_source *s) {
     free(s->prev);
     for (int i = 0; i < DRAFT_NGRAM_MAX; i++) free(s->head[i]);
     memset(s, 0, sizeof *s);
+}
+
+struct draft_policy draft_policy_for(const struct engine *e) {
+    struct draft_policy p = DRAFT_POLICY_DEFAULT;
+    const float gate = engine_verify_gate(e);
+    if (gate > 0) p.gate = gate;
+    return p;
 }
 
 int draft_init(struct drafter *d, const int32_t *prompt, int n, int len_max, const struct draft_policy *p) {

@@ -76,6 +76,11 @@ void draft_gate_next(struct draft_gate *g, int32_t tok);
 // A verified draft: its first token was right or not.
 void draft_gate_result(struct draft_gate *g, bool first_right);
 
+struct engine;
+// The policy a request's drafter runs on e: the default, with the backend's gate where it has one
+// (engine_verify_gate).
+struct draft_policy draft_policy_for(const struct engine *e);
+
 struct drafter {
     int n_max, n_min; // the policy's
     int len_max;      // the longest draft (<= DRAFT_LEN_MAX)

@@ -461,9 +461,7 @@ int generate(const struct gen_env *env, const struct gen_request *req, int from,
     // argmax (no logprobs, no constraint) on a backend that verifies. Without memory for the
     // drafter, plain steps.
     const int vmax = engine_verify_max(env->e);
-    struct draft_policy policy = DRAFT_POLICY_DEFAULT;
-    const float gate = engine_verify_gate(env->e);
-    if (gate > 0) policy.gate = gate;
+    const struct draft_policy policy = draft_policy_for(env->e);
     if (rc == ENGINE_OK && env->speculative && !g.pick && vmax >= 2 &&
         !draft_init(&g.drafter, P, n, vmax - 1 < DRAFT_LEN_MAX ? vmax - 1 : DRAFT_LEN_MAX, &policy)) {
         g.dr = &g.drafter;

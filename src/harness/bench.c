@@ -357,8 +357,7 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
                      int d, const int32_t *ids, struct spec_pass *r, char *err, size_t errlen) {
     const int V = engine_geometry(e)->vocab;
     const bool oracle = !strcmp(o->draft, "oracle");
-    struct draft_policy policy = DRAFT_POLICY_DEFAULT; // the server's (generate.c)
-    if (engine_verify_gate(e) > 0) policy.gate = engine_verify_gate(e);
+    struct draft_policy policy = draft_policy_for(e); // the server's
     if (o->ungated) policy.gate = 0;
     struct draft_gate gate; // the oracle's drafts (the lookup drafter has its own)
     draft_gate_init(&gate, policy.gate, policy.rate_weight);
@@ -402,8 +401,9 @@ static int spec_once(struct engine *e, struct seq *s, const struct bench_options
             if (engine_verify(e, s, v, k + 1, next, err, errlen)) goto out;
             const int m = draft_accepted(v + 1, k, next);
             if (engine_verify_keep(e, s, m + 1, err, errlen)) goto out;
-            if (oracle) draft_gate_result(&gate, m > 0);
-            if (!oracle) {
+            if (oracle) {
+                draft_gate_result(&gate, m > 0);
+            } else {
                 draft_result(&dr, k, m);
                 for (int i = 1; i <= m; i++)
                     if (draft_push(&dr, ids[p + i])) goto out;
