@@ -254,9 +254,10 @@ static int check_room(const struct seq *s, int n, char *err, size_t errlen) {
 // wanted (short forwards give only theirs), those.
 static int chunk_for(const struct engine *e, const struct seq *s, const struct forward_opts *o, int n) {
     const int chunk = o->chunk > 0 ? o->chunk : QWEN_PREFILL_CHUNK;
-    const int piece = engine_verify_max(e), split = e->ops->short_split ? e->ops->short_split(e, s->pos) : 0;
     const bool last_only = !o->n_logit_rows || (o->n_logit_rows == 1 && o->logit_rows[0] == n - 1);
-    return piece >= 2 && n <= chunk && n <= split && last_only ? piece : chunk;
+    if (n > chunk || !last_only || !e->ops->short_split) return chunk;
+    const int piece = engine_verify_max(e); // (a decode step or a short forward is one piece: asks nothing more)
+    return piece >= 2 && n > piece && n <= e->ops->short_split(e, s->pos) ? piece : chunk;
 }
 
 int engine_forward(struct engine *e, struct seq *s, const int32_t *tokens, int n, const struct forward_opts *o,
