@@ -63,7 +63,7 @@ static int draw_among(const struct cand *c, int n, float zcut, double u) {
 }
 
 // The sampled id (engine.h, struct engine_sampling), -1 when nothing is allowed. w[V] is scratch:
-// w_i = exp(z_i - max z), 0 for the ids not allowed. Masses are sums in double: in id order, and
+// w_i = exp(z_i - max z), 0 for the ids not allowed or under min_p. Masses are sums in double: in id order, and
 // the top_p walk's bin by bin, each bin in id order until the one it ends in, which it walks down.
 static int sample(const float *x, int V, const struct engine_pick *p, const uint32_t *allow, float *w) {
     const struct engine_sampling *s = p->sampling;
@@ -81,7 +81,7 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
     const float wmin = s->min_p; // p_i >= min_p p_max is w_i >= min_p
     const bool by_k = s->top_k > 0 && s->top_k < n, by_p = s->top_p < 1.0f;
     int count[BINS] = {0};
-    double binmass[BINS] = {0}, kept = 0; // over the ids min_p keeps
+    double binmass[BINS] = {0}, kept = 0; // over the ids min_p keeps (w > 0)
     for (int i = 0; i < V; i++) {
         if (w[i] == -INFINITY) {
             w[i] = 0;
@@ -89,7 +89,8 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
         }
         const int b = bin_of(zmax, w[i]);
         w[i] = weight(w[i] - zmax);
-        if (w[i] > 0 && w[i] >= wmin) count[b]++, binmass[b] += w[i], kept += w[i];
+        if (!(w[i] >= wmin)) w[i] = 0;
+        if (w[i] > 0) count[b]++, binmass[b] += w[i], kept += w[i];
     }
     const double u = pick_uniform(s->seed, p->step);
     if (!by_k && !by_p) { // the draw over the whole row
@@ -97,7 +98,7 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
         double acc = 0;
         int last = best;
         for (int i = 0; i < V; i++) {
-            if (!(w[i] > 0 && w[i] >= wmin)) continue;
+            if (!(w[i] > 0)) continue;
             acc += w[i];
             last = i;
             if (acc > target) return i;
@@ -118,7 +119,7 @@ static int sample(const float *x, int V, const struct engine_pick *p, const uint
         if (!c) return best; // (only the draw is lost)
         // The ids of bins up to top (the last is open) have w >= exp(-(top + 1) / BIN_SCALE): a bound
         // under it skips the others at a compare.
-        const float wlo = top < BINS - 1 ? fmaxf(wmin, 0.99f * expf(-(float)(top + 1) / BIN_SCALE)) : wmin;
+        const float wlo = top < BINS - 1 ? 0.99f * expf(-(float)(top + 1) / BIN_SCALE) : 0.0f;
         int k = 0, at[BINS + 1] = {0};
         for (int i = 0; i < V && k < nc; i++) {
             if (!(w[i] > 0 && w[i] >= wlo)) continue;
